@@ -1,0 +1,14 @@
+// The `moelab` subcommands; each file registers one on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace moelab::cli {
+
+void AddDataCommand(CLI::App& app);
+void AddTrainCommand(CLI::App& app);
+void AddDbCommand(CLI::App& app);
+void AddConfigCommand(CLI::App& app);
+void AddBenchCommand(CLI::App& app);
+
+}  // namespace moelab::cli

@@ -1,0 +1,115 @@
+// `moelab db runs|show|integrity|mark-stale`
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "db/reader.h"
+#include "db/schema.h"
+#include "db/writer.h"
+
+namespace moelab::cli {
+
+namespace {
+
+std::string Opt(const std::optional<double>& v, const char* fmt_spec = "{:.4f}") {
+  return v && std::isfinite(*v) ? fmt::format(fmt::runtime(fmt_spec), *v) : "-";
+}
+
+}  // namespace
+
+void AddDbCommand(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("db", "Look into a moelab database");
+  cmd->require_subcommand(1);
+  auto path = std::make_shared<std::string>("moelab.db");
+  auto as_json = std::make_shared<bool>(false);
+
+  CLI::App* runs = cmd->add_subcommand("runs", "List runs with their status and summary");
+  runs->add_option("--db", *path, "Database file")->capture_default_str();
+  runs->add_flag("--json", *as_json, "JSON output");
+  runs->callback([path, as_json]() {
+    db::Reader reader(*path);
+    const auto rows = reader.ListRuns();
+    if (*as_json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : rows) {
+        out.push_back({{"id", r.id},
+                       {"name", r.name},
+                       {"status", r.effective_status},
+                       {"config_hash", r.config_hash},
+                       {"step", r.last_step},
+                       {"total_steps", r.shape.total_steps},
+                       {"loss", r.last_loss ? nlohmann::json(*r.last_loss) : nullptr},
+                       {"best_val_loss",
+                        r.best_val_loss ? nlohmann::json(*r.best_val_loss) : nullptr},
+                       {"tokens", r.tokens},
+                       {"flops", r.flops},
+                       {"error", r.error}});
+      }
+      fmt::print("{}\n", out.dump(2));
+      return;
+    }
+    fmt::print("{:>4}  {:<24} {:<9} {:>11} {:>8} {:>9} {:>10} {:>10}  {}\n", "id", "name",
+               "status", "step", "loss", "best val", "tokens", "tok/s", "config");
+    for (const auto& r : rows) {
+      fmt::print("{:>4}  {:<24} {:<9} {:>11} {:>8} {:>9} {:>10.3g} {:>10}  {}\n", r.id,
+                 r.name.substr(0, 24), r.effective_status,
+                 fmt::format("{}/{}", r.last_step, r.shape.total_steps), Opt(r.last_loss),
+                 Opt(r.best_val_loss), static_cast<double>(r.tokens),
+                 Opt(r.tokens_per_s, "{:.0f}"), r.config_hash.substr(0, 12));
+      if (!r.error.empty()) fmt::print("      error: {}\n", r.error);
+    }
+  });
+
+  auto run_id = std::make_shared<int64_t>(0);
+  CLI::App* show = cmd->add_subcommand("show", "Show one run: config, curve and max logits");
+  show->add_option("run", *run_id, "Run id")->required();
+  show->add_option("--db", *path, "Database file")->capture_default_str();
+  show->callback([path, run_id]() {
+    db::Reader reader(*path);
+    const auto run = reader.GetRun(*run_id);
+    if (!run) throw std::runtime_error(fmt::format("no run {} in {}", *run_id, *path));
+    fmt::print("run {} '{}' status {} step {}/{}\n", run->id, run->name, run->effective_status,
+               run->last_step, run->shape.total_steps);
+    fmt::print("params {} total, {} active; {:.3g} training FLOPs/token\n",
+               run->shape.params_total, run->shape.params_active, run->shape.flops_per_token);
+    const db::Series loss = reader.GetSeries(*run_id, "loss");
+    const db::Series val = reader.GetSeries(*run_id, "val_loss");
+    const size_t every = std::max<size_t>(1, loss.steps.size() / 10);
+    fmt::print("\n{:>8} {:>10}\n", "step", "loss");
+    for (size_t i = 0; i < loss.steps.size(); i += every)
+      fmt::print("{:>8} {:>10.4f}\n", loss.steps[i], loss.values[i]);
+    fmt::print("\n{:>8} {:>10}\n", "step", "val loss");
+    for (size_t i = 0; i < val.steps.size(); ++i)
+      fmt::print("{:>8} {:>10.4f}\n", val.steps[i], val.values[i]);
+    if (auto m = reader.GetMaxLogitMatrix(*run_id)) {
+      fmt::print("\nmax logit S_max (layer x head) at step {}\n", m->step);
+      for (int l = 0; l < m->layers; ++l) {
+        fmt::print("  L{:<3}", l);
+        for (int h = 0; h < m->heads; ++h) fmt::print(" {:7.2f}", m->values[l * m->heads + h]);
+        fmt::print("\n");
+      }
+    }
+  });
+
+  CLI::App* integrity = cmd->add_subcommand("integrity", "Run PRAGMA integrity_check");
+  integrity->add_option("--db", *path, "Database file")->capture_default_str();
+  integrity->callback([path]() {
+    const std::string r = db::IntegrityCheck(*path);
+    fmt::print("{}\n", r);
+    if (r != "ok") throw CLI::RuntimeError(1);
+  });
+
+  auto max_age = std::make_shared<double>(30.0);
+  CLI::App* stale =
+      cmd->add_subcommand("mark-stale", "Mark running runs with a stale heartbeat as failed");
+  stale->add_option("--db", *path, "Database file")->capture_default_str();
+  stale->add_option("--max-age", *max_age, "Heartbeat age in seconds")->capture_default_str();
+  stale->callback([path, max_age]() {
+    fmt::print("{} run(s) marked failed\n", db::MarkStaleRunsFailed(*path, *max_age));
+  });
+}
+
+}  // namespace moelab::cli

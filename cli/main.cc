@@ -1,0 +1,27 @@
+// moelab: data, train, db, config and bench for the MoE research workbench.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"moelab: a workbench for Mixture-of-Experts language models"};
+  app.require_subcommand(1);
+  moelab::cli::AddDataCommand(app);
+  moelab::cli::AddTrainCommand(app);
+  moelab::cli::AddDbCommand(app);
+  moelab::cli::AddConfigCommand(app);
+  moelab::cli::AddBenchCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // the subcommand already explained itself
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "moelab: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,673 @@
+#include "core/config.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace moelab {
+
+using nlohmann::json;
+
+namespace {
+
+enum class FieldType { kInt, kInt64, kUint64, kDouble, kBool, kString, kStringList };
+
+// One leaf of the config: its JSON path, type, where it lives in RunConfig, and its doc line.
+// This table is the single source of truth for parsing, serialising and docs/config.md.
+struct Field {
+  std::string path;
+  FieldType type;
+  std::function<void*(RunConfig&)> ref;
+  std::string doc;
+  std::vector<std::string> choices;  // for strings with a fixed set of values
+  bool in_hash = true;               // false: does not change the experiment (threads, ckpt)
+};
+
+template <typename M>
+std::function<void*(RunConfig&)> Ref(M RunConfig::*section, auto M::*member) {
+  return [section, member](RunConfig& c) -> void* { return &(c.*section.*member); };
+}
+
+const std::vector<Field>& Fields() {
+  using C = RunConfig;
+  static const std::vector<Field> fields = {
+      // model
+      {"model.vocab_size", FieldType::kInt, Ref(&C::model, &ModelConfig::vocab_size),
+       "Vocabulary size; must be >= the tokenizer's vocabulary for corpus data."},
+      {"model.d_model", FieldType::kInt, Ref(&C::model, &ModelConfig::d_model), "Model width."},
+      {"model.layers", FieldType::kInt, Ref(&C::model, &ModelConfig::layers),
+       "Number of transformer blocks."},
+      {"model.heads", FieldType::kInt, Ref(&C::model, &ModelConfig::heads),
+       "Query heads per attention layer."},
+      {"model.kv_heads", FieldType::kInt, Ref(&C::model, &ModelConfig::kv_heads),
+       "Key/value heads; 0 = heads (MHA), fewer = GQA (must divide heads)."},
+      {"model.head_dim", FieldType::kInt, Ref(&C::model, &ModelConfig::head_dim),
+       "Per-head q/k/v dimension; 0 = d_model / heads. Must be even (RoPE)."},
+      {"model.ffn_hidden", FieldType::kInt, Ref(&C::model, &ModelConfig::ffn_hidden),
+       "SwiGLU hidden size of dense layers."},
+      {"model.seq_len", FieldType::kInt, Ref(&C::model, &ModelConfig::seq_len),
+       "Training context length in tokens."},
+      {"model.tie_embeddings", FieldType::kBool, Ref(&C::model, &ModelConfig::tie_embeddings),
+       "Share the token embedding with the LM head."},
+      {"model.rope_theta", FieldType::kDouble, Ref(&C::model, &ModelConfig::rope_theta),
+       "RoPE base frequency."},
+      {"model.norm_eps", FieldType::kDouble, Ref(&C::model, &ModelConfig::norm_eps),
+       "RMSNorm epsilon."},
+      {"model.init_std", FieldType::kDouble, Ref(&C::model, &ModelConfig::init_std),
+       "Std of the normal initialisation (output projections also scaled by 1/sqrt(2·layers))."},
+      {"model.attention", FieldType::kString, Ref(&C::model, &ModelConfig::attention),
+       "Attention type: mha (GQA when kv_heads < heads) or mla.",
+       {"mha", "mla"}},
+      {"model.q_lora_rank", FieldType::kInt, Ref(&C::model, &ModelConfig::q_lora_rank),
+       "MLA: query latent rank; 0 = no query compression."},
+      {"model.kv_lora_rank", FieldType::kInt, Ref(&C::model, &ModelConfig::kv_lora_rank),
+       "MLA: compressed key/value latent rank."},
+      {"model.qk_nope_head_dim", FieldType::kInt, Ref(&C::model, &ModelConfig::qk_nope_head_dim),
+       "MLA: per-head non-rotary q/k dimension."},
+      {"model.qk_rope_head_dim", FieldType::kInt, Ref(&C::model, &ModelConfig::qk_rope_head_dim),
+       "MLA: rotary q/k dimension (one shared rotary key)."},
+      {"model.v_head_dim", FieldType::kInt, Ref(&C::model, &ModelConfig::v_head_dim),
+       "MLA: per-head value dimension."},
+      {"model.logit_softcap", FieldType::kDouble, Ref(&C::model, &ModelConfig::logit_softcap),
+       "Attention logit soft-cap cap·tanh(s/cap); 0 = off."},
+      {"model.qk_norm", FieldType::kBool, Ref(&C::model, &ModelConfig::qk_norm),
+       "RMSNorm on q and k per head (not combinable with QK-Clip or MLA)."},
+      {"model.z_loss", FieldType::kDouble, Ref(&C::model, &ModelConfig::z_loss),
+       "Coefficient of the output z-loss mean(logsumexp(logits)^2); 0 = off."},
+      // moe
+      {"moe.experts_total", FieldType::kInt, Ref(&C::moe, &MoEConfig::experts_total),
+       "Routed experts per MoE layer; 0 = dense model."},
+      {"moe.experts_active", FieldType::kInt, Ref(&C::moe, &MoEConfig::experts_active),
+       "Routed experts chosen per token (top-k)."},
+      {"moe.shared_experts", FieldType::kInt, Ref(&C::moe, &MoEConfig::shared_experts),
+       "Always-on experts per MoE layer."},
+      {"moe.expert_hidden", FieldType::kInt, Ref(&C::moe, &MoEConfig::expert_hidden),
+       "SwiGLU hidden size of each routed and shared expert."},
+      {"moe.dense_layers", FieldType::kInt, Ref(&C::moe, &MoEConfig::dense_layers),
+       "The first dense_layers blocks use the dense FFN instead of MoE."},
+      {"moe.router", FieldType::kString, Ref(&C::moe, &MoEConfig::router),
+       "Router score function.", {"softmax", "sigmoid"}},
+      {"moe.route_scale", FieldType::kDouble, Ref(&C::moe, &MoEConfig::route_scale),
+       "Multiplier of the gates after renormalisation over the chosen experts."},
+      {"moe.balance", FieldType::kString, Ref(&C::moe, &MoEConfig::balance),
+       "Load balancing: Switch aux loss, DeepSeek-V3 aux-loss-free bias, or none.",
+       {"aux_loss", "aux_free", "none"}},
+      {"moe.aux_loss_coef", FieldType::kDouble, Ref(&C::moe, &MoEConfig::aux_loss_coef),
+       "Coefficient of the aux loss coef·E·Σ f_i·P_i (balance = aux_loss)."},
+      {"moe.bias_update_rate", FieldType::kDouble, Ref(&C::moe, &MoEConfig::bias_update_rate),
+       "Aux-loss-free bias step: b_i += rate·sign(mean load − load_i) (balance = aux_free)."},
+      // optimizer
+      {"optimizer.name", FieldType::kString, Ref(&C::optimizer, &OptimizerConfig::name),
+       "Optimizer for hidden matrices (muonclip = muon with QK-Clip, needs qk_clip_tau > 0); "
+       "embeddings, LM head, norms and router always use AdamW.",
+       {"adamw", "muon", "muonclip"}},
+      {"optimizer.lr", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::lr),
+       "Peak learning rate."},
+      {"optimizer.beta1", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::beta1),
+       "AdamW first-moment decay."},
+      {"optimizer.beta2", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::beta2),
+       "AdamW second-moment decay."},
+      {"optimizer.eps", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::eps),
+       "AdamW epsilon."},
+      {"optimizer.weight_decay", FieldType::kDouble,
+       Ref(&C::optimizer, &OptimizerConfig::weight_decay),
+       "Decoupled weight decay λ (w ← w − lr·λ·w)."},
+      {"optimizer.grad_clip", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::grad_clip),
+       "Global gradient-norm clip; 0 = off."},
+      {"optimizer.no_decay", FieldType::kStringList, Ref(&C::optimizer, &OptimizerConfig::no_decay),
+       "Parameter kinds without weight decay (embedding, lm_head, norm, router, attn_q, attn_k, "
+       "attn_v, attn_o, ffn, expert, shared_expert, mla)."},
+      {"optimizer.muon_momentum", FieldType::kDouble,
+       Ref(&C::optimizer, &OptimizerConfig::muon_momentum), "Muon momentum μ."},
+      {"optimizer.muon_nesterov", FieldType::kBool,
+       Ref(&C::optimizer, &OptimizerConfig::muon_nesterov), "Nesterov momentum for Muon."},
+      {"optimizer.muon_scale", FieldType::kString, Ref(&C::optimizer, &OptimizerConfig::muon_scale),
+       "Muon update scale: rms_match = 0.2·sqrt(max(n,m)) (Moonlight/K2), shape = "
+       "sqrt(max(1,n/m)).",
+       {"rms_match", "shape"}},
+      {"optimizer.muon_ns_steps", FieldType::kInt,
+       Ref(&C::optimizer, &OptimizerConfig::muon_ns_steps), "Newton–Schulz iterations."},
+      {"optimizer.qk_clip_tau", FieldType::kDouble,
+       Ref(&C::optimizer, &OptimizerConfig::qk_clip_tau),
+       "QK-Clip threshold τ on the per-head max logit; 0 = off (Muon + τ = MuonClip)."},
+      {"optimizer.qk_clip_alpha", FieldType::kDouble,
+       Ref(&C::optimizer, &OptimizerConfig::qk_clip_alpha),
+       "QK-Clip split: W_q scaled by γ^α, W_k by γ^(1−α) (MHA)."},
+      {"optimizer.qk_clip_mode", FieldType::kString,
+       Ref(&C::optimizer, &OptimizerConfig::qk_clip_mode),
+       "per_head (K2) or global (one γ from the max over heads).", {"per_head", "global"}},
+      // schedule
+      {"schedule.type", FieldType::kString, Ref(&C::schedule, &ScheduleConfig::type),
+       "Learning-rate schedule after warmup.", {"constant", "cosine", "linear", "wsd"}},
+      {"schedule.warmup_steps", FieldType::kInt, Ref(&C::schedule, &ScheduleConfig::warmup_steps),
+       "Linear warmup steps."},
+      {"schedule.min_lr_ratio", FieldType::kDouble, Ref(&C::schedule, &ScheduleConfig::min_lr_ratio),
+       "Final lr as a fraction of the peak (cosine, linear, wsd)."},
+      {"schedule.decay_fraction", FieldType::kDouble,
+       Ref(&C::schedule, &ScheduleConfig::decay_fraction),
+       "WSD: fraction of all steps spent in the final linear decay."},
+      // data
+      {"data.source", FieldType::kString, Ref(&C::data, &DataConfig::source),
+       "corpus (prepared shards) or markov (synthetic source with a known entropy rate).",
+       {"corpus", "markov"}},
+      {"data.path", FieldType::kString, Ref(&C::data, &DataConfig::path),
+       "Folder written by `moelab data prepare` (corpus)."},
+      {"data.markov_order", FieldType::kInt, Ref(&C::data, &DataConfig::markov_order),
+       "Order of the synthetic Markov chain."},
+      {"data.markov_concentration", FieldType::kDouble,
+       Ref(&C::data, &DataConfig::markov_concentration),
+       "Dirichlet concentration of the transition rows (smaller = lower entropy)."},
+      {"data.markov_seed", FieldType::kUint64, Ref(&C::data, &DataConfig::markov_seed),
+       "Seed of the synthetic chain itself (not of the sampling)."},
+      // train
+      {"train.batch_size", FieldType::kInt, Ref(&C::train, &TrainConfig::batch_size),
+       "Sequences per optimizer step."},
+      {"train.steps", FieldType::kInt, Ref(&C::train, &TrainConfig::steps),
+       "Optimizer steps (ignored when train.tokens > 0)."},
+      {"train.tokens", FieldType::kInt64, Ref(&C::train, &TrainConfig::tokens),
+       "Training tokens; > 0 sets steps = ceil(tokens / (batch_size·seq_len))."},
+      {"train.seed", FieldType::kUint64, Ref(&C::train, &TrainConfig::seed),
+       "Seed of initialisation and data sampling."},
+      {"train.threads", FieldType::kInt, Ref(&C::train, &TrainConfig::threads),
+       "CPU threads (OpenMP and OpenBLAS share one pool).", {}, false},
+      // eval
+      {"eval.every", FieldType::kInt, Ref(&C::eval, &EvalConfig::every),
+       "Validation every N steps (and always at the end); 0 = only at the end."},
+      {"eval.batches", FieldType::kInt, Ref(&C::eval, &EvalConfig::batches),
+       "Validation batches (of train.batch_size sequences) per evaluation."},
+      // checkpoint
+      {"checkpoint.every", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::every),
+       "Checkpoint every N steps (and at the end); 0 = only at the end.", {}, false},
+      {"checkpoint.dir", FieldType::kString, Ref(&C::checkpoint, &CheckpointConfig::dir),
+       "Folder for checkpoints (a sub-folder per run, named by config hash).", {}, false},
+      {"checkpoint.keep", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::keep),
+       "How many recent checkpoints to keep per run.", {}, false},
+  };
+  return fields;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::vector<std::string> KnownPaths() {
+  std::vector<std::string> paths;
+  for (const Field& f : Fields()) {
+    paths.push_back(f.path);
+    std::string section = f.path.substr(0, f.path.find('.'));
+    if (std::find(paths.begin(), paths.end(), section) == paths.end()) paths.push_back(section);
+  }
+  return paths;
+}
+
+std::string DidYouMean(const std::string& path) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  const std::string leaf = path.substr(path.rfind('.') + 1);
+  for (const std::string& known : KnownPaths()) {
+    const std::string known_leaf = known.substr(known.rfind('.') + 1);
+    // Compare whole paths and leaves so a key under the wrong section is still found.
+    const size_t d = std::min(EditDistance(path, known), EditDistance(leaf, known_leaf) + 1);
+    if (d < best_d) best_d = d, best = known;
+  }
+  const size_t limit = std::max<size_t>(3, leaf.size() / 3);
+  return best_d <= limit ? fmt::format(" (did you mean '{}'?)", best) : "";
+}
+
+std::string TypeName(FieldType t) {
+  switch (t) {
+    case FieldType::kInt:
+    case FieldType::kInt64:
+      return "an integer";
+    case FieldType::kUint64:
+      return "a non-negative integer";
+    case FieldType::kDouble:
+      return "a number";
+    case FieldType::kBool:
+      return "true or false";
+    case FieldType::kString:
+      return "a string";
+    case FieldType::kStringList:
+      return "a list of strings";
+  }
+  return "?";
+}
+
+std::string JsonTypeName(const json& v) { return v.type_name(); }
+
+// Integers may be written as 3e6; they must still be integral.
+bool AsInteger(const json& v, double lo, double hi, long long* out) {
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    const double d = v.get<double>();
+    if (d < lo || d > hi) return false;
+    *out = v.is_number_unsigned() ? static_cast<long long>(v.get<unsigned long long>())
+                                  : v.get<long long>();
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || std::floor(d) != d || d < lo || d > hi) return false;
+    *out = static_cast<long long>(d);
+    return true;
+  }
+  return false;
+}
+
+void SetField(const Field& f, const json& v, RunConfig& c) {
+  void* p = f.ref(c);
+  auto fail = [&](const std::string& extra = "") {
+    throw ConfigError(f.path, fmt::format("expected {}, got {} {}{}", TypeName(f.type),
+                                          JsonTypeName(v), v.dump(), extra));
+  };
+  long long i = 0;
+  switch (f.type) {
+    case FieldType::kInt:
+      if (!AsInteger(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), &i))
+        fail();
+      *static_cast<int*>(p) = static_cast<int>(i);
+      break;
+    case FieldType::kInt64:
+      if (!AsInteger(v, -9.2e18, 9.2e18, &i)) fail();
+      *static_cast<int64_t*>(p) = i;
+      break;
+    case FieldType::kUint64:
+      if (v.is_number_unsigned()) {
+        *static_cast<uint64_t*>(p) = v.get<uint64_t>();
+      } else {
+        if (!AsInteger(v, 0, 1.8e19, &i)) fail();
+        *static_cast<uint64_t*>(p) = static_cast<uint64_t>(i);
+      }
+      break;
+    case FieldType::kDouble:
+      if (!v.is_number()) fail();
+      if (!std::isfinite(v.get<double>())) fail(" (must be finite)");
+      *static_cast<double*>(p) = v.get<double>();
+      break;
+    case FieldType::kBool:
+      if (!v.is_boolean()) fail();
+      *static_cast<bool*>(p) = v.get<bool>();
+      break;
+    case FieldType::kString: {
+      if (!v.is_string()) fail();
+      const std::string s = v.get<std::string>();
+      if (!f.choices.empty() &&
+          std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end()) {
+        throw ConfigError(f.path, fmt::format("'{}' is not one of: {}", s,
+                                              fmt::join(f.choices, ", ")));
+      }
+      *static_cast<std::string*>(p) = s;
+      break;
+    }
+    case FieldType::kStringList: {
+      if (!v.is_array()) fail();
+      std::vector<std::string> list;
+      for (size_t k = 0; k < v.size(); ++k) {
+        if (!v[k].is_string()) {
+          throw ConfigError(fmt::format("{}[{}]", f.path, k),
+                            fmt::format("expected a string, got {}", JsonTypeName(v[k])));
+        }
+        list.push_back(v[k].get<std::string>());
+      }
+      *static_cast<std::vector<std::string>*>(p) = list;
+      break;
+    }
+  }
+}
+
+json GetField(const Field& f, RunConfig& c) {
+  void* p = f.ref(c);
+  switch (f.type) {
+    case FieldType::kInt:
+      return *static_cast<int*>(p);
+    case FieldType::kInt64:
+      return *static_cast<int64_t*>(p);
+    case FieldType::kUint64:
+      return *static_cast<uint64_t*>(p);
+    case FieldType::kDouble:
+      return *static_cast<double*>(p);
+    case FieldType::kBool:
+      return *static_cast<bool*>(p);
+    case FieldType::kString:
+      return *static_cast<std::string*>(p);
+    case FieldType::kStringList:
+      return *static_cast<std::vector<std::string>*>(p);
+  }
+  return nullptr;
+}
+
+const Field* FindField(const std::string& path) {
+  for (const Field& f : Fields())
+    if (f.path == path) return &f;
+  return nullptr;
+}
+
+void Walk(const json& j, const std::string& prefix, RunConfig& c) {
+  if (!j.is_object()) {
+    throw ConfigError(prefix.empty() ? "(root)" : prefix,
+                      fmt::format("expected an object, got {}", JsonTypeName(j)));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (const Field* f = FindField(path)) {
+      SetField(*f, it.value(), c);
+      continue;
+    }
+    const auto known = KnownPaths();
+    const bool is_section = std::find(known.begin(), known.end(), path) != known.end();
+    if (is_section) {
+      Walk(it.value(), path, c);
+    } else if (prefix.empty() && (it.key() == "name" || it.key() == "description")) {
+      // Free-text labels are allowed at the top level and ignored by the engine.
+      if (!it.value().is_string()) throw ConfigError(path, "expected a string");
+    } else {
+      throw ConfigError(path, "unknown key" + DidYouMean(path));
+    }
+  }
+}
+
+void Require(bool ok, const std::string& path, const std::string& reason) {
+  if (!ok) throw ConfigError(path, reason);
+}
+
+void FormatNumber(double d, std::string* out) {
+  if (std::floor(d) == d && std::fabs(d) < 9007199254740992.0) {
+    *out += fmt::format("{}", static_cast<long long>(d));
+  } else {
+    *out += fmt::format("{}", d);  // shortest round-trip representation
+  }
+}
+
+void Canonical(const json& j, std::string* out) {
+  switch (j.type()) {
+    case json::value_t::object: {
+      *out += '{';
+      bool first = true;
+      for (auto it = j.begin(); it != j.end(); ++it) {  // nlohmann objects iterate sorted
+        if (!first) *out += ',';
+        first = false;
+        *out += json(it.key()).dump();
+        *out += ':';
+        Canonical(it.value(), out);
+      }
+      *out += '}';
+      break;
+    }
+    case json::value_t::array: {
+      *out += '[';
+      for (size_t i = 0; i < j.size(); ++i) {
+        if (i) *out += ',';
+        Canonical(j[i], out);
+      }
+      *out += ']';
+      break;
+    }
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      *out += j.dump();
+      break;
+    case json::value_t::number_float:
+      FormatNumber(j.get<double>(), out);
+      break;
+    default:
+      *out += j.dump();
+  }
+}
+
+}  // namespace
+
+int RunConfig::total_steps() const {
+  if (train.tokens > 0) {
+    const int64_t per_step = static_cast<int64_t>(train.batch_size) * model.seq_len;
+    return static_cast<int>((train.tokens + per_step - 1) / per_step);
+  }
+  return train.steps;
+}
+
+RunConfig ConfigFromJson(const json& j) {
+  RunConfig c;
+  Walk(j, "", c);
+  ValidateConfig(c);
+  return c;
+}
+
+json ConfigToJson(const RunConfig& config) {
+  RunConfig c = config;
+  json j = json::object();
+  for (const Field& f : Fields()) {
+    const size_t dot = f.path.find('.');
+    j[f.path.substr(0, dot)][f.path.substr(dot + 1)] = GetField(f, c);
+  }
+  return j;
+}
+
+void ValidateConfig(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  const MoEConfig& e = c.moe;
+  Require(m.vocab_size >= 2, "model.vocab_size", "must be at least 2");
+  Require(m.d_model >= 1, "model.d_model", "must be positive");
+  Require(m.layers >= 1, "model.layers", "must be positive");
+  Require(m.heads >= 1, "model.heads", "must be positive");
+  Require(m.seq_len >= 2, "model.seq_len", "must be at least 2");
+  Require(m.kv_heads >= 0, "model.kv_heads", "must be 0 (= heads) or positive");
+  Require(m.kv_heads <= m.heads, "model.kv_heads",
+          fmt::format("{} key/value heads exceed the {} query heads", m.kv_heads, m.heads));
+  Require(m.heads % m.kv_heads_effective() == 0, "model.kv_heads",
+          fmt::format("GQA groups: kv_heads {} does not divide heads {}", m.kv_heads, m.heads));
+  Require(m.head_dim >= 0, "model.head_dim", "must be 0 (= d_model / heads) or positive");
+  if (m.head_dim == 0) {
+    Require(m.d_model % m.heads == 0, "model.heads",
+            fmt::format("heads {} does not divide d_model {} (or set model.head_dim)", m.heads,
+                        m.d_model));
+  }
+  Require(m.head_dim_effective() % 2 == 0, "model.head_dim",
+          fmt::format("head dimension {} must be even for RoPE", m.head_dim_effective()));
+  Require(m.ffn_hidden >= 1, "model.ffn_hidden", "must be positive");
+  Require(m.rope_theta > 0, "model.rope_theta", "must be positive");
+  Require(m.norm_eps > 0, "model.norm_eps", "must be positive");
+  Require(m.init_std > 0, "model.init_std", "must be positive");
+  Require(m.logit_softcap >= 0, "model.logit_softcap", "must be >= 0 (0 = off)");
+  Require(m.z_loss >= 0, "model.z_loss", "must be >= 0");
+  if (m.attention == "mla") {
+    Require(m.kv_lora_rank >= 1, "model.kv_lora_rank", "MLA needs a positive latent rank");
+    Require(m.q_lora_rank >= 0, "model.q_lora_rank", "must be >= 0");
+    Require(m.qk_nope_head_dim >= 1, "model.qk_nope_head_dim", "must be positive for MLA");
+    Require(m.qk_rope_head_dim >= 2 && m.qk_rope_head_dim % 2 == 0, "model.qk_rope_head_dim",
+            "must be positive and even for MLA");
+    Require(m.v_head_dim >= 1, "model.v_head_dim", "must be positive for MLA");
+    Require(m.kv_heads == 0 || m.kv_heads == m.heads, "model.kv_heads",
+            "MLA has no key/value head grouping; leave kv_heads at 0");
+    Require(!m.qk_norm, "model.qk_norm",
+            "QK-norm cannot be combined with MLA (keys are never materialised per head)");
+  }
+  Require(!(m.qk_norm && c.optimizer.qk_clip_tau > 0), "model.qk_norm",
+          "QK-norm cannot be combined with QK-Clip (optimizer.qk_clip_tau > 0): the clip's "
+          "rescaling would be undone by the normalisation");
+
+  if (e.enabled()) {
+    Require(e.experts_active >= 1, "moe.experts_active", "must be at least 1");
+    Require(e.experts_active <= e.experts_total, "moe.experts_active",
+            fmt::format("top-k {} exceeds experts_total {}", e.experts_active, e.experts_total));
+    Require(e.expert_hidden >= 1, "moe.expert_hidden", "must be positive");
+    Require(e.shared_experts >= 0, "moe.shared_experts", "must be >= 0");
+    Require(e.dense_layers >= 0 && e.dense_layers <= m.layers, "moe.dense_layers",
+            fmt::format("must be between 0 and model.layers ({})", m.layers));
+    Require(e.aux_loss_coef >= 0, "moe.aux_loss_coef", "must be >= 0");
+    Require(e.bias_update_rate >= 0, "moe.bias_update_rate", "must be >= 0");
+    Require(e.route_scale > 0, "moe.route_scale", "must be positive");
+  } else {
+    Require(e.experts_total == 0, "moe.experts_total", "must be >= 0 (0 = dense model)");
+  }
+
+  const OptimizerConfig& o = c.optimizer;
+  Require(o.lr > 0, "optimizer.lr", "must be positive");
+  Require(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");
+  Require(o.beta2 >= 0 && o.beta2 < 1, "optimizer.beta2", "must be in [0, 1)");
+  Require(o.eps > 0, "optimizer.eps", "must be positive");
+  Require(o.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0");
+  Require(o.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 = off)");
+  static const std::vector<std::string> kinds = {
+      "embedding", "lm_head", "norm", "router", "attn_q", "attn_k", "attn_v",
+      "attn_o", "ffn", "expert", "shared_expert", "mla", "bias"};
+  for (size_t i = 0; i < o.no_decay.size(); ++i) {
+    Require(std::find(kinds.begin(), kinds.end(), o.no_decay[i]) != kinds.end(),
+            fmt::format("optimizer.no_decay[{}]", i),
+            fmt::format("unknown parameter kind '{}'; kinds: {}", o.no_decay[i],
+                        fmt::join(kinds, ", ")));
+  }
+  Require(o.name != "muonclip" || o.qk_clip_tau > 0, "optimizer.qk_clip_tau",
+          "muonclip needs a threshold > 0 (K2 uses 100)");
+  Require(o.muon_momentum >= 0 && o.muon_momentum < 1, "optimizer.muon_momentum",
+          "must be in [0, 1)");
+  Require(o.muon_ns_steps >= 1 && o.muon_ns_steps <= 20, "optimizer.muon_ns_steps",
+          "must be between 1 and 20");
+  Require(o.qk_clip_tau >= 0, "optimizer.qk_clip_tau", "must be >= 0 (0 = off)");
+  Require(o.qk_clip_alpha >= 0 && o.qk_clip_alpha <= 1, "optimizer.qk_clip_alpha",
+          "must be in [0, 1]");
+
+  const ScheduleConfig& s = c.schedule;
+  Require(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0");
+  Require(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1, "schedule.min_lr_ratio",
+          "must be in [0, 1]");
+  Require(s.decay_fraction > 0 && s.decay_fraction <= 1, "schedule.decay_fraction",
+          "must be in (0, 1]");
+
+  const DataConfig& d = c.data;
+  if (d.source == "corpus") Require(!d.path.empty(), "data.path", "must name a folder");
+  if (d.source == "markov") {
+    Require(d.markov_order >= 1 && d.markov_order <= 4, "data.markov_order",
+            "must be between 1 and 4");
+    Require(std::pow(static_cast<double>(m.vocab_size), d.markov_order + 1) <= 2e8,
+            "data.markov_order",
+            fmt::format("vocab_size^(order+1) = {}^{} transition entries is too many for a "
+                        "synthetic chain; lower the order or model.vocab_size",
+                        m.vocab_size, d.markov_order + 1));
+    Require(d.markov_concentration > 0, "data.markov_concentration", "must be positive");
+  }
+
+  const TrainConfig& t = c.train;
+  Require(t.batch_size >= 1, "train.batch_size", "must be positive");
+  Require(t.tokens >= 0, "train.tokens", "must be >= 0");
+  if (t.tokens == 0) Require(t.steps >= 1, "train.steps", "must be positive (or set train.tokens)");
+  Require(t.threads >= 1 && t.threads <= 1024, "train.threads", "must be between 1 and 1024");
+  Require(c.schedule.warmup_steps < c.total_steps() || c.total_steps() <= 1,
+          "schedule.warmup_steps",
+          fmt::format("warmup {} is not shorter than the run ({} steps)", s.warmup_steps,
+                      c.total_steps()));
+  Require(c.eval.every >= 0, "eval.every", "must be >= 0");
+  Require(c.eval.batches >= 1, "eval.batches", "must be positive");
+  Require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
+  Require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be at least 1");
+}
+
+void ApplyOverride(json& j, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(assignment, "an override must look like path.to.key=value");
+  }
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // bare words are strings: --set optimizer.name=muon
+  }
+  if (!FindField(path)) throw ConfigError(path, "unknown key" + DidYouMean(path));
+  json* node = &j;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot - start);
+    if (dot == std::string::npos) {
+      (*node)[key] = value;
+      break;
+    }
+    if (!node->contains(key)) (*node)[key] = json::object();
+    node = &(*node)[key];
+    if (!node->is_object()) throw ConfigError(path.substr(0, dot), "is not an object");
+    start = dot + 1;
+  }
+}
+
+std::string CanonicalJson(const json& j) {
+  std::string out;
+  Canonical(j, &out);
+  return out;
+}
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+std::string ConfigHash(const RunConfig& c) {
+  json j = ConfigToJson(c);
+  for (const Field& f : Fields()) {
+    if (f.in_hash) continue;
+    const size_t dot = f.path.find('.');
+    j[f.path.substr(0, dot)].erase(f.path.substr(dot + 1));
+  }
+  return Sha256Hex(CanonicalJson(j));
+}
+
+RunConfig LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path, "cannot open the config file");
+  json j;
+  try {
+    j = json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(path, fmt::format("not valid JSON: {}", e.what()));
+  }
+  for (const std::string& o : overrides) ApplyOverride(j, o);
+  return ConfigFromJson(j);
+}
+
+std::string ConfigDocsMarkdown() {
+  RunConfig defaults;
+  std::string out =
+      "# Run configuration\n\n"
+      "One JSON document describes a run. Every field is optional; missing fields take the\n"
+      "defaults below. Unknown keys are rejected (with a \"did you mean\" hint), and every error\n"
+      "names the JSON path. Override any field on the command line with `--set path=value`.\n"
+      "Integers may be written in exponent form (`3e6`). The config hash (SHA-256 of the\n"
+      "canonical, fully defaulted JSON) ignores the fields marked *not hashed*: they do not\n"
+      "change the experiment.\n\n"
+      "This file is generated by `moelab config docs`; a test checks it matches the code.\n";
+  std::string section;
+  for (const Field& f : Fields()) {
+    const std::string s = f.path.substr(0, f.path.find('.'));
+    if (s != section) {
+      section = s;
+      out += fmt::format("\n## `{}`\n\n| key | default | description |\n|---|---|---|\n", s);
+    }
+    std::string doc = f.doc;
+    if (!f.choices.empty()) doc += fmt::format(" One of: {}.", fmt::join(f.choices, ", "));
+    if (!f.in_hash) doc += " *Not hashed.*";
+    out += fmt::format("| `{}` | `{}` | {} |\n", f.path, GetField(f, defaults).dump(), doc);
+  }
+  return out;
+}
+
+}  // namespace moelab

@@ -1,0 +1,79 @@
+#include "core/flops.h"
+
+namespace moelab {
+
+namespace {
+
+// Multiply-adds per token of one attention block's projections and of its scores at `keys`
+// average keys per token.
+void AttentionMacs(const ModelConfig& m, double keys, double* proj, double* scores) {
+  const double d = m.d_model, h = m.heads;
+  if (m.attention == "mla") {
+    const double qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const double q = m.q_lora_rank > 0 ? d * m.q_lora_rank + m.q_lora_rank * h * qk : d * h * qk;
+    const double kv_down = d * (m.kv_lora_rank + m.qk_rope_head_dim);
+    const double kv_up = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim);
+    *proj = q + kv_down + kv_up + h * m.v_head_dim * d;
+    *scores = keys * h * (qk + m.v_head_dim);
+    return;
+  }
+  const double hd = m.head_dim_effective(), kv = m.kv_heads_effective();
+  *proj = d * h * hd + 2 * d * kv * hd + h * hd * d;
+  *scores = keys * h * hd * 2;
+}
+
+}  // namespace
+
+FlopsBreakdown ForwardFlopsPerToken(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  const MoEConfig& e = c.moe;
+  const double keys = (m.seq_len + 1) / 2.0;
+  double proj = 0, scores = 0;
+  AttentionMacs(m, keys, &proj, &scores);
+  const int moe_layers = e.enabled() ? m.layers - e.dense_layers : 0;
+  const int dense_layers = m.layers - moe_layers;
+  const double d = m.d_model;
+  FlopsBreakdown f;
+  f.attn_proj = 2 * m.layers * proj;
+  f.attn_scores = 2 * m.layers * scores;
+  f.dense_ffn = 2 * dense_layers * 3 * d * m.ffn_hidden;
+  if (moe_layers > 0) {
+    f.router = 2.0 * moe_layers * d * e.experts_total;
+    f.routed_experts = 2.0 * moe_layers * e.experts_active * 3 * d * e.expert_hidden;
+    f.shared_experts = 2.0 * moe_layers * e.shared_experts * 3 * d * e.expert_hidden;
+  }
+  f.lm_head = 2 * d * m.vocab_size;
+  return f;
+}
+
+ParamCounts CountParams(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  const MoEConfig& e = c.moe;
+  const int64_t d = m.d_model;
+  int64_t attn = 0;
+  if (m.attention == "mla") {
+    const int64_t h = m.heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    attn = (m.q_lora_rank > 0 ? d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
+                              : d * h * qk) +
+           d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
+           m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim) + h * m.v_head_dim * d;
+  } else {
+    const int64_t hd = m.head_dim_effective();
+    attn = d * m.heads * hd * 2 + 2 * d * m.kv_heads_effective() * hd;
+  }
+  if (m.qk_norm) attn += 2 * m.head_dim_effective();
+  const int64_t norms = 2 * d;
+  const int moe_layers = e.enabled() ? m.layers - e.dense_layers : 0;
+  const int dense_layers = m.layers - moe_layers;
+  const int64_t expert = 3 * d * e.expert_hidden;
+  ParamCounts p;
+  p.embedding = static_cast<int64_t>(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
+  const int64_t common = m.layers * (attn + norms) + dense_layers * 3 * d * m.ffn_hidden + d +
+                         p.embedding;
+  const int64_t moe_fixed = moe_layers * (d * e.experts_total + e.shared_experts * expert);
+  p.total = common + moe_fixed + static_cast<int64_t>(moe_layers) * e.experts_total * expert;
+  p.active = common + moe_fixed + static_cast<int64_t>(moe_layers) * e.experts_active * expert;
+  return p;
+}
+
+}  // namespace moelab

@@ -1,0 +1,127 @@
+// The decoder-only MoE transformer: parameters in one flat arena with per-tensor views, a
+// hand-written backward pass, and per-step statistics (per-head max logits, expert loads).
+// Templated on the scalar type: float for training, double for finite-difference checks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace moelab {
+
+// What a parameter tensor is; optimizers map kinds to groups (Muon vs AdamW, decay or not).
+enum class ParamKind {
+  kEmbedding,     // token embedding [vocab, d]
+  kLmHead,        // untied output projection [vocab, d]
+  kNorm,          // RMSNorm gains [d]
+  kAttnQ,         // [heads*head_dim, d]  (rows of head h: h*head_dim .. (h+1)*head_dim)
+  kAttnK,         // [kv_heads*head_dim, d]
+  kAttnV,         // [kv_heads*head_dim, d]
+  kAttnO,         // [d, heads*head_dim]
+  kFfn,           // dense SwiGLU matrices: w1,w3 [hidden, d], w2 [d, hidden]
+  kExpert,        // routed experts, stacked: batch = experts_total
+  kSharedExpert,  // shared experts, stacked: batch = shared_experts
+  kRouter,        // router weight [experts_total, d]
+  kMla,           // MLA projections (the MuonClip issue)
+};
+// Names used in the config's optimizer.no_decay list and in recorded parameter groups.
+inline const char* ParamKindName(ParamKind k) {
+  switch (k) {
+    case ParamKind::kEmbedding: return "embedding";
+    case ParamKind::kLmHead: return "lm_head";
+    case ParamKind::kNorm: return "norm";
+    case ParamKind::kAttnQ: return "attn_q";
+    case ParamKind::kAttnK: return "attn_k";
+    case ParamKind::kAttnV: return "attn_v";
+    case ParamKind::kAttnO: return "attn_o";
+    case ParamKind::kFfn: return "ffn";
+    case ParamKind::kExpert: return "expert";
+    case ParamKind::kSharedExpert: return "shared_expert";
+    case ParamKind::kRouter: return "router";
+    case ParamKind::kMla: return "mla";
+  }
+  return "unknown";
+}
+
+struct ParamInfo {
+  std::string name;  // e.g. "layers.1.moe.experts.w1"
+  ParamKind kind;
+  int layer = -1;    // -1 for embedding, final norm, LM head
+  size_t offset = 0; // into the flat parameter/gradient arenas
+  int batch = 1;     // stacked same-shape matrices (experts)
+  int rows = 1;      // every matrix is row-major [rows, cols]; a linear layer is y = x·Wᵀ
+  int cols = 1;
+  size_t size() const { return static_cast<size_t>(batch) * rows * cols; }
+  // A 2-D hidden weight (what Muon updates): not embedding, LM head, norm or router.
+  bool is_hidden_matrix() const {
+    switch (kind) {
+      case ParamKind::kEmbedding:
+      case ParamKind::kLmHead:
+      case ParamKind::kNorm:
+      case ParamKind::kRouter:
+        return false;
+      default:
+        return rows > 1 && cols > 1;
+    }
+  }
+};
+
+// Statistics of one forward pass. Sized by the model; filled by Forward*/ForwardBackward.
+struct StepStats {
+  double loss = 0;      // mean next-token cross-entropy (nats)
+  double aux_loss = 0;  // load-balancing loss (already multiplied by its coefficient)
+  double z_loss = 0;    // output z-loss (already multiplied by its coefficient)
+  // S_max^h = max over batch and unmasked (i, j) of q_i·k_j/sqrt(d), [layers * heads].
+  std::vector<float> max_logit;
+  // Before any soft-cap (equal to max_logit when soft-capping is off).
+  std::vector<float> max_logit_raw;
+  // Tokens routed to each expert, [moe_layers * experts_total] (top-k assignments).
+  std::vector<int64_t> expert_counts;
+};
+
+template <typename T>
+class Model {
+ public:
+  explicit Model(const RunConfig& config);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Deterministic initialisation from the seed (normal(0, init_std); output projections scaled
+  // by 1/sqrt(2·layers); norms at 1; router bias at 0).
+  void Init(uint64_t seed);
+
+  const std::vector<ParamInfo>& param_infos() const;
+  size_t num_params() const;
+  T* params();
+  T* grads();
+  const T* params() const;
+  // Non-trainable state saved in checkpoints (the aux-loss-free router biases).
+  std::vector<T>& router_bias();
+  const std::vector<T>& router_bias() const;
+
+  int moe_layers() const;  // number of MoE layers (layers - dense_layers, or 0 if dense)
+
+  // tokens: [B, seq_len + 1]; inputs tokens[:, :S], targets tokens[:, 1:].
+  // Returns the training objective (cross-entropy + aux + z-loss) and overwrites grads with its
+  // gradient. stats may be null.
+  double ForwardBackward(const int32_t* tokens, int batch, StepStats* stats);
+  // Objective without gradients (evaluation, finite differences).
+  double Forward(const int32_t* tokens, int batch, StepStats* stats);
+  // Aux-loss-free balancing: b_i += rate·sign(mean load − load_i) from the step's global counts
+  // [moe_layers * experts_total].
+  void UpdateRouterBias(const std::vector<int64_t>& counts, double rate);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template class Model<float>;
+extern template class Model<double>;
+
+}  // namespace moelab

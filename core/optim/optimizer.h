@@ -1,0 +1,37 @@
+// Optimizers update the whole flat parameter arena from the gradient arena. AdamW lives here;
+// Muon/MuonClip implement the same interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/model/model.h"
+
+namespace moelab {
+
+// A named float buffer of optimizer state, saved in checkpoints.
+struct StateBuffer {
+  std::string name;
+  std::vector<float>* data;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of params from grads at learning rate lr; step is 1-based.
+  virtual void Step(float* params, const float* grads, double lr, int64_t step) = 0;
+  virtual std::vector<StateBuffer> state() = 0;
+  // Human-readable parameter-group mapping, e.g. {"layers.0.attn.wq": "muon"}.
+  virtual std::vector<std::pair<std::string, std::string>> groups() const = 0;
+};
+
+std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
+                                         const std::vector<ParamInfo>& params);
+
+// Learning rate at 1-based step of total_steps for the schedule, peak lr.
+double ScheduledLr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps);
+
+}  // namespace moelab

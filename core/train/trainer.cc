@@ -1,0 +1,234 @@
+#include "core/train/trainer.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/data/data.h"
+#include "core/flops.h"
+#include "core/model/model.h"
+#include "core/optim/optimizer.h"
+#include "core/optim/qk_clip.h"
+#include "core/train/checkpoint.h"
+#include "core/train/progress.h"
+
+namespace moelab {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Global L2 norm in double, summed in fixed-size chunks combined in order so the result does
+// not depend on the thread schedule.
+double GradNorm(const float* g, size_t n) {
+  constexpr size_t kChunk = 1 << 16;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    const size_t end = std::min(n, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return std::sqrt(total);
+}
+
+void Scale(float* g, size_t n, float s) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) g[i] *= s;
+}
+
+double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
+                std::vector<int32_t>& tokens) {
+  double sum = 0;
+  StepStats stats;
+  for (int b = 0; b < c.eval.batches; ++b) {
+    data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
+    model.Forward(tokens.data(), c.train.batch_size, &stats);
+    sum += stats.loss;
+  }
+  return sum / c.eval.batches;
+}
+
+}  // namespace
+
+std::string DefaultCheckpointDir(const RunConfig& config) {
+  return config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
+}
+
+TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& options) {
+  TrainResult result;
+  result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
+  SingleProcessCommunicator single;
+  Communicator* comm = options.comm ? options.comm : &single;
+  const std::string ckpt_dir =
+      options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
+  const std::string hash = ConfigHash(c);
+  const int64_t total = c.total_steps();
+  const int B = c.train.batch_size, S = c.model.seq_len;
+  const double flops_per_token = ForwardFlopsPerToken(c).training();
+
+  omp_set_num_threads(c.train.threads);
+  openblas_set_num_threads(c.train.threads);
+
+  try {
+    std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
+    Model<float> model(c);
+    model.Init(c.train.seed);
+    std::unique_ptr<Optimizer> optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+    std::span<float> params(model.params(), model.num_params());
+    std::span<float> bias(model.router_bias().data(), model.router_bias().size());
+
+    int64_t step = 0, tokens_seen = 0;
+    double flops = 0;
+    if (options.resume) {
+      const std::string latest = LatestCheckpoint(ckpt_dir);
+      if (!latest.empty()) {
+        CheckpointHeader h = ReadCheckpoint(latest, hash, params, bias, optimizer->state());
+        step = h.step;
+        tokens_seen = h.tokens;
+        flops = h.flops;
+        result.checkpoint = latest;
+      }
+    }
+    result.start_step = step;
+    if (options.on_start) options.on_start(step);
+
+    auto checkpoint = [&](int64_t at) {
+      CheckpointHeader h{hash, at, tokens_seen, flops};
+      result.checkpoint =
+          WriteCheckpoint(ckpt_dir, h, params, bias, optimizer->state(), c.checkpoint.keep);
+      sink->OnCheckpoint(at, result.checkpoint);
+    };
+
+    std::vector<int32_t> tokens(static_cast<size_t>(B) * (S + 1));
+    StepStats stats;
+    ProgressBar bar("train", total, options.progress);
+    const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
+    const auto t_start = Clock::now();
+    auto last_heartbeat = t_start;
+    sink->OnHeartbeat();
+    const bool aux_free = c.moe.enabled() && c.moe.balance == "aux_free";
+    int64_t steps_timed = 0;
+    double time_in_steps = 0;
+
+    while (step < end) {
+      if (options.stop_flag && options.stop_flag->load()) break;
+      const auto t0 = Clock::now();
+      data->TrainBatch(c.train.seed, step, comm->rank(), B, S, tokens.data());
+      model.ForwardBackward(tokens.data(), B, &stats);
+      const size_t n = model.num_params();
+      float* grads = model.grads();
+      if (comm->world_size() > 1) {
+        comm->AllReduceSum(grads, n);
+        Scale(grads, n, 1.0f / comm->world_size());
+        comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
+        comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());
+        comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
+        double l[2] = {stats.loss, stats.aux_loss};
+        comm->AllReduceSum(l, 2);
+        stats.loss = l[0] / comm->world_size();
+        stats.aux_loss = l[1] / comm->world_size();
+      }
+      ++step;
+      const double grad_norm = GradNorm(grads, n);
+      if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
+        result.status = RunStatus::kDiverged;
+        result.steps_done = step;
+        result.error = fmt::format("loss became {} at step {} (grad norm {})", stats.loss, step,
+                                   grad_norm);
+        StepRecord r;
+        r.step = step;
+        r.loss = stats.loss;
+        r.grad_norm = grad_norm;
+        sink->OnStep(r, stats);
+        bar.Finish("diverged");
+        sink->OnEnd(result.status, result.error);
+        return result;
+      }
+      if (c.optimizer.grad_clip > 0 && grad_norm > c.optimizer.grad_clip) {
+        Scale(grads, n, static_cast<float>(c.optimizer.grad_clip / grad_norm));
+      }
+      const double lr = ScheduledLr(c.schedule, c.optimizer.lr, step, total);
+      optimizer->Step(model.params(), grads, lr, step);
+      if (c.optimizer.qk_clip_tau > 0) {
+        // After the update, from this step's forward statistics (the step itself is unchanged).
+        std::vector<ClipEvent> events =
+            ApplyQkClip(c, model.param_infos(), model.params(), stats.max_logit, step);
+        if (!events.empty()) sink->OnClip(events);
+      }
+      if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
+
+      tokens_seen += static_cast<int64_t>(B) * S * comm->world_size();
+      flops += flops_per_token * B * S * comm->world_size();
+      const auto t1 = Clock::now();
+      const double dt = Seconds(t0, t1);
+      ++steps_timed;
+      time_in_steps += dt;
+      StepRecord r;
+      r.step = step;
+      r.loss = stats.loss;
+      r.aux_loss = stats.aux_loss;
+      r.lr = lr;
+      r.grad_norm = grad_norm;
+      r.tokens = tokens_seen;
+      r.flops = flops;
+      r.step_time_s = dt;
+      r.tokens_per_s = B * S * comm->world_size() / dt;
+      sink->OnStep(r, stats);
+      result.last_loss = stats.loss;
+
+      if ((c.eval.every > 0 && step % c.eval.every == 0) || step == total) {
+        result.last_val_loss = Evaluate(model, *data, c, tokens);
+        sink->OnEval(step, tokens_seen, flops, result.last_val_loss);
+      }
+      if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
+        checkpoint(step);
+      }
+      if (Seconds(last_heartbeat, Clock::now()) >= 1.0) {
+        sink->OnHeartbeat();
+        last_heartbeat = Clock::now();
+      }
+      result.tokens_per_s = steps_timed * static_cast<double>(B) * S / time_in_steps;
+      bar.Update(step, fmt::format("loss {:.4f}{} | {} tok/s", stats.loss,
+                                   std::isnan(result.last_val_loss)
+                                       ? ""
+                                       : fmt::format(" val {:.4f}", result.last_val_loss),
+                                   ProgressBar::FormatCount(result.tokens_per_s)));
+    }
+    result.steps_done = step;
+    if (step < total) {
+      // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
+      if (result.checkpoint.empty() || step != result.start_step) {
+        if (CheckpointAtStep(ckpt_dir, step).empty()) checkpoint(step);
+      }
+      result.status = RunStatus::kStopped;
+      bar.Finish(fmt::format("stopped at step {}", step));
+    } else {
+      result.status = RunStatus::kDone;
+      bar.Finish(fmt::format("loss {:.4f} val {:.4f} | {} tok/s", result.last_loss,
+                             result.last_val_loss, ProgressBar::FormatCount(result.tokens_per_s)));
+    }
+    sink->OnEnd(result.status, "");
+  } catch (const std::exception& e) {
+    result.status = RunStatus::kFailed;
+    result.error = e.what();
+    sink->OnEnd(result.status, result.error);
+  }
+  return result;
+}
+
+}  // namespace moelab

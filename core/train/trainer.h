@@ -1,0 +1,51 @@
+// The training loop: data → forward/backward → clip → optimizer → QK-Clip → router bias →
+// metrics, with evaluation, atomic checkpoints, resume, divergence detection and a progress bar.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/config.h"
+#include "core/dist/communicator.h"
+#include "core/metrics.h"
+
+namespace moelab {
+
+struct TrainOptions {
+  // Folder for this run's checkpoints; "" = <checkpoint.dir>/<first 16 hex of config hash>.
+  std::string checkpoint_dir;
+  // Continue from the newest checkpoint in checkpoint_dir (fresh start if there is none).
+  bool resume = false;
+  // Stop (with a checkpoint, status stopped) after this many total steps; -1 = run to the end.
+  int64_t stop_at_step = -1;
+  // Set asynchronously (e.g. by SIGINT) to stop gracefully with a checkpoint.
+  std::atomic<bool>* stop_flag = nullptr;
+  bool progress = true;  // progress bar on stderr
+  Communicator* comm = nullptr;  // null: single process
+  // Called once with the step the run starts from (0, or the resumed checkpoint's step).
+  std::function<void(int64_t)> on_start;
+};
+
+struct TrainResult {
+  RunStatus status = RunStatus::kRunning;
+  int64_t steps_done = 0;       // total optimizer steps completed (including resumed ones)
+  int64_t start_step = 0;       // step the run (re)started from
+  double last_loss = 0;
+  double last_val_loss = 0;     // NaN when no evaluation ran
+  std::string error;            // for failed and diverged runs
+  std::string checkpoint;       // last checkpoint written
+  double tokens_per_s = 0;
+};
+
+// Exit codes of `moelab train`, distinct so a sweep scheduler can tell outcomes apart.
+enum ExitCode { kExitDone = 0, kExitFailed = 1, kExitConfig = 2, kExitDiverged = 3,
+                kExitStopped = 4 };
+
+std::string DefaultCheckpointDir(const RunConfig& config);
+
+// Trains the run; every outcome (including exceptions inside the loop) is reported to the sink.
+TrainResult Train(const RunConfig& config, MetricsSink* sink, const TrainOptions& options);
+
+}  // namespace moelab

@@ -1,0 +1,187 @@
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "db/reader.h"
+#include "db/schema.h"
+
+namespace moelab {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Bin() {
+  const char* dir = std::getenv("MOELAB_BIN_DIR");
+  return std::string(dir ? dir : "build/bin") + "/moelab";
+}
+
+// Starts `moelab args...` with stdout/stderr to log; returns the pid.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    dup2(fileno(stderr), fileno(stdout));
+    std::vector<char*> argv;
+    std::string bin = Bin();
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("moelab_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    db_ = (dir_ / "runs.db").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string WriteConfig(int steps, json extra = json::object()) {
+    json c = {{"model",
+               {{"vocab_size", 64}, {"d_model", 32}, {"layers", 2}, {"heads", 2},
+                {"ffn_hidden", 64}, {"seq_len", 32}}},
+              {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", 32}}},
+              {"data", {{"source", "markov"}}},
+              {"train", {{"batch_size", 4}, {"steps", steps}, {"threads", 1}}},
+              {"schedule", {{"warmup_steps", 2}}},
+              {"eval", {{"every", 10}, {"batches", 1}}},
+              {"checkpoint", {{"every", 10}, {"dir", (dir_ / "ckpt").string()}}}};
+    c.merge_patch(extra);
+    const std::string path = (dir_ / "run.json").string();
+    std::ofstream(path) << c.dump(2);
+    return path;
+  }
+  std::string Log() const { return (dir_ / "log.txt").string(); }
+
+  fs::path dir_;
+  std::string db_;
+};
+
+TEST_F(CliTest, ConfigErrorExitsTwoBeforeAnythingRuns) {
+  const std::string cfg = WriteConfig(10, {{"model", {{"head", 3}}}});
+  EXPECT_EQ(Wait(Spawn({"train", cfg, "--db", db_}, Log())), 2);
+  const std::string log = Slurp(Log());
+  EXPECT_NE(log.find("model.head"), std::string::npos) << log;
+  EXPECT_NE(log.find("did you mean 'model.heads'"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(db_));
+  EXPECT_EQ(Wait(Spawn({"train", WriteConfig(10), "--db", db_, "--set", "moe.experts_active=9"},
+                       Log())),
+            2);
+  EXPECT_NE(Slurp(Log()).find("moe.experts_active"), std::string::npos);
+}
+
+TEST_F(CliTest, TrainsAndRecords) {
+  ASSERT_EQ(Wait(Spawn({"train", WriteConfig(20), "--db", db_, "--name", "t1"}, Log())), 0)
+      << Slurp(Log());
+  db::Reader reader(db_);
+  const auto runs = reader.ListRuns();
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].name, "t1");
+  EXPECT_EQ(runs[0].effective_status, "done");
+  EXPECT_EQ(runs[0].last_step, 20);
+  EXPECT_EQ(reader.GetSeries(runs[0].id, "loss").steps.size(), 20u);
+  EXPECT_EQ(reader.GetSeries(runs[0].id, "val_loss").steps.size(), 2u);
+  auto m = reader.GetMaxLogitMatrix(runs[0].id);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->layers, 2);
+  EXPECT_EQ(m->heads, 2);
+  EXPECT_EQ(reader.GetExpertLoads(runs[0].id).steps.size(), 20u);
+  // --resume of a finished run does nothing.
+  EXPECT_EQ(Wait(Spawn({"train", WriteConfig(20), "--db", db_, "--resume"}, Log())), 0);
+  EXPECT_EQ(db::Reader(db_).ListRuns().size(), 1u);
+}
+
+TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
+  const std::string cfg = WriteConfig(
+      300, {{"optimizer", {{"lr", 1e6}, {"grad_clip", 0}}},
+            {"schedule", {{"type", "constant"}, {"warmup_steps", 0}}}});
+  EXPECT_EQ(Wait(Spawn({"train", cfg, "--db", db_}, Log())), 3) << Slurp(Log());
+  EXPECT_NE(Slurp(Log()).find("DIVERGED"), std::string::npos);
+  const auto runs = db::Reader(db_).ListRuns();
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "diverged");
+  ASSERT_TRUE(runs[0].diverged_step.has_value());
+  EXPECT_LT(*runs[0].diverged_step, 300);
+}
+
+// kill -9 mid-run while a reader polls: the database stays intact, the run shows as failed once
+// its heartbeat is stale, and --resume finishes it with every step recorded exactly once.
+TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
+  const std::string cfg = WriteConfig(3000, {{"checkpoint", {{"every", 100}}}});
+  const pid_t pid = Spawn({"train", cfg, "--db", db_, "--no-progress"}, Log());
+  int64_t seen = 0;
+  int polls = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (seen < 25 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!fs::exists(db_)) continue;
+    try {
+      db::Reader reader(db_);  // a fresh read-only connection each poll, like a GUI restart
+      for (const auto& r : reader.ListRuns()) seen = r.last_step;
+      ++polls;
+    } catch (const std::exception& e) {
+      // The schema may not exist for the first few milliseconds; anything else is a failure.
+      ASSERT_NE(std::string(e.what()).find("not a moelab database"), std::string::npos)
+          << e.what();
+    }
+  }
+  ASSERT_GE(seen, 25) << Slurp(Log());
+  kill(pid, SIGKILL);
+  EXPECT_EQ(Wait(pid), -SIGKILL);
+  EXPECT_GT(polls, 5);
+  EXPECT_EQ(db::IntegrityCheck(db_), "ok");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  {
+    db::Reader reader(db_);
+    const auto runs = reader.ListRuns(/*stale_after_s=*/1.0);
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0].status, "running");
+    EXPECT_EQ(runs[0].effective_status, "failed");
+    EXPECT_TRUE(runs[0].stale);
+  }
+  ASSERT_EQ(Wait(Spawn({"train", cfg, "--db", db_, "--resume", "--no-progress"}, Log())), 0)
+      << Slurp(Log());
+  EXPECT_NE(Slurp(Log()).find("resuming run 1"), std::string::npos) << Slurp(Log());
+  db::Reader reader(db_);
+  const auto runs = reader.ListRuns();
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].effective_status, "done");
+  const db::Series loss = reader.GetSeries(runs[0].id, "loss");
+  ASSERT_EQ(loss.steps.size(), 3000u);
+  for (size_t i = 0; i < loss.steps.size(); ++i) EXPECT_EQ(loss.steps[i], int64_t(i + 1));
+  EXPECT_EQ(db::IntegrityCheck(db_), "ok");
+}
+
+}  // namespace
+}  // namespace moelab

@@ -1,0 +1,150 @@
+#include "core/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace moelab {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// Parses and expects a ConfigError at `path` whose reason contains `reason`.
+void ExpectError(const json& j, const std::string& path, const std::string& reason) {
+  try {
+    ConfigFromJson(j);
+    FAIL() << "no error for " << j.dump() << " (expected " << path << ")";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), path) << e.what();
+    EXPECT_THAT(e.reason(), HasSubstr(reason)) << e.what();
+  }
+}
+
+TEST(Config, EmptyDocumentGivesDefaults) {
+  const RunConfig c = ConfigFromJson(json::object());
+  EXPECT_EQ(c.model.d_model, 256);
+  EXPECT_EQ(c.optimizer.name, "adamw");
+  EXPECT_EQ(c.total_steps(), c.train.steps);
+}
+
+TEST(Config, RoundTripThroughJson) {
+  json j = {{"model", {{"layers", 3}, {"heads", 8}, {"kv_heads", 2}}},
+            {"moe", {{"experts_total", 16}, {"experts_active", 4}, {"router", "sigmoid"}}},
+            {"optimizer", {{"no_decay", {"norm"}}}}};
+  const RunConfig c = ConfigFromJson(j);
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.moe.router, "sigmoid");
+  const RunConfig back = ConfigFromJson(ConfigToJson(c));
+  EXPECT_EQ(ConfigToJson(back), ConfigToJson(c));
+  EXPECT_EQ(ConfigHash(back), ConfigHash(c));
+}
+
+TEST(Config, UnknownKeyNamesPathAndSuggests) {
+  ExpectError({{"model", {{"head", 4}}}}, "model.head", "did you mean 'model.heads'");
+  ExpectError({{"modle", {{"heads", 4}}}}, "modle", "did you mean 'model'");
+  ExpectError({{"optimizer", {{"learning_rate", 1e-3}}}}, "optimizer.learning_rate",
+              "unknown key");
+  // A key under the wrong section is found by its leaf name.
+  ExpectError({{"model", {{"experts_total", 8}}}}, "model.experts_total",
+              "did you mean 'moe.experts_total'");
+}
+
+TEST(Config, WrongTypesNamePathAndTypes) {
+  ExpectError({{"model", {{"layers", "four"}}}}, "model.layers", "expected an integer, got string");
+  ExpectError({{"model", {{"layers", 2.5}}}}, "model.layers", "expected an integer");
+  ExpectError({{"model", {{"tie_embeddings", 1}}}}, "model.tie_embeddings",
+              "expected true or false");
+  ExpectError({{"optimizer", {{"lr", "fast"}}}}, "optimizer.lr", "expected a number");
+  ExpectError({{"optimizer", {{"no_decay", {"norm", 3}}}}}, "optimizer.no_decay[1]",
+              "expected a string");
+  ExpectError({{"model", 3}}, "model", "expected an object");
+  ExpectError({{"moe", {{"router", "softmx"}}}}, "moe.router", "not one of: softmax, sigmoid");
+}
+
+TEST(Config, ImpossibleCombinations) {
+  ExpectError({{"model", {{"d_model", 100}, {"heads", 3}}}}, "model.heads",
+              "does not divide d_model");
+  ExpectError({{"model", {{"heads", 4}, {"kv_heads", 3}}}}, "model.kv_heads",
+              "does not divide heads");
+  ExpectError({{"model", {{"heads", 4}, {"kv_heads", 8}}}}, "model.kv_heads", "exceed");
+  ExpectError({{"moe", {{"experts_total", 4}, {"experts_active", 6}}}}, "moe.experts_active",
+              "exceeds experts_total");
+  ExpectError({{"moe", {{"experts_total", 4}, {"dense_layers", 9}}}}, "moe.dense_layers",
+              "between 0 and model.layers");
+  ExpectError({{"model", {{"d_model", 96}, {"heads", 32}}}}, "model.head_dim", "even for RoPE");
+  ExpectError({{"model", {{"qk_norm", true}}}, {"optimizer", {{"qk_clip_tau", 30}}}},
+              "model.qk_norm", "QK-Clip");
+  ExpectError({{"model", {{"qk_norm", true}, {"attention", "mla"}}}}, "model.qk_norm", "MLA");
+  ExpectError({{"optimizer", {{"name", "muonclip"}}}}, "optimizer.qk_clip_tau", "muonclip");
+  ExpectError({{"optimizer", {{"no_decay", {"norms"}}}}}, "optimizer.no_decay[0]",
+              "unknown parameter kind");
+  ExpectError({{"train", {{"steps", 10}}}, {"schedule", {{"warmup_steps", 10}}}},
+              "schedule.warmup_steps", "not shorter");
+  ExpectError({{"data", {{"source", "markov"}, {"markov_order", 4}}},
+               {"model", {{"vocab_size", 4096}}}},
+              "data.markov_order", "too many");
+}
+
+TEST(Config, TokensSetSteps) {
+  const RunConfig c = ConfigFromJson(
+      {{"train", {{"tokens", 3e6}, {"batch_size", 8}}}, {"model", {{"seq_len", 256}}}});
+  EXPECT_EQ(c.train.tokens, 3000000);
+  EXPECT_EQ(c.total_steps(), (3000000 + 2047) / 2048);
+}
+
+TEST(Config, HashIgnoresOrderAndNumberSpelling) {
+  const json a = json::parse(R"({"train": {"tokens": 3e6, "seed": 7}, "model": {"layers": 2}})");
+  const json b = json::parse(R"({"model": {"layers": 2.0}, "train": {"seed": 7, "tokens": 3000000}})");
+  EXPECT_EQ(ConfigHash(ConfigFromJson(a)), ConfigHash(ConfigFromJson(b)));
+  // Explicit defaults hash like omitted ones.
+  EXPECT_EQ(ConfigHash(ConfigFromJson(json::object())),
+            ConfigHash(ConfigFromJson({{"model", {{"d_model", 256}}}})));
+  // Threads and checkpointing do not change the experiment.
+  EXPECT_EQ(ConfigHash(ConfigFromJson({{"train", {{"threads", 1}}}})),
+            ConfigHash(ConfigFromJson({{"train", {{"threads", 2}}}})));
+  EXPECT_NE(ConfigHash(ConfigFromJson({{"train", {{"seed", 1}}}})),
+            ConfigHash(ConfigFromJson({{"train", {{"seed", 2}}}})));
+  EXPECT_EQ(ConfigHash(ConfigFromJson(a)).size(), 64u);
+}
+
+TEST(Config, CanonicalJsonSortsKeysAndNormalisesNumbers) {
+  EXPECT_EQ(CanonicalJson(json::parse(R"({"b": 3e6, "a": [1.5, 2.0, true]})")),
+            R"({"a":[1.5,2,true],"b":3000000})");
+}
+
+TEST(Config, Sha256KnownVector) {
+  EXPECT_EQ(Sha256Hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Config, Overrides) {
+  json j = json::object();
+  ApplyOverride(j, "model.layers=6");
+  ApplyOverride(j, "optimizer.name=muon");
+  ApplyOverride(j, "model.tie_embeddings=true");
+  ApplyOverride(j, "optimizer.no_decay=[\"norm\"]");
+  const RunConfig c = ConfigFromJson(j);
+  EXPECT_EQ(c.model.layers, 6);
+  EXPECT_EQ(c.optimizer.name, "muon");
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.optimizer.no_decay, std::vector<std::string>{"norm"});
+  EXPECT_THROW(ApplyOverride(j, "model.layer=6"), ConfigError);
+  EXPECT_THROW(ApplyOverride(j, "noequals"), ConfigError);
+}
+
+TEST(Config, DocsFileMatchesCode) {
+  const char* src = std::getenv("MOELAB_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  std::ifstream in(std::string(src) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md missing: run `moelab config docs > docs/config.md`";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), ConfigDocsMarkdown())
+      << "docs/config.md is out of date: run `moelab config docs > docs/config.md`";
+}
+
+}  // namespace
+}  // namespace moelab

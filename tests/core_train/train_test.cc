@@ -1,0 +1,192 @@
+#include "core/train/trainer.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+namespace moelab {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Keeps what the trainer reports, for comparison between runs.
+class RecordingSink : public MetricsSink {
+ public:
+  void OnStep(const StepRecord& r, const StepStats& s) override {
+    steps.push_back(r);
+    max_logits.push_back(s.max_logit);
+    counts.push_back(s.expert_counts);
+  }
+  void OnEval(int64_t step, int64_t, double, double v) override { evals.push_back({step, v}); }
+  void OnClip(const std::vector<ClipEvent>& e) override {
+    clips.insert(clips.end(), e.begin(), e.end());
+  }
+  void OnHeartbeat() override { ++heartbeats; }
+  void OnCheckpoint(int64_t step, const std::string&) override { checkpoints.push_back(step); }
+  void OnEnd(RunStatus s, const std::string& e) override {
+    status = s;
+    error = e;
+  }
+  std::vector<StepRecord> steps;
+  std::vector<std::vector<float>> max_logits;
+  std::vector<std::vector<int64_t>> counts;
+  std::vector<std::pair<int64_t, double>> evals;
+  std::vector<ClipEvent> clips;
+  std::vector<int64_t> checkpoints;
+  int heartbeats = 0;
+  RunStatus status = RunStatus::kRunning;
+  std::string error;
+};
+
+RunConfig SmallMoe() {
+  RunConfig c;
+  c.model.vocab_size = 64;
+  c.model.d_model = 32;
+  c.model.layers = 2;
+  c.model.heads = 4;
+  c.model.kv_heads = 2;
+  c.model.ffn_hidden = 64;
+  c.model.seq_len = 32;
+  c.moe.experts_total = 4;
+  c.moe.experts_active = 2;
+  c.moe.shared_experts = 1;
+  c.moe.expert_hidden = 32;
+  c.moe.dense_layers = 1;
+  c.moe.balance = "aux_free";
+  c.data.source = "markov";
+  c.train.batch_size = 4;
+  c.train.steps = 24;
+  c.train.threads = 2;
+  c.schedule.warmup_steps = 4;
+  c.eval.every = 8;
+  c.eval.batches = 2;
+  c.checkpoint.every = 8;
+  c.optimizer.lr = 3e-3;
+  ValidateConfig(c);
+  return c;
+}
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("moelab_train_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  TrainOptions Options(const std::string& sub) {
+    TrainOptions o;
+    o.checkpoint_dir = (dir_ / sub).string();
+    o.progress = false;
+    return o;
+  }
+  fs::path dir_;
+};
+
+TEST_F(TrainTest, LearnsAndReportsEverything) {
+  const RunConfig c = SmallMoe();
+  RecordingSink sink;
+  const TrainResult r = Train(c, &sink, Options("a"));
+  ASSERT_EQ(r.status, RunStatus::kDone) << r.error;
+  ASSERT_EQ(sink.steps.size(), 24u);
+  EXPECT_LT(sink.steps.back().loss, sink.steps.front().loss - 0.05);
+  EXPECT_EQ(sink.steps.back().tokens, 24 * 4 * 32);
+  EXPECT_GT(sink.steps.back().flops, 0);
+  EXPECT_EQ(sink.evals.size(), 3u);  // steps 8, 16, 24
+  EXPECT_EQ(sink.checkpoints, (std::vector<int64_t>{8, 16, 24}));
+  EXPECT_EQ(sink.max_logits.back().size(), 2u * 4);
+  EXPECT_EQ(sink.counts.back().size(), 1u * 4);
+  int64_t assigned = 0;
+  for (int64_t n : sink.counts.back()) assigned += n;
+  EXPECT_EQ(assigned, 4 * 32 * 2);  // every token picks top-2
+  EXPECT_GE(sink.heartbeats, 1);
+  EXPECT_EQ(sink.status, RunStatus::kDone);
+}
+
+TEST_F(TrainTest, SameSeedSameThreadsGivesIdenticalLosses) {
+  const RunConfig c = SmallMoe();
+  RecordingSink a, b;
+  Train(c, &a, Options("a"));
+  Train(c, &b, Options("b"));
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm) << "step " << i + 1;
+  }
+}
+
+// N steps in one go and N/2 + resume + N/2 give bit-identical losses, for a dense AdamW run and
+// a MoE run with aux-loss-free router biases (which live in the checkpoint too).
+TEST_F(TrainTest, ResumeContinuesTheExactTrajectory) {
+  for (bool moe : {false, true}) {
+    RunConfig c = SmallMoe();
+    if (!moe) c.moe.experts_total = 0;
+    c.checkpoint.every = 0;  // only the stop and the end write checkpoints
+    RecordingSink whole, first, second;
+    Train(c, &whole, Options(moe ? "whole_moe" : "whole"));
+    TrainOptions o = Options(moe ? "split_moe" : "split");
+    o.stop_at_step = 12;
+    const TrainResult r1 = Train(c, &first, o);
+    ASSERT_EQ(r1.status, RunStatus::kStopped);
+    ASSERT_EQ(r1.steps_done, 12);
+    o.stop_at_step = -1;
+    o.resume = true;
+    const TrainResult r2 = Train(c, &second, o);
+    ASSERT_EQ(r2.status, RunStatus::kDone) << r2.error;
+    EXPECT_EQ(r2.start_step, 12);
+    ASSERT_EQ(first.steps.size() + second.steps.size(), whole.steps.size());
+    for (size_t i = 0; i < whole.steps.size(); ++i) {
+      const StepRecord& s = i < 12 ? first.steps[i] : second.steps[i - 12];
+      EXPECT_EQ(s.step, whole.steps[i].step);
+      EXPECT_EQ(s.loss, whole.steps[i].loss) << "moe " << moe << " step " << i + 1;
+      EXPECT_EQ(s.tokens, whole.steps[i].tokens);
+    }
+    EXPECT_EQ(second.evals.back().second, whole.evals.back().second);
+  }
+}
+
+TEST_F(TrainTest, StopFlagCheckpointsAndStops) {
+  RunConfig c = SmallMoe();
+  std::atomic<bool> stop{true};
+  TrainOptions o = Options("s");
+  o.stop_flag = &stop;
+  RecordingSink sink;
+  const TrainResult r = Train(c, &sink, o);
+  EXPECT_EQ(r.status, RunStatus::kStopped);
+  EXPECT_EQ(r.steps_done, 0);
+  EXPECT_EQ(sink.status, RunStatus::kStopped);
+}
+
+TEST_F(TrainTest, NanLossMarksDiverged) {
+  RunConfig c = SmallMoe();
+  c.moe.experts_total = 0;
+  c.optimizer.lr = 1e6;
+  c.optimizer.grad_clip = 0;
+  c.schedule.type = "constant";
+  c.schedule.warmup_steps = 0;
+  c.train.steps = 200;
+  RecordingSink sink;
+  const TrainResult r = Train(c, &sink, Options("d"));
+  EXPECT_EQ(r.status, RunStatus::kDiverged);
+  EXPECT_LT(r.steps_done, 200);
+  EXPECT_NE(r.error.find("step"), std::string::npos);
+  EXPECT_EQ(sink.status, RunStatus::kDiverged);
+  EXPECT_FALSE(std::isfinite(sink.steps.back().loss) && std::isfinite(sink.steps.back().grad_norm));
+}
+
+TEST_F(TrainTest, MissingCorpusFailsClearly) {
+  RunConfig c = SmallMoe();
+  c.data.source = "corpus";
+  c.data.path = (dir_ / "nothing").string();
+  RecordingSink sink;
+  const TrainResult r = Train(c, &sink, Options("m"));
+  EXPECT_EQ(r.status, RunStatus::kFailed);
+  EXPECT_NE(r.error.find("moelab data prepare"), std::string::npos) << r.error;
+}
+
+}  // namespace
+}  // namespace moelab
