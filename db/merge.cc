@@ -1,0 +1,118 @@
+#include "db/merge.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <optional>
+
+#include "db/schema.h"
+
+namespace moelab::db {
+
+namespace {
+
+// Columns of a main-schema table, so the copies follow future migrations without edits here.
+std::vector<std::string> Columns(Connection& db, const std::string& table) {
+  Statement st = db.Prepare(fmt::format("SELECT name FROM pragma_table_info('{}')", table));
+  std::vector<std::string> cols;
+  while (st.Step()) cols.push_back(st.Text(0));
+  return cols;
+}
+
+std::string Without(const std::vector<std::string>& cols, const std::string& drop,
+                    const std::string& prefix = "") {
+  std::vector<std::string> kept;
+  for (const std::string& c : cols) {
+    if (c != drop) kept.push_back(prefix + c);
+  }
+  return fmt::format("{}", fmt::join(kept, ", "));
+}
+
+}  // namespace
+
+MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_path) {
+  // Validates the source (exists, is moelab, same schema version) with a clear message.
+  { OpenForRead(src_path); }
+  Connection db = OpenForWrite(dst_path);
+  db.Prepare("ATTACH DATABASE ?1 AS src").Bind(1, src_path).Run();
+  MergeResult result;
+  db.Exec("BEGIN IMMEDIATE");
+  try {
+    std::map<int64_t, int64_t> sweep_map;
+    auto map_sweep = [&](int64_t src_sweep) -> int64_t {
+      if (auto it = sweep_map.find(src_sweep); it != sweep_map.end()) return it->second;
+      db.Prepare(
+            "INSERT INTO main.sweeps (name, spec_json, created_at) SELECT name, spec_json, "
+            "created_at FROM src.sweeps WHERE id = ?1 ON CONFLICT (name) DO NOTHING")
+          .Bind(1, src_sweep)
+          .Run();
+      Statement st = db.Prepare(
+          "SELECT m.id FROM main.sweeps m JOIN src.sweeps s ON s.name = m.name WHERE s.id = ?1");
+      st.Bind(1, src_sweep);
+      const int64_t id = st.Step() ? st.Int(0) : 0;
+      sweep_map[src_sweep] = id;
+      return id;
+    };
+
+    const std::vector<std::string> run_columns = Columns(db, "runs");
+    const std::string run_cols = Without(run_columns, "id");
+    // The source's sweep ids mean nothing here; the sweep is re-linked by name below.
+    std::string run_select;
+    {
+      std::vector<std::string> sel;
+      for (const std::string& c : run_columns) {
+        if (c != "id") sel.push_back(c == "sweep_id" ? "NULL" : c);
+      }
+      run_select = fmt::format("{}", fmt::join(sel, ", "));
+    }
+    const char* kPerRunTables[] = {"run_summary", "run_vars",      "steps",      "evals",
+                                   "max_logits",  "expert_counts", "clip_events"};
+    std::map<std::string, std::string> table_cols;
+    for (const char* t : kPerRunTables) table_cols[t] = Without(Columns(db, t), "run_id");
+
+    Statement runs = db.Prepare(
+        "SELECT s.id, s.sweep_id, EXISTS (SELECT 1 FROM main.runs m WHERE m.config_hash = "
+        "s.config_hash) FROM src.runs s ORDER BY s.id");
+    while (runs.Step()) {
+      const int64_t src_id = runs.Int(0);
+      const std::optional<int64_t> src_sweep = runs.OptInt(1);
+      if (runs.Int(2)) {
+        ++result.skipped;
+        continue;
+      }
+      db.Prepare(fmt::format("INSERT INTO main.runs ({}) SELECT {} FROM src.runs WHERE id = ?1",
+                             run_cols, run_select))
+          .Bind(1, src_id)
+          .Run();
+      const int64_t dst_id = db.last_insert_rowid();
+      if (src_sweep) {
+        db.Prepare("UPDATE main.runs SET sweep_id = ?2 WHERE id = ?1")
+            .Bind(1, dst_id)
+            .Bind(2, map_sweep(*src_sweep))
+            .Run();
+      }
+      for (const char* t : kPerRunTables) {
+        db.Prepare(
+              fmt::format("INSERT INTO main.{0} (run_id, {1}) SELECT ?2, {1} FROM src.{0} WHERE "
+                          "run_id = ?1",
+                          t, table_cols[t]))
+            .Bind(1, src_id)
+            .Bind(2, dst_id)
+            .Run();
+      }
+      result.id_map.emplace_back(src_id, dst_id);
+      ++result.imported;
+    }
+    runs = Statement();
+    db.Exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_exec(db.get(), "DETACH DATABASE src", nullptr, nullptr, nullptr);
+    throw;
+  }
+  db.Exec("DETACH DATABASE src");
+  return result;
+}
+
+}  // namespace moelab::db

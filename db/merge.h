@@ -1,0 +1,24 @@
+// Importing runs from another moelab database (`moelab db merge`): results of a Slurm array
+// or another machine join the main file without duplicating runs already there.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace moelab::db {
+
+struct MergeResult {
+  int imported = 0;
+  int skipped = 0;  // runs whose config hash the destination already has
+  std::vector<std::pair<int64_t, int64_t>> id_map;  // (source run id, new destination run id)
+};
+
+// Copies every run of src whose config_hash is not yet in dst, with all its rows (summary,
+// variables, steps, evaluations, max logits, expert counts, clip events), in one transaction.
+// A run's sweep is matched by name and created in dst when missing. Both files must have this
+// build's schema version (dst is migrated on open).
+MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_path);
+
+}  // namespace moelab::db

@@ -1,0 +1,255 @@
+#include "db/reader.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+
+#include "db/schema.h"
+
+namespace moelab::db {
+
+namespace {
+
+struct SeriesSource {
+  const char* key;
+  const char* table;
+  const char* column;
+};
+
+// Whitelist: keys become SQL identifiers, so only these ever reach a query string.
+constexpr SeriesSource kSeriesSources[] = {
+    {"loss", "steps", "loss"},
+    {"aux_loss", "steps", "aux_loss"},
+    {"lr", "steps", "lr"},
+    {"grad_norm", "steps", "grad_norm"},
+    {"tokens", "steps", "tokens"},
+    {"flops", "steps", "flops"},
+    {"step_time_s", "steps", "step_time_s"},
+    {"tokens_per_s", "steps", "tokens_per_s"},
+    {"wall_time", "steps", "wall_time"},
+    {"val_loss", "evals", "val_loss"},
+    {"eval_tokens", "evals", "tokens"},
+    {"eval_flops", "evals", "flops"},
+    {"eval_wall_time", "evals", "wall_time"},
+};
+
+constexpr const char* kRunColumns = R"sql(
+SELECT r.id, r.name, r.sweep_id, r.config_hash, r.status, r.pid, r.host, r.created_at,
+       r.started_at, r.heartbeat_at, r.ended_at, r.error, r.diverged_step, r.checkpoint_path,
+       r.checkpoint_step, r.layers, r.heads, r.moe_layers, r.experts, r.params_total,
+       r.params_active, r.flops_per_token, s.total_steps, s.last_step, s.last_loss,
+       s.best_val_loss, s.last_val_loss, s.tokens, s.flops, s.tokens_per_s, s.updated_at
+FROM runs r LEFT JOIN run_summary s ON s.run_id = r.id)sql";
+
+RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
+  RunRow r;
+  r.id = st.Int(0);
+  r.name = st.Text(1);
+  r.sweep_id = st.OptInt(2);
+  r.config_hash = st.Text(3);
+  r.status = st.Text(4);
+  r.pid = st.OptInt(5);
+  r.host = st.Text(6);
+  r.created_at = st.Real(7);
+  r.started_at = st.OptReal(8);
+  r.heartbeat_at = st.OptReal(9);
+  r.ended_at = st.OptReal(10);
+  r.error = st.Text(11);
+  r.diverged_step = st.OptInt(12);
+  r.checkpoint_path = st.Text(13);
+  r.checkpoint_step = st.OptInt(14);
+  r.shape.layers = static_cast<int>(st.Int(15));
+  r.shape.heads = static_cast<int>(st.Int(16));
+  r.shape.moe_layers = static_cast<int>(st.Int(17));
+  r.shape.experts = static_cast<int>(st.Int(18));
+  r.shape.params_total = st.Int(19);
+  r.shape.params_active = st.Int(20);
+  r.shape.flops_per_token = st.OptReal(21).value_or(0);
+  r.shape.total_steps = st.Int(22);
+  r.last_step = st.Int(23);
+  r.last_loss = st.OptReal(24);
+  r.best_val_loss = st.OptReal(25);
+  r.last_val_loss = st.OptReal(26);
+  r.tokens = st.Int(27);
+  r.flops = st.OptReal(28).value_or(0);
+  r.tokens_per_s = st.OptReal(29);
+  r.updated_at = st.OptReal(30);
+  r.effective_status = r.status;
+  if (r.status == "running") {
+    const double alive_at = r.heartbeat_at.value_or(r.started_at.value_or(r.created_at));
+    if (now - alive_at > stale_after_s) {
+      r.stale = true;
+      r.effective_status = "failed";
+    }
+  }
+  return r;
+}
+
+template <typename T>
+std::vector<T> DecodeBlob(std::span<const std::byte> blob) {
+  std::vector<T> out(blob.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), blob.data(), out.size() * sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+Reader::Reader(const std::string& path) : db_(OpenForRead(path)) {}
+
+std::vector<RunRow> Reader::ListRuns(double stale_after_s) {
+  Statement st = db_.Prepare(std::string(kRunColumns) + " ORDER BY r.id");
+  const double now = UnixNow();
+  std::vector<RunRow> rows;
+  while (st.Step()) rows.push_back(ReadRun(st, now, stale_after_s));
+  return rows;
+}
+
+std::optional<RunRow> Reader::GetRun(int64_t run_id, double stale_after_s) {
+  Statement st = db_.Prepare(std::string(kRunColumns) + " WHERE r.id = ?1");
+  st.Bind(1, run_id);
+  if (!st.Step()) return std::nullopt;
+  return ReadRun(st, UnixNow(), stale_after_s);
+}
+
+std::string Reader::RunConfigJson(int64_t run_id) {
+  Statement st = db_.Prepare("SELECT config_json FROM runs WHERE id = ?1");
+  st.Bind(1, run_id);
+  if (!st.Step()) throw std::runtime_error(fmt::format("run {} not found in '{}'", run_id, path()));
+  return st.Text(0);
+}
+
+std::map<std::string, std::string> Reader::RunVars(int64_t run_id) {
+  Statement st = db_.Prepare("SELECT key, value FROM run_vars WHERE run_id = ?1");
+  st.Bind(1, run_id);
+  std::map<std::string, std::string> vars;
+  while (st.Step()) vars[st.Text(0)] = st.Text(1);
+  return vars;
+}
+
+std::map<int64_t, std::map<std::string, std::string>> Reader::AllRunVars() {
+  Statement st = db_.Prepare("SELECT run_id, key, value FROM run_vars");
+  std::map<int64_t, std::map<std::string, std::string>> vars;
+  while (st.Step()) vars[st.Int(0)][st.Text(1)] = st.Text(2);
+  return vars;
+}
+
+const std::vector<std::string>& Reader::SeriesKeys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const SeriesSource& s : kSeriesSources) k.emplace_back(s.key);
+    return k;
+  }();
+  return keys;
+}
+
+Series Reader::GetSeries(int64_t run_id, const std::string& key, int64_t step_min,
+                         int64_t step_max) {
+  const SeriesSource* source = nullptr;
+  for (const SeriesSource& s : kSeriesSources) {
+    if (key == s.key) source = &s;
+  }
+  if (!source) {
+    throw std::invalid_argument(
+        fmt::format("unknown series key '{}' (known: {})", key, fmt::join(SeriesKeys(), ", ")));
+  }
+  Statement st = db_.Prepare(fmt::format(
+      "SELECT step, {} FROM {} WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
+      source->column, source->table));
+  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
+  Series out;
+  while (st.Step()) {
+    out.steps.push_back(st.Int(0));
+    out.values.push_back(st.Real(1));
+  }
+  return out;
+}
+
+std::pair<int, int> Reader::Shape(int64_t run_id, bool experts) {
+  Statement st = db_.Prepare(experts ? "SELECT moe_layers, experts FROM runs WHERE id = ?1"
+                                     : "SELECT layers, heads FROM runs WHERE id = ?1");
+  st.Bind(1, run_id);
+  if (!st.Step()) throw std::runtime_error(fmt::format("run {} not found in '{}'", run_id, path()));
+  return {static_cast<int>(st.Int(0)), static_cast<int>(st.Int(1))};
+}
+
+std::optional<MaxLogitMatrix> Reader::GetMaxLogitMatrix(int64_t run_id, int64_t step) {
+  const auto [layers, heads] = Shape(run_id, false);
+  Statement st = db_.Prepare(
+      "SELECT step, max_logit, max_logit_raw FROM max_logits WHERE run_id = ?1 AND step <= ?2 "
+      "ORDER BY step DESC LIMIT 1");
+  st.Bind(1, run_id).Bind(2, step);
+  if (!st.Step()) return std::nullopt;
+  MaxLogitMatrix m;
+  m.step = st.Int(0);
+  m.values = DecodeBlob<float>(st.Blob(1));
+  m.raw = st.IsNull(2) ? m.values : DecodeBlob<float>(st.Blob(2));
+  // A run recorded without a shape still yields its data, as one row.
+  const bool shaped = static_cast<size_t>(layers) * heads == m.values.size();
+  m.layers = shaped ? layers : 1;
+  m.heads = shaped ? heads : static_cast<int>(m.values.size());
+  return m;
+}
+
+MaxLogitTimeline Reader::GetMaxLogitTimeline(int64_t run_id, int64_t step_min, int64_t step_max) {
+  const auto [layers, heads] = Shape(run_id, false);
+  Statement st = db_.Prepare(
+      "SELECT step, max_logit FROM max_logits WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 "
+      "ORDER BY step");
+  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
+  MaxLogitTimeline t;
+  t.layers = layers;
+  t.heads = heads;
+  const size_t n = static_cast<size_t>(layers) * heads;
+  while (st.Step()) {
+    const auto blob = st.Blob(1);
+    if (blob.size() != n * sizeof(float)) continue;  // only rows matching the run's shape
+    const size_t old = t.values.size();
+    t.values.resize(old + n);
+    std::memcpy(t.values.data() + old, blob.data(), blob.size());
+    t.steps.push_back(st.Int(0));
+  }
+  return t;
+}
+
+std::vector<moelab::ClipEvent> Reader::ClipEvents(int64_t run_id, int64_t step_min,
+                                                  int64_t step_max) {
+  Statement st = db_.Prepare(
+      "SELECT step, layer, head, s_max, gamma FROM clip_events WHERE run_id = ?1 AND step "
+      "BETWEEN ?2 AND ?3 ORDER BY step, layer, head");
+  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
+  std::vector<moelab::ClipEvent> out;
+  while (st.Step()) {
+    out.push_back(moelab::ClipEvent{st.Int(0), static_cast<int>(st.Int(1)),
+                                    static_cast<int>(st.Int(2)), st.Real(3), st.Real(4)});
+  }
+  return out;
+}
+
+ExpertLoads Reader::GetExpertLoads(int64_t run_id, int64_t step_min, int64_t step_max) {
+  const auto [moe_layers, experts] = Shape(run_id, true);
+  Statement st = db_.Prepare(
+      "SELECT step, elem_bytes, counts FROM expert_counts WHERE run_id = ?1 AND step BETWEEN ?2 "
+      "AND ?3 ORDER BY step");
+  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
+  ExpertLoads out;
+  out.moe_layers = moe_layers;
+  out.experts = experts;
+  const size_t n = static_cast<size_t>(moe_layers) * experts;
+  while (st.Step()) {
+    const auto blob = st.Blob(2);
+    std::vector<int64_t> counts;
+    if (st.Int(1) == 4) {
+      const auto narrow = DecodeBlob<int32_t>(blob);
+      counts.assign(narrow.begin(), narrow.end());
+    } else {
+      counts = DecodeBlob<int64_t>(blob);
+    }
+    if (counts.size() != n) continue;  // only rows matching the run's shape
+    out.steps.push_back(st.Int(0));
+    out.counts.insert(out.counts.end(), counts.begin(), counts.end());
+  }
+  return out;
+}
+
+}  // namespace moelab::db

@@ -1,0 +1,240 @@
+#include "db/schema.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iterator>
+#include <thread>
+
+namespace moelab::db {
+
+namespace {
+
+// Append-only: a released migration is never edited, a change is a new entry. Index i (0-based)
+// takes the file from user_version i to i + 1.
+static const char* kMigrations[] = {
+    // 1: runs, their summary, and the per-step metric tables.
+    R"sql(
+CREATE TABLE sweeps (
+  id          INTEGER PRIMARY KEY,
+  name        TEXT NOT NULL UNIQUE,
+  spec_json   TEXT,
+  created_at  REAL NOT NULL
+);
+
+CREATE TABLE runs (
+  id               INTEGER PRIMARY KEY,
+  name             TEXT NOT NULL,
+  sweep_id         INTEGER REFERENCES sweeps(id) ON DELETE SET NULL,
+  config_json      TEXT NOT NULL,
+  config_hash      TEXT NOT NULL,
+  status           TEXT NOT NULL CHECK (status IN
+                     ('queued', 'running', 'done', 'failed', 'diverged', 'stopped')),
+  pid              INTEGER,
+  host             TEXT,
+  created_at       REAL NOT NULL,
+  started_at       REAL,
+  heartbeat_at     REAL,
+  ended_at         REAL,
+  error            TEXT,
+  diverged_step    INTEGER,
+  checkpoint_path  TEXT,
+  checkpoint_step  INTEGER,
+  params_total     INTEGER,
+  params_active    INTEGER,
+  flops_per_token  REAL,
+  layers           INTEGER NOT NULL DEFAULT 0,
+  heads            INTEGER NOT NULL DEFAULT 0,
+  moe_layers       INTEGER NOT NULL DEFAULT 0,
+  experts          INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX runs_config_hash ON runs(config_hash);
+CREATE INDEX runs_sweep ON runs(sweep_id);
+
+CREATE TABLE run_summary (
+  run_id         INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+  last_step      INTEGER NOT NULL DEFAULT 0,
+  total_steps    INTEGER NOT NULL DEFAULT 0,
+  last_loss      REAL,
+  best_val_loss  REAL,
+  last_val_loss  REAL,
+  tokens         INTEGER NOT NULL DEFAULT 0,
+  flops          REAL NOT NULL DEFAULT 0,
+  tokens_per_s   REAL,
+  updated_at     REAL NOT NULL
+);
+
+CREATE TABLE run_vars (
+  run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  key     TEXT NOT NULL,
+  value   TEXT,
+  PRIMARY KEY (run_id, key)
+) WITHOUT ROWID;
+
+CREATE TABLE steps (
+  run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step          INTEGER NOT NULL,
+  loss          REAL,
+  aux_loss      REAL,
+  lr            REAL,
+  grad_norm     REAL,
+  tokens        INTEGER,
+  flops         REAL,
+  step_time_s   REAL,
+  tokens_per_s  REAL,
+  wall_time     REAL,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE evals (
+  run_id     INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step       INTEGER NOT NULL,
+  tokens     INTEGER,
+  flops      REAL,
+  val_loss   REAL,
+  wall_time  REAL,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE max_logits (
+  run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step        INTEGER NOT NULL,
+  max_logit   BLOB NOT NULL,
+  max_logit_raw BLOB,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE expert_counts (
+  run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step        INTEGER NOT NULL,
+  elem_bytes  INTEGER NOT NULL CHECK (elem_bytes IN (4, 8)),
+  counts      BLOB NOT NULL,
+  PRIMARY KEY (run_id, step)
+) WITHOUT ROWID;
+
+CREATE TABLE clip_events (
+  run_id  INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  step    INTEGER NOT NULL,
+  layer   INTEGER NOT NULL,
+  head    INTEGER NOT NULL,
+  s_max   REAL,
+  gamma   REAL,
+  PRIMARY KEY (run_id, step, layer, head)
+) WITHOUT ROWID;
+)sql",
+};
+
+constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
+
+void Configure(Connection& db, double busy_timeout_s) {
+  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout_s * 1000));
+  db.Exec("PRAGMA foreign_keys = ON");
+}
+
+}  // namespace
+
+int SchemaVersion() { return kNumMigrations; }
+
+int Migrate(Connection& db) {
+  int applied = 0;
+  for (int i = 0; i < kNumMigrations; ++i) {
+    if (db.QueryInt("PRAGMA user_version") > i) continue;
+    // IMMEDIATE takes the write lock before re-reading the version, so two processes opening a
+    // fresh file at once cannot both apply migration i.
+    db.Exec("BEGIN IMMEDIATE");
+    try {
+      if (db.QueryInt("PRAGMA user_version") == i) {
+        db.Exec(kMigrations[i]);
+        db.Exec(fmt::format("PRAGMA user_version = {}", i + 1));
+        ++applied;
+      }
+      db.Exec("COMMIT");
+    } catch (...) {
+      sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+      throw;
+    }
+  }
+  return applied;
+}
+
+Connection OpenForWrite(const std::string& path, double busy_timeout_s) {
+  Connection db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+  Configure(db, busy_timeout_s);
+  const int64_t version = db.QueryInt("PRAGMA user_version");
+  if (version > kNumMigrations) {
+    throw std::runtime_error(fmt::format(
+        "database '{}' has schema version {}, newer than this build's {}; use a newer moelab", path,
+        version, kNumMigrations));
+  }
+  // WAL lets readers (GUI, analysis) poll while a trainer writes; the mode is persistent in
+  // the file, so this only does work the first time. NORMAL is durable up to the last
+  // checkpoint under WAL and never corrupts on a crash, which is the guarantee we need.
+  // Switching needs an exclusive lock, and SQLite does not always run the busy handler for it
+  // (several processes opening a fresh file at once), so retry here up to the same timeout.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(std::max(busy_timeout_s, 0.1));
+  for (int attempt = 0;; ++attempt) {
+    try {
+      Statement mode = db.Prepare("PRAGMA journal_mode = WAL");
+      if (!mode.Step() || mode.Text(0) != "wal") {
+        throw std::runtime_error(fmt::format("could not switch '{}' to WAL journal mode", path));
+      }
+      break;
+    } catch (const SqliteError& e) {
+      if (!e.busy() || std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + 5 * std::min(attempt, 20)));
+    }
+  }
+  db.Exec("PRAGMA synchronous = NORMAL");
+  Migrate(db);
+  return db;
+}
+
+Connection OpenForRead(const std::string& path, double busy_timeout_s) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    throw std::runtime_error(fmt::format("database '{}' does not exist", path));
+  }
+  Connection db(path, SQLITE_OPEN_READONLY);
+  Configure(db, busy_timeout_s);
+  int64_t version = 0;
+  try {
+    version = db.QueryInt("PRAGMA user_version");
+  } catch (const SqliteError& e) {
+    throw std::runtime_error(
+        fmt::format("'{}' is not a readable SQLite database: {}", path, e.what()));
+  }
+  const bool has_runs =
+      db.QueryInt("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'runs'");
+  if (version == 0 || !has_runs) {
+    throw std::runtime_error(fmt::format("'{}' is not a moelab database (no runs table)", path));
+  }
+  if (version > kNumMigrations) {
+    throw std::runtime_error(fmt::format(
+        "database '{}' has schema version {}, newer than this build's {}; use a newer moelab", path,
+        version, kNumMigrations));
+  }
+  if (version < kNumMigrations) {
+    throw std::runtime_error(fmt::format(
+        "database '{}' has the older schema version {} (this build: {}); open it once with a "
+        "writer (e.g. `moelab db migrate`) to upgrade it",
+        path, version, kNumMigrations));
+  }
+  return db;
+}
+
+std::string IntegrityCheck(const std::string& path) {
+  Connection db(path, SQLITE_OPEN_READONLY);
+  sqlite3_busy_timeout(db.get(), 10000);
+  Statement st = db.Prepare("PRAGMA integrity_check");
+  std::string result;
+  while (st.Step()) {
+    if (!result.empty()) result += "\n";
+    result += st.Text(0);
+  }
+  return result;
+}
+
+}  // namespace moelab::db

@@ -1,0 +1,86 @@
+// Plain structs shared by the writer and the reader.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moelab::db {
+
+// Shapes of the per-step matrices and the model size figures recorded with a run.
+struct RunShape {
+  int layers = 0;      // max-logit matrix rows
+  int heads = 0;       // max-logit matrix columns
+  int moe_layers = 0;  // expert-count matrix rows
+  int experts = 0;     // expert-count matrix columns (routed experts)
+  int64_t params_total = 0;
+  int64_t params_active = 0;
+  double flops_per_token = 0;  // training FLOPs per token (analytic)
+  int64_t total_steps = 0;     // planned length, for progress and ETA
+};
+
+// One run as listed: the runs row joined with its run_summary row.
+struct RunRow {
+  int64_t id = 0;
+  std::string name;
+  std::optional<int64_t> sweep_id;
+  std::string config_hash;
+  std::string status;            // as stored
+  std::string effective_status;  // "failed" for a running run whose heartbeat is stale
+  bool stale = false;
+  std::optional<int64_t> pid;
+  std::string host;
+  double created_at = 0;
+  std::optional<double> started_at;
+  std::optional<double> heartbeat_at;
+  std::optional<double> ended_at;
+  std::string error;
+  std::optional<int64_t> diverged_step;
+  std::string checkpoint_path;
+  std::optional<int64_t> checkpoint_step;
+  RunShape shape;
+  // run_summary (zeros / nullopt before the first flush).
+  int64_t last_step = 0;
+  std::optional<double> last_loss;
+  std::optional<double> best_val_loss;
+  std::optional<double> last_val_loss;
+  int64_t tokens = 0;
+  double flops = 0;
+  std::optional<double> tokens_per_s;
+  std::optional<double> updated_at;
+};
+
+// A metric against step. Missing values (NULL, e.g. a NaN loss) read as NaN.
+struct Series {
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+};
+
+// S_max per (layer, head) at one step, row-major [layers * heads].
+struct MaxLogitMatrix {
+  int64_t step = 0;
+  int layers = 0;
+  int heads = 0;
+  std::vector<float> values;
+  std::vector<float> raw;  // before any soft-cap; equals values when soft-capping is off
+};
+
+// Max-logit matrices over a step range: values[i * layers * heads + l * heads + h].
+struct MaxLogitTimeline {
+  int layers = 0;
+  int heads = 0;
+  std::vector<int64_t> steps;
+  std::vector<float> values;
+};
+
+// Tokens routed per (MoE layer, expert) over a step range:
+// counts[i * moe_layers * experts + l * experts + e].
+struct ExpertLoads {
+  int moe_layers = 0;
+  int experts = 0;
+  std::vector<int64_t> steps;
+  std::vector<int64_t> counts;
+};
+
+}  // namespace moelab::db
