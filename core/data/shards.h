@@ -1,0 +1,48 @@
+// Read-only, memory-mapped access to the uint16 token shards written by PrepareCorpus. The shards
+// of one split are read as a single concatenated stream, so windows may straddle shard files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moelab {
+
+// One file mapped read-only for the object's lifetime (move-only).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void Release();
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The token stream formed by concatenating uint16 little-endian shard files in order.
+class ShardReader {
+ public:
+  explicit ShardReader(const std::vector<std::string>& paths);
+  int64_t size() const { return total_; }  // tokens
+  uint16_t at(int64_t i) const;
+  // Copies tokens [offset, offset + n) into out; the range must lie inside the stream.
+  void Read(int64_t offset, int64_t n, int32_t* out) const;
+
+ private:
+  std::vector<MappedFile> files_;
+  std::vector<int64_t> starts_;  // starts_[i] = first token index of files_[i]; back() = total
+  int64_t total_ = 0;
+};
+
+}  // namespace moelab
