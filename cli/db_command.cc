@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "db/merge.h"
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
@@ -100,6 +101,18 @@ void AddDbCommand(CLI::App& app) {
     const std::string r = db::IntegrityCheck(*path);
     fmt::print("{}\n", r);
     if (r != "ok") throw CLI::RuntimeError(1);
+  });
+
+  auto source = std::make_shared<std::string>();
+  CLI::App* merge = cmd->add_subcommand(
+      "merge", "Import runs from another database file (by config hash, no duplicates)");
+  merge->add_option("source", *source, "Database to import from")
+      ->required()
+      ->check(CLI::ExistingFile);
+  merge->add_option("--db", *path, "Destination database")->capture_default_str();
+  merge->callback([path, source]() {
+    const db::MergeResult r = db::MergeDatabase(*path, *source);
+    fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
   });
 
   auto max_age = std::make_shared<double>(30.0);

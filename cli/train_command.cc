@@ -37,7 +37,9 @@ void AddTrainCommand(CLI::App& app) {
     std::string config, db = "moelab.db", name, ckpt_dir;
     std::vector<std::string> set;
     bool resume = false, no_progress = false;
-    int64_t stop_at = -1;
+    int64_t stop_at = -1, run_id = -1;
+    std::string init_from;
+    std::vector<int64_t> branch_steps;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train one run and record it in SQLite");
@@ -55,6 +57,14 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--stop-at-step", args->stop_at,
                   "Stop with a checkpoint after this step (status stopped, resumable)");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_option("--run-id", args->run_id,
+                  "Record into this existing run row (created queued by the sweep engine)");
+  cmd->add_option("--init-from", args->init_from,
+                  "Start from a checkpoint of a run that differs only in length (WSD branch)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--branch-steps", args->branch_steps,
+                  "Keep checkpoints at these steps for WSD branches")
+      ->delimiter(',');
   cmd->callback([args]() {
     RunConfig config;
     try {
@@ -90,8 +100,17 @@ void AddTrainCommand(CLI::App& app) {
     shape.flops_per_token = ForwardFlopsPerToken(config).training();
     shape.total_steps = config.total_steps();
 
+    const std::string latest = args->resume ? LatestCheckpoint(ckpt_dir) : "";
+    int64_t start_step = 0;
+    if (!latest.empty()) {
+      start_step = CheckpointStepOf(latest);
+    } else if (!args->init_from.empty()) {
+      start_step = CheckpointStepOf(args->init_from);
+    }
     std::unique_ptr<db::RunWriter> writer;
-    if (args->resume) {
+    if (args->run_id >= 0) {
+      writer = db::RunWriter::Attach(args->db, args->run_id, start_step, shape);
+    } else if (args->resume) {
       // The newest unfinished run of this config continues; a finished one is left alone.
       std::optional<db::RunRow> previous;
       const std::vector<int64_t> ids = db::RunWriter::FindRunsByHash(args->db, hash);
@@ -101,12 +120,10 @@ void AddTrainCommand(CLI::App& app) {
                    previous->id, previous->name);
         return;
       }
-      const std::string latest = LatestCheckpoint(ckpt_dir);
-      const int64_t resume_step = latest.empty() ? 0 : CheckpointStepOf(latest);
       if (previous) {
-        writer = db::RunWriter::Attach(args->db, previous->id, resume_step, shape);
+        writer = db::RunWriter::Attach(args->db, previous->id, start_step, shape);
         fmt::print(stderr, "moelab train: resuming run {} from step {}\n", previous->id,
-                   resume_step);
+                   start_step);
       }
     }
     if (!writer) {
@@ -119,12 +136,22 @@ void AddTrainCommand(CLI::App& app) {
       writer = db::RunWriter::Create(args->db, info);
     }
 
+    if (config.data.source != "corpus") {
+      // Synthetic sources know their true entropy rate: the floor a fitted irreducible loss
+      // can be checked against.
+      const double h = OpenTokenSource(config.data, config.model.vocab_size)->entropy_rate();
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "data.entropy_rate",
+                               fmt::format("{:.6f}", h));
+    }
+
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     TrainOptions options;
     options.checkpoint_dir = ckpt_dir;
     options.resume = args->resume;
     options.stop_at_step = args->stop_at;
+    options.init_from = args->init_from;
+    options.branch_steps = args->branch_steps;
     options.stop_flag = &g_stop;
     options.progress = !args->no_progress;
     fmt::print(stderr, "moelab train: run {} '{}' config {} ({} steps, {} params, {} active)\n",

@@ -631,6 +631,13 @@ std::string ConfigHash(const RunConfig& c) {
   return Sha256Hex(CanonicalJson(j));
 }
 
+std::string BranchHash(const RunConfig& c) {
+  RunConfig copy = c;
+  copy.train.steps = 0;
+  copy.train.tokens = 0;
+  return ConfigHash(copy);
+}
+
 RunConfig LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path, "cannot open the config file");

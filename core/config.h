@@ -151,6 +151,9 @@ std::string CanonicalJson(const nlohmann::json& j);
 // SHA-256 of the canonical form of the fully defaulted config.
 std::string ConfigHash(const RunConfig& c);
 std::string Sha256Hex(const std::string& data);
+// Hash of everything but the run length (train.steps, train.tokens): configs with the same
+// branch hash follow the same trajectory until the shorter one's WSD decay starts.
+std::string BranchHash(const RunConfig& c);
 
 // Markdown reference of every field with its default (docs/config.md).
 std::string ConfigDocsMarkdown();

@@ -131,6 +131,7 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
   Writer w;
   w.Raw(kMagic, sizeof kMagic);
   w.Str(header.config_hash);
+  w.Str(header.branch_hash);
   w.Pod(header.step);
   w.Pod(header.tokens);
   w.Pod(header.flops);
@@ -167,7 +168,8 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
 
 CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expected_hash,
                                 std::span<float> params, std::span<float> router_bias,
-                                const std::vector<StateBuffer>& optimizer_state) {
+                                const std::vector<StateBuffer>& optimizer_state,
+                                bool match_branch) {
   const std::vector<char> buf = ReadAll(path);
   if (buf.size() < sizeof kMagic + sizeof(uint64_t) ||
       std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0) {
@@ -183,10 +185,13 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
   r.Raw(magic, sizeof magic);
   CheckpointHeader h;
   h.config_hash = r.Str();
-  if (!expected_hash.empty() && h.config_hash != expected_hash) {
-    throw std::runtime_error(fmt::format("{}: checkpoint is of config {}, not {}", path,
-                                         h.config_hash.substr(0, 12),
-                                         expected_hash.substr(0, 12)));
+  h.branch_hash = r.Str();
+  const std::string& got = match_branch ? h.branch_hash : h.config_hash;
+  if (!expected_hash.empty() && got != expected_hash) {
+    throw std::runtime_error(fmt::format(
+        "{}: checkpoint is of {} {}, not {}", path,
+        match_branch ? "a config family (all but length)" : "config", got.substr(0, 12),
+        expected_hash.substr(0, 12)));
   }
   h.step = r.Pod<int64_t>();
   h.tokens = r.Pod<int64_t>();

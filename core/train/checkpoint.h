@@ -13,6 +13,9 @@ namespace moelab {
 
 struct CheckpointHeader {
   std::string config_hash;
+  // Hash of the config without its length (see BranchHash): runs that differ only in length
+  // can start from each other's checkpoints (WSD branching).
+  std::string branch_hash;
   int64_t step = 0;
   int64_t tokens = 0;
   double flops = 0;
@@ -25,10 +28,12 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
                             const std::vector<StateBuffer>& optimizer_state, int keep);
 
 // Reads a checkpoint into the given buffers (sizes must match the model and optimizer) and
-// verifies the checksum and the config hash. Throws std::runtime_error with the reason.
+// verifies the checksum and the config hash (or, with match_branch, the branch hash).
+// Throws std::runtime_error with the reason.
 CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expected_hash,
                                 std::span<float> params, std::span<float> router_bias,
-                                const std::vector<StateBuffer>& optimizer_state);
+                                const std::vector<StateBuffer>& optimizer_state,
+                                bool match_branch = false);
 
 // The newest readable checkpoint in dir ("" if none).
 std::string LatestCheckpoint(const std::string& dir);

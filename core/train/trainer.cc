@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -69,6 +70,10 @@ std::string DefaultCheckpointDir(const RunConfig& config) {
   return config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
 }
 
+std::string BranchCheckpointDir(const std::string& checkpoint_dir) {
+  return checkpoint_dir + "/branches";
+}
+
 TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& options) {
   TrainResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -77,6 +82,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   const std::string ckpt_dir =
       options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
+  const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
   const int B = c.train.batch_size, S = c.model.seq_len;
   const double flops_per_token = ForwardFlopsPerToken(c).training();
@@ -94,24 +100,33 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
 
     int64_t step = 0, tokens_seen = 0;
     double flops = 0;
-    if (options.resume) {
-      const std::string latest = LatestCheckpoint(ckpt_dir);
-      if (!latest.empty()) {
-        CheckpointHeader h = ReadCheckpoint(latest, hash, params, bias, optimizer->state());
-        step = h.step;
-        tokens_seen = h.tokens;
-        flops = h.flops;
-        result.checkpoint = latest;
+    const std::string latest = options.resume ? LatestCheckpoint(ckpt_dir) : "";
+    if (!latest.empty() || !options.init_from.empty()) {
+      const bool branch = latest.empty();
+      const std::string& from = branch ? options.init_from : latest;
+      CheckpointHeader h = ReadCheckpoint(from, branch ? branch_hash : hash, params, bias,
+                                          optimizer->state(), branch);
+      if (h.step > total) {
+        throw std::runtime_error(fmt::format("{} is at step {}, beyond this run's {} steps", from,
+                                             h.step, total));
       }
+      step = h.step;
+      tokens_seen = h.tokens;
+      flops = h.flops;
+      result.checkpoint = from;
     }
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
     auto checkpoint = [&](int64_t at) {
-      CheckpointHeader h{hash, at, tokens_seen, flops};
+      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
       result.checkpoint =
           WriteCheckpoint(ckpt_dir, h, params, bias, optimizer->state(), c.checkpoint.keep);
       sink->OnCheckpoint(at, result.checkpoint);
+    };
+    auto is_branch_step = [&](int64_t at) {
+      return std::find(options.branch_steps.begin(), options.branch_steps.end(), at) !=
+             options.branch_steps.end();
     };
 
     std::vector<int32_t> tokens(static_cast<size_t>(B) * (S + 1));
@@ -197,6 +212,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
         checkpoint(step);
+      }
+      if (is_branch_step(step)) {
+        CheckpointHeader h{hash, branch_hash, step, tokens_seen, flops};
+        WriteCheckpoint(BranchCheckpointDir(ckpt_dir), h, params, bias, optimizer->state(),
+                        std::numeric_limits<int>::max());
       }
       if (Seconds(last_heartbeat, Clock::now()) >= 1.0) {
         sink->OnHeartbeat();

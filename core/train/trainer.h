@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/dist/communicator.h"
@@ -22,6 +23,12 @@ struct TrainOptions {
   int64_t stop_at_step = -1;
   // Set asynchronously (e.g. by SIGINT) to stop gracefully with a checkpoint.
   std::atomic<bool>* stop_flag = nullptr;
+  // WSD branching: also write checkpoints at these steps into <checkpoint_dir>/branches/, never
+  // pruned, so shorter runs of the same family can start their decay from them.
+  std::vector<int64_t> branch_steps;
+  // Start from this checkpoint of another run of the same family (same BranchHash) instead of
+  // from scratch; ignored when resume finds a checkpoint of this run.
+  std::string init_from;
   bool progress = true;  // progress bar on stderr
   Communicator* comm = nullptr;  // null: single process
   // Called once with the step the run starts from (0, or the resumed checkpoint's step).
@@ -44,6 +51,8 @@ enum ExitCode { kExitDone = 0, kExitFailed = 1, kExitConfig = 2, kExitDiverged =
                 kExitStopped = 4 };
 
 std::string DefaultCheckpointDir(const RunConfig& config);
+// Where Train writes the branch-point checkpoints of a run (see TrainOptions::branch_steps).
+std::string BranchCheckpointDir(const std::string& checkpoint_dir);
 
 // Trains the run; every outcome (including exceptions inside the loop) is reported to the sink.
 TrainResult Train(const RunConfig& config, MetricsSink* sink, const TrainOptions& options);

@@ -28,7 +28,7 @@ TEST_F(CheckpointTest, RoundTripAndKeep) {
   std::vector<StateBuffer> state = {{"m", &m}};
   for (int step : {10, 20, 30}) {
     params[0] = step;
-    WriteCheckpoint(dir_.string(), {"abc", step, step * 100, step * 1e9}, params, bias, state, 2);
+    WriteCheckpoint(dir_.string(), {"abc", "fam", step, step * 100, step * 1e9}, params, bias, state, 2);
   }
   // Only the newest two are kept.
   EXPECT_TRUE(CheckpointAtStep(dir_.string(), 10).empty());
@@ -48,7 +48,7 @@ TEST_F(CheckpointTest, RoundTripAndKeep) {
 
 TEST_F(CheckpointTest, DetectsCorruptionWrongConfigAndShape) {
   std::vector<float> params = {1, 2, 3}, bias, out(3), wrong(4);
-  const std::string path = WriteCheckpoint(dir_.string(), {"abc", 1, 0, 0}, params, bias, {}, 3);
+  const std::string path = WriteCheckpoint(dir_.string(), {"abc", "fam", 1, 0, 0}, params, bias, {}, 3);
   EXPECT_THROW(ReadCheckpoint(path, "other", out, bias, {}), std::runtime_error);
   EXPECT_THROW(ReadCheckpoint(path, "abc", wrong, bias, {}), std::runtime_error);
   {

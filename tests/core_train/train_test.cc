@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/train/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 namespace moelab {
@@ -147,6 +149,46 @@ TEST_F(TrainTest, ResumeContinuesTheExactTrajectory) {
     }
     EXPECT_EQ(second.evals.back().second, whole.evals.back().second);
   }
+}
+
+// WSD branching: a short run started from the long run's checkpoint at the short run's decay
+// start gives the same losses as the short run trained from scratch.
+TEST_F(TrainTest, WsdBranchEqualsTrainingFromScratch) {
+  RunConfig long_run = SmallMoe();
+  long_run.schedule.type = "wsd";
+  long_run.schedule.decay_fraction = 0.25;
+  long_run.train.steps = 24;
+  RunConfig short_run = long_run;
+  short_run.train.steps = 16;  // decays over steps 13..16
+  ASSERT_EQ(BranchHash(long_run), BranchHash(short_run));
+  ASSERT_NE(ConfigHash(long_run), ConfigHash(short_run));
+
+  TrainOptions lo = Options("long");
+  lo.branch_steps = {12};
+  RecordingSink long_sink, scratch, branched;
+  ASSERT_EQ(Train(long_run, &long_sink, lo).status, RunStatus::kDone);
+  const std::string branch = CheckpointAtStep(BranchCheckpointDir(lo.checkpoint_dir), 12);
+  ASSERT_FALSE(branch.empty());
+
+  Train(short_run, &scratch, Options("scratch"));
+  TrainOptions bo = Options("branched");
+  bo.init_from = branch;
+  const TrainResult r = Train(short_run, &branched, bo);
+  ASSERT_EQ(r.status, RunStatus::kDone) << r.error;
+  EXPECT_EQ(r.start_step, 12);
+  ASSERT_EQ(branched.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(branched.steps[i].step, scratch.steps[12 + i].step);
+    EXPECT_EQ(branched.steps[i].loss, scratch.steps[12 + i].loss) << "step " << 13 + i;
+    EXPECT_EQ(branched.steps[i].lr, scratch.steps[12 + i].lr);
+  }
+  // The stable phases agree too, and a different family is refused.
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(long_sink.steps[i].loss, scratch.steps[i].loss);
+  RunConfig other = short_run;
+  other.optimizer.lr *= 2;
+  RecordingSink refused;
+  bo.checkpoint_dir = (dir_ / "other").string();
+  EXPECT_EQ(Train(other, &refused, bo).status, RunStatus::kFailed);
 }
 
 TEST_F(TrainTest, StopFlagCheckpointsAndStops) {
