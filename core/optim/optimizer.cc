@@ -6,12 +6,15 @@
 #include <stdexcept>
 
 #include "core/optim/adamw.h"
+#include "core/optim/muon.h"
 
 namespace moelab {
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
                                          const std::vector<ParamInfo>& params) {
   if (config.name == "adamw") return std::make_unique<AdamW>(config, params);
+  // MuonClip is Muon plus QK-Clip; the clip itself runs in the trainer after every step.
+  if (config.name == "muon" || config.name == "muonclip") return MakeMuon(config, params);
   throw std::runtime_error("optimizer '" + config.name + "' is not available in this build");
 }
 

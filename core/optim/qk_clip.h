@@ -1,0 +1,42 @@
+// QK-Clip (Kimi K2, the "Clip" of MuonClip): after the optimizer step, shrink W_q/W_k of every
+// attention head whose max pre-softmax logit S_max^h exceeded τ so that the same batch's logit
+// becomes exactly τ. A weight edit outside the gradient path, independent of the optimizer
+// (AdamW + QK-Clip is a valid arm).
+//
+// per_head (K2): γ_h = τ / S_max^h for heads with S_max^h > τ.
+//   MHA (kv_heads == heads): W_q^h rows ×γ^α, W_k^h rows ×γ^(1−α).
+//   GQA (kv_heads < heads): a key head serves its whole group, so it stays untouched (like
+//   MLA's shared rotary key) and W_q^h takes all of γ_h; α is unused.
+// global (the naive variant the K2 report compares against): per layer one γ = τ / max_h S_max^h
+//   when that max exceeds τ, and every head of the layer gets W_q ×γ^α, W_k ×γ^(1−α). Every
+//   head shares γ, so scaling the shared GQA key heads is exact here too.
+// Because RoPE is linear and there is no bias/QK-norm on the q/k path (QK-norm + QK-Clip is
+// refused by ValidateConfig), the clipped heads' logits all scale by exactly γ.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "core/metrics.h"
+#include "core/model/model.h"
+
+namespace moelab {
+
+// arena: the flat parameter arena described by params. max_logit: S_max, [layers * heads],
+// layer-major, as filled into StepStats::max_logit (use the raw, pre-soft-cap values).
+// Returns one event per head whose weights were scaled (global mode: every head of a clipped
+// layer, each with its own S_max and the layer's γ). Does nothing when qk_clip_tau <= 0.
+// Throws std::invalid_argument for a bad mode/size and std::runtime_error for MLA models.
+template <typename T>
+std::vector<ClipEvent> ApplyQkClip(const RunConfig& cfg, const std::vector<ParamInfo>& params,
+                                   T* arena, const std::vector<float>& max_logit, int64_t step);
+
+extern template std::vector<ClipEvent> ApplyQkClip<float>(const RunConfig&,
+                                                          const std::vector<ParamInfo>&, float*,
+                                                          const std::vector<float>&, int64_t);
+extern template std::vector<ClipEvent> ApplyQkClip<double>(const RunConfig&,
+                                                           const std::vector<ParamInfo>&, double*,
+                                                           const std::vector<float>&, int64_t);
+
+}  // namespace moelab
