@@ -10,5 +10,7 @@ void AddTrainCommand(CLI::App& app);
 void AddDbCommand(CLI::App& app);
 void AddConfigCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
+void AddSweepCommand(CLI::App& app);
+void AddFitCommand(CLI::App& app);
 
 }  // namespace moelab::cli

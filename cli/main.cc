@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   moelab::cli::AddDbCommand(app);
   moelab::cli::AddConfigCommand(app);
   moelab::cli::AddBenchCommand(app);
+  moelab::cli::AddSweepCommand(app);
+  moelab::cli::AddFitCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

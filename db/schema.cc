@@ -124,6 +124,38 @@ CREATE TABLE clip_events (
   PRIMARY KEY (run_id, step, layer, head)
 ) WITHOUT ROWID;
 )sql",
+    // 2: stored scaling-law fits (moelab fit), shown by the GUI without refitting.
+    R"sql(
+CREATE TABLE fits (
+  id           INTEGER PRIMARY KEY,
+  sweep_id     INTEGER REFERENCES sweeps(id) ON DELETE CASCADE,
+  created_at   REAL NOT NULL,
+  family_key   TEXT NOT NULL,
+  form         TEXT NOT NULL,
+  options_json TEXT NOT NULL,
+  inputs_json  TEXT NOT NULL,
+  result_json  TEXT NOT NULL,
+  bootstrap_seed INTEGER NOT NULL
+);
+CREATE INDEX fits_sweep ON fits(sweep_id, family_key, form);
+)sql",
+    // 3: sweep membership and lifecycle bookkeeping (the sweep engine, sweeps/). A run may
+    // belong to several sweeps (a done run is reused by every sweep that expands to its config).
+    R"sql(
+CREATE TABLE sweep_runs (
+  sweep_id        INTEGER NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+  run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  idx             INTEGER NOT NULL,
+  checkpoint_dir  TEXT,
+  failures        INTEGER NOT NULL DEFAULT 0,
+  retryable       INTEGER NOT NULL DEFAULT 1,
+  errors_json     TEXT NOT NULL DEFAULT '[]',
+  branch_of       INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+  branch_step     INTEGER,
+  PRIMARY KEY (sweep_id, run_id)
+) WITHOUT ROWID;
+CREATE INDEX sweep_runs_run ON sweep_runs(run_id);
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));

@@ -182,7 +182,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (c.optimizer.qk_clip_tau > 0) {
         // After the update, from this step's forward statistics (the step itself is unchanged).
         std::vector<ClipEvent> events =
-            ApplyQkClip(c, model.param_infos(), model.params(), stats.max_logit, step);
+            ApplyQkClip(c, model.param_infos(), model.params(), stats.max_logit_raw, step);
         if (!events.empty()) sink->OnClip(events);
       }
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);

@@ -1,0 +1,89 @@
+#include "analysis/observations.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "db/reader.h"
+
+namespace moelab::analysis {
+
+using nlohmann::json;
+
+std::optional<std::string> FamilyOf(const std::map<std::string, std::string>& run_vars,
+                                    const std::string& config_json, const std::string& key) {
+  if (auto it = run_vars.find(key); it != run_vars.end()) return it->second;
+  json node = json::parse(config_json, nullptr, false);
+  if (node.is_discarded()) return std::nullopt;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node.is_object() || !node.contains(part)) return std::nullopt;
+    json next = node[part];
+    node = next;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (node.is_string()) return node.get<std::string>();
+  if (node.is_number()) {
+    const double v = node.get<double>();
+    if (std::floor(v) == v && std::fabs(v) < 1e15) return fmt::format("{}", (long long)v);
+    return fmt::format("{}", v);
+  }
+  return node.dump();
+}
+
+ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_t> sweep_id,
+                                const std::string& family_key) {
+  db::Reader reader(db_path);
+  ObservationSet out;
+  std::map<std::string, std::vector<double>> sparsities;
+  for (const db::RunRow& run : reader.ListRuns()) {
+    if (sweep_id && run.sweep_id != sweep_id) continue;
+    const std::string label = fmt::format("run {} '{}'", run.id, run.name);
+    if (run.effective_status != "done" && run.effective_status != "diverged") {
+      out.skipped.push_back(fmt::format("{}: status {}", label, run.effective_status));
+      continue;
+    }
+    const std::string config = reader.RunConfigJson(run.id);
+    const auto family = FamilyOf(reader.RunVars(run.id), config, family_key);
+    if (!family) {
+      out.skipped.push_back(fmt::format("{}: no value for '{}'", label, family_key));
+      continue;
+    }
+    const db::Series loss = reader.GetSeries(run.id, "val_loss");
+    const db::Series flops = reader.GetSeries(run.id, "eval_flops");
+    const db::Series tokens = reader.GetSeries(run.id, "eval_tokens");
+    if (loss.steps.empty()) {
+      out.skipped.push_back(fmt::format("{}: no evaluations", label));
+      continue;
+    }
+    for (size_t i = 0; i < loss.steps.size(); ++i) {
+      Observation o;
+      o.run = fmt::format("{}", run.id);
+      o.family = *family;
+      o.loss = loss.values[i];
+      o.flops = i < flops.values.size() ? flops.values[i] : NAN;
+      o.tokens = i < tokens.values.size() ? tokens.values[i] : NAN;
+      o.params = static_cast<double>(run.shape.params_active);
+      out.points.push_back(o);
+    }
+    ++out.runs_used;
+    const json c = json::parse(config, nullptr, false);
+    if (!c.is_discarded() && c.contains("moe")) {
+      const double total = c["moe"].value("experts_total", 0.0);
+      const double active = c["moe"].value("experts_active", 1.0);
+      sparsities[*family].push_back(total > 0 ? total / active : 0.0);
+    }
+  }
+  for (const auto& [family, values] : sparsities) {
+    bool same = true;
+    for (double v : values) same = same && v == values.front();
+    if (same && !values.empty()) out.sparsity[family] = values.front();
+  }
+  return out;
+}
+
+}  // namespace moelab::analysis

@@ -1,0 +1,36 @@
+// Reading fit inputs from a moelab database: every evaluation point of every finished run,
+// labelled with its family (a sweep variable or a config value).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/scaling.h"
+
+namespace moelab::analysis {
+
+struct ObservationSet {
+  std::vector<Observation> points;
+  // Per family: routed experts total / active (0 for dense runs), when all its runs agree.
+  std::map<std::string, double> sparsity;
+  int runs_used = 0;
+  // Runs left out and why (not finished, no evaluations, no value for the family key).
+  std::vector<std::string> skipped;
+};
+
+// The family of a run: the run variable `key` when the run has one, else the value at the
+// dotted config path `key` (numbers printed canonically: 8, 0.5, 3000000).
+std::optional<std::string> FamilyOf(const std::map<std::string, std::string>& run_vars,
+                                    const std::string& config_json, const std::string& key);
+
+// Evaluation points (cumulative training FLOPs and tokens, active parameters, validation loss)
+// of the done runs of a sweep (all runs when sweep_id is nullopt). Diverged runs contribute
+// their points too (the fit drops non-finite losses and says so); running, queued, stopped and
+// failed runs are listed in `skipped`.
+ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_t> sweep_id,
+                                const std::string& family_key);
+
+}  // namespace moelab::analysis

@@ -1,0 +1,251 @@
+// `moelab fit`: scaling-law fits with bootstrap intervals over a sweep's runs, stored in the
+// database's fits table.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "analysis/observations.h"
+#include "analysis/scaling.h"
+#include "cli/commands.h"
+#include "core/train/trainer.h"
+#include "db/fits.h"
+
+namespace moelab::cli {
+
+namespace {
+
+using analysis::Estimate;
+using nlohmann::json;
+
+std::string Interval(const Estimate& e, const char* spec = "{:.4g}") {
+  return fmt::format("{} [{}, {}]", fmt::format(fmt::runtime(spec), e.estimate),
+                     fmt::format(fmt::runtime(spec), e.lo), fmt::format(fmt::runtime(spec), e.hi));
+}
+
+const analysis::ParamEstimate* Param(const std::vector<analysis::ParamEstimate>& ps,
+                                     const std::string& name) {
+  for (const auto& p : ps)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+// Numeric families sort by value, others by name.
+bool FamilyLess(const std::string& a, const std::string& b) {
+  char* ea = nullptr;
+  char* eb = nullptr;
+  const double va = std::strtod(a.c_str(), &ea), vb = std::strtod(b.c_str(), &eb);
+  if (*ea == '\0' && *eb == '\0' && !a.empty() && !b.empty()) return va < vb;
+  return a < b;
+}
+
+void PrintWarnings(const std::vector<std::string>& warnings) {
+  for (const auto& w : warnings) fmt::print("  warning: {}\n", w);
+}
+
+}  // namespace
+
+void AddFitCommand(CLI::App& app) {
+  struct Args {
+    std::string db = "moelab.db", sweep, by = "sparsity", form = "power", reference, base,
+                treatment;
+    double target_loss = NAN, level = 0.90;
+    int resamples = 1000, threads = 2;
+    uint64_t seed = 12345;
+    bool json = false, no_store = false, final_only = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "fit", "Fit scaling laws with bootstrap intervals over a sweep's runs (stored in fits)");
+  cmd->add_option("--db", a->db, "Database file")->capture_default_str();
+  cmd->add_option("--sweep", a->sweep, "Sweep name (default: every run in the database)");
+  cmd->add_option("--by", a->by, "Family key: a sweep variable or a config path")
+      ->capture_default_str();
+  cmd->add_option("--form", a->form, "power | joint | chinchilla | heads | isoflop")
+      ->check(CLI::IsMember({"power", "joint", "chinchilla", "heads", "isoflop"}))
+      ->capture_default_str();
+  cmd->add_option("--target-loss", a->target_loss,
+                  "L* for the FLOPs multipliers (default: middle of the shared loss range)");
+  cmd->add_option("--reference", a->reference,
+                  "Reference family of the multipliers (default: the largest value)");
+  cmd->add_option("--base", a->base, "heads form: the base family (e.g. 1)");
+  cmd->add_option("--treatment", a->treatment, "heads form: the treatment family (e.g. 2)");
+  cmd->add_option("--resamples", a->resamples, "Bootstrap resamples over runs")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Bootstrap seed")->capture_default_str();
+  cmd->add_option("--level", a->level, "Interval level")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Threads for the bootstrap")->capture_default_str();
+  cmd->add_flag("--final-only", a->final_only, "Frontier from each run's last evaluation only");
+  cmd->add_flag("--json", a->json, "JSON output");
+  cmd->add_flag("--no-store", a->no_store, "Do not store the result in the fits table");
+  cmd->callback([a]() {
+    std::optional<int64_t> sweep_id;
+    if (!a->sweep.empty()) {
+      const auto sweep = db::FindSweep(a->db, a->sweep);
+      if (!sweep) {
+        std::string names;
+        for (const auto& s : db::ListSweeps(a->db)) names += (names.empty() ? "" : ", ") + s.name;
+        throw std::runtime_error(fmt::format("no sweep '{}' in {} (sweeps: {})", a->sweep,
+                                             a->db, names.empty() ? "none" : names));
+      }
+      sweep_id = sweep->id;
+    }
+    const analysis::ObservationSet obs = analysis::LoadObservations(a->db, sweep_id, a->by);
+    if (obs.points.empty()) {
+      std::string why;
+      for (const auto& s : obs.skipped) why += "\n  " + s;
+      throw std::runtime_error(fmt::format(
+          "no finished run with evaluations and a value for '{}'{} (choose the family key with "
+          "--by){}",
+          a->by, a->sweep.empty() ? "" : " in sweep " + a->sweep, why));
+    }
+    analysis::FitOptions fo;
+    fo.bootstrap_resamples = a->resamples;
+    fo.seed = a->seed;
+    fo.level = a->level;
+    fo.threads = a->threads;
+    fo.final_only = a->final_only;
+    fo.skip_failed_families = true;
+
+    json result;
+    if (!a->json) {
+      fmt::print("{} runs, {} evaluation points, families by '{}'{}; bootstrap {} resamples "
+                 "over runs (seed {}), {:.0f}% intervals\n",
+                 obs.runs_used, obs.points.size(), a->by,
+                 a->sweep.empty() ? "" : " in sweep " + a->sweep, a->resamples, a->seed,
+                 100 * a->level);
+      for (const auto& s : obs.skipped) fmt::print("  skipped {}\n", s);
+    }
+
+    if (a->form == "power") {
+      const analysis::FamilyFits fits = analysis::FitFamilies(obs.points, fo);
+      std::vector<std::string> names;
+      for (const auto& f : fits.families) names.push_back(f.family);
+      std::sort(names.begin(), names.end(), FamilyLess);
+      const std::string reference = a->reference.empty() ? names.back() : a->reference;
+      double target = a->target_loss;
+      if (std::isnan(target)) {
+        // The middle of the loss range every family's frontier covers.
+        double lo = -INFINITY, hi = INFINITY;
+        for (const auto& f : fits.families) lo = std::max(lo, f.min_loss), hi = std::min(hi, f.max_loss);
+        target = lo < hi ? 0.5 * (lo + hi) : fits.Get(reference).min_loss;
+      }
+      analysis::MultiplierOptions mo;
+      mo.level = a->level;
+      const analysis::MultiplierTable table =
+          analysis::ComputeMultiplierTable(fits, reference, target, mo);
+      result = {{"fits", fits}, {"multipliers", table}};
+      if (!a->json) {
+        fmt::print("\nL(C) = E + A·(C/1e15)^(-alpha) on each family's compute-optimal frontier\n");
+        fmt::print("{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9} {:>6}\n", a->by, "runs",
+                   "points", "E", "A", "alpha", "rmse(log)", "start");
+        for (const std::string& name : names) {
+          const auto& f = fits.Get(name);
+          fmt::print("{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9.4f} {:>6}{}\n", name,
+                     f.diagnostics.n_runs, f.diagnostics.n_points,
+                     Interval(Param(f.params, "E")->value), Interval(Param(f.params, "A")->value),
+                     Interval(Param(f.params, "alpha")->value), f.diagnostics.rmse_log,
+                     f.diagnostics.winning_start,
+                     f.diagnostics.params_at_bound.empty()
+                         ? ""
+                         : fmt::format("  at bound: {}",
+                                       fmt::join(f.diagnostics.params_at_bound, ",")));
+        }
+        fmt::print("\nFLOPs multiplier C_family(L*) / C_{}(L*) at L* = {:.4f} ({} = {})\n",
+                   reference, target, a->by, reference);
+        fmt::print("{:<10} {:<30} {:<34}\n", a->by, "multiplier", "FLOPs to reach L*");
+        for (const std::string& name : names) {
+          for (const auto& row : table.rows) {
+            if (row.family != name) continue;
+            if (row.ok) {
+              fmt::print("{:<10} {:<30} {:<34}\n", name, Interval(row.multiplier, "{:.3f}"),
+                         Interval(row.compute_family, "{:.3g}"));
+            } else {
+              fmt::print("{:<10} refused: {}\n", name, row.refusal);
+            }
+          }
+        }
+        PrintWarnings(fits.warnings);
+      }
+    } else if (a->form == "joint") {
+      analysis::JointOptions jo;
+      jo.fit = fo;
+      const analysis::JointSparsityFit fit =
+          analysis::FitJointSparsity(obs.points, obs.sparsity, jo);
+      result = fit;
+      if (!a->json) {
+        for (const auto& form : fit.forms) {
+          fmt::print("\n{}: {}\n  held-out RMSE(log) {:.4f} on {} points ({})\n", form.form,
+                     form.formula, form.holdout_rmse_log, form.holdout_points, fit.holdout_rule);
+          for (const auto& p : form.params)
+            fmt::print("  {:<8} {}{}\n", p.name, Interval(p.value), p.at_bound ? "  (at bound)" : "");
+        }
+        fmt::print("\nbetter on held-out points: {}\n", fit.better_form);
+        PrintWarnings(fit.warnings);
+      }
+    } else if (a->form == "chinchilla") {
+      analysis::ChinchillaOptions co;
+      co.fit = fo;
+      const analysis::ChinchillaFit fit = analysis::FitChinchilla(obs.points, co);
+      result = fit;
+      if (!a->json) {
+        fmt::print("\nL(N, D) = E + A/N^alpha + B/D^beta\n");
+        for (const auto& p : fit.params) fmt::print("  {:<8} {}\n", p.name, Interval(p.value));
+        fmt::print("  N_opt ∝ C^{}   D_opt ∝ C^{}\n", Interval(fit.exponent_n, "{:.3f}"),
+                   Interval(fit.exponent_d, "{:.3f}"));
+        for (const auto& o : fit.optimal)
+          fmt::print("  C = {:.3g}: N_opt {}  D_opt {}\n", o.flops, Interval(o.params, "{:.3g}"),
+                     Interval(o.tokens, "{:.3g}"));
+        PrintWarnings(fit.warnings);
+      }
+    } else if (a->form == "heads") {
+      if (a->base.empty() || a->treatment.empty())
+        throw std::runtime_error("--form heads needs --base and --treatment family values");
+      const analysis::HeadsAblation h =
+          analysis::CompareHeads(obs.points, a->base, a->treatment, fo);
+      result = h;
+      if (!a->json) {
+        fmt::print("\nrelative loss difference ({} {} vs {}), (L_t - L_b)/L_b\n", a->by,
+                   a->treatment, a->base);
+        for (const auto& b : h.budgets)
+          fmt::print("  tokens {:.3g}: equal tokens {}  equal FLOPs {}{}\n", b.tokens,
+                     Interval(b.delta_equal_tokens, "{:+.4f}"),
+                     Interval(b.delta_equal_flops, "{:+.4f}"),
+                     b.replicated ? "" : "  (one run per arm)");
+        fmt::print("  mean: equal tokens {}  equal FLOPs {}\n",
+                   Interval(h.mean_delta_equal_tokens, "{:+.4f}"),
+                   Interval(h.mean_delta_equal_flops, "{:+.4f}"));
+        PrintWarnings(h.warnings);
+      }
+    } else {
+      const analysis::IsoFlopReport r = analysis::CheckIsoFlop(obs.points);
+      result = r;
+      if (!a->json) {
+        fmt::print("\nIsoFLOP check: {}\n", r.pitfall ? "PITFALL" : "no pitfall found");
+        for (const auto& issue : r.issues) fmt::print("  {}\n", issue);
+      }
+    }
+
+    if (!a->no_store) {
+      db::FitRecord rec;
+      rec.sweep_id = sweep_id;
+      rec.family_key = a->by;
+      rec.form = a->form;
+      rec.options_json = json(fo).dump();
+      json inputs = json::array();
+      for (const auto& p : obs.points)
+        inputs.push_back({{"run", p.run}, {"family", p.family}, {"flops", p.flops},
+                          {"tokens", p.tokens}, {"params", p.params}, {"loss", p.loss}});
+      rec.inputs_json = inputs.dump();
+      rec.result_json = result.dump();
+      rec.bootstrap_seed = a->seed;
+      const int64_t id = db::SaveFit(a->db, rec);
+      if (!a->json) fmt::print("\nstored as fit {} in {}\n", id, a->db);
+    }
+    if (a->json) fmt::print("{}\n", result.dump(2));
+  });
+}
+
+}  // namespace moelab::cli

@@ -1,0 +1,175 @@
+// `moelab sweep plan|run|resume|status|slurm`: families of runs from a JSON spec
+// (docs/sweeps.md).
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/train/trainer.h"
+#include "sweeps/plan.h"
+#include "sweeps/runner.h"
+#include "sweeps/slurm.h"
+#include "sweeps/spec.h"
+
+namespace moelab::cli {
+
+namespace {
+
+std::atomic<bool> g_sweep_stop{false};
+
+void OnSweepSignal(int) { g_sweep_stop.store(true); }
+
+// Spec errors are the user's to fix: one clear message, exit code 2 (like a config error).
+template <typename F>
+void Guard(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const sweeps::SpecError& e) {
+    fmt::print(stderr, "moelab sweep {}: error: {}\n", what, e.what());
+    throw CLI::RuntimeError(kExitConfig);
+  }
+}
+
+struct RunArgs {
+  std::string spec, db = "moelab.db";
+  int parallel = 1, threads = 0, max_retries = 1;
+  bool rerun = false, live = false, no_live = false;
+};
+
+void AddRunOptions(CLI::App* cmd, RunArgs* a) {
+  cmd->add_option("--db", a->db, "SQLite database file (created if missing)");
+  cmd->add_option("--parallel,-j", a->parallel, "Runs trained at once")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads-per-run,-t", a->threads,
+                  "CPU threads per run (default: cores / parallel)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-retries", a->max_retries,
+                  "Retries of a failed run (from its last checkpoint)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--live", a->live, "Redraw a live table (default when stdout is a terminal)");
+  cmd->add_flag("--no-live", a->no_live, "Print one line per event instead of a live table");
+}
+
+void Execute(const RunArgs& a, bool resume) {
+  sweeps::Sweep sweep;
+  Guard(resume ? "resume" : "run", [&] {
+    sweeps::ExpandOptions eo;
+    eo.check_data = true;
+    sweep = sweeps::LoadSweepFromArg(a.spec, a.db, eo);
+  });
+  for (const std::string& w : sweep.warnings) fmt::print("warning: {}\n", w);
+  sweeps::RunOptions ro;
+  ro.db_path = a.db;
+  ro.parallel = a.parallel;
+  ro.threads_per_run = a.threads;
+  ro.rerun = a.rerun;
+  ro.max_retries = a.max_retries;
+  ro.live = a.live ? 1 : a.no_live ? 0 : -1;
+  ro.stop_flag = &g_sweep_stop;
+  std::signal(SIGINT, OnSweepSignal);
+  std::signal(SIGTERM, OnSweepSignal);
+  const sweeps::RunSummary s = sweeps::RunSweep(sweep, ro);
+  if (s.exit_code != 0) throw CLI::RuntimeError(s.exit_code);
+}
+
+}  // namespace
+
+void AddSweepCommand(CLI::App& app) {
+  CLI::App* sweep = app.add_subcommand("sweep", "Plan, run and resume families of runs");
+  sweep->require_subcommand(1);
+
+  {
+    struct Args {
+      std::string spec, db;
+      int parallel = 1, threads = 0;
+      bool no_calibrate = false;
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* cmd = sweep->add_subcommand(
+        "plan", "Validate every run of a spec and print the table with sizes, FLOPs and time");
+    cmd->add_option("spec", a->spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--db", a->db, "Mark runs already done in this database");
+    cmd->add_option("--parallel,-j", a->parallel, "Runs at once (for the wall-time estimate)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--threads-per-run,-t", a->threads, "Threads per run (default cores/parallel)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--no-calibrate", a->no_calibrate,
+                  "Skip the few timed training steps that calibrate the time estimate");
+    cmd->callback([a] {
+      Guard("plan", [&] {
+        sweeps::ExpandOptions eo;
+        eo.check_data = true;
+        const sweeps::Sweep s = sweeps::LoadSweep(a->spec, eo);
+        sweeps::PlanOptions po;
+        po.parallel = a->parallel;
+        po.threads_per_run = a->threads;
+        po.calibrate = !a->no_calibrate;
+        po.db_path = a->db;
+        sweeps::PrintPlan(s, po, stdout);
+      });
+    });
+  }
+  {
+    auto a = std::make_shared<RunArgs>();
+    CLI::App* cmd = sweep->add_subcommand(
+        "run", "Train every run of a spec (done runs are reused), each as a `moelab train` "
+               "process");
+    cmd->add_option("spec", a->spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
+    AddRunOptions(cmd, a.get());
+    cmd->add_flag("--rerun", a->rerun,
+                  "Train again even when a done run with the same config exists");
+    cmd->callback([a] { Execute(*a, false); });
+  }
+  {
+    auto a = std::make_shared<RunArgs>();
+    CLI::App* cmd = sweep->add_subcommand(
+        "resume", "Continue a sweep after a crash or Ctrl-C: stale, stopped, queued and "
+                  "retryable failed runs continue from their last checkpoint");
+    cmd->add_option("sweep", a->spec, "Spec file or the sweep's name in the database")
+        ->required();
+    AddRunOptions(cmd, a.get());
+    cmd->callback([a] { Execute(*a, true); });
+  }
+  {
+    struct Args {
+      std::string name, db = "moelab.db";
+    };
+    auto a = std::make_shared<Args>();
+    CLI::App* cmd = sweep->add_subcommand("status", "Sweeps in a database, or one sweep's runs");
+    cmd->add_option("sweep", a->name, "Spec file or sweep name (default: list every sweep)");
+    cmd->add_option("--db", a->db, "SQLite database file")->check(CLI::ExistingFile);
+    cmd->callback([a] { Guard("status", [&] { sweeps::PrintStatus(a->db, a->name, stdout); }); });
+  }
+  {
+    auto a = std::make_shared<sweeps::SlurmOptions>();
+    auto spec = std::make_shared<std::string>();
+    CLI::App* cmd = sweep->add_subcommand(
+        "slurm", "Write a Slurm array script: one array task per run (`moelab train`)");
+    cmd->add_option("spec", *spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--db", a->db_path,
+                    "Database path on the cluster; {task} becomes the array index (one file per "
+                    "task, safest on network file systems)")
+        ->required();
+    cmd->add_option("--out", a->out_dir, "Folder for the script and configs (default: .)");
+    cmd->add_option("--moelab", a->moelab_bin, "moelab binary on the cluster");
+    cmd->add_option("--threads-per-run,-t", a->threads_per_run, "CPUs per task")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--max-parallel", a->max_parallel, "Array throttle (%N)");
+    cmd->add_option("--partition", a->partition, "Slurm partition");
+    cmd->add_option("--time", a->time_limit, "Time limit per task (HH:MM:SS)");
+    cmd->callback([a, spec] {
+      Guard("slurm", [&] {
+        const sweeps::Sweep s = sweeps::LoadSweep(*spec);
+        const std::string path = sweeps::WriteSlurmScript(s, *a);
+        fmt::print("wrote {} ({} array tasks)\n  submit: sbatch {}\n  then merge: moelab db merge "
+                   "<cluster db> --db <local db>  (docs/sweeps.md)\n",
+                   path, s.Unique().size(), path);
+      });
+    });
+  }
+}
+
+}  // namespace moelab::cli

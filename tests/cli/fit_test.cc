@@ -1,0 +1,103 @@
+// `moelab fit` end to end: a database with a synthetic sparsity sweep whose true FLOPs
+// multiplier is known, fitted through the CLI, stored in the fits table.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "db/fits.h"
+#include "db/schema.h"
+#include "db/writer.h"
+
+namespace moelab {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string RunCapture(const std::string& cmd, int* exit_code) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
+  const fs::path dir = fs::temp_directory_path() / ("moelab_fit_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "fit.db").string();
+  int64_t sweep_id = 0;
+  {
+    db::Connection c = db::OpenForWrite(path);
+    c.Exec("INSERT INTO sweeps (name, created_at) VALUES ('law', 0)");
+    sweep_id = c.last_insert_rowid();
+  }
+  // L = E + A·(C/1e15)^-α·S^-β: C_8(L)/C_48(L) = 6^(β/α) = 1.69.
+  const double E = 1.8, A = 2.0, alpha = 0.3, beta = alpha * std::log(1.69) / std::log(6.0);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> noise(0.0, 0.002);
+  for (int s : {8, 48}) {
+    for (int size = 0; size < 5; ++size) {
+      db::RunInfo info;
+      info.name = "s" + std::to_string(s) + "-" + std::to_string(size);
+      info.config_json = json{{"moe", {{"experts_total", 8 * s}, {"experts_active", 8}}}}.dump();
+      info.config_hash = info.name;
+      info.sweep_id = sweep_id;
+      info.shape.params_active = 1000000 * (size + 1);
+      auto w = db::RunWriter::Create(path, info);
+      db::RunWriter::SetRunVar(path, w->run_id(), "sparsity", std::to_string(s));
+      for (int k = 1; k <= 4; ++k) {
+        const double flops = 1e15 * std::pow(2.0, size * 1.5 + k * 0.4);
+        const double loss =
+            (E + A * std::pow(flops / 1e15, -alpha) * std::pow(s, -beta)) * std::exp(noise(rng));
+        w->OnEval(k * 10, k * 1000, flops, loss);
+      }
+      w->OnEnd(RunStatus::kDone, "");
+    }
+  }
+  const std::string bin = std::string(std::getenv("MOELAB_BIN_DIR")) + "/moelab";
+  int code = 0;
+  const std::string out = RunCapture(bin + " fit --db " + path +
+                                         " --sweep law --by sparsity --resamples 200 "
+                                         "--target-loss 2.2 --json 2>&1",
+                                     &code);
+  ASSERT_EQ(code, 0) << out;
+  const json r = json::parse(out.substr(out.find('{')));
+  const json& rows = r["multipliers"]["rows"];
+  bool found = false;
+  for (const json& row : rows) {
+    if (row["family"] != "8") continue;
+    found = true;
+    ASSERT_TRUE(row["ok"].get<bool>()) << row.dump();
+    const double m = row["multiplier"]["estimate"];
+    EXPECT_NEAR(m, 1.69, 0.1) << row.dump();
+    EXPECT_LE(row["multiplier"]["lo"].get<double>(), m);
+    EXPECT_GE(row["multiplier"]["hi"].get<double>(), m);
+  }
+  EXPECT_TRUE(found) << out;
+  const auto fits = db::ListFits(path, sweep_id);
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].form, "power");
+  EXPECT_EQ(fits[0].family_key, "sparsity");
+  EXPECT_EQ(json::parse(fits[0].inputs_json).size(), 40u);
+
+  // A family key no run has gives a clear error.
+  const std::string bad =
+      RunCapture(bin + " fit --db " + path + " --sweep law --by nothing 2>&1", &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(bad.find("--by"), std::string::npos) << bad;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moelab
