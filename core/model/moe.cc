@@ -1,0 +1,311 @@
+#include "core/model/moe.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/moe_experts.h"
+#include "kernels/cpu/moe_routing.h"
+#include "kernels/cpu/swiglu.h"
+
+namespace moelab {
+
+namespace {
+
+// Rows per GEMM in the router's row-chunked GEMMs. Fixed, so that the chunking (and with it
+// every rounding) does not depend on the thread count.
+constexpr int kRouterChunk = 256;
+
+// C[n, cols] (= or +=) A[n, inner]·op(B), computed as fixed row chunks in a static OpenMP loop.
+// Inside the loop OpenBLAS-openmp runs single-threaded, so the result is bit-identical for any
+// thread count (a lone threaded GEMM splits, and rounds, by the thread count).
+template <typename T>
+void RowChunkedGemm(bool trans_b, int n, int cols, int inner, const T* a, const T* b, int ldb, T* c,
+                    bool accumulate) {
+  const int chunks = (n + kRouterChunk - 1) / kRouterChunk;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < chunks; ++i) {
+    const long r0 = static_cast<long>(i) * kRouterChunk;
+    const int rows = static_cast<int>(std::min<long>(kRouterChunk, n - r0));
+    cpu::Gemm(false, trans_b, rows, cols, inner, T(1), a + r0 * inner, inner, b, ldb,
+              accumulate ? T(1) : T(0), c + r0 * cols, cols);
+  }
+}
+
+// Row chunks of a shared expert in the expert-parallel schedule: about kSharedChunkRows rows
+// each (the size of a routed expert's block at n = 2048, E = 8, k = 2), at most kMaxChunks so
+// that the partial weight gradients stay small. A function of n only, never of the thread count.
+constexpr int kSharedChunkRows = 512;
+constexpr int kMaxSharedChunks = 8;
+int SharedChunks(int n) {
+  return std::clamp((n + kSharedChunkRows - 1) / kSharedChunkRows, 1, kMaxSharedChunks);
+}
+
+}  // namespace
+
+template <typename T>
+MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
+    : d_(model.d_model),
+      hidden_(moe.expert_hidden),
+      experts_(moe.experts_total),
+      top_k_(moe.experts_active),
+      shared_(moe.shared_experts),
+      sigmoid_(moe.router == "sigmoid"),
+      aux_loss_(moe.balance == "aux_loss"),
+      aux_coef_(moe.aux_loss_coef),
+      route_scale_(moe.route_scale) {
+  if (experts_ <= 0 || top_k_ <= 0 || top_k_ > experts_) {
+    throw std::invalid_argument("MoeLayer: need 0 < experts_active <= experts_total");
+  }
+  if (moe.router != "softmax" && moe.router != "sigmoid") {
+    throw std::invalid_argument("MoeLayer: unknown router '" + moe.router + "'");
+  }
+  if (shared_ < 0 || hidden_ <= 0 || d_ <= 0) {
+    throw std::invalid_argument("MoeLayer: bad shapes");
+  }
+  counts_.assign(experts_, 0);
+  offsets_.assign(experts_ + 1, 0);
+}
+
+template <typename T>
+void MoeLayer<T>::Reserve(int n) {
+  if (n <= capacity_) return;
+  const size_t nn = n, nk = nn * top_k_, E = experts_, d = d_, H = hidden_, S = shared_;
+  logits_.resize(nn * E);
+  scores_.resize(nn * E);
+  topk_.resize(nk);
+  gates_.resize(nk);
+  dgates_.resize(nk);
+  row_token_.resize(nk);
+  slot_row_.resize(nk);
+  xe_.resize(nk * d);
+  ye_.resize(nk * d);
+  dxe_.resize(nk * d);
+  h1_.resize(nk * H);
+  h3_.resize(nk * H);
+  act_.resize(nk * H);
+  sh1_.resize(S * nn * H);
+  sh3_.resize(S * nn * H);
+  sact_.resize(S * nn * H);
+  sy_.resize(S > 1 ? (S - 1) * nn * d : 0);
+  scratch_.resize((nk + S * nn) * 2 * H);
+  const int chunks = SharedChunks(n);
+  shared_partial_.resize(chunks > 1 ? S * chunks * 3 * H * d : 0);
+  capacity_ = n;
+}
+
+// In the expert-parallel schedule one dynamic OpenMP loop runs, as tasks: the shared experts
+// in fixed row chunks (listed first, being the largest), the routed experts, and in backward
+// the router weight gradient (smallest, last), so the small tasks fill in behind the large ones
+// and there is one fork/join per direction. Every task writes disjoint outputs and runs its
+// GEMMs single-threaded (OpenBLAS-openmp does inside a parallel region), and the chunking
+// depends on n only, so results are bit-identical whichever thread takes which task and for any
+// thread count. Shared expert 0 writes y (dx) itself, the others write aside into sy_.
+template <typename T>
+void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
+  const int n = n_, d = d_, H = hidden_;
+  const long wsize = static_cast<long>(H) * d, snh = static_cast<long>(n) * H;
+  const long nd = static_cast<long>(n) * d;
+  const int chunks = SharedChunks(n), chunk_rows = (n + chunks - 1) / chunks;
+  auto shared = [&](int s, int r0, int rows) {
+    T* out = s == 0 ? y : sy_.data() + (s - 1) * nd;
+    const long hoff = s * snh + static_cast<long>(r0) * H;
+    cpu::SwigluForward(x + static_cast<long>(r0) * d, rows, d, H, w.shared_w1 + s * wsize,
+                       w.shared_w3 + s * wsize, w.shared_w2 + s * wsize, sh1_.data() + hoff,
+                       sh3_.data() + hoff, sact_.data() + hoff, out + static_cast<long>(r0) * d);
+  };
+  auto routed = [&](int e) {
+    cpu::MoeExpertForward(e, xe_.data(), offsets_.data(), d, H, w.w1, w.w3, w.w2, h1_.data(),
+                          h3_.data(), act_.data(), ye_.data());
+  };
+  if (expert_parallel_) {
+    const int shared_tasks = shared_ * chunks;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < shared_tasks + experts_; ++task) {
+      if (task < shared_tasks) {
+        const int r0 = (task % chunks) * chunk_rows;
+        shared(task / chunks, r0, std::min(chunk_rows, n - r0));
+      } else {
+        routed(task - shared_tasks);
+      }
+    }
+  } else {
+    for (int e = 0; e < experts_; ++e) routed(e);
+    for (int s = 0; s < shared_; ++s) shared(s, 0, n);
+  }
+}
+
+template <typename T>
+void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
+                                 const T* dy, T* dx) {
+  const int n = n_, d = d_, H = hidden_;
+  const long wsize = static_cast<long>(H) * d, snh = static_cast<long>(n) * H;
+  const long nd = static_cast<long>(n) * d;
+  const long nk = static_cast<long>(n) * top_k_;
+  const int chunks = expert_parallel_ ? SharedChunks(n) : 1;
+  const int chunk_rows = (n + chunks - 1) / chunks;
+  // Shared expert s, rows r0..r0+rows (chunk c). Its weight gradients are per-chunk partial
+  // sums (reduced below in chunk order) unless there is a single chunk. Scratch: routed experts
+  // use the first n·k rows, shared expert s rows n·k + s·n + r0 onwards, so tasks never share.
+  auto shared = [&](int s, int c, int r0, int rows) {
+    T *dw1 = g.shared_w1 + s * wsize, *dw3 = g.shared_w3 + s * wsize,
+      *dw2 = g.shared_w2 + s * wsize;
+    if (chunks > 1) {
+      dw1 = shared_partial_.data() + (static_cast<long>(s) * chunks + c) * 3 * wsize;
+      dw3 = dw1 + wsize;
+      dw2 = dw3 + wsize;
+    }
+    const long hoff = s * snh + static_cast<long>(r0) * H;
+    const long xoff = static_cast<long>(r0) * d;
+    cpu::SwigluBackward(x + xoff, rows, d, H, w.shared_w1 + s * wsize, w.shared_w3 + s * wsize,
+                        w.shared_w2 + s * wsize, sh1_.data() + hoff, sh3_.data() + hoff,
+                        sact_.data() + hoff, dy + xoff,
+                        (s == 0 ? dx : sy_.data() + (s - 1) * nd) + xoff, dw1, dw3, dw2,
+                        scratch_.data() + (nk + s * static_cast<long>(n) + r0) * 2 * H);
+  };
+  auto routed = [&](int e) {
+    cpu::MoeExpertBackward(e, xe_.data(), offsets_.data(), d, H, w.w1, w.w3, w.w2, h1_.data(),
+                           h3_.data(), act_.data(), ye_.data(), dxe_.data(), g.w1, g.w3, g.w2,
+                           scratch_.data());
+  };
+  // d router = dzᵀ·x sums over tokens: one GEMM, never split (the split would change the sum).
+  auto router = [&]() {
+    cpu::Gemm(true, false, experts_, d, n, T(1), logits_.data(), experts_, x, d, T(0), g.router, d);
+  };
+  if (expert_parallel_) {
+    const int shared_tasks = shared_ * chunks;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < shared_tasks + experts_ + 1; ++task) {
+      if (task < shared_tasks) {
+        const int c = task % chunks, r0 = c * chunk_rows;
+        shared(task / chunks, c, r0, std::min(chunk_rows, n - r0));
+      } else if (task < shared_tasks + experts_) {
+        routed(task - shared_tasks);
+      } else {
+        router();
+      }
+    }
+    if (chunks > 1) {
+      // g.shared = Σ_c partial_c, summed in chunk order for every element.
+      for (int s = 0; s < shared_; ++s) {
+        const T* part = shared_partial_.data() + static_cast<long>(s) * chunks * 3 * wsize;
+        T* outs[3] = {g.shared_w1 + s * wsize, g.shared_w3 + s * wsize, g.shared_w2 + s * wsize};
+        for (int m = 0; m < 3; ++m) {
+          T* out = outs[m];
+#pragma omp parallel for schedule(static)
+          for (long i = 0; i < wsize; ++i) {
+            T acc = part[m * wsize + i];
+            for (int c = 1; c < chunks; ++c) acc += part[(c * 3L + m) * wsize + i];
+            out[i] = acc;
+          }
+        }
+      }
+    }
+  } else {
+    for (int e = 0; e < experts_; ++e) routed(e);
+    for (int s = 0; s < shared_; ++s) shared(s, 0, 0, n);
+    router();
+  }
+}
+
+template <typename T>
+double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, int n, T* y,
+                            int64_t* counts) {
+  Reserve(n);
+  n_ = n;
+  if (n == 0) {
+    std::fill(counts_.begin(), counts_.end(), int64_t{0});
+    if (counts) std::copy(counts_.begin(), counts_.end(), counts);
+    return 0.0;
+  }
+  const int E = experts_, k = top_k_, d = d_;
+  const long nk = static_cast<long>(n) * k;
+
+  // Route.
+  RowChunkedGemm(/*trans_b=*/true, n, E, d, x, w.router, d, logits_.data(), false);
+  cpu::MoeRoute(logits_.data(), n, E, k, sigmoid_, bias, route_scale_, scores_.data(), topk_.data(),
+                gates_.data(), counts_.data());
+  const double aux =
+      aux_loss_ ? cpu::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, sigmoid_, aux_coef_)
+                : 0.0;
+  if (counts) std::copy(counts_.begin(), counts_.end(), counts);
+
+  // Dispatch.
+  cpu::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(), slot_row_.data());
+  cpu::MoeGather(x, d, row_token_.data(), nk, xe_.data());
+
+  // ExpertCompute, routed and shared.
+  ExpertForward(w, x, y);
+  // Extra shared experts were written aside; add them in expert order.
+  const long nd = static_cast<long>(n) * d;
+  for (int s = 1; s < shared_; ++s) {
+    const T* extra = sy_.data() + (s - 1) * nd;
+    for (long i = 0; i < nd; ++i) y[i] += extra[i];
+  }
+
+  // Combine.
+  cpu::MoeCombine(ye_.data(), slot_row_.data(), gates_.data(), n, k, d, y, shared_ > 0);
+  return aux;
+}
+
+template <typename T>
+void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
+                           int n, T* dx) {
+  if (n != n_) throw std::invalid_argument("MoeLayer::Backward: n differs from Forward's");
+  const int E = experts_, k = top_k_, d = d_, H = hidden_;
+  const long wsize = static_cast<long>(H) * d;
+  if (n == 0) {  // no tokens: every gradient is zero
+    std::fill(g.router, g.router + static_cast<long>(E) * d, T(0));
+    for (T* p : {g.w1, g.w3, g.w2}) std::fill(p, p + E * wsize, T(0));
+    if (shared_ > 0) {
+      for (T* p : {g.shared_w1, g.shared_w3, g.shared_w2}) std::fill(p, p + shared_ * wsize, T(0));
+    }
+    return;
+  }
+
+  // Combine backward: gate gradients, and the expert-output gradients written over the saved
+  // expert outputs (each row is read before it is overwritten).
+  cpu::MoeCombineBackward(dy, ye_.data(), slot_row_.data(), gates_.data(), n, k, d, ye_.data(),
+                          dgates_.data());
+
+  // Route backward (gates and aux loss -> logits; the logits buffer is reused for dz). It only
+  // needs the gate gradients, so the router weight gradient can run with the experts.
+  cpu::MoeRouteBackward(scores_.data(), topk_.data(), dgates_.data(), counts_.data(), n, E, k,
+                        sigmoid_, route_scale_, aux_loss_ ? aux_coef_ : 0.0, logits_.data());
+
+  // ExpertCompute backward, routed and shared, and the router weight gradient; the first shared
+  // expert's dx lands in dx.
+  ExpertBackward(w, g, x, dy, dx);
+  const long nd = static_cast<long>(n) * d;
+  for (int s = 1; s < shared_; ++s) {
+    const T* extra = sy_.data() + (s - 1) * nd;
+    for (long i = 0; i < nd; ++i) dx[i] += extra[i];
+  }
+
+  // Dispatch backward: each token adds its k row gradients in slot order.
+  cpu::MoeGatherBackward(dxe_.data(), slot_row_.data(), n, k, d, dx, /*accumulate=*/shared_ > 0);
+
+  // Router dx, after the experts' (dx is theirs while they run).
+  RowChunkedGemm(/*trans_b=*/false, n, d, E, logits_.data(), w.router, d, dx, true);
+}
+
+template <typename T>
+void UpdateSelectionBias(T* bias, const int64_t* counts, int experts, double rate) {
+  if (experts <= 0) return;
+  int64_t total = 0;
+  for (int e = 0; e < experts; ++e) total += counts[e];
+  // Compare c_i·E with Σc instead of c_i with the mean so that "exactly average" is exact.
+  for (int e = 0; e < experts; ++e) {
+    const int64_t lhs = counts[e] * experts;
+    const double sign = lhs < total ? 1.0 : (lhs > total ? -1.0 : 0.0);
+    bias[e] = static_cast<T>(bias[e] + rate * sign);
+  }
+}
+
+template class MoeLayer<float>;
+template class MoeLayer<double>;
+template void UpdateSelectionBias<float>(float*, const int64_t*, int, double);
+template void UpdateSelectionBias<double>(double*, const int64_t*, int, double);
+
+}  // namespace moelab
