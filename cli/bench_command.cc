@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
+#include "kernels/cpu/newton_schulz.h"
 
 namespace moelab::cli {
 
@@ -123,6 +125,60 @@ BenchResult RunCase(const BenchCase& bc, int warmup, int steps, double sgemm_rat
   return r;
 }
 
+// The optimizer step alone on one config: AdamW vs Muon (both Newton–Schulz kernels), and the
+// Newton–Schulz rate on the model's own matrix shapes.
+struct OptimizerBench {
+  double adamw_ms = 0, muon_ms = 0, muon_gram_ms = 0;
+  double ns_gflops = 0;  // equivalent full-GEMM FLOPs (4m²n + 2m³ per iteration) per second
+  double ns_issued_gflops = 0;  // FLOPs the SYRK/SYMM kernels actually issue, per second
+};
+
+OptimizerBench RunOptimizerBench(const RunConfig& base, int reps) {
+  Model<float> model(base);
+  model.Init(base.train.seed);
+  std::unique_ptr<TokenSource> data = OpenTokenSource(base.data, base.model.vocab_size);
+  std::vector<int32_t> tokens(static_cast<size_t>(base.train.batch_size) *
+                              (base.model.seq_len + 1));
+  data->TrainBatch(base.train.seed, 0, 0, base.train.batch_size, base.model.seq_len,
+                   tokens.data());
+  model.ForwardBackward(tokens.data(), base.train.batch_size, nullptr);
+  auto time_opt = [&](const std::string& name, const std::string& kernel) {
+    OptimizerConfig oc = base.optimizer;
+    oc.name = name;
+    oc.muon_ns_kernel = kernel;
+    std::unique_ptr<Optimizer> opt = MakeOptimizer(oc, model.param_infos());
+    std::vector<float> params(model.params(), model.params() + model.num_params());
+    opt->Step(params.data(), model.grads(), 1e-4, 1);  // allocates workspaces
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) opt->Step(params.data(), model.grads(), 1e-4, i + 2);
+    return 1e3 * Since(t0) / reps;
+  };
+  OptimizerBench r;
+  r.adamw_ms = time_opt("adamw", "syrk");
+  r.muon_ms = time_opt("muon", "syrk");
+  r.muon_gram_ms = time_opt("muon", "gram");
+  // Newton–Schulz alone, every hidden matrix of the model batched by shape.
+  std::map<std::pair<int, int>, int> banks;
+  for (const ParamInfo& p : model.param_infos())
+    if (p.is_hidden_matrix()) banks[{p.rows, p.cols}] += p.batch;
+  double gemm_flops = 0, issued = 0, seconds = 0;
+  for (const auto& [shape, batch] : banks) {
+    const auto [rows, cols] = shape;
+    std::vector<float> x(static_cast<size_t>(batch) * rows * cols);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 997) - 498;
+    std::vector<float> out(x.size());
+    cpu::NewtonSchulz(x.data(), out.data(), batch, rows, cols);  // warm
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) cpu::NewtonSchulz(x.data(), out.data(), batch, rows, cols);
+    seconds += Since(t0);
+    gemm_flops += reps * batch * cpu::NewtonSchulzGemmFlops(rows, cols, base.optimizer.muon_ns_steps);
+    issued += reps * batch * cpu::NewtonSchulzSyrkFlops(rows, cols, base.optimizer.muon_ns_steps);
+  }
+  r.ns_gflops = gemm_flops / seconds / 1e9;
+  r.ns_issued_gflops = issued / seconds / 1e9;
+  return r;
+}
+
 }  // namespace
 
 void AddBenchCommand(CLI::App& app) {
@@ -175,6 +231,33 @@ void AddBenchCommand(CLI::App& app) {
                    r.name, r.params, r.active, r.fwd_bwd_ms, r.opt_ms, r.step_ms, r.tokens_per_s,
                    r.flops_per_s / 1e9, 100 * r.utilisation);
         std::fflush(stdout);
+      }
+    }
+    // The optimizer step alone on the 6-layer dense config (the MuonClip issue's yardstick).
+    if (args->only.empty() || std::string("optimizer").find(args->only) != std::string::npos) {
+      const BenchCase dense6 = ReferenceCases(args->threads)[1];
+      const BenchResult fb = RunCase(dense6, 1, std::max(2, args->steps / 2), sgemm);
+      const OptimizerBench ob = RunOptimizerBench(dense6.config, std::max(2, args->steps / 2));
+      out["optimizer"] = {{"config", dense6.name},
+                          {"fwd_bwd_ms", fb.fwd_bwd_ms},
+                          {"adamw_ms", ob.adamw_ms},
+                          {"muon_ms", ob.muon_ms},
+                          {"muon_gram_ms", ob.muon_gram_ms},
+                          {"muon_over_fwd_bwd", ob.muon_ms / fb.fwd_bwd_ms},
+                          {"muon_gram_over_fwd_bwd", ob.muon_gram_ms / fb.fwd_bwd_ms},
+                          {"ns_gemm_equivalent_gflops", ob.ns_gflops},
+                          {"ns_issued_gflops", ob.ns_issued_gflops},
+                          {"ns_over_sgemm", ob.ns_gflops * 1e9 / sgemm}};
+      if (!args->json) {
+        fmt::print(
+            "\noptimizer step alone on {} (fwd+bwd {:.1f} ms):\n"
+            "  AdamW {:.1f} ms | Muon {:.1f} ms ({:.2f} of fwd+bwd) | Muon, gram kernel {:.1f} ms "
+            "({:.2f})\n"
+            "  Newton-Schulz: {:.1f} GFLOP/s counted as full GEMMs = {:.0f}% of SGEMM "
+            "({:.1f} GFLOP/s issued: SYRK/SYMM skip the redundant triangle)\n",
+            dense6.name, fb.fwd_bwd_ms, ob.adamw_ms, ob.muon_ms, ob.muon_ms / fb.fwd_bwd_ms,
+            ob.muon_gram_ms, ob.muon_gram_ms / fb.fwd_bwd_ms, ob.ns_gflops,
+            100 * ob.ns_gflops * 1e9 / sgemm, ob.ns_issued_gflops);
       }
     }
     if (args->json) {

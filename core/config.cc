@@ -135,6 +135,12 @@ const std::vector<Field>& Fields() {
        {"rms_match", "shape"}},
       {"optimizer.muon_ns_steps", FieldType::kInt,
        Ref(&C::optimizer, &OptimizerConfig::muon_ns_steps), "Newton–Schulz iterations."},
+      {"optimizer.muon_ns_kernel", FieldType::kString,
+       Ref(&C::optimizer, &OptimizerConfig::muon_ns_kernel),
+       "Newton–Schulz kernel: syrk (plain iteration, symmetric products) or gram (iterate on the "
+       "small Gram matrix, multiply by X once: faster for non-square matrices, ~1e-4 more "
+       "rounding in float).",
+       {"syrk", "gram"}},
       {"optimizer.qk_clip_tau", FieldType::kDouble,
        Ref(&C::optimizer, &OptimizerConfig::qk_clip_tau),
        "QK-Clip threshold τ on the per-head max logit; 0 = off (Muon + τ = MuonClip)."},

@@ -69,6 +69,9 @@ struct OptimizerConfig {
   bool muon_nesterov = true;
   std::string muon_scale = "rms_match";  // "rms_match" = 0.2·sqrt(max(n,m)) | "shape"
   int muon_ns_steps = 5;
+  // "syrk": the plain quintic iteration with symmetric kernels; "gram": iterate on the small
+  // Gram matrix and multiply by X once (faster on non-square matrices, slightly more rounding).
+  std::string muon_ns_kernel = "syrk";
   // QK-Clip, independent of the optimizer.
   double qk_clip_tau = 0.0;  // 0: off
   double qk_clip_alpha = 0.5;

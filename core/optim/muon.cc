@@ -19,6 +19,7 @@ double MuonUpdateScale(const std::string& mode, int rows, int cols) {
 Muon::Muon(const OptimizerConfig& config, const std::vector<ParamInfo>& params) : config_(config) {
   if (config.muon_ns_steps < 0) throw std::invalid_argument("optimizer.muon_ns_steps must be >= 0");
   ns_options_.steps = config.muon_ns_steps;
+  if (config.muon_ns_kernel == "gram") ns_options_.kernel = cpu::NsKernel::kGram;
 
   std::vector<ParamInfo> rest;
   std::map<std::pair<int, int>, int> bank_of_shape;
