@@ -27,7 +27,9 @@ namespace moelab {
 // layer-major, as filled into StepStats::max_logit (use the raw, pre-soft-cap values).
 // Returns one event per head whose weights were scaled (global mode: every head of a clipped
 // layer, each with its own S_max and the layer's γ). Does nothing when qk_clip_tau <= 0.
-// Throws std::invalid_argument for a bad mode/size and std::runtime_error for MLA models.
+// MLA: head-specific q^C (q_b_nope rows) ×γ^α and k^C (kv_b_k rows) ×γ^(1−α), the head's
+// rotary query (q_b_rope rows) ×γ, the shared rotary key untouched.
+// Throws std::invalid_argument for a bad mode, size or parameter layout.
 template <typename T>
 std::vector<ClipEvent> ApplyQkClip(const RunConfig& cfg, const std::vector<ParamInfo>& params,
                                    T* arena, const std::vector<float>& max_logit, int64_t step);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vecmath.h"
 
 namespace moelab::cpu {
 
@@ -12,11 +13,8 @@ void SwigluForward(const T* x, int n, int d, int hidden, const T* w1, const T* w
   LinearForward(x, w1, n, d, hidden, h1);
   LinearForward(x, w3, n, d, hidden, h3);
   const long total = static_cast<long>(n) * hidden;
-#pragma omp parallel for schedule(static) if (total > 32768)
-  for (long i = 0; i < total; ++i) {
-    const T s = T(1) / (T(1) + std::exp(-h1[i]));
-    act[i] = h1[i] * s * h3[i];
-  }
+#pragma omp parallel for simd schedule(static) if (total > 32768)
+  for (long i = 0; i < total; ++i) act[i] = h1[i] * Sigmoid<T>(h1[i]) * h3[i];
   LinearForward(act, w2, n, hidden, d, y);
 }
 
@@ -28,9 +26,9 @@ void SwigluBackward(const T* x, int n, int d, int hidden, const T* w1, const T* 
   T* dh3 = scratch + static_cast<long>(n) * hidden;
   LinearBackward(act, w2, dy, n, hidden, d, dact, dw2, false, accumulate_dw);
   const long total = static_cast<long>(n) * hidden;
-#pragma omp parallel for schedule(static) if (total > 32768)
+#pragma omp parallel for simd schedule(static) if (total > 32768)
   for (long i = 0; i < total; ++i) {
-    const T s = T(1) / (T(1) + std::exp(-h1[i]));
+    const T s = Sigmoid<T>(h1[i]);
     const T silu = h1[i] * s;
     dh3[i] = dact[i] * silu;
     dact[i] = dact[i] * h3[i] * (s * (T(1) + h1[i] * (T(1) - s)));

@@ -1,5 +1,5 @@
 // End to end on the real model (double): after QK-Clip, recomputing the forward on the same batch
-// gives S_max^h = τ for every clipped head (MHA and GQA, per-head and global), and unclipped
+// gives S_max^h = τ for every clipped head (MHA, GQA and MLA, per-head and global), and unclipped
 // heads see bit-identical logits.
 //
 // Exactness holds per layer given that layer's input: clipping layer l changes the attention
@@ -19,7 +19,7 @@
 namespace moelab {
 namespace {
 
-RunConfig Tiny(int kv_heads, const std::string& mode) {
+RunConfig Tiny(int kv_heads, const std::string& mode, bool mla) {
   RunConfig c;
   c.model.vocab_size = 32;
   c.model.d_model = 16;
@@ -31,6 +31,14 @@ RunConfig Tiny(int kv_heads, const std::string& mode) {
   c.model.init_std = 0.5;  // large logits, spread across heads
   c.moe.experts_total = 0;
   c.optimizer.qk_clip_mode = mode;
+  if (mla) {
+    c.model.attention = "mla";
+    c.model.q_lora_rank = 8;
+    c.model.kv_lora_rank = 8;
+    c.model.qk_nope_head_dim = 4;
+    c.model.qk_rope_head_dim = 4;
+    c.model.v_head_dim = 4;
+  }
   c.optimizer.qk_clip_alpha = 0.5;
   return c;
 }
@@ -51,12 +59,13 @@ std::vector<float> MaxLogits(Model<double>& model, const std::vector<int32_t>& t
 struct Case {
   int kv_heads;
   const char* mode;
+  bool mla = false;
 };
 
 class QkClipModelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(QkClipModelTest, RecomputedMaxLogitEqualsTau) {
-  RunConfig c = Tiny(GetParam().kv_heads, GetParam().mode);
+  RunConfig c = Tiny(GetParam().kv_heads, GetParam().mode, GetParam().mla);
   const int L = c.model.layers, H = c.model.heads, batch = 3;
   const auto tokens = Tokens(batch, c.model.seq_len, c.model.vocab_size);
   Model<double> model(c);
@@ -111,9 +120,12 @@ TEST_P(QkClipModelTest, RecomputedMaxLogitEqualsTau) {
 
 INSTANTIATE_TEST_SUITE_P(Attention, QkClipModelTest,
                          ::testing::Values(Case{0, "per_head"}, Case{2, "per_head"},
-                                           Case{0, "global"}, Case{2, "global"}),
+                                           Case{0, "global"}, Case{2, "global"},
+                                           Case{0, "per_head", true}, Case{0, "global", true}),
                          [](const auto& info) {
-                           return std::string(info.param.kv_heads == 0 ? "mha_" : "gqa_") +
+                           return std::string(info.param.mla            ? "mla_"
+                                              : info.param.kv_heads == 0 ? "mha_"
+                                                                         : "gqa_") +
                                   info.param.mode;
                          });
 

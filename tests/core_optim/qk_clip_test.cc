@@ -170,8 +170,14 @@ TEST(QkClip, RejectsBadInputs) {
   c.optimizer.qk_clip_mode = "per_layer";
   EXPECT_THROW(ApplyQkClip<float>(c, ps, arena.data(), s, 1), std::invalid_argument);
   c.optimizer.qk_clip_mode = "per_head";
+  // An MLA config over parameters without the MLA projections names what is missing.
   c.model.attention = "mla";
-  EXPECT_THROW(ApplyQkClip<float>(c, ps, arena.data(), s, 1), std::runtime_error);
+  try {
+    ApplyQkClip<float>(c, ps, arena.data(), s, 1);
+    FAIL() << "no error for MLA without MLA parameters";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("attn.q_b_nope"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
