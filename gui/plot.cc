@@ -1,0 +1,501 @@
+#include "gui/plot.h"
+
+#include <GL/gl.h>
+#include <imgui_internal.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace moelab::gui {
+
+ImU32 ToImU32(const Rgba& c, float alpha) {
+  Rgba d = c;
+  d.a *= alpha;
+  return d.Packed();
+}
+
+void PlotBounds::Add(double x, double y) {
+  AddX(x);
+  AddY(y);
+}
+void PlotBounds::AddX(double x) {
+  if (!std::isfinite(x)) return;
+  x_lo = std::min(x_lo, x);
+  x_hi = std::max(x_hi, x);
+}
+void PlotBounds::AddY(double y) {
+  if (!std::isfinite(y)) return;
+  y_lo = std::min(y_lo, y);
+  y_hi = std::max(y_hi, y);
+}
+
+namespace {
+
+// Zooms [lo, hi] by `factor` about the axis fraction t (0 = lo end), in the axis' own space.
+void ZoomAxis(AxisState* s, const AxisMap& m, double t, double factor) {
+  const double a = 0.0, b = 1.0;
+  const double lo = t - (t - a) * factor, hi = t + (b - t) * factor;
+  s->lo = m.Inverse(lo);
+  s->hi = m.Inverse(hi);
+  s->auto_fit = false;
+}
+
+void PanAxis(AxisState* s, const AxisMap& m, double dt) {
+  s->lo = m.Inverse(0.0 - dt);
+  s->hi = m.Inverse(1.0 - dt);
+  s->auto_fit = false;
+}
+
+void Resolve(AxisState* s, double fit_lo, double fit_hi, bool log, double pad, AxisMap* out) {
+  double lo = s->lo, hi = s->hi;
+  if (s->auto_fit || !std::isfinite(lo) || !std::isfinite(hi) || !(hi > lo) || (log && !(lo > 0))) {
+    lo = fit_lo;
+    hi = fit_hi;
+    if (log && std::isfinite(lo) && lo <= 0) lo = hi > 0 ? hi * 1e-3 : 1e-3;
+    PadRange(&lo, &hi, log, pad);
+    if (!s->auto_fit) {
+      s->lo = lo;
+      s->hi = hi;
+    }
+  }
+  out->lo = lo;
+  out->hi = hi;
+  out->log = log;
+}
+
+}  // namespace
+
+Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBounds& fit,
+           bool log_x, bool log_y, const std::string& title, const std::string& x_label,
+           bool interactive) {
+  ImGui::PushID(id);
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  if (size.x <= 0) size.x = std::max(50.0f, avail.x + size.x);
+  if (size.y <= 0) size.y = std::max(50.0f, avail.y + size.y);
+  ImGui::InvisibleButton("##plot", size);
+  dl_ = ImGui::GetWindowDrawList();
+  frame_ = ImRect(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
+  visible_ = ImGui::IsItemVisible();
+  const float fh = ImGui::GetFontSize();
+  inner_ = ImRect(ImVec2(frame_.Min.x + fh * 4.8f, frame_.Min.y + fh * 1.5f),
+                  ImVec2(frame_.Max.x - fh * 0.6f, frame_.Max.y - fh * 2.6f));
+
+  Resolve(x, fit.x_lo, fit.x_hi, log_x, 0.0, &xa_);
+  Resolve(y, fit.y_lo, fit.y_hi, log_y, 0.06, &ya_);
+
+  // Interaction: wheel zooms x about the cursor (Shift: y), drag pans, double-click refits.
+  hovered_ = ImGui::IsItemHovered() && inner_.Contains(ImGui::GetIO().MousePos);
+  const ImGuiIO& io = ImGui::GetIO();
+  const double tx = (io.MousePos.x - inner_.Min.x) / std::max(1.0f, inner_.GetWidth());
+  const double ty = (inner_.Max.y - io.MousePos.y) / std::max(1.0f, inner_.GetHeight());
+  if (interactive && hovered_ && io.MouseWheel != 0) {
+    const double factor = std::pow(0.85, io.MouseWheel);
+    if (io.KeyShift) {
+      ZoomAxis(y, ya_, ty, factor);
+    } else {
+      ZoomAxis(x, xa_, tx, factor);
+    }
+  }
+  if (interactive && ImGui::IsItemActive() && ImGui::IsMouseDragging(ImGuiMouseButton_Left, 1.0f)) {
+    PanAxis(x, xa_, io.MouseDelta.x / std::max(1.0f, inner_.GetWidth()));
+    PanAxis(y, ya_, -io.MouseDelta.y / std::max(1.0f, inner_.GetHeight()));
+  }
+  if (ImGui::IsItemHovered() && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) {
+    x->auto_fit = true;
+    y->auto_fit = true;
+  }
+  if (!x->auto_fit) xa_ = {x->lo, x->hi, log_x};
+  if (!y->auto_fit) ya_ = {y->lo, y->hi, log_y};
+  mouse_x_ = xa_.Inverse(tx);
+  mouse_y_ = ya_.Inverse(ty);
+  UpdateTransform();
+
+  // Background, grid and tick labels.
+  const ImU32 bg = ImGui::GetColorU32(ImGuiCol_FrameBg);
+  const ImU32 grid = IM_COL32(128, 128, 128, 48);
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+  const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  dl_->AddRectFilled(inner_.Min, inner_.Max, bg);
+  const int max_x_ticks = std::max(2, static_cast<int>(inner_.GetWidth() / (fh * 6)));
+  const int max_y_ticks = std::max(2, static_cast<int>(inner_.GetHeight() / (fh * 2.5f)));
+  auto ticks_of = [](const AxisMap& m, int n) {
+    return m.log ? LogTicks(m.lo, m.hi, n) : NiceTicks(m.lo, m.hi, n);
+  };
+  for (double t : ticks_of(xa_, max_x_ticks)) {
+    const float px = inner_.Min.x + static_cast<float>(xa_.Forward(t)) * inner_.GetWidth();
+    if (px < inner_.Min.x - 0.5f || px > inner_.Max.x + 0.5f) continue;
+    dl_->AddLine(ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), grid);
+    const std::string s = FormatValue(t);
+    const float w = ImGui::CalcTextSize(s.c_str()).x;
+    // Keep edge labels inside the frame: the window clips anything beyond it.
+    const float lx = std::clamp(px - w / 2, frame_.Min.x, frame_.Max.x - w);
+    dl_->AddText(ImVec2(lx, inner_.Max.y + 2), dim, s.c_str());
+  }
+  for (double t : ticks_of(ya_, max_y_ticks)) {
+    const float py = inner_.Max.y - static_cast<float>(ya_.Forward(t)) * inner_.GetHeight();
+    if (py < inner_.Min.y - 0.5f || py > inner_.Max.y + 0.5f) continue;
+    dl_->AddLine(ImVec2(inner_.Min.x, py), ImVec2(inner_.Max.x, py), grid);
+    const std::string s = FormatValue(t);
+    const float w = ImGui::CalcTextSize(s.c_str()).x;
+    dl_->AddText(ImVec2(inner_.Min.x - w - 4, py - fh / 2), dim, s.c_str());
+  }
+  dl_->AddText(ImVec2(inner_.Min.x, frame_.Min.y + 1), text, title.c_str());
+  if (!x_label.empty()) {
+    const float w = ImGui::CalcTextSize(x_label.c_str()).x;
+    dl_->AddText(ImVec2(inner_.GetCenter().x - w / 2, inner_.Max.y + fh + 3), dim, x_label.c_str());
+  }
+  dl_->PushClipRect(inner_.Min, inner_.Max, true);
+}
+
+Plot::~Plot() {
+  dl_->PopClipRect();
+  dl_->AddRect(inner_.Min, inner_.Max, ImGui::GetColorU32(ImGuiCol_Border));
+  if (hovered_) {
+    const ImU32 c = IM_COL32(200, 200, 200, 90);
+    const float px = ImGui::GetIO().MousePos.x;
+    dl_->AddLine(ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), c);
+  }
+  ImGui::PopID();
+}
+
+ImVec2 Plot::ToPixel(double x, double y) const {
+  // Called for every drawn point: precomputed affine maps, one log10 per log axis.
+  double tx = x, ty = y;
+  if (xa_.log) tx = x > 0 ? std::log10(x) : NAN;
+  if (ya_.log) ty = y > 0 ? std::log10(y) : NAN;
+  return ImVec2(static_cast<float>(x_off_ + x_scale_ * tx),
+                static_cast<float>(y_off_ + y_scale_ * ty));
+}
+
+void Plot::UpdateTransform() {
+  auto t = [](const AxisMap& m, double v) { return m.log ? std::log10(v) : v; };
+  const double x0 = t(xa_, xa_.lo), x1 = t(xa_, xa_.hi), y0 = t(ya_, ya_.lo), y1 = t(ya_, ya_.hi);
+  x_scale_ = inner_.GetWidth() / (x1 - x0);
+  x_off_ = inner_.Min.x - x0 * x_scale_;
+  y_scale_ = -inner_.GetHeight() / (y1 - y0);
+  y_off_ = inner_.Max.y - y0 * y_scale_;
+}
+
+void Plot::Line(const std::vector<double>& xs, const std::vector<double>& ys, ImU32 color,
+                float thickness) const {
+  if (!visible_) return;
+  const size_t n = std::min(xs.size(), ys.size());
+  // Pixel coordinates far outside the clip rect overflow float precision in the rasteriser;
+  // clamp them to a generous band around the plot.
+  const float lim_lo_y = inner_.Min.y - 4 * inner_.GetHeight();
+  const float lim_hi_y = inner_.Max.y + 4 * inner_.GetHeight();
+  std::vector<ImVec2> run;
+  run.reserve(n);
+  auto flush = [&]() {
+    if (run.size() >= 2) {
+      dl_->AddPolyline(run.data(), static_cast<int>(run.size()), color, 0, thickness);
+    } else if (run.size() == 1) {
+      dl_->AddCircleFilled(run[0], thickness + 1, color, 8);
+    }
+    run.clear();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    ImVec2 p = ToPixel(xs[i], ys[i]);
+    if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
+      flush();
+      continue;
+    }
+    p.y = std::clamp(p.y, lim_lo_y, lim_hi_y);
+    // Consecutive vertices on the same pixel add nothing but cost (they come from M4 columns).
+    if (!run.empty() && std::abs(run.back().x - p.x) < 0.25f &&
+        std::abs(run.back().y - p.y) < 0.25f) {
+      continue;
+    }
+    run.push_back(p);
+  }
+  flush();
+}
+
+void Plot::HLine(double y, ImU32 color, bool dashed, const char* label) const {
+  const float py = ToPixel(xa_.lo, y).y;
+  if (!std::isfinite(py)) return;
+  if (dashed) {
+    for (float x = inner_.Min.x; x < inner_.Max.x; x += 10) {
+      dl_->AddLine(ImVec2(x, py), ImVec2(std::min(x + 6, inner_.Max.x), py), color, 1.5f);
+    }
+  } else {
+    dl_->AddLine(ImVec2(inner_.Min.x, py), ImVec2(inner_.Max.x, py), color, 1.5f);
+  }
+  if (label)
+    dl_->AddText(
+        ImVec2(inner_.Max.x - ImGui::CalcTextSize(label).x - 4, py - ImGui::GetFontSize() - 1),
+        color, label);
+}
+
+void Plot::VLine(double x, ImU32 color, float thickness) const {
+  const float px = ToPixel(x, ya_.lo).x;
+  if (!std::isfinite(px)) return;
+  dl_->AddLine(ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), color, thickness);
+}
+
+void Plot::Marker(double x, double y, ImU32 color, float radius) const {
+  const ImVec2 p = ToPixel(x, y);
+  if (std::isfinite(p.x) && std::isfinite(p.y)) dl_->AddCircleFilled(p, radius, color, 10);
+}
+
+void Plot::BottomTick(double x, ImU32 color, float height) const {
+  const float px = ToPixel(x, ya_.lo).x;
+  if (!std::isfinite(px)) return;
+  dl_->AddLine(ImVec2(px, inner_.Max.y), ImVec2(px, inner_.Max.y - height), color, 2.0f);
+}
+
+// ---- Texture ----------------------------------------------------------------------------------
+
+Texture::~Texture() {
+  if (tex_) glDeleteTextures(1, &tex_);
+}
+
+void Texture::Upload(int w, int h, const uint32_t* rgba) {
+  GLint last = 0;
+  glGetIntegerv(GL_TEXTURE_BINDING_2D, &last);
+  if (!tex_) glGenTextures(1, &tex_);
+  glBindTexture(GL_TEXTURE_2D, tex_);
+  glPixelStorei(GL_UNPACK_ALIGNMENT, 4);
+  if (w != w_ || h != h_) {
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_NEAREST);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MAG_FILTER, GL_NEAREST);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_WRAP_S, GL_CLAMP_TO_EDGE);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_WRAP_T, GL_CLAMP_TO_EDGE);
+    glTexImage2D(GL_TEXTURE_2D, 0, GL_RGBA, w, h, 0, GL_RGBA, GL_UNSIGNED_BYTE, rgba);
+    w_ = w;
+    h_ = h;
+  } else {
+    glTexSubImage2D(GL_TEXTURE_2D, 0, 0, 0, w, h, GL_RGBA, GL_UNSIGNED_BYTE, rgba);
+  }
+  glBindTexture(GL_TEXTURE_2D, static_cast<GLuint>(last));
+}
+
+ImTextureID Texture::id() const {
+  return reinterpret_cast<ImTextureID>(static_cast<intptr_t>(tex_));
+}
+
+// ---- LineCanvas -------------------------------------------------------------------------------
+
+bool LineCanvas::Begin(const Plot& plot, uint64_t identity, uint64_t content, bool may_defer) {
+  const int w = std::max(1, static_cast<int>(plot.inner().GetWidth()));
+  const int h = std::max(1, static_cast<int>(plot.inner().GetHeight()));
+  auto t = [](const AxisMap& m, double v) { return m.log ? std::log10(v) : v; };
+  const AxisMap &xa = plot.x_axis(), &ya = plot.y_axis();
+  const double tx0 = t(xa, xa.lo), tx1 = t(xa, xa.hi), ty0 = t(ya, ya.lo), ty1 = t(ya, ya.hi);
+  Signature sig;
+  sig.Add(identity).Add(content).Add(w).Add(h).Add(tx0).Add(tx1).Add(ty0).Add(ty1);
+  deferred_ = false;
+  if (sig.h == signature_ && w == w_ && h == h_ && tex_.width() == w) return false;
+  // A picture deferred a few frames in a row is redrawn whatever the budget, so plots drawn
+  // later in the frame are not starved by the earlier ones.
+  if (may_defer && deferred_frames_ < 3 && identity == identity_ && w == w_ && h == h_ &&
+      tex_.width() == w) {
+    deferred_ = true;
+    ++deferred_frames_;
+    return false;
+  }
+  deferred_frames_ = 0;
+  identity_ = identity;
+  signature_ = sig.h;
+  tx0_ = tx0;
+  tx1_ = tx1;
+  ty0_ = ty0;
+  ty1_ = ty1;
+  w_ = w;
+  h_ = h;
+  px_.assign(static_cast<size_t>(w) * h, 0u);
+  dirty_ = true;
+  return true;
+}
+
+void LineCanvas::Blend(int x, int y, ImU32 color, float coverage) {
+  if (x < 0 || y < 0 || x >= w_ || y >= h_ || coverage <= 0) return;
+  // The buffer is premultiplied ("over" is then one multiply-add per channel, no division);
+  // End() converts to the straight alpha ImGui's backend blends with.
+  const uint32_t a =
+      static_cast<uint32_t>(((color >> 24) & 0xFF) * std::min(coverage, 1.0f) + 0.5f);
+  if (a == 0) return;
+  uint32_t& d = px_[static_cast<size_t>(y) * w_ + x];
+  auto mul = [](uint32_t v, uint32_t f) {  // v * f / 255, rounded
+    const uint32_t t = v * f + 128;
+    return (t + (t >> 8)) >> 8;
+  };
+  const uint32_t r = mul(color & 0xFF, a), g = mul((color >> 8) & 0xFF, a),
+                 b = mul((color >> 16) & 0xFF, a);
+  if (a == 255 || d == 0) {
+    d = r | (g << 8) | (b << 16) | (a << 24);
+    return;
+  }
+  const uint32_t k = 255 - a;
+  d = (r + mul(d & 0xFF, k)) | ((g + mul((d >> 8) & 0xFF, k)) << 8) |
+      ((b + mul((d >> 16) & 0xFF, k)) << 16) | ((a + mul(d >> 24, k)) << 24);
+}
+
+void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, float thickness) {
+  const float dx = x1 - x0, dy = y1 - y0;
+  const float half = thickness / 2;
+  if (std::abs(dx) >= std::abs(dy)) {
+    if (x1 < x0) {
+      std::swap(x0, x1);
+      std::swap(y0, y1);
+    }
+    const float slope = dx != 0 ? dy / dx : 0;
+    const float hw = half * std::sqrt(1 + slope * slope);
+    // Half-open [x0, x1) so joined segments do not blend their shared pixel twice.
+    const int xa = std::max(0, static_cast<int>(std::floor(x0))),
+              xb = std::min(w_ - 1, static_cast<int>(std::ceil(x1)) - 1);
+    for (int x = std::max(xa, 0); x <= std::max(xb, xa); ++x) {
+      const float cx = std::clamp(x + 0.5f, x0, x1);
+      const float y = y0 + (cx - x0) * slope;
+      for (int py = static_cast<int>(std::floor(y - hw - 0.5f));
+           py <= static_cast<int>(std::ceil(y + hw + 0.5f)); ++py) {
+        Blend(x, py, color, hw + 0.5f - std::abs(py + 0.5f - y));
+      }
+      if (xb < xa) break;
+    }
+  } else {
+    if (y1 < y0) {
+      std::swap(x0, x1);
+      std::swap(y0, y1);
+    }
+    const float slope = dx / dy;
+    const float hw = half * std::sqrt(1 + slope * slope);
+    const int ya = std::max(0, static_cast<int>(std::floor(y0))),
+              yb = std::min(h_ - 1, static_cast<int>(std::ceil(y1)) - 1);
+    for (int y = ya; y <= std::max(yb, ya); ++y) {
+      const float cy = std::clamp(y + 0.5f, y0, y1);
+      const float x = x0 + (cy - y0) * slope;
+      for (int px = static_cast<int>(std::floor(x - hw - 0.5f));
+           px <= static_cast<int>(std::ceil(x + hw + 0.5f)); ++px) {
+        Blend(px, y, color, hw + 0.5f - std::abs(px + 0.5f - x));
+      }
+      if (yb < ya) break;
+    }
+  }
+}
+
+void LineCanvas::Line(const Plot& plot, const std::vector<double>& xs,
+                      const std::vector<double>& ys, ImU32 color, float thickness) {
+  const ImVec2 o = plot.inner().Min;
+  const size_t n = std::min(xs.size(), ys.size());
+  bool have = false;
+  ImVec2 prev;
+  for (size_t i = 0; i < n; ++i) {
+    ImVec2 p = plot.ToPixel(xs[i], ys[i]);
+    if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
+      have = false;
+      continue;
+    }
+    p = ImVec2(std::clamp(p.x - o.x, -4.0f * w_, 5.0f * w_),
+               std::clamp(p.y - o.y, -4.0f * h_, 5.0f * h_));
+    if (have) {
+      if (std::abs(p.x - prev.x) < 0.3f && std::abs(p.y - prev.y) < 0.3f) continue;
+      if (std::abs(p.x - prev.x) < 1.0f && std::abs(p.y - prev.y) > 1.0f) {
+        // Within one pixel column (M4's min/max of a dense series): a solid vertical span, as
+        // Tracy draws it; an anti-aliased segment would cost three times the pixels for the
+        // same picture.
+        const int x = static_cast<int>(std::floor((p.x + prev.x) / 2));
+        const int y0 = static_cast<int>(std::floor(std::min(p.y, prev.y)));
+        const int y1 = static_cast<int>(std::floor(std::max(p.y, prev.y)));
+        for (int y = std::max(0, y0); y <= std::min(h_ - 1, y1); ++y) Blend(x, y, color, 1.0f);
+        prev = p;
+        continue;
+      }
+      // Skip segments wholly outside the canvas (they come from the off-screen neighbours).
+      if (!((p.x < 0 && prev.x < 0) || (p.x >= w_ && prev.x >= w_) || (p.y < 0 && prev.y < 0) ||
+            (p.y >= h_ && prev.y >= h_))) {
+        Segment(prev.x, prev.y, p.x, p.y, color, thickness);
+      }
+    }
+    prev = p;
+    have = true;
+  }
+}
+
+void LineCanvas::Band(const Plot& plot, const std::vector<double>& xs,
+                      const std::vector<double>& lo, const std::vector<double>& hi, ImU32 color) {
+  const ImVec2 o = plot.inner().Min;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const ImVec2 a = plot.ToPixel(xs[i], lo[i]), b = plot.ToPixel(xs[i], hi[i]);
+    if (!std::isfinite(a.x) || !std::isfinite(a.y) || !std::isfinite(b.y)) continue;
+    const int x = static_cast<int>(a.x - o.x);
+    const int y0 = std::clamp(static_cast<int>(std::min(a.y, b.y) - o.y), 0, h_ - 1);
+    const int y1 = std::clamp(static_cast<int>(std::max(a.y, b.y) - o.y), 0, h_ - 1);
+    for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
+  }
+}
+
+void LineCanvas::Dot(const Plot& plot, double x, double y, ImU32 color, float radius) {
+  const ImVec2 p = plot.ToPixel(x, y);
+  if (!std::isfinite(p.x) || !std::isfinite(p.y)) return;
+  const float cx = p.x - plot.inner().Min.x, cy = p.y - plot.inner().Min.y;
+  for (int py = static_cast<int>(cy - radius - 1); py <= static_cast<int>(cy + radius + 1); ++py) {
+    for (int px = static_cast<int>(cx - radius - 1); px <= static_cast<int>(cx + radius + 1);
+         ++px) {
+      const float d = std::hypot(px + 0.5f - cx, py + 0.5f - cy);
+      Blend(px, py, color, radius + 0.5f - d);
+    }
+  }
+}
+
+void LineCanvas::FillBetween(const Plot& plot, const std::vector<double>& xs,
+                             const std::vector<double>& lo, const std::vector<double>& hi,
+                             ImU32 color) {
+  const ImVec2 o = plot.inner().Min;
+  for (size_t i = 1; i < xs.size(); ++i) {
+    const ImVec2 a0 = plot.ToPixel(xs[i - 1], lo[i - 1]), a1 = plot.ToPixel(xs[i], lo[i]);
+    const ImVec2 b0 = plot.ToPixel(xs[i - 1], hi[i - 1]), b1 = plot.ToPixel(xs[i], hi[i]);
+    if (!std::isfinite(a0.x + a1.x + a0.y + a1.y + b0.y + b1.y)) continue;
+    const int x0 = std::max(0, static_cast<int>(a0.x - o.x)),
+              x1 = std::min(w_ - 1, static_cast<int>(a1.x - o.x));
+    for (int x = x0; x <= x1; ++x) {
+      const float t = a1.x > a0.x ? std::clamp((x + o.x - a0.x) / (a1.x - a0.x), 0.0f, 1.0f) : 0.0f;
+      float ya = a0.y + (a1.y - a0.y) * t - o.y, yb = b0.y + (b1.y - b0.y) * t - o.y;
+      if (ya > yb) std::swap(ya, yb);
+      const int y0 = std::max(0, static_cast<int>(ya)), y1 = std::min(h_ - 1, static_cast<int>(yb));
+      // Each column once: skip the shared end column of the previous segment.
+      if (i > 1 && x == x0 && x0 > 0) continue;
+      for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
+    }
+  }
+}
+
+void LineCanvas::End(const Plot& plot) {
+  if (dirty_) {
+    for (uint32_t& p : px_) {
+      const uint32_t a = p >> 24;
+      if (a == 0 || a == 255) continue;
+      auto un = [a](uint32_t v) { return std::min<uint32_t>(255, (v * 255 + a / 2) / a); };
+      p = un(p & 0xFF) | (un((p >> 8) & 0xFF) << 8) | (un((p >> 16) & 0xFF) << 16) | (a << 24);
+    }
+    tex_.Upload(w_, h_, px_.data());
+    dirty_ = false;
+  }
+  if (deferred_) {
+    // The old picture where its axis ranges lie now (the plot's clip rect trims it).
+    plot.draw_list()->AddImage(tex_.id(), plot.ToPixelT(tx0_, ty1_), plot.ToPixelT(tx1_, ty0_));
+    return;
+  }
+  const ImVec2 o = plot.inner().Min;
+  plot.draw_list()->AddImage(tex_.id(), o, ImVec2(o.x + w_, o.y + h_));
+}
+
+void ColorBar(float width, float height, double vmin, double vmax) {
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 p = ImGui::GetCursorScreenPos();
+  const int steps = 32;
+  const std::string lo = FormatValue(vmin), hi = FormatValue(vmax);
+  const float lw = ImGui::CalcTextSize(lo.c_str()).x + 6;
+  for (int i = 0; i < steps; ++i) {
+    const float x0 = p.x + lw + width * i / steps, x1 = p.x + lw + width * (i + 1) / steps;
+    dl->AddRectFilled(ImVec2(x0, p.y), ImVec2(x1 + 0.5f, p.y + height),
+                      ToImU32(Viridis((i + 0.5) / steps)));
+  }
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+  dl->AddText(ImVec2(p.x, p.y + (height - ImGui::GetFontSize()) / 2), text, lo.c_str());
+  dl->AddText(ImVec2(p.x + lw + width + 6, p.y + (height - ImGui::GetFontSize()) / 2), text,
+              hi.c_str());
+  ImGui::Dummy(ImVec2(lw + width + 12 + ImGui::CalcTextSize(hi.c_str()).x, height));
+}
+
+}  // namespace moelab::gui
