@@ -1,11 +1,11 @@
 // `moelab sweep plan|run|resume|status|slurm`: families of runs from a JSON spec
 // (docs/sweeps.md).
+#include <fmt/format.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "core/train/trainer.h"
@@ -41,8 +41,7 @@ struct RunArgs {
 
 void AddRunOptions(CLI::App* cmd, RunArgs* a) {
   cmd->add_option("--db", a->db, "SQLite database file (created if missing)");
-  cmd->add_option("--parallel,-j", a->parallel, "Runs trained at once")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--parallel,-j", a->parallel, "Runs trained at once")->check(CLI::PositiveNumber);
   cmd->add_option("--threads-per-run,-t", a->threads,
                   "CPU threads per run (default: cores / parallel)")
       ->check(CLI::NonNegativeNumber);
@@ -115,8 +114,9 @@ void AddSweepCommand(CLI::App& app) {
   {
     auto a = std::make_shared<RunArgs>();
     CLI::App* cmd = sweep->add_subcommand(
-        "run", "Train every run of a spec (done runs are reused), each as a `moelab train` "
-               "process");
+        "run",
+        "Train every run of a spec (done runs are reused), each as a `moelab train` "
+        "process");
     cmd->add_option("spec", a->spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
     AddRunOptions(cmd, a.get());
     cmd->add_flag("--rerun", a->rerun,
@@ -126,10 +126,10 @@ void AddSweepCommand(CLI::App& app) {
   {
     auto a = std::make_shared<RunArgs>();
     CLI::App* cmd = sweep->add_subcommand(
-        "resume", "Continue a sweep after a crash or Ctrl-C: stale, stopped, queued and "
-                  "retryable failed runs continue from their last checkpoint");
-    cmd->add_option("sweep", a->spec, "Spec file or the sweep's name in the database")
-        ->required();
+        "resume",
+        "Continue a sweep after a crash or Ctrl-C: stale, stopped, queued and "
+        "retryable failed runs continue from their last checkpoint");
+    cmd->add_option("sweep", a->spec, "Spec file or the sweep's name in the database")->required();
     AddRunOptions(cmd, a.get());
     cmd->callback([a] { Execute(*a, true); });
   }
@@ -164,9 +164,10 @@ void AddSweepCommand(CLI::App& app) {
       Guard("slurm", [&] {
         const sweeps::Sweep s = sweeps::LoadSweep(*spec);
         const std::string path = sweeps::WriteSlurmScript(s, *a);
-        fmt::print("wrote {} ({} array tasks)\n  submit: sbatch {}\n  then merge: moelab db merge "
-                   "<cluster db> --db <local db>  (docs/sweeps.md)\n",
-                   path, s.Unique().size(), path);
+        fmt::print(
+            "wrote {} ({} array tasks)\n  submit: sbatch {}\n  then merge: moelab db merge "
+            "<cluster db> --db <local db>  (docs/sweeps.md)\n",
+            path, s.Unique().size(), path);
       });
     });
   }

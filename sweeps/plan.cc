@@ -1,0 +1,216 @@
+#include "sweeps/plan.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "core/flops.h"
+#include "core/metrics.h"
+#include "core/train/trainer.h"
+#include "db/reader.h"
+
+namespace moelab::sweeps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Collects step times and ends the measurement once it has enough of them.
+class TimingSink : public MetricsSink {
+ public:
+  TimingSink(int min_steps, double min_seconds) : min_steps_(min_steps), min_s_(min_seconds) {}
+  void OnStep(const StepRecord& r, const StepStats&) override {
+    times.push_back(r.step_time_s);
+    if (times.size() > 1) measured += r.step_time_s;  // the first step warms caches and pools
+    if (static_cast<int>(times.size()) > min_steps_ && measured >= min_s_) stop.store(true);
+  }
+  void OnEval(int64_t, int64_t, double, double) override {}
+  void OnClip(const std::vector<ClipEvent>&) override {}
+  void OnHeartbeat() override {}
+  void OnCheckpoint(int64_t, const std::string&) override {}
+  void OnEnd(RunStatus, const std::string&) override {}
+  std::vector<double> times;
+  double measured = 0;
+  std::atomic<bool> stop{false};
+
+ private:
+  int min_steps_;
+  double min_s_;
+};
+
+std::string Si(double x, const char* unit = "") {
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::abs(x) >= 1000 && i < 6) {
+    x /= 1000;
+    ++i;
+  }
+  return fmt::format("{:.3g}{}{}", x, prefixes[i], unit);
+}
+
+std::string Duration(double s) {
+  if (!std::isfinite(s)) return "--";
+  const int64_t t = static_cast<int64_t>(std::llround(s));
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+}  // namespace
+
+Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps,
+                             double min_seconds) {
+  RunConfig c = config;
+  // Synthetic data has the same shapes and cost per step and needs no corpus.
+  c.data.source = "markov";
+  c.train.tokens = 0;
+  c.train.steps = 100000;
+  c.train.threads = threads;
+  c.schedule.warmup_steps = 0;
+  c.eval.every = 0;
+  c.checkpoint.every = 0;
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("moelab_calibrate_{}", static_cast<int>(getpid()));
+  TimingSink sink(min_steps, min_seconds);
+  TrainOptions options;
+  options.checkpoint_dir = dir.string();
+  options.progress = false;
+  options.stop_flag = &sink.stop;
+  Train(c, &sink, options);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  Throughput t;
+  t.threads = threads;
+  const size_t n = sink.times.size() > 1 ? sink.times.size() - 1 : 0;
+  const double tokens = static_cast<double>(c.train.batch_size) * c.model.seq_len * n;
+  t.flops_per_s =
+      sink.measured > 0 ? ForwardFlopsPerToken(c).training() * tokens / sink.measured : 0;
+  t.how = fmt::format(
+      "measured: {} training steps ({:.1f} s) of the largest run at {} thread(s) "
+      "= {}",
+      n, sink.measured, threads, Si(t.flops_per_s, "FLOP/s"));
+  return t;
+}
+
+void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
+  const auto unique = sweep.Unique();
+  // The fields that differ between runs are the table's columns.
+  std::vector<std::string> keys;
+  for (const SweepRun& r : sweep.runs) {
+    for (auto it = r.vars.begin(); it != r.vars.end(); ++it) {
+      if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) keys.push_back(it.key());
+    }
+  }
+  std::vector<std::string> varying;
+  for (const std::string& k : keys) {
+    std::set<std::string> values;
+    for (const SweepRun& r : sweep.runs) values.insert(r.vars.contains(k) ? r.vars[k].dump() : "-");
+    if (values.size() > 1) varying.push_back(k);
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int parallel = std::max(1, options.parallel);
+  const int threads =
+      options.threads_per_run > 0 ? options.threads_per_run : std::max(1, cores / parallel);
+  Throughput tp;
+  if (options.calibrate && !unique.empty()) {
+    const SweepRun* biggest =
+        *std::max_element(unique.begin(), unique.end(), [](const SweepRun* a, const SweepRun* b) {
+          return ForwardFlopsPerToken(a->config).training() <
+                 ForwardFlopsPerToken(b->config).training();
+        });
+    try {
+      tp = MeasureThroughput(biggest->config, threads);
+    } catch (const std::exception& e) {
+      tp.how = fmt::format("calibration failed: {}", e.what());
+    }
+  }
+  std::map<std::string, std::string> done;
+  if (!options.db_path.empty() && fs::exists(options.db_path)) {
+    db::Reader reader(options.db_path);
+    for (const db::RunRow& r : reader.ListRuns())
+      if (r.status == "done") done[r.config_hash] = fmt::format("done (run {})", r.id);
+  }
+
+  fmt::print(out, "sweep {}: {} runs ({} unique)\n", sweep.name, sweep.runs.size(), unique.size());
+  for (const std::string& w : sweep.warnings) fmt::print(out, "warning: {}\n", w);
+  std::vector<size_t> widths;
+  for (const std::string& k : varying) {
+    size_t w = k.size();
+    for (const SweepRun& r : sweep.runs)
+      w = std::max(w, r.vars.contains(k) ? ShortValue(r.vars[k]).size() : 1);
+    widths.push_back(std::min<size_t>(w, 24));
+  }
+  std::string header = fmt::format("{:>4} ", "#");
+  for (size_t i = 0; i < varying.size(); ++i)
+    header += fmt::format("{:>{}} ", varying[i], widths[i]);
+  header += fmt::format("{:>9} {:>9} {:>7} {:>9} {:>10} {:>9}  {}", "active", "total", "steps",
+                        "tokens", "train FLOPs", "est. time", "note");
+  fmt::print(out, "{}\n", header);
+  double total_flops = 0, total_time = 0, todo_time = 0, saved_flops = 0;
+  const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
+  for (const SweepRun& r : sweep.runs) {
+    const ParamCounts pc = CountParams(r.config);
+    const double tokens_per_step =
+        static_cast<double>(r.config.train.batch_size) * r.config.model.seq_len;
+    const double tokens = r.config.total_steps() * tokens_per_step;
+    const BranchPlan& branch = branches[r.index];
+    // A WSD branch trains only its decay; its stable phase is the parent's.
+    const double own_steps = r.config.total_steps() - std::max<int64_t>(0, branch.step);
+    const double fpt = ForwardFlopsPerToken(r.config).training();
+    const double flops = fpt * tokens_per_step * own_steps;
+    if (branch.parent >= 0) saved_flops += fpt * tokens_per_step * branch.step;
+    const double time = tp.flops_per_s > 0 ? flops / tp.flops_per_s : NAN;
+    std::string note;
+    if (r.duplicate_of >= 0) {
+      note = fmt::format("same config as #{}", r.duplicate_of);
+    } else {
+      if (branch.parent >= 0) {
+        note = fmt::format("WSD branch of #{} at step {} ", branch.parent, branch.step);
+      }
+      total_flops += flops;
+      total_time += time;
+      if (done.count(r.hash)) {
+        note += done[r.hash];
+      } else {
+        todo_time += time;
+      }
+    }
+    std::string line = fmt::format("{:>4} ", r.index);
+    for (size_t i = 0; i < varying.size(); ++i) {
+      const std::string v = r.vars.contains(varying[i]) ? ShortValue(r.vars[varying[i]]) : "-";
+      line += fmt::format("{:>{}} ", v.substr(0, widths[i]), widths[i]);
+    }
+    line += fmt::format("{:>9} {:>9} {:>7} {:>9} {:>10} {:>9}  {}", Si(pc.active), Si(pc.total),
+                        r.config.total_steps(), Si(tokens), Si(flops), Duration(time), note);
+    fmt::print(out, "{}\n", line);
+  }
+  fmt::print(out, "total: {} unique runs, {} training FLOPs, CPU time {} at {} thread(s) per run",
+             unique.size(), Si(total_flops), Duration(total_time), threads);
+  if (tp.flops_per_s > 0) {
+    fmt::print(out, "; about {} wall with --parallel {}{}", Duration(todo_time / parallel),
+               parallel, done.empty() ? "" : " (runs already done excluded)");
+  }
+  fmt::print(out, "\n");
+  if (saved_flops > 0) {
+    fmt::print(out,
+               "WSD branching: shorter runs start from the longest run's stable phase, saving {} "
+               "training FLOPs (already left out of the FLOPs and times above)\n",
+               Si(saved_flops));
+  }
+  fmt::print(out, "time estimate: {}\n",
+             tp.how.empty() ? "not calibrated (--no-calibrate)" : tp.how);
+  if (tp.flops_per_s > 0) {
+    fmt::print(out,
+               "  (one rate for all runs: smaller models run at a lower rate, so small runs take "
+               "longer than shown; parallel runs share memory bandwidth)\n");
+  }
+}
+
+}  // namespace moelab::sweeps

@@ -1,0 +1,34 @@
+// `moelab sweep plan`: the table of an expanded sweep with sizes, FLOPs and an estimated CPU
+// time from this machine's measured training throughput.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "sweeps/spec.h"
+
+namespace moelab::sweeps {
+
+struct Throughput {
+  double flops_per_s = 0;  // training FLOPs per second of one run at `threads` threads
+  int threads = 0;
+  std::string how;  // what was measured
+};
+
+// Trains `config` (on synthetic data, in a temporary folder) with the real engine until at
+// least min_steps steps and min_seconds of step time after the first step, and returns the
+// training FLOP rate of those steps. A time budget, not a step count: a few fast steps of a
+// small model are too noisy on a shared machine.
+Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps = 3,
+                             double min_seconds = 2.0);
+
+struct PlanOptions {
+  int parallel = 1;
+  int threads_per_run = 0;  // 0: cores / parallel
+  bool calibrate = true;    // false: no time estimates
+  std::string db_path;      // when set and present: show which runs are already done there
+};
+
+void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out);
+
+}  // namespace moelab::sweeps

@@ -1,0 +1,710 @@
+#include "sweeps/runner.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "core/flops.h"
+#include "core/train/checkpoint.h"
+#include "core/train/trainer.h"
+#include "db/reader.h"
+#include "db/writer.h"
+#include "sweeps/store.h"
+
+namespace moelab::sweeps {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kStaleAfterS = 30.0;
+
+// kill(pid, 0) also succeeds for a zombie, which an orphaned trainer stays until its new parent
+// reaps it (some container inits never do).
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string SelfExe() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "moelab" : p.string();
+}
+
+std::string Sanitize(const std::string& name) {
+  std::string s = name;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
+      ch = '_';
+  return s;
+}
+
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+std::string FormatDuration(double s) {
+  if (!std::isfinite(s) || s < 0) return "--";
+  const int64_t t = static_cast<int64_t>(std::llround(s));
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+db::RunShape ShapeOf(const RunConfig& c) {
+  db::RunShape s;
+  s.layers = c.model.layers;
+  s.heads = c.model.heads;
+  s.moe_layers = c.moe.enabled() ? c.model.layers - c.moe.dense_layers : 0;
+  s.experts = c.moe.experts_total;
+  const ParamCounts pc = CountParams(c);
+  s.params_total = pc.total;
+  s.params_active = pc.active;
+  s.flops_per_token = ForwardFlopsPerToken(c).training();
+  s.total_steps = c.total_steps();
+  return s;
+}
+
+double TrainingFlops(const RunConfig& c) {
+  return ForwardFlopsPerToken(c).training() * static_cast<double>(c.total_steps()) *
+         c.train.batch_size * c.model.seq_len;
+}
+
+enum class State { kQueued, kRunning, kAdopted, kDone, kFailed, kDiverged, kStopped };
+
+const char* StateName(State s) {
+  switch (s) {
+    case State::kQueued:
+      return "queued";
+    case State::kRunning:
+      return "running";
+    case State::kAdopted:
+      return "running*";
+    case State::kDone:
+      return "done";
+    case State::kFailed:
+      return "failed";
+    case State::kDiverged:
+      return "diverged";
+    case State::kStopped:
+      return "stopped";
+  }
+  return "?";
+}
+
+struct Job {
+  const SweepRun* run = nullptr;
+  int64_t run_id = 0;
+  std::string ckpt_dir;
+  State state = State::kQueued;
+  bool reused = false;
+  int failures = 0;
+  bool retryable = true;
+  pid_t pid = -1;
+  double launched_at = 0;
+  std::string log;
+  // WSD branching: this run starts its decay from parent's checkpoint at branch_step.
+  int parent = -1;
+  int64_t branch_step = -1;
+  std::vector<int64_t> branch_steps;  // as a parent: keep checkpoints at these steps
+  double flops_total = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Sweep& sweep, const RunOptions& options)
+      : sweep_(sweep), opt_(options), store_(options.db_path) {
+    bin_ = opt_.moelab_bin.empty() ? SelfExe() : opt_.moelab_bin;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    opt_.parallel = std::max(1, opt_.parallel);
+    threads_ = opt_.threads_per_run > 0 ? opt_.threads_per_run : std::max(1, cores / opt_.parallel);
+    if (opt_.parallel * threads_ > cores) {
+      fmt::print(opt_.out,
+                 "moelab sweep: note: {} parallel runs × {} threads = {} threads on {} cores "
+                 "(oversubscribed: runs slow each other down)\n",
+                 opt_.parallel, threads_, opt_.parallel * threads_, cores);
+    }
+    live_ = opt_.live >= 0 ? opt_.live == 1 : isatty(fileno(opt_.out));
+    dir_ = SweepDir(opt_.db_path, sweep_.name);
+    fs::create_directories(fs::path(dir_) / "logs");
+  }
+
+  RunSummary Run() {
+    Lock();
+    sweep_id_ = store_.UpsertSweep(sweep_.name, sweep_.spec.dump());
+    Prepare();
+    PlanBranches();
+    start_ = Now();
+    Loop();
+    return Summarise();
+  }
+
+ private:
+  static double Now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void Lock() {
+    const std::string path = dir_ + "/lock";
+    lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}", path));
+    // flock dies with the process, so a sweep killed with -9 never leaves a stale lock.
+    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      std::string owner;
+      std::ifstream(path) >> owner;
+      throw std::runtime_error(fmt::format(
+          "sweep '{}' is already being run by another process (pid {}); wait for it or stop "
+          "it with Ctrl-C / kill -INT",
+          sweep_.name, owner.empty() ? "?" : owner));
+    }
+    if (ftruncate(lock_fd_, 0) == 0) {
+      const std::string pid = std::to_string(getpid()) + "\n";
+      if (::write(lock_fd_, pid.data(), pid.size()) < 0) {
+        // The pid is only informational.
+      }
+    }
+  }
+
+  // Finds or creates the run row of every unique config and decides its initial state.
+  void Prepare() {
+    db::Reader reader(opt_.db_path);
+    std::map<std::string, std::vector<Member>> members_by_hash;
+    std::map<int64_t, Member> members;
+    for (const Member& m : store_.Members(sweep_id_)) members[m.run_id] = m;
+    for (const RunRow& row : reader.ListRuns(kStaleAfterS)) {
+      rows_by_hash_[row.config_hash].push_back(row);
+    }
+    const std::string host = HostName();
+    for (const SweepRun* run : sweep_.Unique()) {
+      Job job;
+      job.run = run;
+      job.flops_total = TrainingFlops(run->config);
+      const std::vector<RunRow>& same = rows_by_hash_[run->hash];
+      // 1) This sweep's own (newest) run of the config, whatever its state: resume continues it.
+      const RunRow* mine = nullptr;
+      for (const RunRow& r : same)
+        if (members.count(r.id)) mine = &r;
+      // 2) Otherwise a done run anywhere in the database is reused.
+      const RunRow* done = nullptr;
+      for (const RunRow& r : same)
+        if (r.status == "done") done = &r;
+      if (opt_.rerun && mine && mine->status == "done" && !rerun_created_.count(run->hash)) {
+        mine = nullptr;  // --rerun: a fresh run next to the done one
+      }
+      if (!mine && done && !opt_.rerun) {
+        store_.Link(sweep_id_, done->id, run->index, "");
+        mine = done;
+        members[done->id] = Member{};
+      }
+      if (mine) {
+        job.run_id = mine->id;
+        const Member& m = members[mine->id];
+        job.failures = m.failures;
+        job.retryable = m.retryable;
+        job.ckpt_dir = m.checkpoint_dir;
+        if (mine->status == "done") {
+          job.state = State::kDone;
+          job.reused = true;
+        } else if (mine->status == "diverged") {
+          job.state = State::kDiverged;
+          job.reused = true;
+        } else if (mine->status == "failed") {
+          job.state =
+              job.retryable && job.failures <= opt_.max_retries ? State::kQueued : State::kFailed;
+        } else if (mine->status == "running") {
+          // A live trainer (its sweep process was killed, or it was started by another sweep
+          // invocation) is adopted and waited for, never started twice.
+          const bool alive = mine->pid && mine->host == host && !mine->stale &&
+                             ProcessAlive(static_cast<pid_t>(*mine->pid));
+          if (alive) {
+            job.state = State::kAdopted;
+            job.pid = static_cast<pid_t>(*mine->pid);
+          } else {
+            job.state = State::kQueued;  // crashed with the sweep: resume from its checkpoint
+          }
+        } else {
+          job.state = State::kQueued;  // queued or stopped
+        }
+      } else {
+        db::RunInfo info;
+        info.name = run->name;
+        info.config_json = ConfigToJson(run->config).dump();
+        info.config_hash = run->hash;
+        info.sweep_id = sweep_id_;
+        info.shape = ShapeOf(run->config);
+        info.host = host;
+        job.run_id = db::RunWriter::CreateRun(opt_.db_path, info, "queued");
+        for (auto it = run->vars.begin(); it != run->vars.end(); ++it) {
+          db::RunWriter::SetRunVar(opt_.db_path, job.run_id, it.key(), ShortValue(it.value()));
+        }
+        rerun_created_.insert(run->hash);
+        job.state = State::kQueued;
+      }
+      if (job.ckpt_dir.empty() && !job.reused) {
+        // One folder per run row: a rerun, a second sweep's run of the same config, or a run
+        // of a deleted database whose checkpoints are still on disk never resumes from (or
+        // prunes) another run's checkpoints: every launch passes --resume.
+        const fs::path root = fs::absolute(run->config.checkpoint.dir);
+        const std::string h16 = run->hash.substr(0, 16);
+        std::error_code ec;
+        const bool taken =
+            !same.empty() || (fs::exists(root / h16, ec) && !fs::is_empty(root / h16, ec));
+        job.ckpt_dir = (taken ? root / fmt::format("{}-run{}", h16, job.run_id) : root / h16)
+                           .lexically_normal()
+                           .string();
+        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
+      } else {
+        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
+      }
+      job.log = fmt::format("{}/logs/run{}.log", dir_, job.run_id);
+      jobs_.push_back(std::move(job));
+    }
+  }
+
+  // WSD branching: within a family (same BranchHash, WSD schedule) the longest run keeps a
+  // checkpoint at every shorter run's decay start; the shorter runs start there.
+  void PlanBranches() {
+    const std::vector<BranchPlan> plan = PlanWsdBranches(sweep_);
+    std::map<int, int> job_of_run;
+    for (size_t i = 0; i < jobs_.size(); ++i) job_of_run[jobs_[i].run->index] = i;
+    for (Job& child : jobs_) {
+      const BranchPlan& b = plan[child.run->index];
+      // A child already finished needs no branch point.
+      if (b.parent < 0 || child.state == State::kDone || child.state == State::kDiverged) {
+        continue;
+      }
+      child.parent = job_of_run.at(b.parent);
+      child.branch_step = b.step;
+      Job& parent = jobs_[child.parent];
+      if (std::find(parent.branch_steps.begin(), parent.branch_steps.end(), b.step) ==
+          parent.branch_steps.end()) {
+        parent.branch_steps.push_back(b.step);
+      }
+      store_.SetBranch(sweep_id_, child.run_id, parent.run_id, b.step);
+    }
+    for (Job& job : jobs_) std::sort(job.branch_steps.begin(), job.branch_steps.end());
+  }
+
+  // The branch checkpoint a child starts from, "" while it should wait, or "-" to train it
+  // from scratch (the parent ended without reaching the branch point).
+  std::string BranchSource(const Job& job, db::Reader& reader) {
+    if (job.parent < 0) return "-";
+    const Job& parent = jobs_[job.parent];
+    const std::string ckpt =
+        parent.ckpt_dir.empty()
+            ? ""
+            : CheckpointAtStep(BranchCheckpointDir(parent.ckpt_dir), job.branch_step);
+    const auto row = reader.GetRun(parent.run_id, kStaleAfterS);
+    const bool recorded = row && row->last_step >= job.branch_step;
+    if (!ckpt.empty() && recorded) return ckpt;
+    const bool parent_over = parent.state == State::kDone || parent.state == State::kFailed ||
+                             parent.state == State::kDiverged || parent.state == State::kStopped;
+    return parent_over ? "-" : "";
+  }
+
+  void Launch(Job& job, const std::string& init_from) {
+    const RunConfig& c = job.run->config;
+    json config = ConfigToJson(c);
+    config["train"]["threads"] = threads_;  // not hashed: the run's identity is unchanged
+    const std::string cfg_path = fmt::format("{}/{}.json", dir_, job.run->hash.substr(0, 16));
+    {
+      const std::string tmp = cfg_path + ".tmp" + std::to_string(getpid());
+      std::ofstream(tmp) << config.dump(2) << "\n";
+      fs::rename(tmp, cfg_path);
+    }
+    std::vector<std::string> args;
+    if (sweep_.ranks > 1) {
+      // The shape multi-rank runs will take once `moelab train` is distributed (ExpandSpec
+      // rejects ranks > 1 until then).
+      args = {"mpirun", "-np", std::to_string(sweep_.ranks)};
+    }
+    args.insert(args.end(), {bin_, "train", cfg_path, "--db", opt_.db_path, "--run-id",
+                             std::to_string(job.run_id), "--name", job.run->name, "--no-progress",
+                             "--checkpoint-dir", job.ckpt_dir, "--resume"});
+    if (!init_from.empty()) {
+      args.insert(args.end(), {"--init-from", init_from});
+      store_.CopyRowsUpTo(jobs_[job.parent].run_id, job.run_id, job.branch_step);
+    }
+    if (!job.branch_steps.empty()) {
+      args.push_back("--branch-steps");
+      args.push_back(fmt::format("{}", fmt::join(job.branch_steps, ",")));
+    }
+    const pid_t parent_pid = getpid();
+    const std::string threads = std::to_string(threads_);
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      // Own process group: a terminal Ctrl-C reaches only the sweep, which forwards it, so
+      // every trainer gets exactly one SIGINT. If the sweep dies (even by kill -9) the trainers
+      // get SIGTERM, checkpoint and stop: `sweep resume` continues them.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent_pid) _exit(kExitStopped);
+      const int fd = ::open(job.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+      setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+      setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      fmt::print(stderr, "moelab sweep: cannot execute {}: {}\n", argv[0], strerror(errno));
+      _exit(127);
+    }
+    job.pid = pid;
+    job.state = State::kRunning;
+    job.launched_at = Now();
+    Event(fmt::format("start  #{:<3} run {:<5} {}{}", job.run->index, job.run_id, job.run->name,
+                      init_from.empty() ? ""
+                                        : fmt::format(" (branch of run {} at step {})",
+                                                      jobs_[job.parent].run_id, job.branch_step)));
+  }
+
+  void Finished(Job& job, int wait_status, db::Reader& reader) {
+    job.pid = -1;
+    const auto row = reader.GetRun(job.run_id, kStaleAfterS);
+    const int code = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
+    const std::string recorded = row ? row->status : "";
+    if (code == kExitDone && recorded == "done") {
+      job.state = State::kDone;
+      Event(fmt::format("done   #{:<3} run {:<5} {} loss {:.4f}", job.run->index, job.run_id,
+                        job.run->name, row->last_loss.value_or(NAN)));
+      return;
+    }
+    if (code == kExitDiverged || recorded == "diverged") {
+      job.state = State::kDiverged;
+      Event(fmt::format("DIVERGED #{} run {} {}: {}", job.run->index, job.run_id, job.run->name,
+                        row ? row->error : ""));
+      return;
+    }
+    if (code == kExitStopped) {
+      job.state = State::kStopped;
+      Event(fmt::format("stopped #{} run {} {} (resumable)", job.run->index, job.run_id,
+                        job.run->name));
+      return;
+    }
+    std::string error;
+    if (WIFSIGNALED(wait_status)) {
+      error = fmt::format("trainer process killed by signal {} ({})", WTERMSIG(wait_status),
+                          strsignal(WTERMSIG(wait_status)));
+    } else if (recorded == "failed" && row && !row->error.empty()) {
+      error = row->error;
+    } else {
+      error = fmt::format("trainer exited with code {}: {}", code, LastLine(job.log));
+    }
+    // A config error (exit 2) fails the same way every time: retrying it only wastes time.
+    const bool retryable = code != kExitConfig;
+    if (recorded != "failed" || (row && row->error.empty())) {
+      db::RunWriter::SetRunStatus(opt_.db_path, job.run_id, "failed", error);
+    }
+    store_.RecordFailure(sweep_id_, job.run_id, error, retryable);
+    ++job.failures;
+    job.retryable = retryable;
+    if (retryable && job.failures <= opt_.max_retries && !Stopping()) {
+      job.state = State::kQueued;
+      Event(
+          fmt::format("failed #{} run {} {} (attempt {}), retrying from its last checkpoint: "
+                      "{}",
+                      job.run->index, job.run_id, job.run->name, job.failures, error));
+    } else {
+      job.state = State::kFailed;
+      Event(fmt::format("FAILED #{} run {} {}: {}", job.run->index, job.run_id, job.run->name,
+                        error));
+    }
+  }
+
+  bool Stopping() const { return opt_.stop_flag && opt_.stop_flag->load(); }
+
+  void Loop() {
+    db::Reader reader(opt_.db_path);
+    bool forwarded = false;
+    double last_view = 0;
+    for (;;) {
+      // Reap our children.
+      for (;;) {
+        int status = 0;
+        const pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        for (Job& job : jobs_) {
+          if (job.state == State::kRunning && job.pid == pid) Finished(job, status, reader);
+        }
+      }
+      // Adopted trainers (not our children) are watched through their pid and the database.
+      for (Job& job : jobs_) {
+        if (job.state != State::kAdopted) continue;
+        const auto row = reader.GetRun(job.run_id, kStaleAfterS);
+        const std::string s = row ? row->status : "";
+        // Over when the process is gone, or when it has recorded its end (it may linger a
+        // moment after), or when its heartbeat went stale (hung).
+        if (ProcessAlive(job.pid) && s == "running" && !(row && row->stale)) continue;
+        // A hung trainer must not write beside the one that continues its run.
+        if (row && row->stale && ProcessAlive(job.pid)) ::kill(job.pid, SIGKILL);
+        job.pid = -1;
+        job.state = s == "done"       ? State::kDone
+                    : s == "diverged" ? State::kDiverged
+                    : s == "failed" && (job.failures > opt_.max_retries || !job.retryable)
+                        ? State::kFailed
+                        : State::kQueued;
+      }
+      if (Stopping()) {
+        if (!forwarded) {
+          forwarded = true;
+          Event(
+              "stopping: asking running trainers to checkpoint and stop (Ctrl-C again waits "
+              "too; kill -9 of the sweep makes them stop as well)");
+          for (Job& job : jobs_)
+            if (job.state == State::kRunning) ::kill(job.pid, SIGINT);
+        }
+      } else {
+        int running = 0;
+        for (const Job& job : jobs_)
+          running += job.state == State::kRunning || job.state == State::kAdopted;
+        for (Job& job : jobs_) {
+          if (running >= opt_.parallel) break;
+          if (job.state != State::kQueued) continue;
+          std::string init_from;
+          if (job.parent >= 0) {
+            const std::string src = BranchSource(job, reader);
+            if (src.empty()) continue;  // parent has not reached the branch point yet
+            if (src != "-") init_from = src;
+          }
+          Launch(job, init_from);
+          ++running;
+        }
+      }
+      bool active = false, waiting = false;
+      for (const Job& job : jobs_) {
+        active |= job.state == State::kRunning || job.state == State::kAdopted;
+        waiting |= job.state == State::kQueued;
+      }
+      const double now = Now();
+      if (now - last_view >= (live_ ? 1.0 : 10.0) || (!active && !waiting)) {
+        View(reader, !active && (!waiting || Stopping()));
+        last_view = now;
+      }
+      if (!active && (!waiting || Stopping())) break;
+      std::this_thread::sleep_for(std::chrono::duration<double>(opt_.poll_s));
+    }
+  }
+
+  void Event(const std::string& line) {
+    if (live_ && drawn_ > 0) {
+      fmt::print(opt_.out, "\x1b[{}A\x1b[J", drawn_);
+      drawn_ = 0;
+    }
+    fmt::print(opt_.out, "{}\n", line);
+    std::fflush(opt_.out);
+  }
+
+  void View(db::Reader& reader, bool final_view) {
+    std::map<State, int> counts;
+    double remaining = 0, done_here = 0;
+    std::vector<std::string> lines;
+    for (Job& job : jobs_) {
+      counts[job.state]++;
+      std::optional<RunRow> row;
+      if (job.state == State::kRunning || job.state == State::kAdopted ||
+          job.state == State::kQueued) {
+        row = reader.GetRun(job.run_id, kStaleAfterS);
+      }
+      const double flops_now = row ? row->flops : 0;
+      if (job.state == State::kQueued) remaining += std::max(0.0, job.flops_total - flops_now);
+      if (job.state == State::kRunning || job.state == State::kAdopted) {
+        remaining += std::max(0.0, job.flops_total - flops_now);
+        if (row) {
+          const std::string loss =
+              row->last_loss ? fmt::format("{:.4f}", *row->last_loss) : std::string("-");
+          lines.push_back(fmt::format("  {:<8} #{:<3} {:<40} step {:>6}/{:<6} loss {:>7}",
+                                      StateName(job.state), job.run->index,
+                                      job.run->name.substr(0, 40), row->last_step,
+                                      row->shape.total_steps, loss));
+        }
+      }
+      if (job.launched_at > 0) {
+        const auto r = row ? row : reader.GetRun(job.run_id, kStaleAfterS);
+        if (r) done_here += r->flops;
+      }
+    }
+    const double elapsed = Now() - start_;
+    const double rate = elapsed > 2 ? done_here / elapsed : 0;
+    const std::string eta = rate > 0 ? FormatDuration(remaining / rate) : "--";
+    const std::string head = fmt::format(
+        "sweep {}: {} queued, {} running, {} done, {} failed, {} diverged, {} stopped — "
+        "elapsed {}, ETA {}",
+        sweep_.name, counts[State::kQueued], counts[State::kRunning] + counts[State::kAdopted],
+        counts[State::kDone], counts[State::kFailed], counts[State::kDiverged],
+        counts[State::kStopped], FormatDuration(elapsed), final_view ? "0s" : eta);
+    if (live_) {
+      if (drawn_ > 0) fmt::print(opt_.out, "\x1b[{}A\x1b[J", drawn_);
+      fmt::print(opt_.out, "{}\n", head);
+      for (const std::string& l : lines) fmt::print(opt_.out, "{}\n", l);
+      drawn_ = final_view ? 0 : static_cast<int>(lines.size()) + 1;
+    } else {
+      fmt::print(opt_.out, "{}\n", head);
+    }
+    std::fflush(opt_.out);
+  }
+
+  RunSummary Summarise() {
+    RunSummary s;
+    s.total = static_cast<int>(jobs_.size());
+    for (const Job& job : jobs_) {
+      switch (job.state) {
+        case State::kDone:
+          ++s.done;
+          s.reused += job.reused;
+          break;
+        case State::kFailed:
+          ++s.failed;
+          break;
+        case State::kDiverged:
+          ++s.diverged;
+          break;
+        default:
+          ++s.stopped;
+          break;
+      }
+    }
+    s.exit_code = Stopping() || s.stopped > 0 ? kExitStopped : s.failed > 0 ? 1 : 0;
+    fmt::print(opt_.out,
+               "sweep {}: {} runs: {} done ({} reused from the database), {} failed, {} "
+               "diverged, {} stopped/unfinished\n",
+               sweep_.name, s.total, s.done, s.reused, s.failed, s.diverged, s.stopped);
+    if (s.stopped > 0 || s.failed > 0) {
+      fmt::print(opt_.out, "  continue with: moelab sweep resume {} --db {}\n", sweep_.name,
+                 opt_.db_path);
+    }
+    fmt::print(opt_.out, "  details: moelab sweep status {} --db {}\n", sweep_.name, opt_.db_path);
+    return s;
+  }
+
+  using RunRow = db::RunRow;
+
+  const Sweep& sweep_;
+  RunOptions opt_;
+  Store store_;
+  std::string bin_;
+  std::string dir_;
+  int threads_ = 1;
+  bool live_ = false;
+  int drawn_ = 0;
+  int lock_fd_ = -1;
+  int64_t sweep_id_ = 0;
+  double start_ = 0;
+  std::vector<Job> jobs_;
+  std::map<std::string, std::vector<RunRow>> rows_by_hash_;
+  std::set<std::string> rerun_created_;
+};
+
+}  // namespace
+
+std::string SweepDir(const std::string& db_path, const std::string& sweep_name) {
+  return db_path + ".sweeps/" + Sanitize(sweep_name);
+}
+
+RunSummary RunSweep(const Sweep& sweep, const RunOptions& options) {
+  Scheduler scheduler(sweep, options);
+  return scheduler.Run();
+}
+
+Sweep LoadSweepFromArg(const std::string& arg, const std::string& db_path,
+                       const ExpandOptions& options) {
+  if (fs::is_regular_file(arg)) return LoadSweep(arg, options);
+  if (!fs::exists(db_path)) {
+    throw SpecError(
+        fmt::format("'{}' is not a spec file, and database '{}' does not exist", arg, db_path));
+  }
+  Store store(db_path);
+  const auto row = store.FindSweep(arg);
+  if (!row) {
+    std::string names;
+    for (const SweepRow& s : store.ListSweeps()) names += (names.empty() ? "" : ", ") + s.name;
+    throw SpecError(fmt::format("'{}' is neither a spec file nor a sweep in {} (sweeps: {})", arg,
+                                db_path, names.empty() ? "none" : names));
+  }
+  return ExpandSpec(ojson::parse(row->spec_json), options);
+}
+
+void PrintStatus(const std::string& db_path, const std::string& name, std::FILE* out) {
+  Store store(db_path);
+  db::Reader reader(db_path);
+  std::map<int64_t, db::RunRow> rows;
+  for (const db::RunRow& r : reader.ListRuns(kStaleAfterS)) rows[r.id] = r;
+  std::vector<SweepRow> sweeps;
+  if (name.empty()) {
+    sweeps = store.ListSweeps();
+  } else {
+    std::string n = name;
+    if (fs::is_regular_file(name)) n = LoadSpecFile(name)["name"].get<std::string>();
+    const auto row = store.FindSweep(n);
+    if (!row) throw SpecError(fmt::format("no sweep named '{}' in {}", n, db_path));
+    sweeps.push_back(*row);
+  }
+  for (const SweepRow& s : sweeps) {
+    const std::vector<Member> members = store.Members(s.id);
+    std::map<std::string, int> counts;
+    for (const Member& m : members)
+      counts[rows.count(m.run_id) ? rows[m.run_id].effective_status : "?"]++;
+    std::string summary;
+    for (const auto& [k, v] : counts)
+      summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", v, k);
+    fmt::print(out, "sweep {} (id {}): {} runs: {}\n", s.name, s.id, members.size(), summary);
+    if (!name.empty()) {
+      fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>13} {:>8} {:>8} {:>5}  {}\n", "idx", "run",
+                 "name", "status", "step", "loss", "val", "fails", "last error / branch");
+      for (const Member& m : members) {
+        if (!rows.count(m.run_id)) continue;
+        const db::RunRow& r = rows[m.run_id];
+        std::string note;
+        if (!m.errors.empty()) note = m.errors.back().value("error", "");
+        if (note.empty() && m.branch_of) {
+          note =
+              fmt::format("branch of run {} at step {}", *m.branch_of, m.branch_step.value_or(0));
+        }
+        if (note.empty() && r.stale) note = "heartbeat stale: the trainer is gone";
+        fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>6}/{:<6} {:>8.4f} {:>8.4f} {:>5}  {}\n",
+                   m.idx, r.id, r.name.substr(0, 40), r.effective_status, r.last_step,
+                   r.shape.total_steps, r.last_loss.value_or(NAN), r.last_val_loss.value_or(NAN),
+                   m.failures, note.substr(0, 100));
+      }
+    }
+  }
+  if (sweeps.empty()) fmt::print(out, "no sweeps in {}\n", db_path);
+}
+
+}  // namespace moelab::sweeps

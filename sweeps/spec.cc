@@ -1,0 +1,714 @@
+#include "sweeps/spec.h"
+
+#include <fmt/format.h>
+#include <muParser.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "core/data/data.h"
+#include "core/flops.h"
+
+namespace moelab::sweeps {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string>& TopLevelKeys() {
+  static const std::vector<std::string> keys = {
+      "name", "description", "base",  "set",     "vars",  "grid",     "zip",
+      "runs", "random",      "seeds", "derived", "ranks", "branching"};
+  return keys;
+}
+
+// Quantities computed from the (partially built) config, available to derived expressions.
+const std::vector<std::string>& ModelQuantities() {
+  static const std::vector<std::string> names = {"params_active",    "params_total",
+                                                 "params_embedding", "flops_per_token",
+                                                 "tokens_per_step",  "total_steps"};
+  return names;
+}
+
+using Assignment = std::pair<std::string, ojson>;
+using Point = std::vector<Assignment>;
+
+bool IsConfigPath(const std::string& key) { return key.find('.') != std::string::npos; }
+
+bool IsIdentifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+  });
+}
+
+json ToJson(const ojson& v) { return json::parse(v.dump()); }
+
+// The defaulted config as JSON: the type of each field (integer, number, bool, string) comes
+// from its default value.
+const json& Defaults() {
+  static const json defaults = ConfigToJson(RunConfig{});
+  return defaults;
+}
+
+const json* DefaultAt(const std::string& path) {
+  const json* node = &Defaults();
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node->is_object() || !node->contains(key)) return nullptr;
+    node = &(*node)[key];
+    if (dot == std::string::npos) return node;
+    start = dot + 1;
+  }
+}
+
+// Checks that key names a config field (with the config's did-you-mean) or is a valid variable
+// name. where: the spec location for the message.
+void CheckKey(const std::string& key, const std::string& where) {
+  if (IsConfigPath(key)) {
+    json scratch = json::object();
+    try {
+      ApplyOverride(scratch, key + "=0");
+    } catch (const ConfigError& e) {
+      throw SpecError(fmt::format("{}: '{}' is not a config path: {}", where, key, e.reason()));
+    }
+    return;
+  }
+  if (!IsIdentifier(key)) {
+    throw SpecError(fmt::format(
+        "{}: '{}' is neither a config path (section.field) nor a variable name", where, key));
+  }
+  if (Defaults().contains(key)) {
+    throw SpecError(
+        fmt::format("{}: '{}' is a config section, not a field; name a field such as "
+                    "'{}.{}'",
+                    where, key, key, Defaults()[key].begin().key()));
+  }
+  const auto& q = ModelQuantities();
+  if (std::find(q.begin(), q.end(), key) != q.end()) {
+    throw SpecError(
+        fmt::format("{}: '{}' is computed from the config and cannot be assigned", where, key));
+  }
+}
+
+std::vector<ojson> AxisValues(const ojson& values, const std::string& where) {
+  if (!values.is_array()) {
+    throw SpecError(
+        fmt::format("{}: expected a list of values, got {}", where, values.type_name()));
+  }
+  if (values.empty()) throw SpecError(fmt::format("{}: empty axis (no values)", where));
+  return std::vector<ojson>(values.begin(), values.end());
+}
+
+std::vector<Point> Product(const std::vector<Point>& outer, const std::vector<Point>& inner) {
+  std::vector<Point> out;
+  out.reserve(outer.size() * inner.size());
+  for (const Point& a : outer) {
+    for (const Point& b : inner) {
+      Point p = a;
+      p.insert(p.end(), b.begin(), b.end());
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+struct Derived {
+  std::string target;
+  std::string expr;
+  std::string where;  // "derived[i]"
+};
+
+std::vector<Derived> ParseDerived(const ojson& spec) {
+  std::vector<Derived> out;
+  if (!spec.contains("derived")) return out;
+  const ojson& d = spec["derived"];
+  auto add = [&](const std::string& target, const ojson& expr, const std::string& where) {
+    if (!expr.is_string()) {
+      throw SpecError(fmt::format("{}: the expression for '{}' must be a string", where, target));
+    }
+    CheckKey(target, where);
+    out.push_back({target, expr.get<std::string>(), where});
+  };
+  if (d.is_object()) {
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      add(it.key(), it.value(), fmt::format("derived.{}", it.key()));
+    }
+    return out;
+  }
+  if (!d.is_array()) throw SpecError("derived: expected a list of \"path = expression\" strings");
+  for (size_t i = 0; i < d.size(); ++i) {
+    const std::string where = fmt::format("derived[{}]", i);
+    if (d[i].is_string()) {
+      const std::string s = d[i].get<std::string>();
+      const size_t eq = s.find('=');
+      if (eq == std::string::npos) {
+        throw SpecError(fmt::format("{}: '{}' should look like \"path = expression\"", where, s));
+      }
+      auto trim = [](std::string t) {
+        const size_t b = t.find_first_not_of(" \t");
+        const size_t e = t.find_last_not_of(" \t");
+        return b == std::string::npos ? std::string() : t.substr(b, e - b + 1);
+      };
+      add(trim(s.substr(0, eq)), ojson(trim(s.substr(eq + 1))), where);
+    } else if (d[i].is_object() && d[i].size() == 1) {
+      add(d[i].begin().key(), d[i].begin().value(), where);
+    } else {
+      throw SpecError(
+          fmt::format("{}: expected \"path = expression\" or {{\"path\": \"expression\"}}", where));
+    }
+  }
+  return out;
+}
+
+std::vector<Point> RandomPoints(const ojson& r) {
+  if (!r.is_object()) throw SpecError("random: expected an object {count, seed, params}");
+  for (auto it = r.begin(); it != r.end(); ++it) {
+    if (it.key() != "count" && it.key() != "seed" && it.key() != "params") {
+      throw SpecError(
+          fmt::format("random.{}: unknown key (expected count, seed, params)", it.key()));
+    }
+  }
+  if (!r.contains("count") || !r["count"].is_number_integer() || r["count"].get<int64_t>() < 1) {
+    throw SpecError("random.count: expected a positive integer");
+  }
+  if (!r.contains("params") || !r["params"].is_object() || r["params"].empty()) {
+    throw SpecError("random.params: expected a non-empty object of key -> distribution");
+  }
+  const int64_t count = r["count"].get<int64_t>();
+  const uint64_t seed = r.value("seed", static_cast<uint64_t>(0));
+  struct Dist {
+    std::string key, kind;
+    ojson arg;
+  };
+  std::vector<Dist> dists;
+  for (auto it = r["params"].begin(); it != r["params"].end(); ++it) {
+    const std::string where = fmt::format("random.params.{}", it.key());
+    CheckKey(it.key(), where);
+    const ojson& d = it.value();
+    if (!d.is_object() || d.size() != 1) {
+      throw SpecError(fmt::format(
+          "{}: expected one of {{\"uniform\": [lo, hi]}}, {{\"log_uniform\": [lo, hi]}}, "
+          "{{\"int_uniform\": [lo, hi]}}, {{\"choice\": [values...]}}",
+          where));
+    }
+    const std::string kind = d.begin().key();
+    const ojson& arg = d.begin().value();
+    if (kind == "choice") {
+      AxisValues(arg, where + ".choice");
+    } else if (kind == "uniform" || kind == "log_uniform" || kind == "int_uniform") {
+      if (!arg.is_array() || arg.size() != 2 || !arg[0].is_number() || !arg[1].is_number() ||
+          arg[0].get<double>() > arg[1].get<double>()) {
+        throw SpecError(fmt::format("{}.{}: expected [lo, hi] with lo <= hi", where, kind));
+      }
+      if (kind == "log_uniform" && arg[0].get<double>() <= 0) {
+        throw SpecError(fmt::format("{}.log_uniform: bounds must be positive", where));
+      }
+    } else {
+      throw SpecError(
+          fmt::format("{}: unknown distribution '{}' (uniform, log_uniform, int_uniform, choice)",
+                      where, kind));
+    }
+    dists.push_back({it.key(), kind, arg});
+  }
+  // One generator drawn in a fixed order: the same seed gives the same points on every run of
+  // the spec, which is what makes a random sweep resumable and deduplicable.
+  std::mt19937_64 rng(seed);
+  std::vector<Point> points;
+  for (int64_t i = 0; i < count; ++i) {
+    Point p;
+    for (const Dist& d : dists) {
+      const double u = std::generate_canonical<double, 53>(rng);
+      if (d.kind == "choice") {
+        const size_t k = std::min(d.arg.size() - 1, static_cast<size_t>(u * d.arg.size()));
+        p.emplace_back(d.key, d.arg[k]);
+      } else {
+        const double lo = d.arg[0].get<double>(), hi = d.arg[1].get<double>();
+        if (d.kind == "uniform") {
+          p.emplace_back(d.key, lo + u * (hi - lo));
+        } else if (d.kind == "log_uniform") {
+          p.emplace_back(d.key, std::exp(std::log(lo) + u * (std::log(hi) - std::log(lo))));
+        } else {
+          const int64_t a = static_cast<int64_t>(std::ceil(lo));
+          const int64_t b = static_cast<int64_t>(std::floor(hi));
+          p.emplace_back(d.key,
+                         a + std::min<int64_t>(b - a, static_cast<int64_t>(u * (b - a + 1))));
+        }
+      }
+    }
+    points.push_back(std::move(p));
+  }
+  return points;
+}
+
+// Every numeric leaf of a config JSON as "section.field" -> value (bools as 0/1).
+void Flatten(const json& j, const std::string& prefix, std::map<std::string, double>* out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it.value().is_object()) {
+      Flatten(it.value(), path, out);
+    } else if (it.value().is_number()) {
+      (*out)[path] = it.value().get<double>();
+    } else if (it.value().is_boolean()) {
+      (*out)[path] = it.value().get<bool>() ? 1.0 : 0.0;
+    }
+  }
+}
+
+double Round(double x) { return std::round(x); }
+double Floor(double x) { return std::floor(x); }
+double Ceil(double x) { return std::ceil(x); }
+
+// Evaluates one derived expression against the run's variables and current config.
+double Evaluate(const Derived& d, const json& config, const std::map<std::string, ojson>& vars) {
+  std::map<std::string, double> values;
+  json full = Defaults();
+  full.merge_patch(config);
+  Flatten(full, "", &values);
+  for (const auto& [k, v] : vars) {
+    if (v.is_number()) values[k] = v.get<double>();
+    if (v.is_boolean()) values[k] = v.get<bool>() ? 1.0 : 0.0;
+  }
+  // Model quantities need a valid config; an invalid one is only an error when the expression
+  // actually uses them (an earlier derived field may be what makes it valid).
+  std::string model_error;
+  try {
+    const RunConfig c = ConfigFromJson(config);
+    const ParamCounts pc = CountParams(c);
+    values["params_active"] = static_cast<double>(pc.active);
+    values["params_total"] = static_cast<double>(pc.total);
+    values["params_embedding"] = static_cast<double>(pc.embedding);
+    values["flops_per_token"] = ForwardFlopsPerToken(c).training();
+    values["tokens_per_step"] = static_cast<double>(c.train.batch_size) * c.model.seq_len;
+    values["total_steps"] = c.total_steps();
+  } catch (const ConfigError& e) {
+    model_error = e.what();
+    for (const std::string& q : ModelQuantities()) values[q] = std::nan("");
+  }
+
+  mu::Parser parser;
+  try {
+    parser.DefineNameChars("0123456789_.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ");
+    parser.DefineFun("round", Round);
+    parser.DefineFun("floor", Floor);
+    parser.DefineFun("ceil", Ceil);
+    for (auto& [name, value] : values) parser.DefineVar(name, &value);
+    parser.SetExpr(d.expr);
+    const double result = parser.Eval();
+    for (const auto& [name, ptr] : parser.GetUsedVar()) {
+      const auto& q = ModelQuantities();
+      if (!model_error.empty() && std::find(q.begin(), q.end(), name) != q.end()) {
+        throw SpecError(fmt::format("{} '{} = {}': {} needs a valid config at this point, but: {}",
+                                    d.where, d.target, d.expr, name, model_error));
+      }
+    }
+    if (!std::isfinite(result)) {
+      throw SpecError(
+          fmt::format("{} '{} = {}': the result is {}", d.where, d.target, d.expr, result));
+    }
+    return result;
+  } catch (const mu::Parser::exception_type& e) {
+    std::string hint;
+    auto it = vars.find(e.GetToken());
+    if (it != vars.end() && !it->second.is_number()) {
+      hint = fmt::format(" (variable '{}' is {}, not a number)", e.GetToken(), it->second.dump());
+    }
+    throw SpecError(fmt::format("{} '{} = {}': expression error: {}{}", d.where, d.target, d.expr,
+                                e.GetMsg(), hint));
+  }
+}
+
+void SetPath(json& config, const std::string& path, const json& value) {
+  ApplyOverride(config, path + "=" + value.dump());
+}
+
+// Converts a derived number to the JSON type of its target field.
+json TypedResult(const Derived& d, double x) {
+  if (!IsConfigPath(d.target)) {
+    if (std::fabs(x - std::round(x)) <= 1e-9 * std::max(1.0, std::fabs(x)) && std::fabs(x) < 9e15) {
+      return static_cast<int64_t>(std::llround(x));
+    }
+    return x;
+  }
+  const json* def = DefaultAt(d.target);
+  if (def && (def->is_number_integer() || def->is_number_unsigned())) {
+    // Relative tolerance: 20 * params_active is exact, but products of non-representable
+    // decimals (0.1 * 30) carry rounding noise of a few ulps.
+    if (std::fabs(x - std::round(x)) > 1e-9 * std::max(1.0, std::fabs(x))) {
+      throw SpecError(fmt::format(
+          "{} '{} = {}': {} is an integer field but the expression gives {} (not integral; "
+          "use round(), floor() or ceil())",
+          d.where, d.target, d.expr, d.target, x));
+    }
+    return static_cast<int64_t>(std::llround(x));
+  }
+  if (def && def->is_number()) return x;
+  throw SpecError(fmt::format("{} '{}': is a {} field; expressions only produce numbers", d.where,
+                              d.target, def ? def->type_name() : "non-numeric"));
+}
+
+std::string FormatVars(const ojson& vars, const std::vector<std::string>& keys) {
+  std::string s;
+  for (const std::string& k : keys) {
+    if (!s.empty()) s += ", ";
+    s += k + "=" + ShortValue(vars[k]);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string ShortValue(const ojson& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) return fmt::format("{:.4g}", v.get<double>());
+  return v.dump();
+}
+
+std::vector<const SweepRun*> Sweep::Unique() const {
+  std::vector<const SweepRun*> out;
+  for (const SweepRun& r : runs)
+    if (r.duplicate_of < 0) out.push_back(&r);
+  return out;
+}
+
+int64_t WsdDecayStart(const RunConfig& c) {
+  const int64_t total = c.total_steps();
+  const int64_t decay =
+      std::max<int64_t>(1, static_cast<int64_t>(std::llround(c.schedule.decay_fraction * total)));
+  return std::max<int64_t>(c.schedule.warmup_steps, total - decay);
+}
+
+std::vector<BranchPlan> PlanWsdBranches(const Sweep& sweep) {
+  std::vector<BranchPlan> plan(sweep.runs.size());
+  if (!sweep.branching) return plan;
+  std::map<std::string, std::vector<const SweepRun*>> families;
+  for (const SweepRun* r : sweep.Unique())
+    if (r->config.schedule.type == "wsd") families[r->branch_hash].push_back(r);
+  for (auto& [hash, members] : families) {
+    if (members.size() < 2) continue;
+    std::stable_sort(members.begin(), members.end(), [](const SweepRun* a, const SweepRun* b) {
+      return a->config.total_steps() > b->config.total_steps();
+    });
+    const SweepRun* parent = members[0];
+    const int64_t parent_decay = WsdDecayStart(parent->config);
+    for (size_t k = 1; k < members.size(); ++k) {
+      const RunConfig& c = members[k]->config;
+      const int64_t at = WsdDecayStart(c);
+      // The parent must still be in its stable phase at the branch step (its own decay starts
+      // no earlier), and the branch must leave the child some steps of its own.
+      if (at < 1 || at >= c.total_steps() || at > parent_decay || at < c.schedule.warmup_steps) {
+        continue;
+      }
+      plan[members[k]->index] = {parent->index, at};
+    }
+  }
+  return plan;
+}
+
+ojson LoadSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError(fmt::format("{}: cannot open the sweep spec", path));
+  ojson spec;
+  try {
+    spec = ojson::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const ojson::parse_error& e) {
+    throw SpecError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+  if (!spec.is_object()) throw SpecError(fmt::format("{}: a sweep spec is a JSON object", path));
+  if (!spec.contains("name")) spec["name"] = fs::path(path).stem().string();
+  if (spec.contains("base") && spec["base"].is_string()) {
+    const fs::path base = fs::path(path).parent_path() / spec["base"].get<std::string>();
+    std::ifstream bin(base);
+    if (!bin) {
+      throw SpecError(
+          fmt::format("base: cannot open '{}' (relative to the spec file)", base.string()));
+    }
+    try {
+      spec["base"] = ojson::parse(bin, nullptr, true, true);
+    } catch (const ojson::parse_error& e) {
+      throw SpecError(fmt::format("base: '{}' is not valid JSON: {}", base.string(), e.what()));
+    }
+  }
+  return spec;
+}
+
+Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
+  if (!spec.is_object()) throw SpecError("a sweep spec is a JSON object");
+  for (auto it = spec.begin(); it != spec.end(); ++it) {
+    const auto& keys = TopLevelKeys();
+    if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
+      throw SpecError(fmt::format("{}: unknown key in the sweep spec (known: {})", it.key(),
+                                  fmt::join(keys, ", ")));
+    }
+  }
+  Sweep sweep;
+  sweep.spec = spec;
+  if (!spec.contains("name") || !spec["name"].is_string() ||
+      spec["name"].get<std::string>().empty()) {
+    throw SpecError("name: a sweep needs a name (a non-empty string)");
+  }
+  sweep.name = spec["name"].get<std::string>();
+  if (spec.contains("ranks")) {
+    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int>() < 1) {
+      throw SpecError("ranks: expected a positive integer");
+    }
+    sweep.ranks = spec["ranks"].get<int>();
+    if (sweep.ranks > 1) {
+      throw SpecError(fmt::format(
+          "ranks: {} ranks per run requested, but `moelab train` has no distributed training "
+          "yet; the launcher would start `mpirun -np {} moelab train ...` once it does. Use "
+          "ranks: 1",
+          sweep.ranks, sweep.ranks));
+    }
+  }
+  if (spec.contains("branching")) {
+    if (!spec["branching"].is_boolean()) throw SpecError("branching: expected true or false");
+    sweep.branching = spec["branching"].get<bool>();
+  }
+
+  // The base config; validated for unknown keys and types up front (combinations may be fixed
+  // by the axes, so those are checked per run).
+  json base = json::object();
+  if (spec.contains("base")) {
+    if (!spec["base"].is_object()) {
+      throw SpecError("base: expected a config object or a path to a config file");
+    }
+    base = ToJson(spec["base"]);
+    // Unknown keys and wrong types in the base are one mistake, not one per run; combination
+    // checks wait for the axes, which may be what makes the base valid.
+    try {
+      ConfigFromJson(base);
+    } catch (const ConfigError& e) {
+      if (e.reason().rfind("unknown key", 0) == 0 || e.reason().rfind("expected ", 0) == 0) {
+        throw SpecError(fmt::format("base: {}", e.what()));
+      }
+    }
+  }
+
+  // "set": a few changes to the base by config path, so a spec can reuse a base file.
+  if (spec.contains("set")) {
+    if (!spec["set"].is_object()) throw SpecError("set: expected an object path -> value");
+    for (auto it = spec["set"].begin(); it != spec["set"].end(); ++it) {
+      if (!IsConfigPath(it.key())) {
+        throw SpecError(fmt::format("set.{}: expected a config path (section.field)", it.key()));
+      }
+      CheckKey(it.key(), "set");
+      SetPath(base, it.key(), ToJson(it.value()));
+    }
+  }
+
+  std::map<std::string, ojson> default_vars;
+  if (spec.contains("vars")) {
+    if (!spec["vars"].is_object()) throw SpecError("vars: expected an object name -> value");
+    for (auto it = spec["vars"].begin(); it != spec["vars"].end(); ++it) {
+      const std::string where = fmt::format("vars.{}", it.key());
+      if (IsConfigPath(it.key())) {
+        throw SpecError(
+            fmt::format("{}: variables are plain names; set config fields in base", where));
+      }
+      CheckKey(it.key(), where);
+      default_vars[it.key()] = it.value();
+    }
+  }
+
+  // Expansion order, outermost first: runs × zip groups × grid axes × random × seeds. The last
+  // axis varies fastest.
+  std::vector<Point> points = {Point{}};
+  std::set<std::string> assigned;
+  if (spec.contains("runs")) {
+    const ojson& runs = spec["runs"];
+    if (!runs.is_array()) throw SpecError("runs: expected a list of override objects");
+    if (runs.empty()) throw SpecError("runs: empty list (no runs)");
+    std::vector<Point> list;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (!runs[i].is_object()) {
+        throw SpecError(fmt::format("runs[{}]: expected an object of key -> value", i));
+      }
+      Point p;
+      for (auto it = runs[i].begin(); it != runs[i].end(); ++it) {
+        CheckKey(it.key(), fmt::format("runs[{}]", i));
+        p.emplace_back(it.key(), it.value());
+        assigned.insert(it.key());
+      }
+      list.push_back(std::move(p));
+    }
+    points = Product(points, list);
+  }
+  if (spec.contains("zip")) {
+    ojson groups = spec["zip"];
+    if (groups.is_object()) groups = ojson::array({groups});
+    if (!groups.is_array()) throw SpecError("zip: expected a list of groups {key: [values]}");
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::string where = fmt::format("zip[{}]", g);
+      if (!groups[g].is_object() || groups[g].empty()) {
+        throw SpecError(fmt::format("{}: expected a non-empty object key -> [values]", where));
+      }
+      size_t n = 0;
+      std::string first;
+      std::vector<std::pair<std::string, std::vector<ojson>>> axes;
+      for (auto it = groups[g].begin(); it != groups[g].end(); ++it) {
+        CheckKey(it.key(), where);
+        auto values = AxisValues(it.value(), fmt::format("{}.{}", where, it.key()));
+        if (first.empty()) {
+          first = it.key();
+          n = values.size();
+        } else if (values.size() != n) {
+          throw SpecError(fmt::format(
+              "{}: axes that vary together need the same length: '{}' has {} values, '{}' has "
+              "{}",
+              where, first, n, it.key(), values.size()));
+        }
+        assigned.insert(it.key());
+        axes.emplace_back(it.key(), std::move(values));
+      }
+      std::vector<Point> tuples(n);
+      for (size_t i = 0; i < n; ++i)
+        for (const auto& [k, v] : axes) tuples[i].emplace_back(k, v[i]);
+      points = Product(points, tuples);
+    }
+  }
+  if (spec.contains("grid")) {
+    if (!spec["grid"].is_object()) throw SpecError("grid: expected an object key -> [values]");
+    for (auto it = spec["grid"].begin(); it != spec["grid"].end(); ++it) {
+      const std::string where = fmt::format("grid.{}", it.key());
+      CheckKey(it.key(), "grid");
+      std::vector<Point> axis;
+      for (const ojson& v : AxisValues(it.value(), where)) axis.push_back({{it.key(), v}});
+      assigned.insert(it.key());
+      points = Product(points, axis);
+    }
+  }
+  if (spec.contains("random")) {
+    std::vector<Point> samples = RandomPoints(spec["random"]);
+    for (const auto& [k, v] : samples.front()) assigned.insert(k);
+    points = Product(points, samples);
+  }
+  if (spec.contains("seeds")) {
+    std::vector<Point> axis;
+    for (const ojson& v : AxisValues(spec["seeds"], "seeds")) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+        throw SpecError(fmt::format("seeds: {} is not a non-negative integer", v.dump()));
+      }
+      axis.push_back({{"train.seed", v}});
+    }
+    assigned.insert("train.seed");
+    points = Product(points, axis);
+  }
+  const std::vector<Derived> derived = ParseDerived(spec);
+
+  // A variable nothing reads is almost always a typo of a config path: its runs would all
+  // share one config.
+  std::set<std::string> used_in_exprs;
+  for (const Derived& d : derived) {
+    for (const std::string& v : assigned)
+      if (d.expr.find(v) != std::string::npos) used_in_exprs.insert(v);
+    for (const auto& [v, value] : default_vars)
+      if (d.expr.find(v) != std::string::npos) used_in_exprs.insert(v);
+  }
+  for (const std::string& v : assigned) {
+    if (!IsConfigPath(v) && !used_in_exprs.count(v)) {
+      sweep.warnings.push_back(fmt::format(
+          "sweep variable '{}' is not used by any derived field: it is recorded but changes "
+          "nothing (did you mean a config path such as 'section.{}'?)",
+          v, v));
+    }
+  }
+
+  std::vector<std::string> errors;
+  int error_count = 0;
+  std::map<std::string, int> first_of_hash;
+  std::set<std::string> checked_data;
+  for (size_t i = 0; i < points.size(); ++i) {
+    SweepRun run;
+    run.index = static_cast<int>(i);
+    json config = base;
+    std::map<std::string, ojson> vars = default_vars;
+    for (const auto& [k, v] : default_vars) run.vars[k] = v;
+    for (const auto& [k, v] : points[i]) {
+      run.vars[k] = v;
+      if (std::find(run.assigned_keys.begin(), run.assigned_keys.end(), k) ==
+          run.assigned_keys.end()) {
+        run.assigned_keys.push_back(k);
+      }
+      if (IsConfigPath(k)) {
+        SetPath(config, k, ToJson(v));
+      } else {
+        vars[k] = v;
+      }
+    }
+    try {
+      for (const Derived& d : derived) {
+        const json value = TypedResult(d, Evaluate(d, config, vars));
+        if (IsConfigPath(d.target)) {
+          SetPath(config, d.target, value);
+        } else {
+          vars[d.target] = ojson::parse(value.dump());
+        }
+        run.vars[d.target] = ojson::parse(value.dump());
+      }
+      run.config = ConfigFromJson(config);
+      if (options.check_data && run.config.data.source == "corpus" &&
+          checked_data.insert(run.config.data.path).second) {
+        try {
+          CheckVocabFits(ReadDataMeta(run.config.data.path), run.config.model.vocab_size);
+        } catch (const std::exception& e) {
+          throw ConfigError("data.path", e.what());
+        }
+      }
+    } catch (const ConfigError& e) {
+      ++error_count;
+      if (static_cast<int>(errors.size()) < options.max_errors_listed) {
+        errors.push_back(
+            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), e.what()));
+      }
+      continue;
+    } catch (const SpecError& e) {
+      ++error_count;
+      if (static_cast<int>(errors.size()) < options.max_errors_listed) {
+        errors.push_back(
+            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), e.what()));
+      }
+      continue;
+    }
+    run.hash = ConfigHash(run.config);
+    run.branch_hash = BranchHash(run.config);
+    std::string label;
+    for (const std::string& k : run.assigned_keys) {
+      if (!label.empty()) label += ",";
+      const size_t dot = k.rfind('.');
+      label += (dot == std::string::npos ? k : k.substr(dot + 1)) + "=" + ShortValue(run.vars[k]);
+    }
+    run.name = sweep.name + "/" + (label.empty() ? std::to_string(i) : label);
+    auto [it, inserted] = first_of_hash.emplace(run.hash, run.index);
+    if (!inserted) run.duplicate_of = it->second;
+    sweep.runs.push_back(std::move(run));
+  }
+  if (error_count > 0) {
+    std::string msg =
+        fmt::format("sweep '{}': {} of {} runs are invalid; nothing was started:", sweep.name,
+                    error_count, points.size());
+    for (const std::string& e : errors) msg += "\n  " + e;
+    if (error_count > static_cast<int>(errors.size())) {
+      msg += fmt::format("\n  ... and {} more", error_count - errors.size());
+    }
+    throw SpecError(msg);
+  }
+  int duplicates = 0;
+  for (const SweepRun& r : sweep.runs) duplicates += r.duplicate_of >= 0;
+  if (duplicates > 0) {
+    sweep.warnings.push_back(fmt::format(
+        "{} run(s) have the same config as an earlier run of the sweep and are trained once",
+        duplicates));
+  }
+  return sweep;
+}
+
+}  // namespace moelab::sweeps
