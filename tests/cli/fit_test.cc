@@ -65,7 +65,8 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
       w->OnEnd(RunStatus::kDone, "");
     }
   }
-  const std::string bin = std::string(std::getenv("MOELAB_BIN_DIR")) + "/moelab";
+  const char* bin_dir = std::getenv("MOELAB_BIN_DIR");
+  const std::string bin = std::string(bin_dir ? bin_dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
   int code = 0;
   const std::string out = RunCapture(bin + " fit --db " + path +
                                          " --sweep law --by sparsity --resamples 200 "
