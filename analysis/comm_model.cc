@@ -139,10 +139,10 @@ std::string K2ScalingTable() {
   bf16.bytes_per_element = 2;
   bf16.beta_bytes_per_s = 50e9;  // ~400 Gb/s per GPU (InfiniBand NDR)
   std::string t = fmt::format(
-      "K2-like shape: {:.3g} B parameters ({:.3g} B in routed experts), {} MoE layers, top-{} "
-      "of {}, {:.3g} M tokens per step; bf16 communication, fp32 memory; ring algorithms, "
+      "K2-like shape: {:.2f} T parameters ({:.2f} T in routed experts), {} MoE layers, top-{} "
+      "of {}, {:.1f} M tokens per step; bf16 communication, fp32 memory; ring algorithms, "
       "50 GB/s and 5 µs per message; no pipeline or tensor parallelism.\n\n",
-      s.params_total / 1e9, s.expert_params / 1e9, s.moe_layers, s.top_k, s.experts,
+      s.params_total / 1e12, s.expert_params / 1e12, s.moe_layers, s.top_k, s.experts,
       s.tokens_per_step / 1e6);
   t += "| ranks | EP | DP | grad all-reduce GB/rank | EP all-to-all GB/rank | ZeRO-1 gather "
        "GB/rank | params+grads GB/rank | optimizer GB/rank (off / ZeRO-1) | comm s/step "
