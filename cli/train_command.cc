@@ -217,6 +217,16 @@ void AddTrainCommand(CLI::App& app) {
       if (result.status == RunStatus::kStopped) throw CLI::RuntimeError(kExitStopped);
       return;
     }
+    if (world > 1 && writer && result.steps_done > start_step) {
+      // Rank 0's communicator counters over this invocation (`moelab bench --distributed`).
+      const CommStats& cs = comm->stats();
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes",
+                               std::to_string(cs.bytes));
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_seconds",
+                               fmt::format("{:.6f}", cs.seconds));
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_steps",
+                               std::to_string(result.steps_done - start_step));
+    }
     switch (result.status) {
       case RunStatus::kDone:
         fmt::print(stderr, "moelab train: done: {} steps, loss {:.4f}, val loss {:.4f}\n",
