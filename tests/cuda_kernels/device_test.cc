@@ -1,0 +1,42 @@
+#include "kernels/cuda/device.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/cuda_kernels/cuda_test_util.h"
+
+namespace moelab::cuda {
+namespace {
+
+TEST(CudaDevice, AvailabilityReportsAReasonWhenAbsent) {
+  std::string reason = "unchanged";
+  const bool available = CudaAvailable(&reason);
+  if (available) {
+    EXPECT_TRUE(reason.empty());
+  } else {
+    EXPECT_EQ(reason.rfind("no CUDA device: ", 0), 0u) << reason;
+  }
+  // Asking twice gives the same answer (no sticky state from the first failure).
+  std::string again;
+  EXPECT_EQ(CudaAvailable(&again), available);
+  EXPECT_EQ(again, available ? "" : reason);
+}
+
+TEST(CudaDevice, BufferRoundTripAndBf16Cast) {
+  MOELAB_REQUIRE_GPU();
+  const std::vector<float> host = {1.0f, -2.5f, 3.25f, 1e-3f, 65504.0f};
+  DeviceBuffer<float> d;
+  d.Upload(host);
+  EXPECT_EQ(d.Download(), host);
+  DeviceBuffer<bf16> b(host.size());
+  CastToBf16(d.data(), b.data(), host.size());
+  DeviceBuffer<float> back(host.size());
+  CastToFloat(b.data(), back.data(), host.size());
+  const std::vector<float> got = back.Download();
+  for (size_t i = 0; i < host.size(); ++i) EXPECT_NEAR(got[i], host[i], std::abs(host[i]) / 128);
+}
+
+}  // namespace
+}  // namespace moelab::cuda
