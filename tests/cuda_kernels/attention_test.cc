@@ -151,5 +151,39 @@ TEST(CudaAttention, SoftCapKeepsRawSmax) {
   RunCase({"softcap", 1, 48, 4, 2, 16, 8, 2.0, false});
 }
 
+TEST(CudaAttention, RepeatedRunsAreBitIdentical) {
+  MOELAB_REQUIRE_GPU();
+  // Same inputs, same GPU: forward, S_max and backward must not change in the last bit (no
+  // float atomics other than the exact max; fixed cuBLAS configuration).
+  AttentionDims a;
+  a.batch = 2, a.seq = 64, a.heads = 4, a.kv_heads = 2, a.qk_dim = 32, a.v_dim = 32;
+  a.ldq = a.ldo = 4 * 32;
+  a.ldk = a.ldv = 2 * 32;
+  a.scale = 1.0 / std::sqrt(32.0);
+  a.softcap = 10.0;
+  const int rows = a.batch * a.seq;
+  auto q = ToDevice(Random(size_t(rows) * a.ldq, 1)), k = ToDevice(Random(size_t(rows) * a.ldk, 2)),
+       v = ToDevice(Random(size_t(rows) * a.ldv, 3)),
+       dout = ToDevice(Random(size_t(rows) * a.ldo, 4));
+  const size_t pp = size_t(a.batch) * a.heads * a.seq * a.seq;
+  std::vector<std::vector<float>> runs;
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer<float> probs(pp), capped(pp), out(size_t(rows) * a.ldo), pmax(a.batch * a.heads),
+        dq(size_t(rows) * a.ldq), dk(size_t(rows) * a.ldk), dv(size_t(rows) * a.ldv),
+        scratch(AttentionScratchSize(a));
+    AttentionForward(a, q.data(), k.data(), v.data(), probs.data(), capped.data(), out.data(),
+                     pmax.data());
+    AttentionBackward(a, q.data(), k.data(), v.data(), probs.data(), capped.data(), dout.data(),
+                      dq.data(), dk.data(), dv.data(), scratch.data());
+    std::vector<float> all;
+    for (const DeviceBuffer<float>* b : {&out, &pmax, &dq, &dk, &dv}) {
+      const auto h = b->Download();
+      all.insert(all.end(), h.begin(), h.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
 }  // namespace
 }  // namespace moelab::cuda

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,19 @@ TEST(CudaDevice, AvailabilityReportsAReasonWhenAbsent) {
   std::string again;
   EXPECT_EQ(CudaAvailable(&again), available);
   EXPECT_EQ(again, available ? "" : reason);
+}
+
+TEST(CudaDevice, AllocationWithoutDeviceThrowsAClearError) {
+  std::string reason;
+  if (CudaAvailable(&reason)) GTEST_SKIP() << "a GPU is present: nothing to check";
+  try {
+    DeviceBuffer<float> buffer(16);
+    FAIL() << "cudaMalloc succeeded without a device";
+  } catch (const std::runtime_error& e) {
+    // Names the failing call and the CUDA error, e.g. "cudaMalloc(...):
+    // cudaErrorInsufficientDriver".
+    EXPECT_NE(std::string(e.what()).find("cudaMalloc"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaDevice, BufferRoundTripAndBf16Cast) {
