@@ -151,17 +151,10 @@ Measured Train(const Case& c, const std::string& layout, int ranks, int threads,
   }
   const db::Series tps = reader.GetSeries(runs[0].id, "tokens_per_s", o.warmup + 1);
   m.tokens_per_s = Median(tps.values);
-  // `moelab train` records rank 0's communicator counters as run variables (dist.comm_*):
-  // bytes this rank sent and seconds spent in collectives, over the steps of this invocation.
+  // `moelab train` records rank 0's collectives inside the timed steps as run variables.
   const auto vars = reader.RunVars(runs[0].id);
-  const auto bytes = VarNumber(vars, "dist.comm_bytes");
-  const auto seconds = VarNumber(vars, "dist.comm_seconds");
-  const auto steps = VarNumber(vars, "dist.comm_steps");
-  if (bytes && steps && *steps > 0) m.comm_bytes_per_step = *bytes / *steps;
-  const db::Series times = reader.GetSeries(runs[0].id, "step_time_s");
-  double total = 0;
-  for (double t : times.values) total += t;
-  if (seconds && total > 0) m.comm_share = *seconds / total;
+  m.comm_bytes_per_step = VarNumber(vars, "dist.comm_bytes_per_step");
+  m.comm_share = VarNumber(vars, "dist.comm_time_share");
   m.ok = true;
   return m;
 }

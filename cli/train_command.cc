@@ -217,15 +217,12 @@ void AddTrainCommand(CLI::App& app) {
       if (result.status == RunStatus::kStopped) throw CLI::RuntimeError(kExitStopped);
       return;
     }
-    if (world > 1 && writer && result.steps_done > start_step) {
-      // Rank 0's communicator counters over this invocation (`moelab bench --distributed`).
-      const CommStats& cs = comm->stats();
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes",
-                               std::to_string(cs.bytes));
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_seconds",
-                               fmt::format("{:.6f}", cs.seconds));
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_steps",
-                               std::to_string(result.steps_done - start_step));
+    if (world > 1 && writer && result.comm_bytes_per_step > 0) {
+      // Rank 0's collectives inside the timed steps, for `moelab bench --distributed`.
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes_per_step",
+                               fmt::format("{:.0f}", result.comm_bytes_per_step));
+      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_time_share",
+                               fmt::format("{:.4f}", result.comm_time_share));
     }
     switch (result.status) {
       case RunStatus::kDone:

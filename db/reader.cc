@@ -123,6 +123,19 @@ std::string Reader::RunConfigJson(int64_t run_id) {
   return st.Text(0);
 }
 
+std::map<int64_t, std::string> Reader::SweepNames() {
+  std::map<int64_t, std::string> out;
+  Statement st = db_.Prepare("SELECT id, name FROM sweeps ORDER BY id");
+  while (st.Step()) out[st.Int(0)] = st.Text(1);
+  return out;
+}
+
+std::string Reader::SweepSpecJson(const std::string& name) {
+  Statement st = db_.Prepare("SELECT spec_json FROM sweeps WHERE name = ?1");
+  st.Bind(1, name);
+  return st.Step() ? st.Text(0) : std::string();
+}
+
 std::map<std::string, std::string> Reader::RunVars(int64_t run_id) {
   Statement st = db_.Prepare("SELECT key, value FROM run_vars WHERE run_id = ?1");
   st.Bind(1, run_id);

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "core/data/data.h"
 #include "core/flops.h"
@@ -423,11 +424,23 @@ std::vector<BranchPlan> PlanWsdBranches(const Sweep& sweep) {
 ojson LoadSpecFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open the sweep spec", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseSpecText(text.str(), path);
+}
+
+ojson ParseSpecText(const std::string& text, const std::string& path) {
   ojson spec;
   try {
-    spec = ojson::parse(in, nullptr, true, /*ignore_comments=*/true);
+    spec = ojson::parse(text, nullptr, true, /*ignore_comments=*/true);
   } catch (const ojson::parse_error& e) {
-    throw SpecError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+    // "line L, column C" of the byte the parser stopped at, so an editor can point at it.
+    const size_t end = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const size_t line = 1 + std::count(text.begin(), text.begin() + end, '\n');
+    const size_t nl = text.rfind('\n', end > 0 ? end - 1 : 0);
+    const size_t column = end > 0 && nl != std::string::npos ? end - nl : end + 1;
+    throw SpecError(fmt::format("{}: not valid JSON (line {}, column {}): {}", path, line, column,
+                                e.what()));
   }
   if (!spec.is_object()) throw SpecError(fmt::format("{}: a sweep spec is a JSON object", path));
   if (!spec.contains("name")) spec["name"] = fs::path(path).stem().string();

@@ -57,6 +57,10 @@ struct Sweep {
 // Reads a spec file; a "base" given as a path is resolved relative to the spec file and
 // inlined. Throws SpecError.
 ojson LoadSpecFile(const std::string& path);
+// The same from the spec's text (an editor's buffer); `path` names it in messages, gives the
+// default name (its stem) and the folder a "base" path is resolved in. A JSON syntax error says
+// "line L, column C". Throws SpecError.
+ojson ParseSpecText(const std::string& text, const std::string& path);
 
 struct ExpandOptions {
   // Check that corpus data (data.source "corpus") exists and fits the vocabulary.
