@@ -63,8 +63,13 @@ std::vector<Case> Cases() {
 
 std::string SelfExe() {
   std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? "moelab" : p.string();
+  std::string p = fs::read_symlink("/proc/self/exe", ec).string();
+  // A rebuild while the bench runs replaces the file: start the new one.
+  const std::string deleted = " (deleted)";
+  if (p.size() > deleted.size() &&
+      p.compare(p.size() - deleted.size(), deleted.size(), deleted) == 0)
+    p.resize(p.size() - deleted.size());
+  return ec ? "moelab" : p;
 }
 
 // Runs argv with the thread counts set; output to log. Returns the exit code.
