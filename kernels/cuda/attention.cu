@@ -1,6 +1,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
@@ -98,6 +100,22 @@ __global__ void MaxOverBatchKernel(const float* pair_max, int batch, int heads, 
   out[h] = m;
 }
 
+// Shapes the strided-batched layout relies on; checked on the host before any CUDA call.
+void Validate(const AttentionDims& a, const char* who) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(who) + ": " + why);
+  };
+  if (a.batch < 0 || a.seq < 0 || a.heads <= 0 || a.kv_heads <= 0 || a.qk_dim <= 0 ||
+      a.v_dim <= 0) {
+    fail("non-positive dimension");
+  }
+  if (a.heads % a.kv_heads != 0) fail("heads must be a multiple of kv_heads");
+  if (a.ldq < a.heads * a.qk_dim) fail("ldq smaller than heads*qk_dim");
+  if (a.ldk < a.kv_heads * a.qk_dim) fail("ldk smaller than kv_heads*qk_dim");
+  if (a.ldv < a.kv_heads * a.v_dim) fail("ldv smaller than kv_heads*v_dim");
+  if (a.ldo < a.heads * a.v_dim) fail("ldo smaller than heads*v_dim");
+}
+
 int RowThreads(int seq) { return seq >= 512 ? 256 : (seq >= 128 ? 128 : 32); }
 
 }  // namespace
@@ -109,6 +127,7 @@ size_t AttentionScratchSize(const AttentionDims& a) {
 template <typename T>
 void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
                       T* capped, T* out, T* pair_max, cudaStream_t stream) {
+  Validate(a, "cuda::AttentionForward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -137,6 +156,7 @@ template <typename T>
 void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
                        const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
                        cudaStream_t stream) {
+  Validate(a, "cuda::AttentionBackward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,21 @@ void RunCase(const Case& c) {
     ExpectNear(gdk.Download(), dk, kAtol, kRtol, "dk");
     ExpectNear(gdv.Download(), dv, kAtol, kRtol, "dv");
   }
+}
+
+TEST(CudaAttention, BadShapesAreRejectedBeforeAnyDeviceWork) {
+  // Runs without a GPU: the checks come before the first CUDA call.
+  AttentionDims a;
+  a.batch = 1, a.seq = 8, a.heads = 6, a.kv_heads = 4, a.qk_dim = 8, a.v_dim = 8;
+  a.ldq = a.ldo = 48;
+  a.ldk = a.ldv = 32;
+  float* none = nullptr;
+  EXPECT_THROW(AttentionForward(a, none, none, none, none, none, none, none),
+               std::invalid_argument);  // 6 heads over 4 kv heads
+  a.kv_heads = 3, a.ldk = a.ldv = 24;
+  a.ldq = 40;  // narrower than heads·qk_dim
+  EXPECT_THROW(AttentionBackward(a, none, none, none, none, none, none, none, none, none, none),
+               std::invalid_argument);
 }
 
 TEST(CudaAttention, MhaCausal) {
