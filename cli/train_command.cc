@@ -217,12 +217,19 @@ void AddTrainCommand(CLI::App& app) {
       if (result.status == RunStatus::kStopped) throw CLI::RuntimeError(kExitStopped);
       return;
     }
-    if (world > 1 && writer && result.comm_bytes_per_step > 0) {
-      // Rank 0's collectives inside the timed steps, for `moelab bench --distributed`.
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes_per_step",
-                               fmt::format("{:.0f}", result.comm_bytes_per_step));
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_time_share",
-                               fmt::format("{:.4f}", result.comm_time_share));
+    if (world > 1 && result.steps_done > result.start_step) {
+      // Communication counters of rank 0 (moelab bench --distributed reads them).
+      try {
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes_per_step",
+                                 fmt::format("{:.0f}", result.comm_bytes_per_step));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_time_share",
+                                 fmt::format("{:.6f}", result.comm_time_share));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.optimizer_state_bytes",
+                                 fmt::format("{}", result.optimizer_state_bytes));
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "moelab train: warning: could not record the communication counters: "
+                           "{}\n", e.what());
+      }
     }
     switch (result.status) {
       case RunStatus::kDone:
