@@ -17,7 +17,6 @@
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
-#include "sweeps/launch.h"
 
 namespace moelab::cli {
 
@@ -69,11 +68,6 @@ void AddTrainCommand(CLI::App& app) {
                   "Keep checkpoints at these steps for WSD branches")
       ->delimiter(',');
   cmd->callback([args]() {
-    // Started as several ranks by mpirun/srun, a build without MPI would train copies.
-    if (const std::string e = sweeps::LaunchEnvironmentError(); !e.empty()) {
-      fmt::print(stderr, "moelab train: error: {}\n", e);
-      throw CLI::RuntimeError(kExitConfig);
-    }
     // Under mpirun/srun with several ranks: MPI; otherwise one process (no MPI at run time).
     std::unique_ptr<Communicator> comm;
     try {
