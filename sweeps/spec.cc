@@ -14,6 +14,7 @@
 
 #include "core/data/data.h"
 #include "core/flops.h"
+#include "sweeps/launch.h"
 
 namespace moelab::sweeps {
 
@@ -24,8 +25,9 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const std::vector<std::string> keys = {
-      "name", "description", "base",  "set",     "vars",  "grid",     "zip",
-      "runs", "random",      "seeds", "derived", "ranks", "branching"};
+      "name", "description", "base",  "set",     "vars",  "grid",      "zip",
+      "runs", "random",      "seeds", "derived", "ranks", "branching", "expert_parallel",
+      "zero1"};
   return keys;
 }
 
@@ -41,6 +43,11 @@ using Assignment = std::pair<std::string, ojson>;
 using Point = std::vector<Assignment>;
 
 bool IsConfigPath(const std::string& key) { return key.find('.') != std::string::npos; }
+
+// Sweep variables with a meaning of their own: the run's process count and layout shorthands.
+bool IsLaunchKey(const std::string& key) {
+  return key == "ranks" || key == "expert_parallel" || key == "zero1";
+}
 
 bool IsIdentifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -470,17 +477,12 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   }
   sweep.name = spec["name"].get<std::string>();
   if (spec.contains("ranks")) {
-    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int>() < 1) {
-      throw SpecError("ranks: expected a positive integer");
+    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int64_t>() < 1 ||
+        spec["ranks"].get<int64_t>() > kMaxRanks) {
+      throw SpecError(fmt::format("ranks: expected an integer from 1 to {}, got {}", kMaxRanks,
+                                  spec["ranks"].dump()));
     }
     sweep.ranks = spec["ranks"].get<int>();
-    if (sweep.ranks > 1) {
-      throw SpecError(fmt::format(
-          "ranks: {} ranks per run requested, but `moelab train` has no distributed training "
-          "yet; the launcher would start `mpirun -np {} moelab train ...` once it does. Use "
-          "ranks: 1",
-          sweep.ranks, sweep.ranks));
-    }
   }
   if (spec.contains("branching")) {
     if (!spec["branching"].is_boolean()) throw SpecError("branching: expected true or false");
@@ -518,6 +520,16 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
     }
   }
 
+  // Layout shorthands for the sweep: "expert_parallel": E, "zero1": true set dist.* of every run.
+  for (const char* key : {"expert_parallel", "zero1"}) {
+    if (!spec.contains(key)) continue;
+    try {
+      SetPath(base, std::string("dist.") + key, ToJson(spec[key]));
+    } catch (const ConfigError& e) {
+      throw SpecError(fmt::format("{}: {}", key, e.what()));
+    }
+  }
+
   std::map<std::string, ojson> default_vars;
   if (spec.contains("vars")) {
     if (!spec["vars"].is_object()) throw SpecError("vars: expected an object name -> value");
@@ -536,7 +548,9 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   // axis varies fastest.
   std::vector<Point> points = {Point{}};
   std::set<std::string> assigned;
+  size_t runs_listed = 0;  // runs[] is the outermost axis: point i comes from runs[i / stride]
   if (spec.contains("runs")) {
+    runs_listed = spec["runs"].is_array() ? spec["runs"].size() : 0;
     const ojson& runs = spec["runs"];
     if (!runs.is_array()) throw SpecError("runs: expected a list of override objects");
     if (runs.empty()) throw SpecError("runs: empty list (no runs)");
@@ -627,7 +641,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       if (d.expr.find(v) != std::string::npos) used_in_exprs.insert(v);
   }
   for (const std::string& v : assigned) {
-    if (!IsConfigPath(v) && !used_in_exprs.count(v)) {
+    if (!IsConfigPath(v) && !used_in_exprs.count(v) && !IsLaunchKey(v)) {
       sweep.warnings.push_back(fmt::format(
           "sweep variable '{}' is not used by any derived field: it is recorded but changes "
           "nothing (did you mean a config path such as 'section.{}'?)",
@@ -642,6 +656,8 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   for (size_t i = 0; i < points.size(); ++i) {
     SweepRun run;
     run.index = static_cast<int>(i);
+    run.ranks = sweep.ranks;
+    if (runs_listed > 0) run.runs_index = static_cast<int>(i / (points.size() / runs_listed));
     json config = base;
     std::map<std::string, ojson> vars = default_vars;
     for (const auto& [k, v] : default_vars) run.vars[k] = v;
@@ -658,6 +674,22 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       }
     }
     try {
+      // Launch keys: "ranks" per run; "expert_parallel" / "zero1" stand for dist.*.
+      for (const auto& [k, v] : points[i]) {
+        if (k == "ranks") {
+          if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxRanks) {
+            throw SpecError(fmt::format("{}: expected an integer from 1 to {}, got {}",
+                                        KeyOrigin(spec, k, run.runs_index), kMaxRanks, v.dump()));
+          }
+          run.ranks = v.get<int>();
+        } else if (k == "expert_parallel" || k == "zero1") {
+          try {
+            SetPath(config, "dist." + k, ToJson(v));
+          } catch (const ConfigError& e) {
+            throw SpecError(fmt::format("{}: {}", KeyOrigin(spec, k, run.runs_index), e.what()));
+          }
+        }
+      }
       for (const Derived& d : derived) {
         const json value = TypedResult(d, Evaluate(d, config, vars));
         if (IsConfigPath(d.target)) {
@@ -668,6 +700,12 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
         run.vars[d.target] = ojson::parse(value.dump());
       }
       run.config = ConfigFromJson(config);
+      LayoutOrigin origin;
+      origin.ranks = KeyOrigin(spec, "ranks", run.runs_index);
+      origin.expert_parallel = KeyOrigin(spec, "dist.expert_parallel", run.runs_index);
+      if (const std::string e = LayoutError(run.config, run.ranks, origin); !e.empty()) {
+        throw SpecError(e);
+      }
       if (options.check_data && run.config.data.source == "corpus" &&
           checked_data.insert(run.config.data.path).second) {
         try {
@@ -678,9 +716,14 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       }
     } catch (const ConfigError& e) {
       ++error_count;
+      // Layout errors name where the spec set the field (runs[3].expert_parallel, base.dist...).
+      const std::string what =
+          e.path().rfind("dist.", 0) == 0
+              ? fmt::format("{}: {}", KeyOrigin(spec, e.path(), run.runs_index), e.reason())
+              : std::string(e.what());
       if (static_cast<int>(errors.size()) < options.max_errors_listed) {
         errors.push_back(
-            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), e.what()));
+            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), what));
       }
       continue;
     } catch (const SpecError& e) {

@@ -34,6 +34,10 @@ struct SweepRun {
   std::string branch_hash;                 // BranchHash(config)
   std::string name;                        // "<sweep>/<key=value,...>"
   int duplicate_of = -1;  // index of an earlier run of the sweep with the same hash
+  // Processes that train this run (the spec's "ranks", per run or for the sweep; not hashed:
+  // the trajectory does not depend on it). sweeps/launch.h checks it against the layout.
+  int ranks = 1;
+  int runs_index = -1;  // which entry of the spec's "runs" list made this run (-1: none)
 };
 
 struct Sweep {
@@ -41,7 +45,7 @@ struct Sweep {
   // The normalised spec (base inlined), stored in the database so `sweep status|resume NAME`
   // can re-expand it without the spec file.
   ojson spec;
-  int ranks = 1;
+  int ranks = 1;          // the spec's top-level "ranks" (a run's own "ranks" wins)
   bool branching = true;  // WSD branching of runs that differ only in length
   std::vector<SweepRun> runs;
   std::vector<std::string> warnings;

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include "core/data/data.h"
+#include "core/dist/layout.h"
+#include "core/dist/zero.h"
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
@@ -52,16 +54,30 @@ void Scale(float* g, size_t n, float s) {
   for (size_t i = 0; i < n; ++i) g[i] *= s;
 }
 
+// Mean validation loss over eval.batches batches of the global batch size; with several
+// data-parallel ranks each evaluates its slice of every batch and the means are averaged.
 double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
-                std::vector<int32_t>& tokens) {
+                std::vector<int32_t>& tokens, Communicator& comm, const DistLayout& layout) {
   double sum = 0;
   StepStats stats;
+  const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data(), c.train.batch_size, &stats);
+    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                  layout.local_batch, &stats);
     sum += stats.loss;
   }
-  return sum / c.eval.batches;
+  if (layout.world > 1) comm.AllReduceSum(&sum, 1);
+  return sum / (static_cast<double>(c.eval.batches) * layout.dp);
+}
+
+// Sums gradients over the data-parallel ranks in buckets of about bucket_mb MiB and averages.
+void AllReduceGradients(Communicator& comm, float* g, size_t n, double bucket_mb) {
+  const size_t bucket =
+      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
+  for (size_t off = 0; off < n; off += bucket)
+    comm.AllReduceSum(g + off, std::min(bucket, n - off));
+  Scale(g, n, 1.0f / comm.world_size());
 }
 
 }  // namespace
@@ -79,49 +95,158 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   SingleProcessCommunicator single;
   Communicator* comm = options.comm ? options.comm : &single;
+  // Only rank 0 records (one run row per distributed run) and writes checkpoints.
+  NullSink null_sink;
+  const bool leader = comm->rank() == 0;
+  if (!leader) sink = &null_sink;
   const std::string ckpt_dir =
       options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
-  const int B = c.train.batch_size, S = c.model.seq_len;
+  const int B = c.train.batch_size, S = c.model.seq_len;  // B: the global batch
   const double flops_per_token = ForwardFlopsPerToken(c).training();
 
   omp_set_num_threads(c.train.threads);
   openblas_set_num_threads(c.train.threads);
 
   try {
+    const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
+    const int local_batch = layout.local_batch;
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     Model<float> model(c);
     model.Init(c.train.seed);
-    std::unique_ptr<Optimizer> optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+    // ZeRO-1 (with distributed Muon): a sharded optimizer; otherwise every rank steps all.
+    const bool zero = c.dist.zero1 && layout.world > 1;
+    const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
+    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<ShardedOptimizer> sharded;
+    if (zero) {
+      sharded = std::make_unique<ShardedOptimizer>(c.optimizer, model.param_infos(),
+                                                   model.num_params(), *comm);
+    } else {
+      optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+    }
+    // The grad norm is summed over the same ranges with and without ZeRO-1 (identical bits).
+    const std::vector<ArenaRange> norm_ranges =
+        layout.world > 1 ? PartitionArena(model.param_infos(), model.num_params(), layout.world,
+                                          muon)
+                         : std::vector<ArenaRange>{};
+    // Optimizer buffers in the unsharded checkpoint layout; with ZeRO-1 gathered into storage.
+    auto checkpoint_state = [&](std::vector<std::vector<float>>& storage, bool gather) {
+      if (!zero) return optimizer->state();
+      if (gather) {
+        storage = sharded->GatherFullState();
+      } else {
+        storage.clear();
+        for (const auto& [name, size] : sharded->full_layout()) storage.emplace_back(size);
+      }
+      std::vector<StateBuffer> out;
+      for (size_t i = 0; i < storage.size(); ++i) {
+        out.push_back({sharded->full_layout()[i].first, &storage[i]});
+      }
+      return out;
+    };
     std::span<float> params(model.params(), model.num_params());
     std::span<float> bias(model.router_bias().data(), model.router_bias().size());
 
     int64_t step = 0, tokens_seen = 0;
     double flops = 0;
-    const std::string latest = options.resume ? LatestCheckpoint(ckpt_dir) : "";
-    if (!latest.empty() || !options.init_from.empty()) {
-      const bool branch = latest.empty();
-      const std::string& from = branch ? options.init_from : latest;
-      CheckpointHeader h = ReadCheckpoint(from, branch ? branch_hash : hash, params, bias,
-                                          optimizer->state(), branch);
-      if (h.step > total) {
-        throw std::runtime_error(fmt::format("{} is at step {}, beyond this run's {} steps", from,
-                                             h.step, total));
+    // Rank 0 reads the checkpoint (falling back past corrupt ones) and broadcasts what it read,
+    // so every rank agrees on the state and a checkpoint written at N ranks resumes at M.
+    std::string from, read_error;
+    CheckpointHeader h;
+    std::vector<std::vector<float>> resume_storage;
+    const std::vector<StateBuffer> resume_state = checkpoint_state(resume_storage, false);
+    if (leader) {
+      try {
+        if (options.resume) {
+          from = ReadNewestValidCheckpoint(
+              ckpt_dir, hash, params, bias, resume_state, &h,
+              [](const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); });
+        }
+        if (from.empty() && !options.init_from.empty()) {
+          from = options.init_from;
+          h = ReadCheckpoint(from, branch_hash, params, bias, resume_state, true);
+        }
+        if (!from.empty() && h.step > total) {
+          throw std::runtime_error(
+              fmt::format("{} is at step {}, beyond this run's {} steps", from, h.step, total));
+        }
+      } catch (const std::exception& e) {
+        read_error = e.what();
       }
+    }
+    if (layout.world > 1) {
+      // One flag first: 0 fresh start, 1 resumed, 2 failed (every rank throws).
+      float flag = !read_error.empty() ? 2.0f : from.empty() ? 0.0f : 1.0f;
+      comm->Broadcast(&flag, 1, 0);
+      if (flag == 2.0f && !leader) throw std::runtime_error("rank 0 could not read the checkpoint");
+      if (flag == 1.0f) {
+        int64_t hdr[2] = {h.step, h.tokens};
+        comm->BroadcastBytes(hdr, sizeof hdr, 0);
+        comm->BroadcastBytes(&h.flops, sizeof h.flops, 0);
+        h.step = hdr[0];
+        h.tokens = hdr[1];
+        comm->Broadcast(params.data(), params.size(), 0);
+        comm->Broadcast(bias.data(), bias.size(), 0);
+        for (const StateBuffer& sb : resume_state) {
+          comm->Broadcast(sb.data->data(), sb.data->size(), 0);
+        }
+        if (!leader) from = "(broadcast from rank 0)";
+      }
+    }
+    if (!read_error.empty()) throw std::runtime_error(read_error);
+    if (zero && !from.empty()) sharded->LoadFullState(resume_storage);
+    resume_storage = {};
+    if (!from.empty()) {
       step = h.step;
       tokens_seen = h.tokens;
       flops = h.flops;
       result.checkpoint = from;
     }
+    if (layout.world > 1) {
+      // Optimizer-state memory per rank (the ZeRO-1 saving), printed by rank 0.
+      std::vector<int64_t> bytes(layout.world, 0);
+      size_t full = 0;
+      if (zero) {
+        result.optimizer_state_bytes = sharded->local_state_bytes();
+        full = sharded->full_state_bytes();
+      } else {
+        for (const StateBuffer& sb : optimizer->state()) full += sb.data->size() * sizeof(float);
+        result.optimizer_state_bytes = full;
+      }
+      bytes[layout.rank] = static_cast<int64_t>(result.optimizer_state_bytes);
+      comm->AllReduceSum(bytes.data(), bytes.size());
+      if (leader) {
+        fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(),
+                   comm->kind());
+        fmt::print(stderr,
+                   "moelab train: optimizer state per rank: {:.3f} MiB max, {:.3f} MiB min ({}; "
+                   "unsharded {:.3f} MiB)\n",
+                   *std::max_element(bytes.begin(), bytes.end()) / 1048576.0,
+                   *std::min_element(bytes.begin(), bytes.end()) / 1048576.0,
+                   zero ? fmt::format("ZeRO-1 over {} ranks", layout.world) : "replicated",
+                   full / 1048576.0);
+      }
+      comm->ResetStats();
+    }
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
-    auto checkpoint = [&](int64_t at) {
+    // Collective with ZeRO-1 (the state is gathered); only rank 0 writes.
+    auto write_checkpoint = [&](const std::string& dir, int64_t at, int keep) -> std::string {
+      if (!leader && !zero) return "";
+      std::vector<std::vector<float>> storage;
+      const std::vector<StateBuffer> state = checkpoint_state(storage, true);
+      if (!leader) return "";
       CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
-      result.checkpoint =
-          WriteCheckpoint(ckpt_dir, h, params, bias, optimizer->state(), c.checkpoint.keep);
+      return WriteCheckpoint(dir, h, params, bias, state, keep);
+    };
+    auto checkpoint = [&](int64_t at) {
+      const std::string path = write_checkpoint(ckpt_dir, at, c.checkpoint.keep);
+      if (!leader) return;
+      result.checkpoint = path;
       sink->OnCheckpoint(at, result.checkpoint);
     };
     auto is_branch_step = [&](int64_t at) {
@@ -130,8 +255,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     };
 
     std::vector<int32_t> tokens(static_cast<size_t>(B) * (S + 1));
+    // This rank's rows of the global batch: the batch is a pure function of (seed, step), so the
+    // trajectory does not depend on how many ranks share it.
+    const int32_t* local_tokens =
+        tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
-    ProgressBar bar("train", total, options.progress);
+    ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     const auto t_start = Clock::now();
     auto last_heartbeat = t_start;
@@ -139,27 +268,51 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const bool aux_free = c.moe.enabled() && c.moe.balance == "aux_free";
     int64_t steps_timed = 0;
     double time_in_steps = 0;
+    int64_t step_comm_bytes = 0;  // collectives inside the timed steps (not eval, checkpoints)
+    double step_comm_seconds = 0;
 
     while (step < end) {
-      if (options.stop_flag && options.stop_flag->load()) break;
+      bool stop = options.stop_flag && options.stop_flag->load();
+      if (layout.world > 1) {
+        // A signal may reach the ranks at different steps: stop together.
+        float f = stop ? 1.0f : 0.0f;
+        comm->AllReduceMax(&f, 1);
+        stop = f > 0;
+      }
+      if (stop) break;
       const auto t0 = Clock::now();
-      data->TrainBatch(c.train.seed, step, comm->rank(), B, S, tokens.data());
-      model.ForwardBackward(tokens.data(), B, &stats);
+      const CommStats comm_before = comm->stats();
+      data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
+      model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
       float* grads = model.grads();
-      if (comm->world_size() > 1) {
-        comm->AllReduceSum(grads, n);
-        Scale(grads, n, 1.0f / comm->world_size());
+      if (layout.world > 1) {
+        if (zero) {
+          sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
+        } else {
+          AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
+        }
+        // S_max with MAX so every rank computes the same QK-Clip γ and clips identically.
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
         comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());
         comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
-        double l[2] = {stats.loss, stats.aux_loss};
-        comm->AllReduceSum(l, 2);
-        stats.loss = l[0] / comm->world_size();
-        stats.aux_loss = l[1] / comm->world_size();
+        double l[3] = {stats.loss, stats.aux_loss, stats.z_loss};
+        comm->AllReduceSum(l, 3);
+        stats.loss = l[0] / layout.dp;
+        stats.aux_loss = l[1] / layout.dp;
+        stats.z_loss = l[2] / layout.dp;
       }
       ++step;
-      const double grad_norm = GradNorm(grads, n);
+      double grad_norm = 0;
+      if (zero) {
+        grad_norm = sharded->GradNorm(grads);
+      } else if (layout.world > 1) {
+        double sq = 0;
+        for (const ArenaRange& r : norm_ranges) sq += RangeSquares(grads, r);
+        grad_norm = std::sqrt(sq);
+      } else {
+        grad_norm = GradNorm(grads, n);
+      }
       if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
         result.status = RunStatus::kDiverged;
         result.steps_done = step;
@@ -175,10 +328,19 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         return result;
       }
       if (c.optimizer.grad_clip > 0 && grad_norm > c.optimizer.grad_clip) {
-        Scale(grads, n, static_cast<float>(c.optimizer.grad_clip / grad_norm));
+        const float s = static_cast<float>(c.optimizer.grad_clip / grad_norm);
+        if (zero) {
+          Scale(grads + sharded->mine().begin, sharded->mine().size(), s);
+        } else {
+          Scale(grads, n, s);
+        }
       }
       const double lr = ScheduledLr(c.schedule, c.optimizer.lr, step, total);
-      optimizer->Step(model.params(), grads, lr, step);
+      if (zero) {
+        sharded->Step(model.params(), grads, lr, step, c.dist.bucket_mb);
+      } else {
+        optimizer->Step(model.params(), grads, lr, step);
+      }
       if (c.optimizer.qk_clip_tau > 0) {
         // After the update, from this step's forward statistics (the step itself is unchanged).
         std::vector<ClipEvent> events =
@@ -187,10 +349,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
-      tokens_seen += static_cast<int64_t>(B) * S * comm->world_size();
-      flops += flops_per_token * B * S * comm->world_size();
+      tokens_seen += static_cast<int64_t>(B) * S;
+      flops += flops_per_token * B * S;
       const auto t1 = Clock::now();
       const double dt = Seconds(t0, t1);
+      step_comm_bytes += comm->stats().bytes - comm_before.bytes;
+      step_comm_seconds += comm->stats().seconds - comm_before.seconds;
       ++steps_timed;
       time_in_steps += dt;
       StepRecord r;
@@ -202,21 +366,19 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.tokens = tokens_seen;
       r.flops = flops;
       r.step_time_s = dt;
-      r.tokens_per_s = B * S * comm->world_size() / dt;
+      r.tokens_per_s = static_cast<double>(B) * S / dt;
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 
       if ((c.eval.every > 0 && step % c.eval.every == 0) || step == total) {
-        result.last_val_loss = Evaluate(model, *data, c, tokens);
+        result.last_val_loss = Evaluate(model, *data, c, tokens, *comm, layout);
         sink->OnEval(step, tokens_seen, flops, result.last_val_loss);
       }
       if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
         checkpoint(step);
       }
       if (is_branch_step(step)) {
-        CheckpointHeader h{hash, branch_hash, step, tokens_seen, flops};
-        WriteCheckpoint(BranchCheckpointDir(ckpt_dir), h, params, bias, optimizer->state(),
-                        std::numeric_limits<int>::max());
+        write_checkpoint(BranchCheckpointDir(ckpt_dir), step, std::numeric_limits<int>::max());
       }
       if (Seconds(last_heartbeat, Clock::now()) >= 1.0) {
         sink->OnHeartbeat();
@@ -230,11 +392,25 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                    ProgressBar::FormatCount(result.tokens_per_s)));
     }
     result.steps_done = step;
+    if (layout.world > 1 && steps_timed > 0) {
+      result.comm_bytes_per_step = static_cast<double>(step_comm_bytes) / steps_timed;
+      result.comm_time_share = time_in_steps > 0 ? step_comm_seconds / time_in_steps : 0;
+      if (leader) {
+        fmt::print(stderr,
+                   "moelab train: communication: {:.3f} MiB sent per step by rank 0, {:.1f}% of "
+                   "step time in collectives\n",
+                   result.comm_bytes_per_step / 1048576.0, 100 * result.comm_time_share);
+      }
+    }
     if (step < total) {
       // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
-      if (result.checkpoint.empty() || step != result.start_step) {
-        if (CheckpointAtStep(ckpt_dir, step).empty()) checkpoint(step);
-      }
+      // Rank 0 decides (it alone sees the folder); with ZeRO-1 every rank joins the gather.
+      float need = leader && (result.checkpoint.empty() || step != result.start_step) &&
+                           CheckpointAtStep(ckpt_dir, step).empty()
+                       ? 1.0f
+                       : 0.0f;
+      if (layout.world > 1) comm->Broadcast(&need, 1, 0);
+      if (need > 0) checkpoint(step);
       result.status = RunStatus::kStopped;
       bar.Finish(fmt::format("stopped at step {}", step));
     } else {
