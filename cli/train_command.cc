@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/data/data.h"
+#include "core/device.h"
 #include "core/flops.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
@@ -77,6 +78,11 @@ void AddTrainCommand(CLI::App& app) {
         } catch (const std::exception& e) {
           throw ConfigError("data.path", e.what());
         }
+      }
+      try {
+        RequireDevice(config.train);  // train.device "cuda" without a GPU: exit 2, no run row
+      } catch (const DeviceError& e) {
+        throw ConfigError("train.device", e.what());
       }
     } catch (const ConfigError& e) {
       fmt::print(stderr, "moelab train: config error: {}\n", e.what());
