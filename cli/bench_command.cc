@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_cuda.h"
+#include "cli/bench_distributed.h"
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/data/data.h"
@@ -188,6 +189,7 @@ void AddBenchCommand(CLI::App& app) {
     int steps = 10, warmup = 2, threads = 2, gemm_n = 2048;
     std::string only;
     std::string device = "cpu";  // cuda: cli/bench_cuda.cc (issue 11's shapes and yardstick)
+    bool distributed = false, model_only = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -203,6 +205,11 @@ void AddBenchCommand(CLI::App& app) {
                   "cpu, or cuda: bf16 GEMM rate and the gpu-dense/gpu-moe shapes (docs/cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_flag("--distributed", args->distributed,
+                "1 rank x T threads vs T ranks x 1 thread (mpirun), with bytes per step "
+                "(cli/bench_distributed.h)");
+  cmd->add_flag("--comm-model", args->model_only,
+                "With --distributed: print the analytic K2-like scaling table only");
   cmd->callback([args]() {
     if (args->device == "cuda") {
       CudaBenchOptions o;
@@ -213,6 +220,18 @@ void AddBenchCommand(CLI::App& app) {
       if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
       const int rc = RunCudaBench(o);
       if (rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
+    if (args->distributed) {
+      DistributedBenchOptions o;
+      o.steps = args->steps;
+      o.warmup = args->warmup;
+      o.threads = args->threads;
+      o.only = args->only;
+      o.json = args->json;
+      o.model_only = args->model_only;
+      const int code = RunDistributedBench(o);
+      if (code != 0) throw CLI::RuntimeError(code);
       return;
     }
     omp_set_num_threads(args->threads);

@@ -196,7 +196,13 @@ int RunCudaBench(const CudaBenchOptions& o) {
   }
   for (const GpuCase& gc : GpuCases()) {
     if (!o.only.empty() && gc.name.find(o.only) == std::string::npos) continue;
-    const CaseResult r = RunGpuCase(gc, o, gemm);
+    CaseResult r;
+    try {
+      r = RunGpuCase(gc, o, gemm);
+    } catch (const std::exception& e) {  // e.g. out of memory on a smaller GPU
+      r.name = gc.name;
+      r.skipped = std::string("failed: ") + e.what();
+    }
     nlohmann::json j = {{"name", r.name},
                         {"params", r.params},
                         {"params_active", r.active},

@@ -149,6 +149,8 @@ void NcclCommunicator::Barrier() {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+void NcclCommunicator::Abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+
 #else  // NCCL, MPI or CUDA missing from this build
 
 struct NcclCommunicator::Impl {};
@@ -177,6 +179,7 @@ void NcclCommunicator::AllReduceSum(int64_t*, size_t) {}
 void NcclCommunicator::AllReduceMax(float*, size_t) {}
 void NcclCommunicator::AllToAllV(const float*, const size_t*, float*, const size_t*) {}
 void NcclCommunicator::Barrier() {}
+void NcclCommunicator::Abort(int) {}
 
 #endif
 

@@ -31,6 +31,8 @@ class NcclCommunicator : public Communicator {
   void AllToAllV(const float* send, const size_t* send_counts, float* recv,
                  const size_t* recv_counts) override;
   void Barrier() override;
+  void Abort(int exit_code) override;  // MPI_Abort
+  std::string kind() const override { return "nccl"; }
   int device() const;  // the CUDA device this rank uses
 
  private:

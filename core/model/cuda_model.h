@@ -4,9 +4,8 @@
 // bf16 copy of the parameters for compute when the precision is bf16 (fp32 accumulation, losses
 // and S_max in fp32); activations in one device arena.
 //
-// Status: the arenas, initialisation, transfers and the precision plumbing are here; the
-// forward/backward walk needs the kernels/cuda twins of kernels/cpu (the cudaops work) and is
-// not built yet: ForwardBackwardAvailable() says so and ForwardBackward throws.
+// The forward/backward is model.cc's walk over the kernels/cuda twins. Unverified: it has never
+// run on a GPU (tests/cuda_model/cuda_model_test.cc are its twin tests).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +28,8 @@ class CudaModel {
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
 
-  // Whether this build has the device forward/backward; `why` gets the reason when not.
+  // Whether this build has the device forward/backward (true in every CUDA build); `why` gets
+  // the reason when not.
   static bool ForwardBackwardAvailable(std::string* why);
 
   // The values of Model<float>::Init(seed), computed on the host and uploaded.

@@ -11,6 +11,8 @@
 
 #include "core/data/data.h"
 #include "core/device.h"
+#include "core/dist/layout.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/flops.h"
 #include "core/model/cuda_model.h"
 #include "core/optim/cuda_optimizer.h"
@@ -28,16 +30,20 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// As trainer.cc: every rank evaluates its slice of each global validation batch.
 double Evaluate(CudaModel& model, TokenSource& data, const RunConfig& c,
-                std::vector<int32_t>& tokens) {
+                std::vector<int32_t>& tokens, Communicator& comm, const DistLayout& layout) {
   double sum = 0;
   StepStats stats;
+  const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data(), c.train.batch_size, &stats);
+    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                  layout.local_batch, &stats);
     sum += stats.loss;
   }
-  return sum / c.eval.batches;
+  if (layout.world > 1) comm.AllReduceSum(&sum, 1);
+  return sum / (static_cast<double>(c.eval.batches) * layout.dp);
 }
 
 TrainResult Fail(TrainResult result, MetricsSink* sink, const std::string& error) {
@@ -51,8 +57,9 @@ TrainResult Fail(TrainResult result, MetricsSink* sink, const std::string& error
 
 // Mirrors Train() in trainer.cc step for step; the differences: parameters, gradients and
 // optimizer state live on the device (host copies only for checkpoints), the gradient norm,
-// clipping, optimizer and QK-Clip run on the device, and a multi-process run needs a
-// communicator that takes device pointers (NcclCommunicator).
+// clipping, optimizer and QK-Clip run on the device, and several ranks (mpirun) exchange through
+// an NcclCommunicator created here over the job's MPI world (data parallelism only; every rank
+// reads the resume checkpoint itself, so checkpoints must be on a shared filesystem).
 TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOptions& options) {
   TrainResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
@@ -67,6 +74,29 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
   }
   SingleProcessCommunicator single;
   Communicator* comm = options.comm ? options.comm : &single;
+  std::unique_ptr<NcclCommunicator> nccl;
+  DistLayout layout;
+  try {
+    layout = MakeDistLayout(c, comm->world_size(), comm->rank());
+    if (layout.world > 1) {
+      if (layout.ep > 1 || c.dist.zero1) {
+        throw std::runtime_error(
+            "train.device \"cuda\" with several ranks supports data parallelism only "
+            "(dist.expert_parallel 1, dist.zero1 false)");
+      }
+      if (comm->kind() != "nccl") {
+        nccl = NcclCommunicator::Create();  // collective over the MPI world
+        comm = nccl.get();
+      }
+    }
+  } catch (const std::exception& e) {
+    return Fail(result, sink, e.what());
+  }
+  // Only rank 0 records and writes checkpoints.
+  NullSink null_sink;
+  const bool leader = comm->rank() == 0;
+  if (!leader) sink = &null_sink;
+  const int local_batch = layout.local_batch;
   const std::string ckpt_dir =
       options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
@@ -109,7 +139,8 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
-    auto write = [&](const std::string& dir, int64_t at, int keep) {
+    auto write = [&](const std::string& dir, int64_t at, int keep) -> std::string {
+      if (!leader) return "";
       model.DownloadParams(host_params.data());
       optimizer->SyncToHost();
       CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
@@ -121,8 +152,10 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     };
 
     std::vector<int32_t> tokens(static_cast<size_t>(B) * (S + 1));
+    const int32_t* local_tokens =
+        tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
-    ProgressBar bar("train", total, options.progress);
+    ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     auto last_heartbeat = Clock::now();
     sink->OnHeartbeat();
@@ -131,21 +164,28 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     double time_in_steps = 0;
 
     while (step < end) {
-      if (options.stop_flag && options.stop_flag->load()) break;
+      bool stop = options.stop_flag && options.stop_flag->load();
+      if (layout.world > 1) {
+        float f = stop ? 1.0f : 0.0f;
+        comm->AllReduceMax(&f, 1);
+        stop = f > 0;
+      }
+      if (stop) break;
       const auto t0 = Clock::now();
-      data->TrainBatch(c.train.seed, step, comm->rank(), B, S, tokens.data());
-      model.ForwardBackward(tokens.data(), B, &stats);
+      data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
+      model.ForwardBackward(local_tokens, local_batch, &stats);
       float* grads = model.grads();
-      if (comm->world_size() > 1) {
-        comm->AllReduceSum(grads, n);  // device pointer: needs NcclCommunicator
+      if (layout.world > 1) {
+        comm->AllReduceSum(grads, n);  // device pointer: NCCL all-reduce in place
         DeviceScale(grads, n, 1.0f / comm->world_size());
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
         comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());
         comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
-        double l[2] = {stats.loss, stats.aux_loss};
-        comm->AllReduceSum(l, 2);
-        stats.loss = l[0] / comm->world_size();
-        stats.aux_loss = l[1] / comm->world_size();
+        double l[3] = {stats.loss, stats.aux_loss, stats.z_loss};
+        comm->AllReduceSum(l, 3);
+        stats.loss = l[0] / layout.dp;
+        stats.aux_loss = l[1] / layout.dp;
+        stats.z_loss = l[2] / layout.dp;
       }
       ++step;
       const double grad_norm = DeviceL2Norm(grads, n);
@@ -176,8 +216,8 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       model.ParamsChanged();
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
-      tokens_seen += static_cast<int64_t>(B) * S * comm->world_size();
-      flops += flops_per_token * B * S * comm->world_size();
+      tokens_seen += static_cast<int64_t>(B) * S;  // B is the global batch
+      flops += flops_per_token * B * S;
       const double dt = Seconds(t0, Clock::now());
       ++steps_timed;
       time_in_steps += dt;
@@ -190,15 +230,15 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       r.tokens = tokens_seen;
       r.flops = flops;
       r.step_time_s = dt;
-      r.tokens_per_s = B * S * comm->world_size() / dt;
+      r.tokens_per_s = B * S / dt;
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 
       if ((c.eval.every > 0 && step % c.eval.every == 0) || step == total) {
-        result.last_val_loss = Evaluate(model, *data, c, tokens);
+        result.last_val_loss = Evaluate(model, *data, c, tokens, *comm, layout);
         sink->OnEval(step, tokens_seen, flops, result.last_val_loss);
       }
-      if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
+      if (leader && ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total)) {
         result.checkpoint = write(ckpt_dir, step, c.checkpoint.keep);
         sink->OnCheckpoint(step, result.checkpoint);
       }
@@ -215,7 +255,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     }
     result.steps_done = step;
     if (step < total) {
-      if (result.checkpoint.empty() || step != result.start_step) {
+      if (leader && (result.checkpoint.empty() || step != result.start_step)) {
         if (CheckpointAtStep(ckpt_dir, step).empty()) {
           result.checkpoint = write(ckpt_dir, step, c.checkpoint.keep);
           sink->OnCheckpoint(step, result.checkpoint);

@@ -59,6 +59,7 @@ TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
   json j = ConfigToJson(defaults);
   for (const char* k : {"threads", "device", "precision"}) j["train"].erase(k);
   j["checkpoint"] = json::object();  // every checkpoint field is unhashed
+  j.erase("dist");                   // as are the dist fields (ConfigHash drops the section)
   EXPECT_EQ(ConfigHash(defaults), Sha256Hex(CanonicalJson(j)));
   const RunConfig explicit_defaults =
       ConfigFromJson({{"train", {{"device", "cpu"}, {"precision", "auto"}}}});
