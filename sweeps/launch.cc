@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/dist/communicator.h"
+
 namespace moelab::sweeps {
 
 namespace fs = std::filesystem;
@@ -172,6 +174,16 @@ bool BuildHasMpi() {
 #else
   return false;
 #endif
+}
+
+std::string LaunchEnvironmentError() {
+  const int world = LauncherWorldSize();
+  if (world <= 1 || BuildHasMpi()) return "";
+  return fmt::format(
+      "this moelab was built without MPI (CMake did not find it, or MOELAB_WITH_MPI=OFF), but "
+      "it was started as one of {} ranks (by mpirun or srun): every rank would train its own "
+      "copy of the run. Install libopenmpi-dev and rebuild, or start one process",
+      world);
 }
 
 std::string FindOnPath(const std::string& name) {

@@ -63,8 +63,10 @@ void OverrideRanks(Sweep* sweep, int ranks);
 // Was this binary built with the MPI communicator (CMake found MPI)?
 bool BuildHasMpi();
 
-// (The trainer's own check, for a build without MPI started by mpirun/srun with several ranks,
-// is MakeWorldCommunicator in core/dist/communicator.h.)
+// Empty, or why this process must not train: it was started as one of several ranks by
+// mpirun/srun (moelab::LauncherWorldSize) but the build has no MPI. MakeWorldCommunicator in
+// core/dist/communicator.h makes the same check when it picks the communicator.
+std::string LaunchEnvironmentError();
 
 // Checks, before the local scheduler starts anything, that the sweep's multi-rank runs can be
 // started here: a build with MPI, `mpirun` on PATH, ranks within LocalRankCap(). Throws

@@ -208,6 +208,17 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+TEST(LaunchEnvironmentTest, SeveralRanksNeedAnMpiBuild) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr);
+  EXPECT_EQ(LaunchEnvironmentError(), "");
+  ScopedEnv w("OMPI_COMM_WORLD_SIZE", "3");
+  if (BuildHasMpi()) {
+    EXPECT_EQ(LaunchEnvironmentError(), "");
+  } else {
+    EXPECT_HAS(LaunchEnvironmentError(), "built without MPI");
+  }
+}
+
 TEST(LaunchEnvironmentTest, LocalLaunchChecksBeforeAnythingStarts) {
   Sweep one = ExpandSpec(Spec(R"({"seeds": [1]})"));
   EXPECT_NO_THROW(CheckLocalLaunch(one));  // one rank needs neither MPI nor mpirun
