@@ -14,9 +14,13 @@
 
 #ifdef MOELAB_GUI_HAVE_FITS
 #include "gui/fits.h"
+#include "gui/full_runs_view.h"
+#include "gui/promote_panel.h"
 #else
 namespace moelab::gui {
 class FitJob {};
+class PromotePanel {};
+class FullRunsView {};
 }  // namespace moelab::gui
 #endif
 
@@ -174,6 +178,10 @@ const char* App::ViewName(View v) {
       return "scaling";
     case View::kCompare:
       return "compare";
+    case View::kPromote:
+      return "promote";
+    case View::kFullRuns:
+      return "full-runs";
     default:
       return "runs";
   }
@@ -183,7 +191,8 @@ bool App::ParseView(const std::string& name, View* out) {
   for (int i = 0; i < static_cast<int>(View::kCount); ++i) {
     const View v = static_cast<View>(i);
     if (name == ViewName(v) || (v == View::kLogits && name == "max-logits")) {
-      if (v == View::kScaling && !HasScalingView()) return false;
+      if ((v == View::kScaling || v == View::kPromote || v == View::kFullRuns) && !HasScalingView())
+        return false;
       *out = v;
       return true;
     }
@@ -351,9 +360,10 @@ void App::Frame() {
   if (ImGui::BeginTabBar("views")) {
     for (int i = 0; i < static_cast<int>(View::kCount); ++i) {
       const View v = static_cast<View>(i);
-      if (v == View::kScaling && !HasScalingView()) continue;
-      static const char* kTitles[] = {"Runs",    "Curves",       "Max logits",
-                                      "Experts", "Scaling laws", "Compare"};
+      if ((v == View::kScaling || v == View::kPromote || v == View::kFullRuns) && !HasScalingView())
+        continue;
+      static const char* kTitles[] = {"Runs",         "Curves",  "Max logits", "Experts",
+                                      "Scaling laws", "Compare", "Promote",    "Full runs"};
       ImGuiTabItemFlags flags = 0;
       if (view_forced_ && v == view_) flags |= ImGuiTabItemFlags_SetSelected;
       if (ImGui::BeginTabItem(kTitles[i], nullptr, flags)) {
@@ -380,6 +390,16 @@ void App::Frame() {
             case View::kCompare:
               CompareView();
               break;
+#ifdef MOELAB_GUI_HAVE_FITS
+            case View::kPromote:
+              if (!promote_panel_) promote_panel_ = std::make_unique<PromotePanel>();
+              promote_panel_->Draw(store_->path(), &frame_settled_);
+              break;
+            case View::kFullRuns:
+              if (!full_runs_view_) full_runs_view_ = std::make_unique<FullRunsView>();
+              full_runs_view_->Draw(store_->path(), &frame_settled_);
+              break;
+#endif
             default:
               break;
           }

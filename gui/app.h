@@ -18,8 +18,20 @@
 namespace moelab::gui {
 
 class FitJob;  // gui/fits.h; only when analysis/ is built
+class PromotePanel;  // gui/promote_panel.h; only when analysis/ is built
+class FullRunsView;  // gui/full_runs_view.h; only when analysis/ is built
 
-enum class View { kRuns, kCurves, kLogits, kExperts, kScaling, kCompare, kCount };
+enum class View {
+  kRuns,
+  kCurves,
+  kLogits,
+  kExperts,
+  kScaling,
+  kCompare,
+  kPromote,
+  kFullRuns,
+  kCount
+};
 
 struct AppOptions {
   std::string db_path;
@@ -124,6 +136,10 @@ class App {
   ImRect plot_rect_;
   bool dragging_target_ = false;
   AxisState scaling_x_, scaling_y_;
+
+  // Promotion (issue 12): gui/promote_panel.cc, gui/full_runs_view.cc
+  std::unique_ptr<PromotePanel> promote_panel_;
+  std::unique_ptr<FullRunsView> full_runs_view_;
 };
 
 }  // namespace moelab::gui

@@ -30,7 +30,7 @@ void Usage() {
          "                  [--color-by KEY] [--screenshot OUT.png [--frames N] [--size WxH]]\n"
          "keys: var:NAME (sweep variable) or a dotted config key (moe.experts_total)\n"
          "views: runs, curves, logits, experts, compare"
-      << (moelab::gui::App::HasScalingView() ? ", scaling" : "") << "\n";
+      << (moelab::gui::App::HasScalingView() ? ", scaling, promote, full-runs" : "") << "\n";
 }
 
 }  // namespace
