@@ -51,33 +51,8 @@ std::vector<PromotionRecord> Query(const std::string& path, const std::string& w
 
 }  // namespace
 
-void CreatePromotionsTable(Connection& db) {
-  db.Exec(R"sql(
-CREATE TABLE IF NOT EXISTS promotions (
-  id              INTEGER PRIMARY KEY,
-  created_at      REAL NOT NULL,
-  sweep_id        INTEGER REFERENCES sweeps(id) ON DELETE SET NULL,
-  fit_id          INTEGER REFERENCES fits(id) ON DELETE SET NULL,
-  law             TEXT NOT NULL,
-  family_key      TEXT NOT NULL DEFAULT '',
-  family          TEXT NOT NULL DEFAULT '',
-  source_run_id   INTEGER REFERENCES runs(id) ON DELETE SET NULL,
-  target_json     TEXT NOT NULL,
-  plan_json       TEXT NOT NULL,
-  config_json     TEXT NOT NULL,
-  out_dir         TEXT NOT NULL DEFAULT '',
-  predicted_loss  REAL,
-  band_lo         REAL,
-  band_hi         REAL,
-  run_id          INTEGER REFERENCES runs(id) ON DELETE SET NULL
-);
-CREATE INDEX IF NOT EXISTS promotions_run ON promotions(run_id);
-)sql");
-}
-
 int64_t SavePromotion(const std::string& path, const PromotionRecord& p) {
-  Connection db = OpenForWrite(path);
-  CreatePromotionsTable(db);
+  Connection db = OpenForWrite(path);  // migration 5 creates the table
   Statement s = db.Prepare(
       "INSERT INTO promotions (created_at, sweep_id, fit_id, law, family_key, family, "
       "source_run_id, target_json, plan_json, config_json, out_dir, predicted_loss, band_lo, "
@@ -102,8 +77,7 @@ int64_t SavePromotion(const std::string& path, const PromotionRecord& p) {
 }
 
 void LinkPromotionRun(const std::string& path, int64_t promotion_id, int64_t run_id) {
-  Connection db = OpenForWrite(path);
-  CreatePromotionsTable(db);
+  Connection db = OpenForWrite(path);  // migration 5 creates the table
   Statement s = db.Prepare("UPDATE promotions SET run_id = ? WHERE id = ?");
   s.Bind(1, run_id).Bind(2, promotion_id);
   s.Run();

@@ -27,15 +27,11 @@ struct PromotionRecord {
   std::optional<int64_t> run_id;  // the launched run, once there is one
 };
 
-// The promotions table (schema migration 5); idempotent, for connections opened before the
-// migration existed in this build's history.
-void CreatePromotionsTable(Connection& db);
-
 // Inserts a promotion; returns its id.
 int64_t SavePromotion(const std::string& path, const PromotionRecord& p);
 // Links the promotion to the run it launched.
 void LinkPromotionRun(const std::string& path, int64_t promotion_id, int64_t run_id);
-// Newest first (read-only connection). An empty list when the table does not exist yet.
+// Newest first (read-only connection).
 std::vector<PromotionRecord> ListPromotions(const std::string& path);
 std::optional<PromotionRecord> GetPromotion(const std::string& path, int64_t id);
 // The promotion a run was launched by, if any.

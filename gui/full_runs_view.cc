@@ -93,12 +93,16 @@ void FullRunsView::Draw(const std::string& db_path, bool* settled) {
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(data->outside ? kOutsideColor : kInsideColor),
                        "  last val loss %.4f at %.3g FLOPs: %+.2f band units%s", run.loss.back(),
                        run.flops.back(), d, data->outside ? "  OUTSIDE THE BAND" : "  (inside)");
+    if (run.status == "running" || run.status == "queued") {
+      ImGui::SameLine();
+      ImGui::TextDisabled("(the law is the frontier: a run reaches it only as its schedule ends)");
+    }
   }
   if (plan.contains("config")) {
     const auto& c = plan["config"];
     ImGui::TextDisabled(
         "d_model %d, layers %d, heads %d, experts %d/%d  |  %.3g params (%.3g active), %d steps  "
-        "|  memory/device %s  |  time %s",
+        "|  memory/device %s  |  estimated time %s",
         c["model"].value("d_model", 0), c["model"].value("layers", 0), c["model"].value("heads", 0),
         c["moe"].value("experts_total", 0), c["moe"].value("experts_active", 0),
         Num(plan, "params_total"), Num(plan, "params_active"), plan.value("steps", 0),
