@@ -1,4 +1,6 @@
 // Heads-ablation deltas, IsoFLOP pitfall checks and analytic inference FLOPs.
+#include "analysis/ablation.h"
+
 #include <fmt/format.h>
 
 #include <Eigen/Dense>
@@ -10,7 +12,6 @@
 #include <random>
 
 #include "analysis/bootstrap.h"
-#include "analysis/scaling.h"
 
 namespace moelab::analysis {
 namespace {

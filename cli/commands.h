@@ -12,5 +12,7 @@ void AddConfigCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddSweepCommand(CLI::App& app);
 void AddFitCommand(CLI::App& app);
+// `moelab db export`, registered on the `db` subcommand by AddDbCommand.
+void AddDbExportCommand(CLI::App& db);
 
 }  // namespace moelab::cli
