@@ -1,10 +1,10 @@
 #include "core/config.h"
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <fstream>
 #include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 namespace moelab {
 namespace {
@@ -45,7 +45,8 @@ TEST(Config, RoundTripThroughJson) {
 TEST(Config, UnknownKeyNamesPathAndSuggests) {
   ExpectError({{"model", {{"head", 4}}}}, "model.head", "did you mean 'model.heads'");
   ExpectError({{"modle", {{"heads", 4}}}}, "modle", "did you mean 'model'");
-  ExpectError({{"optimizer", {{"learning_rate", 1e-3}}}}, "optimizer.learning_rate", "unknown key");
+  ExpectError({{"optimizer", {{"learning_rate", 1e-3}}}}, "optimizer.learning_rate",
+              "unknown key");
   // A key under the wrong section is found by its leaf name.
   ExpectError({{"model", {{"experts_total", 8}}}}, "model.experts_total",
               "did you mean 'moe.experts_total'");
@@ -82,9 +83,9 @@ TEST(Config, ImpossibleCombinations) {
               "unknown parameter kind");
   ExpectError({{"train", {{"steps", 10}}}, {"schedule", {{"warmup_steps", 10}}}},
               "schedule.warmup_steps", "not shorter");
-  ExpectError(
-      {{"data", {{"source", "markov"}, {"markov_order", 4}}}, {"model", {{"vocab_size", 4096}}}},
-      "data.markov_order", "too many");
+  ExpectError({{"data", {{"source", "markov"}, {"markov_order", 4}}},
+               {"model", {{"vocab_size", 4096}}}},
+              "data.markov_order", "too many");
 }
 
 TEST(Config, TokensSetSteps) {
@@ -96,8 +97,7 @@ TEST(Config, TokensSetSteps) {
 
 TEST(Config, HashIgnoresOrderAndNumberSpelling) {
   const json a = json::parse(R"({"train": {"tokens": 3e6, "seed": 7}, "model": {"layers": 2}})");
-  const json b =
-      json::parse(R"({"model": {"layers": 2.0}, "train": {"seed": 7, "tokens": 3000000}})");
+  const json b = json::parse(R"({"model": {"layers": 2.0}, "train": {"seed": 7, "tokens": 3000000}})");
   EXPECT_EQ(ConfigHash(ConfigFromJson(a)), ConfigHash(ConfigFromJson(b)));
   // Explicit defaults hash like omitted ones.
   EXPECT_EQ(ConfigHash(ConfigFromJson(json::object())),
@@ -134,7 +134,8 @@ TEST(Config, CanonicalJsonSortsKeysAndNormalisesNumbers) {
 }
 
 TEST(Config, Sha256KnownVector) {
-  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 TEST(Config, Overrides) {
