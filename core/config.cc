@@ -665,6 +665,10 @@ std::string ConfigHash(const RunConfig& c) {
   // Fields added later with a neutral default leave the hash of configs that do not use them
   // unchanged (runs recorded before the field existed still dedupe and resume).
   if (c.optimizer.adamw_lr == 0) j["optimizer"].erase("adamw_lr");
+  // optimizer.muon_nesterov changed its default (true -> false, K2's Algorithm 1). It does nothing
+  // under AdamW, so AdamW configs hash with the old value and keep their hashes; Muon runs with
+  // plain momentum are a different experiment and hash differently, as they should.
+  if (c.optimizer.name == "adamw") j["optimizer"]["muon_nesterov"] = true;
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");
