@@ -2,7 +2,7 @@
 """Tables for experiments/muon-vs-adamw from the sweep database or its committed export.
 
 Usage: analyze.py runs/muon.db            (the sweep database)
-       analyze.py experiments/muon-vs-adamw/export.json   (the committed `moelab db export`)
+       analyze.py experiments/muon-vs-adamw/export.csv    (the committed `moelab db export --format csv`)
 
 Python standard library only. Prints Markdown tables: the LR sweep (final validation loss of
 every decayed WSD endpoint), the frontier at each optimizer's best LR per seed, and the
@@ -19,19 +19,20 @@ from collections import defaultdict
 def load(path):
     """Returns a list of dicts: name, optimizer, lr, steps, seed, tokens, val_loss (final)."""
     runs = []
-    if path.endswith(".json"):
-        doc = json.load(open(path))
-        for r in doc["runs"]:
-            cfg = r.get("config") or {}
-            opt = cfg.get("optimizer", {})
-            evals = r.get("evals") or r.get("points") or []
-            last = max(evals, key=lambda e: e["step"]) if evals else None
-            runs.append(dict(name=r["name"], optimizer=opt.get("name"), lr=opt.get("lr"),
-                             steps=cfg.get("train", {}).get("steps"),
-                             seed=cfg.get("train", {}).get("seed"),
-                             tokens=last["tokens"] if last else None,
-                             val_loss=last["val_loss"] if last else None,
-                             status=r.get("status"), evals=evals))
+    if path.endswith(".csv"):
+        import csv
+        by_run = {}
+        for row in csv.DictReader(open(path)):
+            r = by_run.setdefault(row["run_id"], dict(
+                name=row["run_name"], optimizer=row["optimizer.name"],
+                lr=float(row["optimizer.lr"]), steps=int(row["train.steps"]),
+                seed=int(row.get("train.seed") or 1), status=row["status"], evals=[]))
+            r["evals"].append(dict(step=int(row["step"]), tokens=int(float(row["tokens"])),
+                                   val_loss=float(row["val_loss"])))
+        for r in by_run.values():
+            last = max(r["evals"], key=lambda e: e["step"])
+            r["tokens"], r["val_loss"] = last["tokens"], last["val_loss"]
+            runs.append(r)
         return runs
     db = sqlite3.connect(path)
     for rid, name, cfg_json, status in db.execute(
@@ -159,6 +160,16 @@ def main():
         txt = f"{t_a / t_m:.2f}" if t_a and t_m else "n/a (target not reached)"
         print(f"- seed {s}: AdamW {t_a and round(t_a)} tokens, Muon {t_m and round(t_m)} tokens, "
               f"ratio {txt}")
+    # The same ratio with AdamW's seed-mean loss at each shorter budget as the target.
+    fa, fm = mean_frontier(a_seeds), mean_frontier(m_seeds)
+    print("\n| target = AdamW mean loss at | target | AdamW tokens | Muon tokens | ratio |")
+    print("|---|---|---|---|---|")
+    for t_a, target_b in fa:
+        t_m = tokens_to_target(fm, target_b)
+        below = fm[0][1] <= target_b
+        txt = "—" if t_m is None else (f"≥ {t_a / t_m:.2f}" if below else f"{t_a / t_m:.2f}")
+        print(f"| {t_a} tokens | {target_b:.4f} | {t_a} | "
+              f"{'≤ ' if below else ''}{t_m and round(t_m)} | {txt} |")
     # Seed bootstrap: resample seeds within each optimizer, recompute the mean frontiers.
     rng = random.Random(13)
     vals, fails = [], 0
