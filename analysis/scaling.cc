@@ -505,7 +505,7 @@ Multiplier ComputeMultiplier(const PowerLawFit& f, const PowerLawFit& ref, doubl
       }
       m.flags.push_back(what);
     } else if (e.resamples_at_bound > 0) {
-      m.flags.push_back(fmt::format("E of family '{}' is on its bound in {:.0f}% of resamples",
+      m.flags.push_back(fmt::format("E of family '{}' is on its bound in {:.1f}% of resamples",
                                     p->family, 100 * e.resamples_at_bound));
     }
   }

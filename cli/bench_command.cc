@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_distributed.h"
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/data/data.h"
@@ -186,6 +187,7 @@ void AddBenchCommand(CLI::App& app) {
     bool json = false;
     int steps = 10, warmup = 2, threads = 2, gemm_n = 2048;
     std::string only;
+    bool distributed = false, model_only = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -197,7 +199,24 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--gemm-n", args->gemm_n, "Size of the reference square SGEMM")
       ->capture_default_str();
   cmd->add_option("--only", args->only, "Run only configs whose name contains this");
+  cmd->add_flag("--distributed", args->distributed,
+                "1 rank x T threads vs T ranks x 1 thread (mpirun), with bytes per step "
+                "(cli/bench_distributed.h)");
+  cmd->add_flag("--comm-model", args->model_only,
+                "With --distributed: print the analytic K2-like scaling table only");
   cmd->callback([args]() {
+    if (args->distributed) {
+      DistributedBenchOptions o;
+      o.steps = args->steps;
+      o.warmup = args->warmup;
+      o.threads = args->threads;
+      o.only = args->only;
+      o.json = args->json;
+      o.model_only = args->model_only;
+      const int code = RunDistributedBench(o);
+      if (code != 0) throw CLI::RuntimeError(code);
+      return;
+    }
     omp_set_num_threads(args->threads);
     openblas_set_num_threads(args->threads);
     const double sgemm = MeasureSgemm(args->gemm_n, 3);

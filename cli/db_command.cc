@@ -10,6 +10,7 @@
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
+#include "sweeps/adopt.h"
 
 namespace moelab::cli {
 
@@ -113,6 +114,10 @@ void AddDbCommand(CLI::App& app) {
   merge->callback([path, source]() {
     const db::MergeResult r = db::MergeDatabase(*path, *source);
     fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
+    // Runs of a sweep trained elsewhere (a Slurm job's database) join it now, by config hash.
+    for (const auto& a : sweeps::AdoptRuns(*path)) {
+      fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, a.status, a.sweep, a.idx);
+    }
   });
 
   auto max_age = std::make_shared<double>(30.0);

@@ -9,10 +9,12 @@
 
 #include "cli/commands.h"
 #include "core/train/trainer.h"
+#include "sweeps/launch.h"
 #include "sweeps/plan.h"
 #include "sweeps/runner.h"
 #include "sweeps/slurm.h"
 #include "sweeps/spec.h"
+#include "sweeps/store.h"
 
 namespace moelab::cli {
 
@@ -36,6 +38,7 @@ void Guard(const char* what, F&& f) {
 struct RunArgs {
   std::string spec, db = "moelab.db";
   int parallel = 1, threads = 0, max_retries = 1;
+  int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
   bool rerun = false, live = false, no_live = false;
   int64_t max_runs = 0;  // 0: the spec's max_runs or 10,000
 };
@@ -49,6 +52,10 @@ void AddRunOptions(CLI::App* cmd, RunArgs* a) {
   cmd->add_option("--max-retries", a->max_retries,
                   "Retries of a failed run (from its last checkpoint)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ranks", a->ranks,
+                  "Processes per run for every run (mpirun -np N; overrides the spec's ranks; "
+                  "each rank takes a --parallel slot)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--live", a->live, "Redraw a live table (default when stdout is a terminal)");
   cmd->add_flag("--no-live", a->no_live, "Print one line per event instead of a live table");
   cmd->add_option("--max-runs", a->max_runs,
@@ -64,6 +71,8 @@ void Execute(const RunArgs& a, bool resume) {
     eo.check_data = true;
     eo.max_runs = a.max_runs;
     sweep = sweeps::LoadSweepFromArg(a.spec, a.db, eo);
+    if (a.ranks > 0) sweeps::OverrideRanks(&sweep, a.ranks);
+    sweeps::CheckLocalLaunch(sweep);
   });
   for (const std::string& w : sweep.warnings) fmt::print("warning: {}\n", w);
   sweeps::RunOptions ro;
@@ -158,8 +167,12 @@ void AddSweepCommand(CLI::App& app) {
   {
     auto a = std::make_shared<sweeps::SlurmOptions>();
     auto spec = std::make_shared<std::string>();
+    auto submit = std::make_shared<bool>(false);
+    auto local_db = std::make_shared<std::string>("moelab.db");
     CLI::App* cmd = sweep->add_subcommand(
-        "slurm", "Write a Slurm array script: one array task per run (`moelab train`)");
+        "slurm",
+        "Write Slurm array scripts (one task per run, each an `srun --ntasks=<ranks> moelab "
+        "train` step); --submit sends them to sbatch");
     cmd->add_option("spec", *spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
     cmd->add_option("--db", a->db_path,
                     "Database path on the cluster; {task} becomes the array index (one file per "
@@ -167,19 +180,43 @@ void AddSweepCommand(CLI::App& app) {
         ->required();
     cmd->add_option("--out", a->out_dir, "Folder for the script and configs (default: .)");
     cmd->add_option("--moelab", a->moelab_bin, "moelab binary on the cluster");
-    cmd->add_option("--threads-per-run,-t", a->threads_per_run, "CPUs per task")
+    cmd->add_option("--threads-per-run,-t", a->threads_per_run, "CPUs per task (per rank)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--max-parallel", a->max_parallel, "Array throttle (%N)");
     cmd->add_option("--partition", a->partition, "Slurm partition");
     cmd->add_option("--time", a->time_limit, "Time limit per task (HH:MM:SS)");
-    cmd->callback([a, spec] {
+    cmd->add_option("--ranks", a->ranks, "Ranks (srun tasks) per run for every run")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--ntasks-per-node", a->ntasks_per_node, "#SBATCH --ntasks-per-node")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--srun-mpi", a->srun_mpi,
+                    "srun --mpi=PLUGIN (e.g. pmix; default: the cluster's)");
+    cmd->add_flag("--submit", *submit,
+                  "Submit the scripts with sbatch and record the jobs for `sweep status`");
+    cmd->add_option("--local-db", *local_db,
+                    "Local database that records the sweep and its jobs (`db merge` into it "
+                    "joins the runs to the sweep)")
+        ->capture_default_str();
+    cmd->callback([a, spec, submit, local_db] {
       Guard("slurm", [&] {
         const sweeps::Sweep s = sweeps::LoadSweep(*spec);
-        const std::string path = sweeps::WriteSlurmScript(s, *a);
-        fmt::print(
-            "wrote {} ({} array tasks)\n  submit: sbatch {}\n  then merge: moelab db merge "
-            "<cluster db> --db <local db>  (docs/sweeps.md)\n",
-            path, s.Unique().size(), path);
+        const auto scripts = sweeps::WriteSlurmScripts(s, *a);
+        for (const auto& sc : scripts) {
+          fmt::print("wrote {} ({} array tasks of {} rank(s))\n", sc.path, sc.tasks, sc.ranks);
+        }
+        // Known locally before its runs come back: `db merge` joins them to it.
+        sweeps::Store(*local_db).UpsertSweep(s.name, s.spec.dump());
+        fmt::print("recorded sweep '{}' in {}\n", s.name, *local_db);
+        if (*submit) {
+          for (const auto& job : sweeps::SubmitSlurmScripts(s, scripts, *local_db)) {
+            fmt::print("submitted {} as Slurm job {}\n", job.script, job.job_id);
+          }
+          fmt::print("  follow: moelab sweep status {} --db {}\n", s.name, *local_db);
+        } else {
+          fmt::print("  submit: sbatch <script>   (or add --submit)\n");
+        }
+        fmt::print("  then merge: moelab db merge <cluster db> --db {}  (docs/distributed.md)\n",
+                   *local_db);
       });
     });
   }

@@ -10,11 +10,14 @@
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/data/data.h"
+#include "core/dist/communicator.h"
+#include "core/dist/layout.h"
 #include "core/flops.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
+#include "sweeps/launch.h"
 
 namespace moelab::cli {
 
@@ -66,9 +69,26 @@ void AddTrainCommand(CLI::App& app) {
                   "Keep checkpoints at these steps for WSD branches")
       ->delimiter(',');
   cmd->callback([args]() {
+    // Started as several ranks by mpirun/srun, a build without MPI would train copies.
+    if (const std::string e = sweeps::LaunchEnvironmentError(); !e.empty()) {
+      fmt::print(stderr, "moelab train: error: {}\n", e);
+      throw CLI::RuntimeError(kExitConfig);
+    }
+    // Under mpirun/srun with several ranks: MPI; otherwise one process (no MPI at run time).
+    std::unique_ptr<Communicator> comm;
+    try {
+      comm = MakeWorldCommunicator();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "moelab train: {}\n", e.what());
+      throw CLI::RuntimeError(kExitConfig);
+    }
+    const bool leader = comm->rank() == 0;
+    const int world = comm->world_size();
     RunConfig config;
+    DistLayout layout;
     try {
       config = LoadConfigFile(args->config, args->set);
+      layout = MakeDistLayout(config, world, comm->rank());
       // Data problems (missing corpus, vocabulary too small) are config errors too: report
       // them before a run row or checkpoint exists.
       if (config.data.source == "corpus") {
@@ -79,7 +99,8 @@ void AddTrainCommand(CLI::App& app) {
         }
       }
     } catch (const ConfigError& e) {
-      fmt::print(stderr, "moelab train: config error: {}\n", e.what());
+      // Every rank sees the same config and world size, so all of them stop here.
+      if (leader) fmt::print(stderr, "moelab train: config error: {}\n", e.what());
       throw CLI::RuntimeError(kExitConfig);
     }
     const std::string hash = ConfigHash(config);
@@ -107,42 +128,65 @@ void AddTrainCommand(CLI::App& app) {
     } else if (!args->init_from.empty()) {
       start_step = CheckpointStepOf(args->init_from);
     }
+    // Only rank 0 touches the database: one run row per distributed run. It tells the other
+    // ranks whether to train (0) or to exit with a code.
     std::unique_ptr<db::RunWriter> writer;
-    if (args->run_id >= 0) {
-      writer = db::RunWriter::Attach(args->db, args->run_id, start_step, shape);
-    } else if (args->resume) {
-      // The newest unfinished run of this config continues; a finished one is left alone.
-      std::optional<db::RunRow> previous;
-      const std::vector<int64_t> ids = db::RunWriter::FindRunsByHash(args->db, hash);
-      if (!ids.empty()) previous = db::Reader(args->db).GetRun(ids.back());
-      if (previous && previous->status == "done") {
-        fmt::print(stderr, "moelab train: run {} ('{}') of this config is already done\n",
-                   previous->id, previous->name);
-        return;
-      }
-      if (previous) {
-        writer = db::RunWriter::Attach(args->db, previous->id, start_step, shape);
-        fmt::print(stderr, "moelab train: resuming run {} from step {}\n", previous->id,
-                   start_step);
-      }
-    }
-    if (!writer) {
-      db::RunInfo info;
-      info.name = name;
-      info.config_json = ConfigToJson(config).dump();
-      info.config_hash = hash;
-      info.host = HostName();
-      info.shape = shape;
-      writer = db::RunWriter::Create(args->db, info);
-    }
+    int verdict = 0;
+    if (leader) {
+      try {
+        if (args->run_id >= 0) {
+          writer = db::RunWriter::Attach(args->db, args->run_id, start_step, shape);
+        } else if (args->resume) {
+          // The newest unfinished run of this config continues; a finished one is left alone.
+          std::optional<db::RunRow> previous;
+          const std::vector<int64_t> ids = db::RunWriter::FindRunsByHash(args->db, hash);
+          if (!ids.empty()) previous = db::Reader(args->db).GetRun(ids.back());
+          if (previous && previous->status == "done") {
+            fmt::print(stderr, "moelab train: run {} ('{}') of this config is already done\n",
+                       previous->id, previous->name);
+            verdict = -1;  // nothing to do: every rank exits 0
+          }
+          if (previous && verdict == 0) {
+            writer = db::RunWriter::Attach(args->db, previous->id, start_step, shape);
+            fmt::print(stderr, "moelab train: resuming run {} from step {}\n", previous->id,
+                       start_step);
+          }
+        }
+        if (!writer && verdict == 0) {
+          db::RunInfo info;
+          info.name = name;
+          info.config_json = ConfigToJson(config).dump();
+          info.config_hash = hash;
+          info.host = HostName();
+          info.shape = shape;
+          writer = db::RunWriter::Create(args->db, info);
+        }
 
-    if (config.data.source != "corpus") {
-      // Synthetic sources know their true entropy rate: the floor a fitted irreducible loss
-      // can be checked against.
-      const double h = OpenTokenSource(config.data, config.model.vocab_size)->entropy_rate();
-      db::RunWriter::SetRunVar(args->db, writer->run_id(), "data.entropy_rate",
-                               fmt::format("{:.6f}", h));
+        if (writer && config.data.source != "corpus") {
+          // Synthetic sources know their true entropy rate: the floor a fitted irreducible loss
+          // can be checked against.
+          const double h = OpenTokenSource(config.data, config.model.vocab_size)->entropy_rate();
+          db::RunWriter::SetRunVar(args->db, writer->run_id(), "data.entropy_rate",
+                                   fmt::format("{:.6f}", h));
+        }
+        if (writer) {
+          db::RunWriter::SetRunLayout(args->db, writer->run_id(), layout.world, layout.dp,
+                                      layout.ep);
+        }
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "moelab train: FAILED before training: {}\n", e.what());
+        verdict = kExitFailed;
+      }
     }
+    if (world > 1) {
+      float v = static_cast<float>(verdict);
+      comm->Broadcast(&v, 1, 0);
+      verdict = static_cast<int>(v);
+    }
+    if (verdict == -1) return;
+    if (verdict != 0) throw CLI::RuntimeError(verdict);
+    NullSink null_sink;
+    MetricsSink* sink = writer ? static_cast<MetricsSink*>(writer.get()) : &null_sink;
 
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
@@ -154,10 +198,31 @@ void AddTrainCommand(CLI::App& app) {
     options.branch_steps = args->branch_steps;
     options.stop_flag = &g_stop;
     options.progress = !args->no_progress;
-    fmt::print(stderr, "moelab train: run {} '{}' config {} ({} steps, {} params, {} active)\n",
-               writer->run_id(), name, hash.substr(0, 12), config.total_steps(), pc.total,
-               pc.active);
-    const TrainResult result = Train(config, writer.get(), options);
+    options.comm = comm.get();
+    if (writer) {
+      // Resume fell back past a corrupt checkpoint: drop the rows after the step it restarts
+      // from so nothing is recorded twice.
+      options.on_start = [&writer, start_step](int64_t s) {
+        if (s < start_step) writer->TruncateAfter(s);
+      };
+    }
+    if (leader) {
+      fmt::print(stderr, "moelab train: run {} '{}' config {} ({} steps, {} params, {} active{})\n",
+                 writer->run_id(), name, hash.substr(0, 12), config.total_steps(), pc.total,
+                 pc.active, world > 1 ? ", " + layout.describe() : "");
+    }
+    const TrainResult result = Train(config, sink, options);
+    if (!leader) {
+      // The leader reports; a failure on any rank ends the whole job (the others would wait in
+      // a collective forever).
+      if (result.status == RunStatus::kFailed) {
+        fmt::print(stderr, "moelab train: rank {} FAILED: {}\n", comm->rank(), result.error);
+        comm->Abort(kExitFailed);
+      }
+      if (result.status == RunStatus::kDiverged) throw CLI::RuntimeError(kExitDiverged);
+      if (result.status == RunStatus::kStopped) throw CLI::RuntimeError(kExitStopped);
+      return;
+    }
     switch (result.status) {
       case RunStatus::kDone:
         fmt::print(stderr, "moelab train: done: {} steps, loss {:.4f}, val loss {:.4f}\n",
@@ -175,6 +240,10 @@ void AddTrainCommand(CLI::App& app) {
         throw CLI::RuntimeError(kExitDiverged);
       default:
         fmt::print(stderr, "moelab train: FAILED: {}\n", result.error);
+        if (world > 1) {
+          writer.reset();  // flushed by OnEnd; close before ending the job
+          comm->Abort(kExitFailed);
+        }
         throw CLI::RuntimeError(kExitFailed);
     }
   });

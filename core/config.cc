@@ -201,6 +201,16 @@ const std::vector<Field>& Fields() {
        "Folder for checkpoints (a sub-folder per run, named by config hash).", {}, false},
       {"checkpoint.keep", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::keep),
        "How many recent checkpoints to keep per run.", {}, false},
+      // dist (docs/dist-core.md)
+      {"dist.zero1", FieldType::kBool, Ref(&C::dist, &DistConfig::zero1),
+       "ZeRO-1: shard AdamW moments and Muon momentum over the data-parallel ranks.", {}, false},
+      {"dist.expert_parallel", FieldType::kInt, Ref(&C::dist, &DistConfig::expert_parallel),
+       "Expert-parallel size: ranks sharing each MoE layer's experts; must divide the world "
+       "size and experts_total.",
+       {},
+       false},
+      {"dist.bucket_mb", FieldType::kDouble, Ref(&C::dist, &DistConfig::bucket_mb),
+       "Gradient all-reduce bucket size in MiB.", {}, false},
   };
   return fields;
 }
@@ -586,6 +596,18 @@ void ValidateConfig(const RunConfig& c) {
   Require(c.eval.batches >= 1, "eval.batches", "must be positive");
   Require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
   Require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be at least 1");
+  Require(c.dist.expert_parallel >= 1, "dist.expert_parallel", "must be at least 1");
+  if (c.dist.expert_parallel > 1) {
+    Require(e.enabled(), "dist.expert_parallel", "expert parallelism needs an MoE model");
+    Require(c.dist.expert_parallel <= e.experts_total, "dist.expert_parallel",
+            fmt::format("{} expert-parallel ranks exceed the {} experts", c.dist.expert_parallel,
+                        e.experts_total));
+    Require(e.experts_total % c.dist.expert_parallel == 0, "dist.expert_parallel",
+            fmt::format("{} experts do not split evenly over {} expert-parallel ranks",
+                        e.experts_total, c.dist.expert_parallel));
+  }
+  Require(c.dist.bucket_mb > 0 && c.dist.bucket_mb <= 4096, "dist.bucket_mb",
+          "must be in (0, 4096]");
 }
 
 void ApplyOverride(json& j, const std::string& assignment) {
@@ -643,6 +665,9 @@ std::string ConfigHash(const RunConfig& c) {
   // Fields added later with a neutral default leave the hash of configs that do not use them
   // unchanged (runs recorded before the field existed still dedupe and resume).
   if (c.optimizer.adamw_lr == 0) j["optimizer"].erase("adamw_lr");
+  // The dist section holds only unhashed fields: drop it whole so configs written before it
+  // existed keep their hash.
+  if (j.contains("dist") && j["dist"].empty()) j.erase("dist");
   return Sha256Hex(CanonicalJson(j));
 }
 

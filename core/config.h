@@ -118,6 +118,15 @@ struct CheckpointConfig {
   int keep = 2;
 };
 
+// How a run is spread over ranks (issue 9). Not hashed: the layout does not change the
+// trajectory (within reduction-order rounding), so a run keeps its hash and checkpoints when it
+// resumes at another rank count.
+struct DistConfig {
+  bool zero1 = false;       // shard optimizer state over the data-parallel ranks
+  int expert_parallel = 1;  // ranks that split each MoE layer's experts (EP size)
+  double bucket_mb = 4.0;   // gradient all-reduce bucket size in MiB
+};
+
 struct RunConfig {
   ModelConfig model;
   MoEConfig moe;
@@ -127,6 +136,7 @@ struct RunConfig {
   TrainConfig train;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  DistConfig dist;
 
   int total_steps() const;
 };

@@ -39,7 +39,8 @@ SELECT r.id, r.name, r.sweep_id, r.config_hash, r.status, r.pid, r.host, r.creat
        r.started_at, r.heartbeat_at, r.ended_at, r.error, r.diverged_step, r.checkpoint_path,
        r.checkpoint_step, r.layers, r.heads, r.moe_layers, r.experts, r.params_total,
        r.params_active, r.flops_per_token, s.total_steps, s.last_step, s.last_loss,
-       s.best_val_loss, s.last_val_loss, s.tokens, s.flops, s.tokens_per_s, s.updated_at
+       s.best_val_loss, s.last_val_loss, s.tokens, s.flops, s.tokens_per_s, s.updated_at,
+       r.ranks, r.dp_size, r.ep_size
 FROM runs r LEFT JOIN run_summary s ON s.run_id = r.id)sql";
 
 RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
@@ -75,6 +76,9 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.flops = st.OptReal(28).value_or(0);
   r.tokens_per_s = st.OptReal(29);
   r.updated_at = st.OptReal(30);
+  r.ranks = static_cast<int>(st.Int(31));
+  r.dp_size = static_cast<int>(st.Int(32));
+  r.ep_size = static_cast<int>(st.Int(33));
   r.effective_status = r.status;
   if (r.status == "running") {
     const double alive_at = r.heartbeat_at.value_or(r.started_at.value_or(r.created_at));
@@ -117,6 +121,19 @@ std::string Reader::RunConfigJson(int64_t run_id) {
   st.Bind(1, run_id);
   if (!st.Step()) throw std::runtime_error(fmt::format("run {} not found in '{}'", run_id, path()));
   return st.Text(0);
+}
+
+std::map<int64_t, std::string> Reader::SweepNames() {
+  std::map<int64_t, std::string> out;
+  Statement st = db_.Prepare("SELECT id, name FROM sweeps ORDER BY id");
+  while (st.Step()) out[st.Int(0)] = st.Text(1);
+  return out;
+}
+
+std::string Reader::SweepSpecJson(const std::string& name) {
+  Statement st = db_.Prepare("SELECT spec_json FROM sweeps WHERE name = ?1");
+  st.Bind(1, name);
+  return st.Step() ? st.Text(0) : std::string();
 }
 
 std::map<std::string, std::string> Reader::RunVars(int64_t run_id) {

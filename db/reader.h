@@ -33,6 +33,11 @@ class Reader {
   // Every run's variables in one query (the run list's sweep-variable columns).
   std::map<int64_t, std::map<std::string, std::string>> AllRunVars();
 
+  // Every sweep: id -> name (empty before migration 3 created the table).
+  std::map<int64_t, std::string> SweepNames();
+  // The stored (normalised) spec of the sweep named `name`; "" when there is none.
+  std::string SweepSpecJson(const std::string& name);
+
   // The keys Series accepts: per step loss, aux_loss, lr, grad_norm, tokens, flops,
   // step_time_s, tokens_per_s, wall_time; per evaluation val_loss, eval_tokens, eval_flops,
   // eval_wall_time.

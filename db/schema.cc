@@ -156,6 +156,13 @@ CREATE TABLE sweep_runs (
 ) WITHOUT ROWID;
 CREATE INDEX sweep_runs_run ON sweep_runs(run_id);
 )sql",
+    // 4: the layout a run trained with (issue 9, distributed training): world size, data- and
+    // expert-parallel sizes. One row per distributed run, written by rank 0.
+    R"sql(
+ALTER TABLE runs ADD COLUMN ranks INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN dp_size INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN ep_size INTEGER NOT NULL DEFAULT 1;
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));

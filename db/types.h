@@ -49,6 +49,10 @@ struct RunRow {
   double flops = 0;
   std::optional<double> tokens_per_s;
   std::optional<double> updated_at;
+  // Layout (migration 4): ranks = dp_size × ep_size; 1, 1, 1 for a single process.
+  int ranks = 1;
+  int dp_size = 1;
+  int ep_size = 1;
 };
 
 // A metric against step. Missing values (NULL, e.g. a NaN loss) read as NaN.

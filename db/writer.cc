@@ -623,6 +623,20 @@ void RunWriter::SetRunVar(const std::string& path, int64_t run_id, const std::st
   });
 }
 
+void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp,
+                             int ep) {
+  Connection db = OpenForWrite(path);
+  WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
+    CheckRunExists(db, run_id);
+    db.Prepare("UPDATE runs SET ranks = ?2, dp_size = ?3, ep_size = ?4 WHERE id = ?1")
+        .Bind(1, run_id)
+        .Bind(2, int64_t{ranks})
+        .Bind(3, int64_t{dp})
+        .Bind(4, int64_t{ep})
+        .Run();
+  });
+}
+
 void RunWriter::DeleteRun(const std::string& path, int64_t run_id) {
   Connection db = OpenForWrite(path);
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {

@@ -92,6 +92,8 @@ class RunWriter : public moelab::MetricsSink {
   }
   static void SetRunVar(const std::string& path, int64_t run_id, const std::string& key,
                         const std::string& value);
+  // Records the layout a run trains with (ranks = dp × ep); rank 0 calls it for the whole run.
+  static void SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep);
   // Deletes a run and (by cascade) all its rows.
   static void DeleteRun(const std::string& path, int64_t run_id);
 

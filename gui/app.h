@@ -17,9 +17,11 @@
 
 namespace moelab::gui {
 
-class FitJob;  // gui/fits.h; only when analysis/ is built
+class FitJob;        // gui/fits.h
+struct SpecCheck;    // gui/sweep_control.h
+class ScriptRunner;  // gui/script.h
 
-enum class View { kRuns, kCurves, kLogits, kExperts, kScaling, kCompare, kCount };
+enum class View { kRuns, kCurves, kLogits, kExperts, kScaling, kCompare, kSweeps, kCount };
 
 struct AppOptions {
   std::string db_path;
@@ -29,6 +31,7 @@ struct AppOptions {
   std::string color_key;      // curves colour key
   bool headless = false;      // screenshot / bench: no settings are read or written
   std::string settings_path;  // gui.json; "" = defaults, nothing saved
+  std::string script_path;    // --script: scripted actions (gui/script.h), for tests and demos
 };
 
 class App {
@@ -43,7 +46,7 @@ class App {
   // View names accepted by --view: runs, curves, logits, experts, scaling, compare.
   static const char* ViewName(View v);
   static bool ParseView(const std::string& name, View* out);
-  static bool HasScalingView();
+  static bool HasScalingView();  // always true (analysis/ is always built); kept for callers
   void SetView(View v);
   void OpenDatabase(const std::string& path);
   // Replaces the run selection (as clicks in the Runs view would).
@@ -51,21 +54,88 @@ class App {
   // Sets the Curves x range as a zoom would (the benchmark's interaction frames).
   void SetCurveXRange(double lo, double hi);
   bool quit_requested() const { return quit_; }
+  // --script: the exit status once the script ended (0 ok, 1 a step failed), -1 while running.
+  int script_status() const;
+  // A screenshot the script asked for this frame ("" = none); main saves it after rendering.
+  std::string TakeScreenshotRequest();
 
  private:
-  struct CurveCache;
+  friend class ScriptRunner;
+  using Clock = std::chrono::steady_clock;
+  struct CurveCache;  // gui/app_internal.h
   struct LogitCache;
   struct ExpertCache;
+
+  // Each view's own state (Tracy-style: one member struct per view, one file per view).
+  struct RunsViewState {
+    int64_t last_clicked = -1;
+    std::vector<int64_t> row_order;  // the run table's current order (for Shift+click ranges)
+  };
+  struct CurvesViewState {
+    AxisState x;
+    AxisState y[5];
+    std::map<std::pair<int64_t, int>, std::unique_ptr<CurveCache>> caches;
+  };
+  struct CompareViewState {
+    AxisState x, y[2];
+  };
+  struct LogitsViewState {
+    AxisState x, y[2], clip_y[2];
+    int step[2] = {-1, -1};  // index into the run's steps; -1 follows the latest
+    int64_t runs[2] = {-1, -1};
+    std::map<int64_t, std::unique_ptr<LogitCache>> caches;
+  };
+  struct ExpertsViewState {
+    AxisState x, cv_y, mm_y;
+    int64_t run = -1;
+    std::map<int64_t, std::unique_ptr<ExpertCache>> caches;
+  };
+  struct SweepsViewState {
+    std::string spec_path;  // the spec file the editor shows
+    std::string text;       // the editor's buffer
+    std::string saved_text;
+    std::string checked_text;  // the text `check` was computed for
+    std::unique_ptr<SpecCheck> check;
+    Clock::time_point edited_at;
+    int parallel = 1;
+    std::string selected_sweep;
+    std::string message;  // the last action's outcome
+    bool message_error = false;
+  };
+  struct ScalingViewState {
+    std::unique_ptr<FitJob> fit_job;
+    int64_t sweep = -1;  // -1: all runs
+    std::string fit_reference;
+    std::string target_family_key;
+    std::string heads_base, heads_treatment;
+    double target_loss = 0;
+    float target_px = -1e9f;  // the target line's pixel row last frame (for dragging)
+    ImRect plot_rect;
+    bool dragging_target = false;
+    AxisState x, y;
+  };
 
   void MenuBar();
   void OpenDialog();
   void StatusLine();
-  void RunsView();
-  void CurvesView();
-  void LogitsView();
-  void ExpertsView();
-  void CompareView();
-  void ScalingView();
+  void WelcomeView();
+  void SweepsView();  // gui/view_sweeps.cc
+  // Sweep control (gui/view_sweeps.cc); each sets the Sweeps view's message, true on success.
+  bool OpenSpec(const std::string& path);
+  bool SaveSpec();
+  bool LaunchSpec(bool rerun);
+  bool StopSweep(const std::string& name);
+  bool ResumeSweep(const std::string& name);
+  bool StopRun(int64_t run);
+  bool ResumeRun(int64_t run);
+  void Report(bool ok, const std::string& message);
+  void CheckSpecNow();  // gui/view_welcome.cc: no database open yet
+  void RunsView();      // gui/view_runs.cc
+  void CurvesView();    // gui/view_curves.cc
+  void LogitsView();    // gui/view_logits.cc
+  void ExpertsView();   // gui/view_experts.cc
+  void CompareView();   // gui/view_compare.cc
+  void ScalingView();   // gui/view_scaling.cc
 
   // Runs the curve panels draw: the selection, or every run when nothing is selected.
   std::vector<int64_t> ShownRuns() const;
@@ -88,42 +158,27 @@ class App {
   bool open_dialog_ = false;
   std::string dialog_path_;
 
+  // Shared by the views: the selection and run colours.
   std::vector<int64_t> selection_;  // ordered by selection time
   std::set<int64_t> selected_;
-  int64_t last_clicked_ = -1;
-  std::vector<int64_t> row_order_;  // the run table's current order (for Shift+click ranges)
-
   std::map<int64_t, ImU32> colors_;
   std::vector<std::pair<std::string, ImU32>> legend_;
-
-  AxisState curve_x_;
-  AxisState curve_y_[5];
-  AxisState compare_x_, compare_y_[2];
-  AxisState logit_x_, logit_y_[2], clip_y_[2];
-  AxisState expert_x_, expert_cv_y_, expert_mm_y_;
-  int logit_step_[2] = {-1, -1};  // index into the run's steps; -1 follows the latest
-  int64_t logit_runs_[2] = {-1, -1};
-  int64_t expert_run_ = -1;
-  std::map<std::pair<int64_t, int>, std::unique_ptr<CurveCache>> curves_;
-  std::map<int64_t, std::unique_ptr<LogitCache>> logit_caches_;
-  std::map<int64_t, std::unique_ptr<ExpertCache>> expert_caches_;
   std::map<std::string, std::unique_ptr<LineCanvas>> canvases_;
+
+  RunsViewState runs_view_;
+  CurvesViewState curves_view_;
+  CompareViewState compare_;
+  LogitsViewState logits_;
+  ExpertsViewState experts_;
+  ScalingViewState scaling_;
+  SweepsViewState sweeps_;
+  std::unique_ptr<ScriptRunner> script_;
+  std::string screenshot_request_;
+
   bool frame_settled_ = false;
   View frame_view_ = View::kCount;  // the view drawn by the last frame
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point downsample_deadline_, canvas_deadline_;  // every item this frame asked for was there
-
-  // Scaling laws
-  std::unique_ptr<FitJob> fit_job_;
-  int64_t scaling_sweep_ = -1;  // -1: all runs
-  std::string fit_reference_;
-  std::string target_family_key_;
-  std::string heads_base_, heads_treatment_;
-  double target_loss_ = 0;
-  float target_px_ = -1e9f;  // the target line's pixel row last frame (for dragging)
-  ImRect plot_rect_;
-  bool dragging_target_ = false;
-  AxisState scaling_x_, scaling_y_;
+  Clock::time_point downsample_deadline_,
+      canvas_deadline_;  // every item this frame asked for was there
 };
 
 }  // namespace moelab::gui

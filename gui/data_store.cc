@@ -8,7 +8,6 @@
 
 #include "db/reader.h"
 #include "db/schema.h"
-#include "db/sqlite.h"
 
 namespace moelab::gui {
 
@@ -121,12 +120,7 @@ void DataStore::PollOnce(db::Reader* reader) {
   // ---- Run list: cheap (runs + run_summary only), re-read every poll. ----
   std::vector<db::RunRow> rows = reader->ListRuns();
   auto vars = reader->AllRunVars();
-  std::map<int64_t, std::string> sweeps;
-  {
-    db::Connection conn = db::OpenForRead(path_);
-    db::Statement st = conn.Prepare("SELECT id, name FROM sweeps");
-    while (st.Step()) sweeps[st.Int(0)] = st.Text(1);
-  }
+  std::map<int64_t, std::string> sweeps = reader->SweepNames();
   std::shared_ptr<const RunsSnapshot> old = Runs();
   auto snap = std::make_shared<RunsSnapshot>();
   snap->sweeps = sweeps;

@@ -2,10 +2,12 @@
 //
 //   moelab-gui [--db FILE] [--view NAME] [--run ID ...]
 //   moelab-gui --db FILE --view NAME [--run ID ...] --screenshot out.png [--frames N]
+//   moelab-gui --screenshot out.png                 (no database: the welcome screen)
 //
-// Views: runs, curves, logits, experts, compare (and scaling when built with analysis/).
+// Views: runs, curves, logits, experts, scaling, compare. Arguments are parsed with CLI11.
 #include <imgui.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -24,15 +26,6 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
-void Usage() {
-  std::cerr
-      << "usage: moelab-gui [--db FILE] [--view NAME] [--run ID ...] [--family KEY]\n"
-         "                  [--color-by KEY] [--screenshot OUT.png [--frames N] [--size WxH]]\n"
-         "keys: var:NAME (sweep variable) or a dotted config key (moe.experts_total)\n"
-         "views: runs, curves, logits, experts, compare"
-      << (moelab::gui::App::HasScalingView() ? ", scaling" : "") << "\n";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -41,59 +34,32 @@ int main(int argc, char** argv) {
   std::string screenshot;
   int frames = 3;
   int width = 1280, height = 800;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        Usage();
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--db") {
-      app_options.db_path = next();
-    } else if (a == "--view") {
-      app_options.view = next();
-      moelab::gui::View v;
-      if (!App::ParseView(app_options.view, &v)) {
-        std::cerr << "moelab-gui: unknown view '" << app_options.view << "'\n";
-        Usage();
-        return 2;
-      }
-    } else if (a == "--run") {
-      // --run 3 5 7 or --run 3 --run 5: every following integer.
-      bool any = false;
-      while (i + 1 < argc && argv[i + 1][0] != '-') {
-        app_options.runs.push_back(std::strtoll(argv[++i], nullptr, 10));
-        any = true;
-      }
-      if (!any) {
-        Usage();
-        return 2;
-      }
-    } else if (a == "--family") {
-      app_options.family_key = next();
-    } else if (a == "--color-by") {
-      app_options.color_key = next();
-    } else if (a == "--screenshot") {
-      screenshot = next();
-    } else if (a == "--frames") {
-      frames = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--size") {
-      if (std::sscanf(next().c_str(), "%dx%d", &width, &height) != 2) {
-        Usage();
-        return 2;
-      }
-    } else if (a == "-h" || a == "--help") {
-      Usage();
-      return 0;
-    } else {
-      std::cerr << "moelab-gui: unknown argument '" << a << "'\n";
-      Usage();
-      return 2;
-    }
-  }
-  const bool headless = !screenshot.empty();
+  std::string size = "1280x800";
+  CLI::App cli{
+      "moelab-gui: watch runs live, compare them, fit scaling laws.\n"
+      "keys: var:NAME (sweep variable) or a dotted config key (moe.experts_total)"};
+  cli.add_option("--db", app_options.db_path, "SQLite database to open (else the last one)");
+  cli.add_option("--view", app_options.view, "runs, curves, logits, experts, scaling, compare")
+      ->check([](const std::string& v) {
+        moelab::gui::View out;
+        return App::ParseView(v, &out) ? std::string() : "unknown view '" + v + "'";
+      });
+  cli.add_option("--run", app_options.runs, "initial run selection (--run 3 5 7)")->expected(1, -1);
+  cli.add_option("--family", app_options.family_key, "scaling-law family key");
+  cli.add_option("--color-by", app_options.color_key, "curves colour key");
+  cli.add_option("--screenshot", screenshot, "render headless, write this PNG and exit");
+  cli.add_option("--script", app_options.script_path,
+                 "run scripted actions (gui/script.h), then exit with their status");
+  cli.add_option("--frames", frames, "settled frames before the screenshot")
+      ->check(CLI::PositiveNumber);
+  cli.add_option("--size", size, "window size WxH")->check([](const std::string& s) {
+    int w, h;
+    return std::sscanf(s.c_str(), "%dx%d", &w, &h) == 2 ? std::string() : "expected WxH";
+  });
+  CLI11_PARSE(cli, argc, argv);
+  std::sscanf(size.c_str(), "%dx%d", &width, &height);
+  const bool scripted = !app_options.script_path.empty();
+  const bool headless = !screenshot.empty() || scripted;
   app_options.headless = headless;
   const std::string config_dir = moelab::gui::ConfigDir();
   if (!headless) app_options.settings_path = config_dir + "/gui.json";
@@ -112,7 +78,7 @@ int main(int argc, char** argv) {
   try {
     moelab::gui::Window window(wo);
     App app(app_options);
-    if (headless) {
+    if (!screenshot.empty()) {
       // Render until the data the view draws has loaded, then `frames` more so layouts settle.
       const auto start = std::chrono::steady_clock::now();
       int settled_frames = 0;
@@ -140,10 +106,18 @@ int main(int argc, char** argv) {
     while (!window.ShouldClose() && !app.quit_requested() && !g_stop) {
       // Idle: wake 4× a second so live runs update without input. Loading or refining a zoom:
       // keep drawing (~30 fps) so the view completes without the user moving the mouse.
-      window.BeginFrame(app.Settled() ? 0.25 : 0.03);
+      window.BeginFrame(app.Settled() && !scripted ? 0.25 : 0.03);
       app.Frame();
-      window.EndFrame(true);
+      const std::string shot = app.TakeScreenshotRequest();
+      if (shot.empty()) {
+        window.EndFrame(true);
+        continue;
+      }
+      window.EndFrame(false);
+      if (!window.SavePng(shot)) std::cerr << "moelab-gui: cannot write " << shot << "\n";
+      window.Swap();
     }
+    if (scripted) return app.script_status() == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "moelab-gui: " << e.what() << "\n";
     return 1;

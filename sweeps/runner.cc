@@ -23,6 +23,8 @@
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
+#include "sweeps/launch.h"
+#include "sweeps/slurm.h"
 #include "sweeps/store.h"
 
 namespace moelab::sweeps {
@@ -146,6 +148,7 @@ class Scheduler {
       : sweep_(sweep), opt_(options), store_(options.db_path) {
     bin_ = opt_.moelab_bin.empty() ? SelfExe() : opt_.moelab_bin;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cores_ = cores;
     opt_.parallel = std::max(1, opt_.parallel);
     threads_ = opt_.threads_per_run > 0 ? opt_.threads_per_run : std::max(1, cores / opt_.parallel);
     if (opt_.parallel * threads_ > cores) {
@@ -344,11 +347,6 @@ class Scheduler {
       fs::rename(tmp, cfg_path);
     }
     std::vector<std::string> args;
-    if (sweep_.ranks > 1) {
-      // The shape multi-rank runs will take once `moelab train` is distributed (ExpandSpec
-      // rejects ranks > 1 until then).
-      args = {"mpirun", "-np", std::to_string(sweep_.ranks)};
-    }
     args.insert(args.end(), {bin_, "train", cfg_path, "--db", opt_.db_path, "--run-id",
                              std::to_string(job.run_id), "--name", job.run->name, "--no-progress",
                              "--checkpoint-dir", job.ckpt_dir, "--resume"});
@@ -360,6 +358,11 @@ class Scheduler {
       args.push_back("--branch-steps");
       args.push_back(fmt::format("{}", fmt::join(job.branch_steps, ",")));
     }
+    // A multi-rank run is one `mpirun -np N moelab train ...`: one run row, rank 0 records.
+    const bool as_root = ::geteuid() == 0;
+    args = MpirunCommand(job.run->ranks, args, cores_, as_root);
+    const auto mpi_env = job.run->ranks > 1 ? MpirunEnvironment(as_root)
+                                            : std::vector<std::pair<std::string, std::string>>{};
     const pid_t parent_pid = getpid();
     const std::string threads = std::to_string(threads_);
     const pid_t pid = fork();
@@ -379,6 +382,7 @@ class Scheduler {
       }
       setenv("OMP_NUM_THREADS", threads.c_str(), 1);
       setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
+      for (const auto& [k, v] : mpi_env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -389,7 +393,8 @@ class Scheduler {
     job.pid = pid;
     job.state = State::kRunning;
     job.launched_at = Now();
-    Event(fmt::format("start  #{:<3} run {:<5} {}{}", job.run->index, job.run_id, job.run->name,
+    Event(fmt::format("start  #{:<3} run {:<5} {}{}{}", job.run->index, job.run_id, job.run->name,
+                      job.run->ranks > 1 ? fmt::format(" ({} ranks)", job.run->ranks) : "",
                       init_from.empty() ? ""
                                         : fmt::format(" (branch of run {} at step {})",
                                                       jobs_[job.parent].run_id, job.branch_step)));
@@ -450,6 +455,8 @@ class Scheduler {
 
   bool Stopping() const { return opt_.stop_flag && opt_.stop_flag->load(); }
 
+  int Slots(const Job& job) const { return std::min(opt_.parallel, std::max(1, job.run->ranks)); }
+
   void Loop() {
     db::Reader reader(opt_.db_path);
     bool forwarded = false;
@@ -491,12 +498,15 @@ class Scheduler {
             if (job.state == State::kRunning) ::kill(job.pid, SIGINT);
         }
       } else {
+        // Slots: a run of N ranks takes N of the --parallel slots (all of them when N is
+        // larger, then it runs alone). First come, first served: a wide run is not starved.
         int running = 0;
         for (const Job& job : jobs_)
-          running += job.state == State::kRunning || job.state == State::kAdopted;
+          if (job.state == State::kRunning || job.state == State::kAdopted) running += Slots(job);
         for (Job& job : jobs_) {
           if (running >= opt_.parallel) break;
           if (job.state != State::kQueued) continue;
+          if (running > 0 && running + Slots(job) > opt_.parallel) break;
           std::string init_from;
           if (job.parent >= 0) {
             const std::string src = BranchSource(job, reader);
@@ -504,7 +514,7 @@ class Scheduler {
             if (src != "-") init_from = src;
           }
           Launch(job, init_from);
-          ++running;
+          running += Slots(job);
         }
       }
       bool active = false, waiting = false;
@@ -621,6 +631,7 @@ class Scheduler {
   std::string bin_;
   std::string dir_;
   int threads_ = 1;
+  int cores_ = 1;
   bool live_ = false;
   int drawn_ = 0;
   int lock_fd_ = -1;
@@ -684,6 +695,7 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
     for (const auto& [k, v] : counts)
       summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", v, k);
     fmt::print(out, "sweep {} (id {}): {} runs: {}\n", s.name, s.id, members.size(), summary);
+    PrintSlurmJobs(db_path, s.name, out);  // jobs submitted by `sweep slurm --submit`
     if (!name.empty()) {
       fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>13} {:>8} {:>8} {:>5}  {}\n", "idx", "run",
                  "name", "status", "step", "loss", "val", "fails", "last error / branch");

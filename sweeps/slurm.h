@@ -1,8 +1,13 @@
-// `moelab sweep slurm`: a Slurm array script that trains a sweep's runs on a cluster, one array
-// task per run, into a database whose results `moelab db merge` imports back.
+// `moelab sweep slurm`: Slurm array scripts that train a sweep's runs on a cluster, one array
+// task per run, each task one `srun --ntasks=<ranks> moelab train` step, into a database whose
+// results `moelab db merge` imports back (the runs then join the sweep: sweeps/adopt.h).
+// With --submit the scripts go to sbatch and `moelab sweep status` follows the jobs through
+// squeue/sacct.
 #pragma once
 
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "sweeps/spec.h"
 
@@ -12,14 +17,50 @@ struct SlurmOptions {
   std::string db_path;  // may contain {task}: one database file per array task
   std::string out_dir;  // where the script and the run configs go
   std::string moelab_bin = "moelab";
-  int threads_per_run = 2;  // --cpus-per-task and train.threads
+  int threads_per_run = 2;  // --cpus-per-task (per rank) and train.threads
   int max_parallel = 0;     // %N array throttle; 0 = none
   std::string partition;
-  std::string time_limit;  // e.g. 04:00:00
-  std::string extra;       // more #SBATCH lines, verbatim
+  std::string time_limit;   // e.g. 04:00:00
+  std::string extra;        // more #SBATCH lines, verbatim
+  int ranks = 0;            // > 0: every run on this many ranks (overrides the spec)
+  int ntasks_per_node = 0;  // > 0: #SBATCH --ntasks-per-node
+  std::string srun_mpi;     // srun --mpi=<plugin> (e.g. pmix); "": the cluster's default
 };
 
-// Writes <out_dir>/<sweep>.sbatch and <out_dir>/configs/<hash16>.json; returns the script path.
+// One array script: the runs that share a rank count.
+struct SlurmScript {
+  std::string path;
+  int ranks = 1;
+  int tasks = 0;  // array tasks (runs)
+};
+
+// Writes one script per distinct rank count — <out_dir>/<sweep>.sbatch when every run has the
+// same, else <sweep>.r<ranks>.sbatch — and <out_dir>/configs/<hash16>.json. Throws SpecError.
+std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOptions& options);
+// The first script's path (sweeps whose runs all have one rank count have only one).
 std::string WriteSlurmScript(const Sweep& sweep, const SlurmOptions& options);
+
+// A submitted job, recorded in <SweepDir(local db, sweep)>/slurm-jobs.json.
+struct SlurmJob {
+  std::string job_id;
+  std::string script;
+  int ranks = 1;
+  int tasks = 0;
+  double submitted_at = 0;
+};
+
+// Submits each script with `sbatch --parsable` (from PATH) and records the job ids for
+// `sweep status`; also records the sweep itself in local_db, so runs merged back from the
+// cluster join it. Throws std::runtime_error when sbatch is missing or fails.
+std::vector<SlurmJob> SubmitSlurmScripts(const Sweep& sweep,
+                                         const std::vector<SlurmScript>& scripts,
+                                         const std::string& local_db);
+
+std::vector<SlurmJob> LoadSlurmJobs(const std::string& local_db, const std::string& sweep_name);
+
+// The state of every array task of the sweep's submitted jobs, from `squeue -r` (pending and
+// running) and `sacct -X` (finished), whichever are on PATH; one line per job. Prints nothing
+// when the sweep has no submitted jobs.
+void PrintSlurmJobs(const std::string& local_db, const std::string& sweep_name, std::FILE* out);
 
 }  // namespace moelab::sweeps

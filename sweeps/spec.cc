@@ -11,9 +11,11 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "core/data/data.h"
 #include "core/flops.h"
+#include "sweeps/launch.h"
 
 namespace moelab::sweeps {
 
@@ -24,8 +26,9 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const std::vector<std::string> keys = {
-      "name", "description", "base",  "set",     "vars",  "grid",     "zip",
-      "runs", "random",      "seeds", "derived", "ranks", "branching"};
+      "name", "description", "base",  "set",     "vars",  "grid",      "zip",
+      "runs", "random",      "seeds", "derived", "ranks", "branching", "expert_parallel",
+      "zero1"};
   return keys;
 }
 
@@ -41,6 +44,11 @@ using Assignment = std::pair<std::string, ojson>;
 using Point = std::vector<Assignment>;
 
 bool IsConfigPath(const std::string& key) { return key.find('.') != std::string::npos; }
+
+// Sweep variables with a meaning of their own: the run's process count and layout shorthands.
+bool IsLaunchKey(const std::string& key) {
+  return key == "ranks" || key == "expert_parallel" || key == "zero1";
+}
 
 bool IsIdentifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -417,11 +425,23 @@ std::vector<BranchPlan> PlanWsdBranches(const Sweep& sweep) {
 ojson LoadSpecFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw SpecError(fmt::format("{}: cannot open the sweep spec", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseSpecText(text.str(), path);
+}
+
+ojson ParseSpecText(const std::string& text, const std::string& path) {
   ojson spec;
   try {
-    spec = ojson::parse(in, nullptr, true, /*ignore_comments=*/true);
+    spec = ojson::parse(text, nullptr, true, /*ignore_comments=*/true);
   } catch (const ojson::parse_error& e) {
-    throw SpecError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+    // "line L, column C" of the byte the parser stopped at, so an editor can point at it.
+    const size_t end = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    const size_t line = 1 + std::count(text.begin(), text.begin() + end, '\n');
+    const size_t nl = text.rfind('\n', end > 0 ? end - 1 : 0);
+    const size_t column = end > 0 && nl != std::string::npos ? end - nl : end + 1;
+    throw SpecError(fmt::format("{}: not valid JSON (line {}, column {}): {}", path, line, column,
+                                e.what()));
   }
   if (!spec.is_object()) throw SpecError(fmt::format("{}: a sweep spec is a JSON object", path));
   if (!spec.contains("name")) spec["name"] = fs::path(path).stem().string();
@@ -516,17 +536,12 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   }
   sweep.name = spec["name"].get<std::string>();
   if (spec.contains("ranks")) {
-    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int>() < 1) {
-      throw SpecError("ranks: expected a positive integer");
+    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int64_t>() < 1 ||
+        spec["ranks"].get<int64_t>() > kMaxRanks) {
+      throw SpecError(fmt::format("ranks: expected an integer from 1 to {}, got {}", kMaxRanks,
+                                  spec["ranks"].dump()));
     }
     sweep.ranks = spec["ranks"].get<int>();
-    if (sweep.ranks > 1) {
-      throw SpecError(fmt::format(
-          "ranks: {} ranks per run requested, but `moelab train` has no distributed training "
-          "yet; the launcher would start `mpirun -np {} moelab train ...` once it does. Use "
-          "ranks: 1",
-          sweep.ranks, sweep.ranks));
-    }
   }
   if (spec.contains("branching")) {
     if (!spec["branching"].is_boolean()) throw SpecError("branching: expected true or false");
@@ -564,6 +579,16 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
     }
   }
 
+  // Layout shorthands for the sweep: "expert_parallel": E, "zero1": true set dist.* of every run.
+  for (const char* key : {"expert_parallel", "zero1"}) {
+    if (!spec.contains(key)) continue;
+    try {
+      SetPath(base, std::string("dist.") + key, ToJson(spec[key]));
+    } catch (const ConfigError& e) {
+      throw SpecError(fmt::format("{}: {}", key, e.what()));
+    }
+  }
+
   std::map<std::string, ojson> default_vars;
   if (spec.contains("vars")) {
     if (!spec["vars"].is_object()) throw SpecError("vars: expected an object name -> value");
@@ -582,7 +607,9 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   // axis varies fastest.
   std::vector<Point> points = {Point{}};
   std::set<std::string> assigned;
+  size_t runs_listed = 0;  // runs[] is the outermost axis: point i comes from runs[i / stride]
   if (spec.contains("runs")) {
+    runs_listed = spec["runs"].is_array() ? spec["runs"].size() : 0;
     const ojson& runs = spec["runs"];
     if (!runs.is_array()) throw SpecError("runs: expected a list of override objects");
     if (runs.empty()) throw SpecError("runs: empty list (no runs)");
@@ -673,7 +700,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       if (d.expr.find(v) != std::string::npos) used_in_exprs.insert(v);
   }
   for (const std::string& v : assigned) {
-    if (!IsConfigPath(v) && !used_in_exprs.count(v)) {
+    if (!IsConfigPath(v) && !used_in_exprs.count(v) && !IsLaunchKey(v)) {
       sweep.warnings.push_back(fmt::format(
           "sweep variable '{}' is not used by any derived field: it is recorded but changes "
           "nothing (did you mean a config path such as 'section.{}'?)",
@@ -688,6 +715,8 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   for (size_t i = 0; i < points.size(); ++i) {
     SweepRun run;
     run.index = static_cast<int>(i);
+    run.ranks = sweep.ranks;
+    if (runs_listed > 0) run.runs_index = static_cast<int>(i / (points.size() / runs_listed));
     json config = base;
     std::map<std::string, ojson> vars = default_vars;
     for (const auto& [k, v] : default_vars) run.vars[k] = v;
@@ -704,6 +733,22 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       }
     }
     try {
+      // Launch keys: "ranks" per run; "expert_parallel" / "zero1" stand for dist.*.
+      for (const auto& [k, v] : points[i]) {
+        if (k == "ranks") {
+          if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxRanks) {
+            throw SpecError(fmt::format("{}: expected an integer from 1 to {}, got {}",
+                                        KeyOrigin(spec, k, run.runs_index), kMaxRanks, v.dump()));
+          }
+          run.ranks = v.get<int>();
+        } else if (k == "expert_parallel" || k == "zero1") {
+          try {
+            SetPath(config, "dist." + k, ToJson(v));
+          } catch (const ConfigError& e) {
+            throw SpecError(fmt::format("{}: {}", KeyOrigin(spec, k, run.runs_index), e.what()));
+          }
+        }
+      }
       for (const Derived& d : derived) {
         const json value = TypedResult(d, Evaluate(d, config, vars));
         if (IsConfigPath(d.target)) {
@@ -714,6 +759,12 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
         run.vars[d.target] = ojson::parse(value.dump());
       }
       run.config = ConfigFromJson(config);
+      LayoutOrigin origin;
+      origin.ranks = KeyOrigin(spec, "ranks", run.runs_index);
+      origin.expert_parallel = KeyOrigin(spec, "dist.expert_parallel", run.runs_index);
+      if (const std::string e = LayoutError(run.config, run.ranks, origin); !e.empty()) {
+        throw SpecError(e);
+      }
       if (options.check_data && run.config.data.source == "corpus" &&
           checked_data.insert(run.config.data.path).second) {
         try {

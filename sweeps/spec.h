@@ -34,6 +34,10 @@ struct SweepRun {
   std::string branch_hash;                 // BranchHash(config)
   std::string name;                        // "<sweep>/<key=value,...>"
   int duplicate_of = -1;  // index of an earlier run of the sweep with the same hash
+  // Processes that train this run (the spec's "ranks", per run or for the sweep; not hashed:
+  // the trajectory does not depend on it). sweeps/launch.h checks it against the layout.
+  int ranks = 1;
+  int runs_index = -1;  // which entry of the spec's "runs" list made this run (-1: none)
 };
 
 struct Sweep {
@@ -41,7 +45,7 @@ struct Sweep {
   // The normalised spec (base inlined), stored in the database so `sweep status|resume NAME`
   // can re-expand it without the spec file.
   ojson spec;
-  int ranks = 1;
+  int ranks = 1;          // the spec's top-level "ranks" (a run's own "ranks" wins)
   bool branching = true;  // WSD branching of runs that differ only in length
   std::vector<SweepRun> runs;
   std::vector<std::string> warnings;
@@ -53,6 +57,10 @@ struct Sweep {
 // Reads a spec file; a "base" given as a path is resolved relative to the spec file and
 // inlined. Throws SpecError.
 ojson LoadSpecFile(const std::string& path);
+// The same from the spec's text (an editor's buffer); `path` names it in messages, gives the
+// default name (its stem) and the folder a "base" path is resolved in. A JSON syntax error says
+// "line L, column C". Throws SpecError.
+ojson ParseSpecText(const std::string& text, const std::string& path);
 
 struct ExpandOptions {
   // Check that corpus data (data.source "corpus") exists and fits the vocabulary.

@@ -219,6 +219,36 @@ std::string LatestCheckpoint(const std::string& dir) {
   return all.empty() ? "" : all.back().second.string();
 }
 
+std::vector<std::string> CheckpointsNewestFirst(const std::string& dir) {
+  std::vector<std::string> out;
+  auto all = ListCheckpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) out.push_back(it->second.string());
+  return out;
+}
+
+std::string ReadNewestValidCheckpoint(const std::string& dir, const std::string& expected_hash,
+                                      std::span<float> params, std::span<float> router_bias,
+                                      const std::vector<StateBuffer>& optimizer_state,
+                                      CheckpointHeader* header,
+                                      const std::function<void(const std::string&)>& warn) {
+  const std::vector<std::string> all = CheckpointsNewestFirst(dir);
+  std::string errors;
+  for (const std::string& path : all) {
+    try {
+      *header = ReadCheckpoint(path, expected_hash, params, router_bias, optimizer_state);
+      return path;
+    } catch (const std::exception& e) {
+      if (warn) warn(fmt::format("skipping checkpoint {}: {}", path, e.what()));
+      errors += fmt::format("\n  {}", e.what());
+    }
+  }
+  if (!all.empty()) {
+    throw std::runtime_error(
+        fmt::format("no valid checkpoint in {} ({} tried):{}", dir, all.size(), errors));
+  }
+  return "";
+}
+
 int64_t CheckpointStepOf(const std::string& path) { return StepOf(fs::path(path)); }
 
 std::string CheckpointAtStep(const std::string& dir, int64_t step) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,19 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
                                 std::span<float> params, std::span<float> router_bias,
                                 const std::vector<StateBuffer>& optimizer_state,
                                 bool match_branch = false);
+
+// Checkpoint files in dir, newest (highest step) first.
+std::vector<std::string> CheckpointsNewestFirst(const std::string& dir);
+
+// Resume: reads the newest checkpoint of dir that passes ReadCheckpoint; a newer one that fails
+// (corrupt, truncated, another config) is skipped with a warning passed to warn (e.g. printed to
+// stderr). Returns the path read, "" when dir has no checkpoint at all; throws when there are
+// checkpoints but none is valid.
+std::string ReadNewestValidCheckpoint(const std::string& dir, const std::string& expected_hash,
+                                      std::span<float> params, std::span<float> router_bias,
+                                      const std::vector<StateBuffer>& optimizer_state,
+                                      CheckpointHeader* header,
+                                      const std::function<void(const std::string&)>& warn);
 
 // The newest readable checkpoint in dir ("" if none).
 std::string LatestCheckpoint(const std::string& dir);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/data/data.h"
+#include "core/dist/layout.h"
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
@@ -52,16 +53,30 @@ void Scale(float* g, size_t n, float s) {
   for (size_t i = 0; i < n; ++i) g[i] *= s;
 }
 
+// Mean validation loss over eval.batches batches of the global batch size; with several
+// data-parallel ranks each evaluates its slice of every batch and the means are averaged.
 double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
-                std::vector<int32_t>& tokens) {
+                std::vector<int32_t>& tokens, Communicator& comm, const DistLayout& layout) {
   double sum = 0;
   StepStats stats;
+  const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data(), c.train.batch_size, &stats);
+    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                  layout.local_batch, &stats);
     sum += stats.loss;
   }
-  return sum / c.eval.batches;
+  if (layout.world > 1) comm.AllReduceSum(&sum, 1);
+  return sum / (static_cast<double>(c.eval.batches) * layout.dp);
+}
+
+// Sums gradients over the data-parallel ranks in buckets of about bucket_mb MiB and averages.
+void AllReduceGradients(Communicator& comm, float* g, size_t n, double bucket_mb) {
+  const size_t bucket =
+      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
+  for (size_t off = 0; off < n; off += bucket)
+    comm.AllReduceSum(g + off, std::min(bucket, n - off));
+  Scale(g, n, 1.0f / comm.world_size());
 }
 
 }  // namespace
@@ -79,18 +94,24 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   SingleProcessCommunicator single;
   Communicator* comm = options.comm ? options.comm : &single;
+  // Only rank 0 records (one run row per distributed run) and writes checkpoints.
+  NullSink null_sink;
+  const bool leader = comm->rank() == 0;
+  if (!leader) sink = &null_sink;
   const std::string ckpt_dir =
       options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
-  const int B = c.train.batch_size, S = c.model.seq_len;
+  const int B = c.train.batch_size, S = c.model.seq_len;  // B: the global batch
   const double flops_per_token = ForwardFlopsPerToken(c).training();
 
   omp_set_num_threads(c.train.threads);
   openblas_set_num_threads(c.train.threads);
 
   try {
+    const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
+    const int local_batch = layout.local_batch;
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     Model<float> model(c);
     model.Init(c.train.seed);
@@ -100,25 +121,63 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
 
     int64_t step = 0, tokens_seen = 0;
     double flops = 0;
-    const std::string latest = options.resume ? LatestCheckpoint(ckpt_dir) : "";
-    if (!latest.empty() || !options.init_from.empty()) {
-      const bool branch = latest.empty();
-      const std::string& from = branch ? options.init_from : latest;
-      CheckpointHeader h = ReadCheckpoint(from, branch ? branch_hash : hash, params, bias,
-                                          optimizer->state(), branch);
-      if (h.step > total) {
-        throw std::runtime_error(fmt::format("{} is at step {}, beyond this run's {} steps", from,
-                                             h.step, total));
+    // Rank 0 reads the checkpoint (falling back past corrupt ones) and broadcasts what it read,
+    // so every rank agrees on the state and a checkpoint written at N ranks resumes at M.
+    std::string from, read_error;
+    CheckpointHeader h;
+    if (leader) {
+      try {
+        if (options.resume) {
+          from = ReadNewestValidCheckpoint(
+              ckpt_dir, hash, params, bias, optimizer->state(), &h,
+              [](const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); });
+        }
+        if (from.empty() && !options.init_from.empty()) {
+          from = options.init_from;
+          h = ReadCheckpoint(from, branch_hash, params, bias, optimizer->state(), true);
+        }
+        if (!from.empty() && h.step > total) {
+          throw std::runtime_error(
+              fmt::format("{} is at step {}, beyond this run's {} steps", from, h.step, total));
+        }
+      } catch (const std::exception& e) {
+        read_error = e.what();
       }
+    }
+    if (layout.world > 1) {
+      // One flag first: 0 fresh start, 1 resumed, 2 failed (every rank throws).
+      float flag = !read_error.empty() ? 2.0f : from.empty() ? 0.0f : 1.0f;
+      comm->Broadcast(&flag, 1, 0);
+      if (flag == 2.0f && !leader) throw std::runtime_error("rank 0 could not read the checkpoint");
+      if (flag == 1.0f) {
+        int64_t hdr[2] = {h.step, h.tokens};
+        comm->BroadcastBytes(hdr, sizeof hdr, 0);
+        comm->BroadcastBytes(&h.flops, sizeof h.flops, 0);
+        h.step = hdr[0];
+        h.tokens = hdr[1];
+        comm->Broadcast(params.data(), params.size(), 0);
+        comm->Broadcast(bias.data(), bias.size(), 0);
+        for (const StateBuffer& sb : optimizer->state()) {
+          comm->Broadcast(sb.data->data(), sb.data->size(), 0);
+        }
+        if (!leader) from = "(broadcast from rank 0)";
+      }
+    }
+    if (!read_error.empty()) throw std::runtime_error(read_error);
+    if (!from.empty()) {
       step = h.step;
       tokens_seen = h.tokens;
       flops = h.flops;
       result.checkpoint = from;
     }
+    if (leader && layout.world > 1 && options.progress) {
+      fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(), comm->kind());
+    }
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
     auto checkpoint = [&](int64_t at) {
+      if (!leader) return;
       CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
       result.checkpoint =
           WriteCheckpoint(ckpt_dir, h, params, bias, optimizer->state(), c.checkpoint.keep);
@@ -130,8 +189,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     };
 
     std::vector<int32_t> tokens(static_cast<size_t>(B) * (S + 1));
+    // This rank's rows of the global batch: the batch is a pure function of (seed, step), so the
+    // trajectory does not depend on how many ranks share it.
+    const int32_t* local_tokens =
+        tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
-    ProgressBar bar("train", total, options.progress);
+    ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     const auto t_start = Clock::now();
     auto last_heartbeat = t_start;
@@ -141,22 +204,30 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     double time_in_steps = 0;
 
     while (step < end) {
-      if (options.stop_flag && options.stop_flag->load()) break;
+      bool stop = options.stop_flag && options.stop_flag->load();
+      if (layout.world > 1) {
+        // A signal may reach the ranks at different steps: stop together.
+        float f = stop ? 1.0f : 0.0f;
+        comm->AllReduceMax(&f, 1);
+        stop = f > 0;
+      }
+      if (stop) break;
       const auto t0 = Clock::now();
-      data->TrainBatch(c.train.seed, step, comm->rank(), B, S, tokens.data());
-      model.ForwardBackward(tokens.data(), B, &stats);
+      data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
+      model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
       float* grads = model.grads();
-      if (comm->world_size() > 1) {
-        comm->AllReduceSum(grads, n);
-        Scale(grads, n, 1.0f / comm->world_size());
+      if (layout.world > 1) {
+        AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
+        // S_max with MAX so every rank computes the same QK-Clip γ and clips identically.
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
         comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());
         comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
-        double l[2] = {stats.loss, stats.aux_loss};
-        comm->AllReduceSum(l, 2);
-        stats.loss = l[0] / comm->world_size();
-        stats.aux_loss = l[1] / comm->world_size();
+        double l[3] = {stats.loss, stats.aux_loss, stats.z_loss};
+        comm->AllReduceSum(l, 3);
+        stats.loss = l[0] / layout.dp;
+        stats.aux_loss = l[1] / layout.dp;
+        stats.z_loss = l[2] / layout.dp;
       }
       ++step;
       const double grad_norm = GradNorm(grads, n);
@@ -187,8 +258,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
-      tokens_seen += static_cast<int64_t>(B) * S * comm->world_size();
-      flops += flops_per_token * B * S * comm->world_size();
+      tokens_seen += static_cast<int64_t>(B) * S;
+      flops += flops_per_token * B * S;
       const auto t1 = Clock::now();
       const double dt = Seconds(t0, t1);
       ++steps_timed;
@@ -202,18 +273,18 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.tokens = tokens_seen;
       r.flops = flops;
       r.step_time_s = dt;
-      r.tokens_per_s = B * S * comm->world_size() / dt;
+      r.tokens_per_s = static_cast<double>(B) * S / dt;
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 
       if ((c.eval.every > 0 && step % c.eval.every == 0) || step == total) {
-        result.last_val_loss = Evaluate(model, *data, c, tokens);
+        result.last_val_loss = Evaluate(model, *data, c, tokens, *comm, layout);
         sink->OnEval(step, tokens_seen, flops, result.last_val_loss);
       }
       if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
         checkpoint(step);
       }
-      if (is_branch_step(step)) {
+      if (leader && is_branch_step(step)) {
         CheckpointHeader h{hash, branch_hash, step, tokens_seen, flops};
         WriteCheckpoint(BranchCheckpointDir(ckpt_dir), h, params, bias, optimizer->state(),
                         std::numeric_limits<int>::max());
@@ -233,7 +304,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     if (step < total) {
       // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
       if (result.checkpoint.empty() || step != result.start_step) {
-        if (CheckpointAtStep(ckpt_dir, step).empty()) checkpoint(step);
+        if (leader && CheckpointAtStep(ckpt_dir, step).empty()) checkpoint(step);
       }
       result.status = RunStatus::kStopped;
       bar.Finish(fmt::format("stopped at step {}", step));

@@ -371,7 +371,7 @@ TEST(Bootstrap, MultiplierRefusedWhenEIsAtItsBound) {
   auto m3 = ComputeMultiplier(a, fits.Get("b"), 1.5);
   EXPECT_TRUE(m3.ok);
   ASSERT_FALSE(m3.flags.empty());
-  EXPECT_THAT(m3.flags[0], HasSubstr("30%"));
+  EXPECT_THAT(m3.flags[0], HasSubstr("30.0%"));
 }
 
 // Coverage at the run counts the experiments use, bounded from below AND above (an interval
@@ -679,6 +679,40 @@ TEST(Heads, EqualTokenAndEqualFlopDeltas) {
   }
   EXPECT_NEAR(res.mean_delta_equal_tokens.estimate, -0.01, 1e-9);
   EXPECT_GT(res.mean_delta_equal_flops.estimate, -0.01);
+}
+
+// Replicated budgets (2 seeds per arm) with large seed noise: the mean over budgets must carry
+// the seed noise. It used to resample only the 3 budget means: an interval of ±0.3 % around a
+// mean whose budgets each had ±8 %.
+TEST(Heads, MeanOverBudgetsCarriesSeedNoise) {
+  std::vector<Observation> obs;
+  const double seed_offset[2] = {0.06, -0.06};  // ±6 % between seeds, the same in both arms
+  for (int budget = 0; budget < 3; ++budget) {
+    const double tokens = 1e5 * (1 << budget);
+    for (int seed = 0; seed < 2; ++seed) {
+      for (int arm = 1; arm <= 2; ++arm) {
+        // Treatment 1 % better; a per-run wobble of ±3 % on top of the seed offset.
+        const double wobble = 0.03 * ((budget + seed + arm) % 2 ? 1 : -1);
+        const double loss = (4.0 - 0.3 * budget) * (1 + seed_offset[seed] + wobble) *
+                            (arm == 2 ? 0.99 : 1.0);
+        const std::string run =
+            "b" + std::to_string(budget) + "s" + std::to_string(seed) + "a" + std::to_string(arm);
+        obs.push_back({run, arm == 1 ? "1" : "2", 6e5 * tokens * arm, tokens, 1e5, loss});
+      }
+    }
+  }
+  auto res = CompareHeads(obs, "1", "2", FastOptions(400));
+  ASSERT_EQ(res.budgets.size(), 3u);
+  double narrowest_budget = 1e9;
+  for (const auto& b : res.budgets) {
+    EXPECT_TRUE(b.replicated);
+    narrowest_budget = std::min(narrowest_budget, b.delta_equal_tokens.hi - b.delta_equal_tokens.lo);
+  }
+  const double mean_width = res.mean_delta_equal_tokens.hi - res.mean_delta_equal_tokens.lo;
+  std::printf("per-budget interval width >= %.4f, mean over budgets %.4f\n", narrowest_budget,
+              mean_width);
+  // Averaging 3 budgets shrinks the seed noise by about sqrt(3), not to nothing.
+  EXPECT_GT(mean_width, 0.25 * narrowest_budget);
 }
 
 // ---- Inference FLOPs ------------------------------------------------------------------------

@@ -124,7 +124,8 @@ TEST(Config, AdamwLrKeepsOldHashesWhenUnset) {
 
 TEST(Config, MuonDefaultsFollowMuonClipAlgorithm1) {
   // Kimi K2's MuonClip (Algorithm 1) uses plain momentum: O = NS(μM + G).
-  EXPECT_FALSE(ConfigFromJson({{"optimizer", {{"name", "muonclip"}}}}).optimizer.muon_nesterov);
+  EXPECT_FALSE(ConfigFromJson({{"optimizer", {{"name", "muonclip"}, {"qk_clip_tau", 100}}}})
+                   .optimizer.muon_nesterov);
 }
 
 TEST(Config, CanonicalJsonSortsKeysAndNormalisesNumbers) {

@@ -208,7 +208,7 @@ TEST(SpecErrorTest, ModelQuantityOfInvalidConfig) {
 }
 
 TEST(SpecErrorTest, MultiRankUnknownKeysAndBase) {
-  EXPECT_HAS(ErrorOf(Spec(R"({"ranks": 4})")), "mpirun -np 4");
+  EXPECT_HAS(ErrorOf(Spec(R"({"ranks": 0})")), "ranks: expected an integer from 1");
   EXPECT_HAS(ErrorOf(Spec(R"({"gird": {}})")), "gird: unknown key");
   ojson s = Spec("{}");
   s["base"]["model"]["layerz"] = 2;

@@ -1,0 +1,86 @@
+// Internal to moelab-gui's App: constants the views share and the per-view cache structs.
+// Not part of the app's interface (gui/app.h); only gui/app.cc and gui/view_*.cc include it.
+#pragma once
+
+#include <imgui.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gui/app.h"
+#include "gui/plot.h"
+#include "gui/view_model.h"
+
+namespace moelab::gui {
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct MetricDef {
+  const char* title;
+  const char* key;
+  bool eval;  // keyed by evaluation step (x from the eval_* columns)
+};
+inline const MetricDef kMetrics[5] = {{"train loss", "loss", false},
+                                      {"validation loss", "val_loss", true},
+                                      {"learning rate", "lr", false},
+                                      {"grad norm", "grad_norm", false},
+                                      {"tokens/s", "tokens_per_s", false}};
+inline const char* const kXNames[4] = {"step", "tokens", "training FLOPs", "wall time (s)"};
+inline const char* const kXKeys[4] = {"", "tokens", "flops", "wall_time"};
+inline const char* const kXEvalKeys[4] = {"", "eval_tokens", "eval_flops", "eval_wall_time"};
+
+inline const ImU32 kTauColor = IM_COL32(235, 80, 70, 255);
+inline constexpr size_t kMaxRawRuns = 20;
+// Per-frame budgets: past them, plots show their previous downsample / picture moved to the
+// new ranges and refine over the next frames, so zooming 100 runs never stalls the UI.
+inline constexpr int kDownsampleBudgetMs = 12;
+inline constexpr int kCanvasBudgetMs = 20;
+
+inline std::string Opt(const std::optional<double>& v) {
+  return v ? FormatValue(*v) : "\xe2\x80\x94";
+}
+
+// ---- Caches: derived data recomputed only when a source version or the view changes. ----
+
+struct App::CurveCache {
+  std::shared_ptr<const SeriesData> y_src, x_src;
+  uint64_t y_version = 0, x_version = 0;
+  int x_kind = -1;
+  float smoothing = -1;
+  std::vector<double> xs, smooth;  // x per point, smoothed values
+  PlotBounds extent;
+  // Downsampled for the current view.
+  double v_lo = kNaN, v_hi = kNaN;
+  bool v_log = false, v_raw = false;
+  int v_cols = 0;
+  std::vector<double> ds_x, ds_y, raw_x, raw_y;
+  uint64_t ds_gen = 0;  // bumped on every downsample, for the canvas signature
+};
+
+struct App::LogitCache {
+  uint64_t version = 0;
+  std::vector<std::vector<double>> layer_series;  // per layer, max over heads
+  ClipSeries clip;
+  std::vector<double> clip_steps;  // distinct steps with clip events
+  uint64_t range_version = 0;
+  float vmin = 0, vmax = 0;
+  double v_lo = kNaN, v_hi = kNaN;
+  int v_cols = 0;
+  std::vector<std::vector<double>> ds_x, ds_y;
+  std::vector<double> clip_ds_x, clip_ds_y;
+};
+
+struct App::ExpertCache {
+  uint64_t version = 0;
+  std::vector<std::vector<double>> cv, max_mean;  // per layer, per step
+  uint64_t hm_sig = 0;
+  int bins = 0;
+  std::vector<std::vector<double>> share;  // per layer, [bin * experts + e]
+  std::vector<std::unique_ptr<Texture>> tex;
+};
+
+}  // namespace moelab::gui

@@ -1,0 +1,161 @@
+#include "gui/script.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "gui/app.h"
+#include "gui/sweep_control.h"
+
+namespace moelab::gui {
+
+ScriptRunner::ScriptRunner(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "moelab-gui: cannot read script %s\n", path.c_str());
+    status_ = 1;
+    return;
+  }
+  for (std::string line; std::getline(in, line);) {
+    const size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    lines_.push_back(line.substr(start));
+  }
+}
+
+bool ScriptRunner::Fail(App* app, const std::string& why) {
+  std::fprintf(stderr, "moelab-gui: script line '%s': %s\n", lines_[next_].c_str(), why.c_str());
+  status_ = 1;
+  app->quit_ = true;
+  return false;
+}
+
+void ScriptRunner::Step(App* app) {
+  if (status_ >= 0) {
+    if (status_ == 1) app->quit_ = true;
+    return;
+  }
+  if (next_ >= lines_.size()) {
+    status_ = 0;
+    return;
+  }
+  std::istringstream in(lines_[next_]);
+  std::string cmd;
+  in >> cmd;
+  const auto now = std::chrono::steady_clock::now();
+  auto start_wait = [&](double default_s) {
+    double timeout = default_s;
+    in >> timeout;
+    if (!waiting_) {
+      waiting_ = true;
+      deadline_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout));
+    }
+  };
+  auto done = [&] {
+    waiting_ = false;
+    ++next_;
+    std::fprintf(stderr, "moelab-gui: script: %s\n", lines_[next_ - 1].c_str());
+  };
+  auto timed_out = [&] { return now > deadline_; };
+  // The runs of the editor's sweep, by id.
+  auto sweep_runs = [&] {
+    std::vector<const RunEntry*> out;
+    if (!app->runs_) return out;
+    for (const auto& r : app->runs_->runs) {
+      if (!app->sweeps_.check || r->sweep_name != app->sweeps_.check->name) continue;
+      out.push_back(r.get());
+    }
+    return out;
+  };
+  const std::string& sweep = app->sweeps_.check ? app->sweeps_.check->name : "";
+  const std::string db = app->store_ ? app->store_->path() : "";
+
+  if (cmd == "open") {
+    std::string path;
+    in >> path;
+    if (!app->OpenSpec(path)) return (void)Fail(app, app->sweeps_.message);
+    app->SetView(View::kSweeps);
+    app->CheckSpecNow();
+  } else if (cmd == "replace") {
+    // replace OLD => NEW (the rest of the line; OLD and NEW may hold spaces)
+    std::string rest;
+    std::getline(in, rest);
+    const size_t arrow = rest.find(" => ");
+    if (arrow == std::string::npos) return (void)Fail(app, "expected: replace OLD => NEW");
+    const std::string from = rest.substr(1, arrow - 1), to = rest.substr(arrow + 4);
+    const size_t at = app->sweeps_.text.find(from);
+    if (at == std::string::npos) return (void)Fail(app, "'" + from + "' is not in the editor");
+    app->sweeps_.text.replace(at, from.size(), to);
+    app->CheckSpecNow();
+  } else if (cmd == "save") {
+    if (!app->SaveSpec()) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "launch" || cmd == "rerun") {
+    std::string opt;
+    if (in >> opt && opt == "-j") in >> app->sweeps_.parallel;
+    if (!app->LaunchSpec(cmd == "rerun")) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "stop-sweep") {
+    if (!app->StopSweep(sweep)) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "resume-sweep") {
+    if (!app->ResumeSweep(sweep)) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "stop-run" || cmd == "resume-run") {
+    size_t i = 0;
+    in >> i;
+    const auto runs = sweep_runs();
+    if (i >= runs.size()) return (void)Fail(app, "the sweep has no run " + std::to_string(i));
+    const bool ok =
+        cmd == "stop-run" ? app->StopRun(runs[i]->row.id) : app->ResumeRun(runs[i]->row.id);
+    if (!ok) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "wait-runs") {
+    size_t n = 0;
+    std::string statuses;
+    in >> n >> statuses;
+    start_wait(120);
+    size_t have = 0;
+    for (const RunEntry* r : sweep_runs()) {
+      have += ("," + statuses + ",").find("," + r->row.effective_status + ",") != std::string::npos;
+    }
+    if (have < n) {
+      if (timed_out()) Fail(app, "timed out with " + std::to_string(have) + " such runs");
+      return;
+    }
+  } else if (cmd == "wait-step") {
+    int64_t step = 0;
+    in >> step;
+    start_wait(120);
+    bool reached = false;
+    for (const RunEntry* r : sweep_runs()) {
+      reached = reached || (r->row.effective_status == "running" && r->row.last_step >= step);
+    }
+    if (!reached) {
+      if (timed_out()) Fail(app, "timed out");
+      return;
+    }
+  } else if (cmd == "wait-idle") {
+    start_wait(120);
+    if (SweepRunnerPid(db, sweep) > 0) {
+      if (timed_out()) Fail(app, "the sweep runner is still running");
+      return;
+    }
+  } else if (cmd == "view") {
+    std::string name;
+    in >> name;
+    View v;
+    if (!App::ParseView(name, &v)) return (void)Fail(app, "unknown view");
+    app->SetView(v);
+  } else if (cmd == "sleep") {
+    start_wait(0);
+    // `sleep S`: the timeout is the duration.
+    if (!timed_out()) return;
+  } else if (cmd == "screenshot") {
+    in >> app->screenshot_request_;
+  } else if (cmd == "quit") {
+    app->quit_ = true;
+    status_ = 0;
+  } else {
+    return (void)Fail(app, "unknown action");
+  }
+  done();
+}
+
+}  // namespace moelab::gui

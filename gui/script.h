@@ -1,0 +1,43 @@
+// `moelab-gui --script FILE`: scripted UI actions, one per line, run one per frame through the
+// same App methods the buttons call (tests and demos drive the real control room with them).
+//
+//   open SPEC.json            open a spec in the Sweeps editor (and show the Sweeps view)
+//   replace OLD => NEW        edit the editor's buffer (first OLD -> NEW) as typing would
+//   save                      write the buffer to its file
+//   launch [-j N]             Launch (detached `moelab sweep run`); rerun: the same with --rerun
+//   stop-sweep | resume-sweep the editor's sweep (SIGTERM to its runner / `moelab sweep resume`)
+//   stop-run I | resume-run I the I-th run (0-based, by id) of the editor's sweep
+//   wait-runs N STATUS[,STATUS...] [TIMEOUT_S]   until N runs of the sweep have such a status
+//   wait-step N [TIMEOUT_S]   until a run of the sweep is running at step >= N
+//   wait-idle [TIMEOUT_S]     until no runner holds the sweep's lock
+//   view NAME | sleep S | screenshot OUT.png | quit
+//
+// A failed action or a wait that times out ends the script with status 1 (the app quits).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace moelab::gui {
+
+class App;
+
+class ScriptRunner {
+ public:
+  explicit ScriptRunner(const std::string& path);
+  // Runs at most one action (or one check of a wait) per frame.
+  void Step(App* app);
+  // -1 while running, 0 when every action succeeded, 1 on failure.
+  int status() const { return status_; }
+
+ private:
+  bool Fail(App* app, const std::string& why);
+  std::vector<std::string> lines_;
+  size_t next_ = 0;
+  int status_ = -1;
+  bool waiting_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+}  // namespace moelab::gui

@@ -1,0 +1,251 @@
+// The curves view of moelab-gui (App::*View and its helpers).
+#include <imgui.h>
+#include <imgui_internal.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+
+#include "gui/app.h"
+#include "gui/app_internal.h"
+#include "gui/widgets.h"
+
+namespace moelab::gui {
+
+// ---- Curves ---------------------------------------------------------------------------------
+
+void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& runs, ImVec2 size,
+                     AxisState* x_state, AxisState* y_state) {
+  const MetricDef& m = kMetrics[metric];
+  const int xk = settings_.x_axis;
+  const float smoothing = settings_.smoothing;
+  const bool log_x = settings_.log_x && xk != 0 ? true : settings_.log_x;
+  const bool log_y = settings_.log_y && metric != 4;
+  struct Shown {
+    int64_t run;
+    CurveCache* cache;
+  };
+  std::vector<Shown> shown;
+  PlotBounds x_extent;
+  for (int64_t run : runs) {
+    auto y = store_->Series(run, m.key);
+    std::shared_ptr<const SeriesData> x;
+    if (xk != 0) x = store_->Series(run, m.eval ? kXEvalKeys[xk] : kXKeys[xk]);
+    if (!y || (xk != 0 && !x)) {
+      frame_settled_ = false;
+      continue;
+    }
+    auto& slot = curves_view_.caches[{run, metric}];
+    if (!slot) slot = std::make_unique<CurveCache>();
+    CurveCache& c = *slot;
+    if (c.y_version != y->version || c.y_src != y || c.x_kind != xk ||
+        (x && (c.x_version != x->version || c.x_src != x)) || c.smoothing != smoothing) {
+      c.y_src = y;
+      c.x_src = x;
+      c.y_version = y->version;
+      c.x_version = x ? x->version : 0;
+      c.x_kind = xk;
+      c.smoothing = smoothing;
+      const size_t n = x ? std::min(x->values.size(), y->values.size()) : y->values.size();
+      if (x) {
+        c.xs.assign(x->values.begin(), x->values.begin() + n);
+        if (xk == 3 && n > 0) {
+          // Wall time as seconds since the run's first record, so runs started at different
+          // times line up.
+          const double t0 = c.xs.front();
+          for (double& v : c.xs) v -= t0;
+        }
+      } else {
+        c.xs.assign(y->steps.begin(), y->steps.begin() + n);
+      }
+      c.smooth =
+          DebiasedEma(std::span<const double>(y->values.data(), n), m.eval ? 0.0 : smoothing);
+      c.extent = PlotBounds{};
+      for (size_t i = 0; i < n; ++i) c.extent.Add(c.xs[i], c.smooth[i]);
+      c.v_cols = 0;  // force a new downsample
+    }
+    x_extent.AddX(c.extent.x_lo);
+    x_extent.AddX(c.extent.x_hi);
+    shown.push_back({run, &c});
+  }
+
+  // Resolve x here (before the Plot) so y can auto-fit to what is visible.
+  const float fh = ImGui::GetFontSize();
+  const int cols = std::max(16, static_cast<int>(size.x - fh * 5.4f));
+  AxisMap xa;
+  if (x_state->auto_fit || !(x_state->hi > x_state->lo)) {
+    xa = {x_extent.x_lo, x_extent.x_hi, log_x};
+    if (log_x && !(xa.lo > 0)) xa.lo = std::max(1.0, xa.hi * 1e-4);
+    PadRange(&xa.lo, &xa.hi, log_x, 0.0);
+  } else {
+    xa = {x_state->lo, x_state->hi, log_x};
+  }
+  PlotBounds fit;
+  fit.AddX(xa.lo);
+  fit.AddX(xa.hi);
+  // Beyond a few runs the faint raw lines are a grey blur that doubles the drawing cost.
+  const bool raw = settings_.show_raw && smoothing > 0 && !m.eval && shown.size() <= kMaxRawRuns;
+  for (auto& s : shown) {
+    CurveCache& c = *s.cache;
+    const bool stale = c.v_cols != cols || c.v_lo != xa.lo || c.v_hi != xa.hi || c.v_log != log_x ||
+                       c.v_raw != raw;
+    // Over the frame's budget, keep drawing the previous downsample (right place, coarser
+    // detail) and refine next frame: a zoom over 100 runs x 100k points never stalls a frame.
+    if (stale && Clock::now() > downsample_deadline_ && !c.ds_x.empty()) {
+      frame_settled_ = false;
+    } else if (stale) {
+      DownsampleM4(c.xs, c.smooth, xa, cols, &c.ds_x, &c.ds_y);
+      if (raw) {
+        DownsampleM4(c.xs, std::span<const double>(c.y_src->values.data(), c.xs.size()), xa, cols,
+                     &c.raw_x, &c.raw_y);
+      } else {
+        c.raw_x.clear();
+        c.raw_y.clear();
+      }
+      c.v_cols = cols;
+      c.v_lo = xa.lo;
+      c.v_hi = xa.hi;
+      c.v_log = log_x;
+      c.v_raw = raw;
+      ++c.ds_gen;
+    }
+    for (size_t i = 0; i < c.ds_x.size(); ++i) {
+      if (c.ds_x[i] >= xa.lo && c.ds_x[i] <= xa.hi && (!log_y || c.ds_y[i] > 0)) {
+        fit.AddY(c.ds_y[i]);
+      }
+    }
+  }
+
+  Plot plot(id, size, x_state, y_state, fit, log_x, log_y, m.title, kXNames[xk]);
+  if (shown.empty()) {
+    const char* msg = runs.empty() ? "no runs" : "loading...";
+    plot.draw_list()->AddText(plot.inner().GetCenter(), ImGui::GetColorU32(ImGuiCol_TextDisabled),
+                              msg);
+    return;
+  }
+  Signature ident, content;
+  ident.Add(log_x).Add(log_y).Add(raw).Add(xk).Add(smoothing);
+  for (auto& s : shown) {
+    ident.Add(s.run).Add(colors_[s.run]);
+    content.Add(s.cache).Add(s.cache->ds_gen);
+  }
+  LineCanvas& canvas = Canvas(id);
+  if (canvas.Begin(plot, ident.h, content.h, Clock::now() > canvas_deadline_)) {
+    for (auto& s : shown) {
+      if (!s.cache->raw_x.empty()) {
+        canvas.Line(plot, s.cache->raw_x, s.cache->raw_y,
+                    (colors_[s.run] & 0x00FFFFFF) | 0x50000000, 1.0f);
+      }
+    }
+    for (auto& s : shown) {
+      canvas.Line(plot, s.cache->ds_x, s.cache->ds_y, colors_[s.run], m.eval ? 2.0f : 1.6f);
+      // Evaluations are sparse: mark each point so a single evaluation is visible.
+      if (m.eval && s.cache->ds_x.size() < 200) {
+        for (size_t i = 0; i < s.cache->ds_x.size(); ++i) {
+          canvas.Dot(plot, s.cache->ds_x[i], s.cache->ds_y[i], colors_[s.run], 2.6f);
+        }
+      }
+    }
+  }
+  canvas.End(plot);
+  if (canvas.deferred()) frame_settled_ = false;
+  if (plot.hovered()) {
+    // Readout of every visible run at the cursor, highest value first.
+    struct Row {
+      double value, x;
+      int64_t run;
+    };
+    std::vector<Row> rows;
+    for (auto& s : shown) {
+      const int64_t i = NearestIndexAtOrBefore(s.cache->xs, plot.mouse_x());
+      if (i < 0) continue;
+      const double v = s.cache->smooth[i];
+      rows.push_back({v, s.cache->xs[i], s.run});
+      plot.Marker(s.cache->xs[i], v, colors_[s.run], 3.5f);
+    }
+    std::sort(rows.begin(), rows.end(),
+              [](const Row& a, const Row& b) { return a.value > b.value; });
+    ImGui::BeginTooltip();
+    ImGui::Text("%s at %s = %s", m.title, kXNames[xk], FormatValue(plot.mouse_x()).c_str());
+    ImGui::Separator();
+    const size_t limit = 30;
+    for (size_t i = 0; i < rows.size() && i < limit; ++i) {
+      ImGui::ColorButton("##c", ImGui::ColorConvertU32ToFloat4(colors_[rows[i].run]),
+                         ImGuiColorEditFlags_NoTooltip, ImVec2(10, 10));
+      ImGui::SameLine();
+      ImGui::Text("%-10s  %s", FormatValue(rows[i].value).c_str(), RunLabel(rows[i].run).c_str());
+    }
+    if (rows.size() > limit) ImGui::TextDisabled("... %zu more", rows.size() - limit);
+    ImGui::EndTooltip();
+  }
+}
+
+void App::CurvesView() {
+  const RunsSnapshot& rs = *runs_;
+  ImGui::SetNextItemWidth(130);
+  ImGui::Combo("x", &settings_.x_axis, kXNames, 4);
+  ImGui::SameLine();
+  ImGui::Checkbox("log x", &settings_.log_x);
+  ImGui::SameLine();
+  ImGui::Checkbox("log y", &settings_.log_y);
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(120);
+  ImGui::SliderFloat("smoothing", &settings_.smoothing, 0.0f, 0.99f, "%.2f");
+  HelpMarker(
+      "Exponential moving average with debiasing (TensorBoard's): early points are not "
+      "pulled towards zero. Applied to the full series before downsampling, so the "
+      "smoothed line does not change with zoom.");
+  ImGui::SameLine();
+  ImGui::Checkbox("raw", &settings_.show_raw);
+  if (ImGui::IsItemHovered()) {
+    ImGui::SetTooltip("Unsmoothed values drawn faintly behind the smoothed line (up to %zu runs).",
+                      kMaxRawRuns);
+  }
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(170);
+  KeyCombo("colour by", &settings_.color_key, rs, "(one colour per run)");
+  ImGui::SameLine();
+  if (ImGui::Checkbox("follow live", &settings_.follow_live) && settings_.follow_live) {
+    curves_view_.x.auto_fit = true;
+    for (auto& y : curves_view_.y) y.auto_fit = true;
+  }
+  HelpMarker(
+      "Follow live keeps every axis fitted to the data as it arrives. Mouse wheel zooms x "
+      "(Shift+wheel: y), drag pans, double-click refits.");
+  if (!curves_view_.x.auto_fit) settings_.follow_live = false;
+  for (int i = 0; i < 5; ++i) {
+    if (i > 0) ImGui::SameLine();
+    bool on = settings_.panels[i] != 0;
+    if (ImGui::Checkbox(kMetrics[i].title, &on)) settings_.panels[i] = on ? 1 : 0;
+  }
+  const std::vector<int64_t> runs = ShownRuns();
+  AssignColors(runs);
+  if (selection_.empty()) {
+    ImGui::TextDisabled("Showing all %zu runs (select runs in the Runs view to narrow).",
+                        runs.size());
+  }
+  Legend(runs);
+
+  std::vector<int> panels;
+  for (int i = 0; i < 5; ++i) {
+    if (settings_.panels[i]) panels.push_back(i);
+  }
+  if (panels.empty()) return;
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const int ncol = panels.size() == 1 ? 1 : 2;
+  const int nrow = (static_cast<int>(panels.size()) + ncol - 1) / ncol;
+  const float sp = ImGui::GetStyle().ItemSpacing.x;
+  const ImVec2 size(
+      (avail.x - sp * (ncol - 1)) / ncol,
+      std::max(120.0f, (avail.y - ImGui::GetStyle().ItemSpacing.y * (nrow - 1)) / nrow));
+  for (size_t i = 0; i < panels.size(); ++i) {
+    if (i % ncol != 0) ImGui::SameLine();
+    CurvePanel(kMetrics[panels[i]].key, panels[i], runs, size, &curves_view_.x,
+               &curves_view_.y[panels[i]]);
+  }
+}
+
+}  // namespace moelab::gui

@@ -1,0 +1,222 @@
+// The experts view of moelab-gui (App::*View and its helpers).
+#include <imgui.h>
+#include <imgui_internal.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+
+#include "gui/app.h"
+#include "gui/app_internal.h"
+#include "gui/widgets.h"
+
+namespace moelab::gui {
+
+// ---- Experts --------------------------------------------------------------------------------
+
+void App::ExpertsView() {
+  std::vector<int64_t> candidates;
+  for (int64_t id : selection_) {
+    const RunEntry* e = runs_->Find(id);
+    if (e && e->row.shape.moe_layers > 0) candidates.push_back(id);
+  }
+  for (const auto& r : runs_->runs) {
+    if (r->row.shape.moe_layers > 0 &&
+        std::find(candidates.begin(), candidates.end(), r->row.id) == candidates.end()) {
+      candidates.push_back(r->row.id);
+    }
+  }
+  if (candidates.empty()) {
+    ImGui::TextDisabled("No MoE run records expert loads yet.");
+    return;
+  }
+  const int64_t run = experts_.run >= 0 && runs_->Find(experts_.run) ? experts_.run : candidates[0];
+  ImGui::SetNextItemWidth(300);
+  if (ImGui::BeginCombo("run", RunLabel(run).c_str())) {
+    for (int64_t id : candidates) {
+      if (ImGui::Selectable(RunLabel(id).c_str(), id == run)) experts_.run = id;
+    }
+    ImGui::EndCombo();
+  }
+  auto data = store_->Experts(run);
+  if (!data) {
+    frame_settled_ = false;
+    ImGui::TextDisabled("loading...");
+    return;
+  }
+  if (data->steps.empty()) {
+    ImGui::TextDisabled("no expert-load records for this run");
+    return;
+  }
+  const int L = data->moe_layers, E = data->experts;
+  const size_t n = data->steps.size();
+  if (L <= 0 || E <= 0 || data->counts.size() != n * L * E) {
+    ImGui::TextDisabled("expert-load records of this run have no usable shape");
+    return;
+  }
+  auto& slot = experts_.caches[run];
+  if (!slot) slot = std::make_unique<ExpertCache>();
+  ExpertCache& c = *slot;
+  if (c.version != data->version) {
+    c.version = data->version;
+    c.cv.assign(L, std::vector<double>(n));
+    c.max_mean.assign(L, std::vector<double>(n));
+    for (size_t i = 0; i < n; ++i) {
+      for (int l = 0; l < L; ++l) {
+        const Imbalance im = ExpertImbalance(std::span<const int64_t>(
+            data->counts.data() + (i * L + l) * static_cast<size_t>(E), E));
+        c.cv[l][i] = im.cv;
+        c.max_mean[l][i] = im.max_over_mean;
+      }
+    }
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled(
+      "%d MoE layers x %d routed experts, %zu records. Heatmap: share of the "
+      "layer's tokens per expert (1/E = %.3g is balanced).",
+      L, E, n, 1.0 / E);
+
+  const float fh = ImGui::GetFontSize();
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float left_w = avail.x * 0.58f;
+  const float right_w = avail.x - left_w - ImGui::GetStyle().ItemSpacing.x;
+
+  // Left: one heatmap per MoE layer, time in pixel bins (mean share per bin) x experts.
+  ImGui::BeginChild("heatmaps", ImVec2(left_w, avail.y), false);
+  const float label_w = fh * 2.5f;
+  const float hm_w = left_w - label_w - fh;
+  const float strip_h = std::clamp((avail.y - fh) / L - fh * 1.6f, 24.0f, 240.0f);
+  AxisMap xa{data->steps.front(), data->steps.back(), false};
+  if (!experts_.x.auto_fit && experts_.x.hi > experts_.x.lo)
+    xa = {experts_.x.lo, experts_.x.hi, false};
+  if (!(xa.hi > xa.lo)) xa.hi = xa.lo + 1;
+  const int bins = std::max(1, static_cast<int>(hm_w / 2));
+  Signature hsig;
+  hsig.Add(c.version).Add(xa.lo).Add(xa.hi).Add(bins);
+  if (hsig.h != c.hm_sig) {
+    // Mean share per (time bin, expert) per layer, as one texture per layer (bins x experts
+    // pixels): a few thousand rects per layer would cost llvmpipe more than the whole frame.
+    c.hm_sig = hsig.h;
+    c.bins = bins;
+    c.share.assign(L, std::vector<double>(static_cast<size_t>(bins) * E, 0.0));
+    c.tex.resize(L);
+    std::vector<int> cnt(bins);
+    std::vector<uint32_t> pixels(static_cast<size_t>(bins) * E);
+    const size_t i0 =
+        std::lower_bound(data->steps.begin(), data->steps.end(), xa.lo) - data->steps.begin();
+    const size_t i1 =
+        std::upper_bound(data->steps.begin(), data->steps.end(), xa.hi) - data->steps.begin();
+    for (int l = 0; l < L; ++l) {
+      std::vector<double>& share = c.share[l];
+      std::fill(cnt.begin(), cnt.end(), 0);
+      for (size_t i = i0; i < i1; ++i) {
+        const int b = std::clamp(static_cast<int>(xa.Forward(data->steps[i]) * bins), 0, bins - 1);
+        const int64_t* row = data->counts.data() + (i * L + l) * static_cast<size_t>(E);
+        double total = 0;
+        for (int e = 0; e < E; ++e) total += static_cast<double>(row[e]);
+        if (total <= 0) continue;
+        for (int e = 0; e < E; ++e) share[static_cast<size_t>(b) * E + e] += row[e] / total;
+        ++cnt[b];
+      }
+      double vmax = 0;
+      int last = -1, first = -1;
+      for (int b = 0; b < bins; ++b) {
+        if (cnt[b] > 0 && first < 0) first = b;
+        if (cnt[b] == 0) {
+          // Records sparser than the bins: repeat the previous bin so the strip stays solid.
+          if (last >= 0)
+            std::copy_n(&share[static_cast<size_t>(last) * E], E,
+                        &share[static_cast<size_t>(b) * E]);
+          continue;
+        }
+        last = b;
+        for (int e = 0; e < E; ++e) {
+          share[static_cast<size_t>(b) * E + e] /= cnt[b];
+          vmax = std::max(vmax, share[static_cast<size_t>(b) * E + e]);
+        }
+      }
+      for (int e = 0; e < E; ++e) {
+        for (int b = 0; b < bins; ++b) {
+          const bool empty = first < 0 || b < first;
+          pixels[static_cast<size_t>(e) * bins + b] =
+              empty ? 0u : ToImU32(HeatColor(share[static_cast<size_t>(b) * E + e], 0, vmax));
+        }
+      }
+      if (!c.tex[l]) c.tex[l] = std::make_unique<Texture>();
+      c.tex[l]->Upload(bins, E, pixels.data());
+    }
+  }
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  for (int l = 0; l < L; ++l) {
+    ImGui::Text("MoE layer %d", l);
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    const float cell_h = strip_h / E;
+    dl->AddImage(c.tex[l]->id(), ImVec2(o.x + label_w, o.y),
+                 ImVec2(o.x + label_w + hm_w, o.y + strip_h));
+    dl->AddText(ImVec2(o.x, o.y), ImGui::GetColorU32(ImGuiCol_TextDisabled), "e0");
+    char lbl[16];
+    std::snprintf(lbl, sizeof(lbl), "e%d", E - 1);
+    dl->AddText(ImVec2(o.x, o.y + strip_h - fh), ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    ImGui::Dummy(ImVec2(left_w - fh, strip_h));
+    const ImVec2 hm_min(o.x + label_w, o.y), hm_max(o.x + label_w + hm_w, o.y + strip_h);
+    if (ImGui::IsMouseHoveringRect(hm_min, hm_max) && ImGui::IsWindowHovered()) {
+      const double t = (ImGui::GetIO().MousePos.x - hm_min.x) / hm_w;
+      const int b = std::clamp(static_cast<int>(t * bins), 0, bins - 1);
+      const int e =
+          std::clamp(static_cast<int>((ImGui::GetIO().MousePos.y - o.y) / cell_h), 0, E - 1);
+      ImGui::SetTooltip("layer %d, expert %d, steps ~%s: %.2f%% of tokens (balanced %.2f%%)", l, e,
+                        FormatValue(xa.Inverse(t)).c_str(),
+                        100 * c.share[l][static_cast<size_t>(b) * E + e], 100.0 / E);
+    }
+  }
+  ImGui::EndChild();
+  ImGui::SameLine();
+
+  // Right: imbalance curves, one line per layer.
+  ImGui::BeginChild("imbalance", ImVec2(right_w, avail.y), false);
+  const int cols = std::max(16, static_cast<int>(right_w - fh * 5.4f));
+  for (int which = 0; which < 2; ++which) {
+    const auto& series = which == 0 ? c.cv : c.max_mean;
+    PlotBounds fit;
+    fit.AddX(data->steps.front());
+    fit.AddX(data->steps.back());
+    for (const auto& s : series) {
+      for (double v : s) fit.AddY(v);
+    }
+    if (which == 1) fit.AddY(1.0);
+    if (which == 0) fit.AddY(0.0);
+    Plot plot(
+        which == 0 ? "cv" : "maxmean", ImVec2(right_w, which == 0 ? avail.y * 0.5f - 4 : -1),
+        &experts_.x, which == 0 ? &experts_.cv_y : &experts_.mm_y, fit, false, false,
+        which == 0 ? "load imbalance: coefficient of variation" : "load imbalance: max / mean",
+        "step");
+    Signature sig;
+    sig.Add(c.version).Add(cols);
+    LineCanvas& canvas = Canvas(which == 0 ? "cv" : "maxmean");
+    if (canvas.Begin(plot, Signature().Add(run).h, sig.h)) {
+      std::vector<double> dx, dy;
+      for (int l = 0; l < L; ++l) {
+        DownsampleM4(data->steps, series[l], plot.x_axis(), cols, &dx, &dy);
+        canvas.Line(plot, dx, dy, ToImU32(GroupColor(l, L, true)), 1.6f);
+      }
+    }
+    canvas.End(plot);
+    if (which == 1) plot.HLine(1.0, IM_COL32(200, 200, 200, 120), true, "balanced");
+    if (plot.hovered()) {
+      const int64_t i = NearestIndexAtOrBefore(data->steps, plot.mouse_x());
+      ImGui::BeginTooltip();
+      ImGui::Text("step %lld", static_cast<long long>(data->steps[i]));
+      for (int l = 0; l < L; ++l) {
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(ToImU32(GroupColor(l, L, true))),
+                           "MoE layer %d: %s", l, FormatValue(series[l][i]).c_str());
+      }
+      ImGui::EndTooltip();
+    }
+  }
+  ImGui::EndChild();
+}
+
+}  // namespace moelab::gui

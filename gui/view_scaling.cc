@@ -1,0 +1,332 @@
+// The scaling view of moelab-gui (App::*View and its helpers).
+#include <imgui.h>
+#include <imgui_internal.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+
+#include "gui/app.h"
+#include "gui/app_internal.h"
+#include "gui/fits.h"
+#include "gui/widgets.h"
+
+namespace moelab::gui {
+
+// ---- Scaling laws ---------------------------------------------------------------------------
+
+void App::ScalingView() {
+  if (!scaling_.fit_job) scaling_.fit_job = std::make_unique<FitJob>();
+  const RunsSnapshot& rs = *runs_;
+  // Scope: a sweep or every run.
+  std::string sweep_label = "(all runs)";
+  if (scaling_.sweep >= 0) {
+    auto it = rs.sweeps.find(scaling_.sweep);
+    sweep_label = it != rs.sweeps.end() ? it->second : "#" + std::to_string(scaling_.sweep);
+  }
+  ImGui::SetNextItemWidth(180);
+  if (ImGui::BeginCombo("sweep", sweep_label.c_str())) {
+    if (ImGui::Selectable("(all runs)", scaling_.sweep < 0)) scaling_.sweep = -1;
+    for (const auto& [id, name] : rs.sweeps) {
+      if (ImGui::Selectable(name.c_str(), scaling_.sweep == id)) scaling_.sweep = id;
+    }
+    ImGui::EndCombo();
+  }
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(200);
+  KeyCombo("family", &settings_.family_key, rs, "(choose a key)");
+  HelpMarker(
+      "Runs are grouped into families by this sweep variable or config key. Each family's "
+      "compute-optimal frontier (lower envelope of validation loss over training FLOPs) is "
+      "fitted with L(C) = E + A·C^-α by analysis/ (Huber loss in log space, bootstrap over "
+      "runs, 200 resamples here). Drag the dashed target line to move L*.");
+  // A key this database does not have (say, last session's): fall back to its first sweep
+  // variable rather than an empty view.
+  const bool known =
+      settings_.family_key.rfind("var:", 0) == 0
+          ? std::binary_search(rs.var_keys.begin(), rs.var_keys.end(),
+                               settings_.family_key.substr(4))
+          : std::binary_search(rs.config_keys.begin(), rs.config_keys.end(), settings_.family_key);
+  if (!known && !rs.var_keys.empty()) settings_.family_key = "var:" + rs.var_keys.front();
+  if (settings_.family_key.empty()) {
+    ImGui::TextDisabled("Choose the key that defines the families (e.g. var:sparsity).");
+    return;
+  }
+  // Refit when the set of finished runs in scope changes.
+  Signature data;
+  for (const auto& r : rs.runs) {
+    if (scaling_.sweep >= 0 && r->row.sweep_id != scaling_.sweep) continue;
+    if (r->row.effective_status != "done" && r->row.effective_status != "diverged") continue;
+    data.Add(r->row.id).Add(r->row.updated_at.value_or(0));
+  }
+  FitRequest req;
+  req.db_path = store_->path();
+  if (scaling_.sweep >= 0) req.sweep_id = scaling_.sweep;
+  req.family_key = settings_.family_key.rfind("var:", 0) == 0 ? settings_.family_key.substr(4)
+                                                              : settings_.family_key;
+  req.heads_base = scaling_.heads_base;
+  req.heads_treatment = scaling_.heads_treatment;
+  req.data_version = data.h;
+  scaling_.fit_job->Submit(req);
+  auto res = scaling_.fit_job->Result();
+  const bool busy = scaling_.fit_job->Busy();
+  if (busy || !res || !(res->request == req)) frame_settled_ = false;
+  if (busy) {
+    ImGui::SameLine();
+    ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "fitting...");
+  }
+  if (!res) return;
+  if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id) {
+    ImGui::TextDisabled("fitting %s ...", req.family_key.c_str());
+    return;
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled("%d runs, %zu points, %zu skipped, fitted in %.1f s",
+                      res->observations.runs_used, res->observations.points.size(),
+                      res->observations.skipped.size(), res->seconds);
+  if (ImGui::IsItemHovered() && !res->observations.skipped.empty()) {
+    ImGui::BeginTooltip();
+    for (size_t i = 0; i < res->observations.skipped.size() && i < 30; ++i) {
+      ImGui::TextUnformatted(res->observations.skipped[i].c_str());
+    }
+    ImGui::EndTooltip();
+  }
+  if (!res->error.empty() || !res->fits) {
+    ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(240, 110, 100, 255));
+    ImGui::TextWrapped("No fit: %s", res->error.c_str());
+    ImGui::PopStyleColor();
+    return;
+  }
+  const analysis::FamilyFits& fits = *res->fits;
+  std::vector<std::string> families;
+  for (const auto& f : fits.families) families.push_back(f.family);
+  std::stable_sort(families.begin(), families.end(), ValueLess);
+  bool ordered = true;
+  for (const auto& f : families) ordered = ordered && IsNumber(f);
+  std::map<std::string, ImU32> fam_color;
+  for (size_t i = 0; i < families.size(); ++i) {
+    fam_color[families[i]] =
+        ToImU32(GroupColor(static_cast<int>(i), static_cast<int>(families.size()), ordered));
+  }
+  if (std::find(families.begin(), families.end(), scaling_.fit_reference) == families.end()) {
+    scaling_.fit_reference =
+        families.back();  // the sparsest / largest value: the report's reference
+  }
+  // Default L*: inside every family's measured frontier loss range.
+  double lo_all = -INFINITY, hi_all = INFINITY;
+  for (const auto& f : fits.families) {
+    lo_all = std::max(lo_all, f.min_loss);
+    hi_all = std::min(hi_all, f.max_loss);
+  }
+  if (!(scaling_.target_loss > 0) || scaling_.target_family_key != req.family_key) {
+    scaling_.target_family_key = req.family_key;
+    scaling_.target_loss = hi_all > lo_all ? lo_all + 0.3 * (hi_all - lo_all) : lo_all;
+  }
+
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float plot_w = avail.x * 0.6f;
+  ImGui::BeginGroup();
+  PlotBounds fit;
+  for (const auto& p : res->observations.points) {
+    if (p.flops > 0 && p.loss > 0 && std::isfinite(p.loss)) fit.Add(p.flops, p.loss);
+  }
+  // Dragging the target line must not pan the plot.
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  const bool near_target = std::abs(mouse.y - scaling_.target_px) < 6 &&
+                           mouse.x > scaling_.plot_rect.Min.x && mouse.x < scaling_.plot_rect.Max.x;
+  if (near_target && ImGui::IsMouseClicked(ImGuiMouseButton_Left)) scaling_.dragging_target = true;
+  if (!ImGui::IsMouseDown(ImGuiMouseButton_Left)) scaling_.dragging_target = false;
+  {
+    Plot plot("scaling", ImVec2(plot_w, -ImGui::GetFrameHeightWithSpacing() * 1.5f), &scaling_.x,
+              &scaling_.y, fit, true, true, "validation loss vs training FLOPs (log-log)",
+              "training FLOPs", !scaling_.dragging_target && !near_target);
+    scaling_.plot_rect = plot.inner();
+    if (scaling_.dragging_target) scaling_.target_loss = plot.mouse_y();
+    Signature sig;
+    sig.Add(res.get()).Add(ordered);
+    LineCanvas& canvas = Canvas("scaling");
+    if (canvas.Begin(plot, sig.h, sig.h)) {
+      for (const auto& b : res->bands)
+        canvas.FillBetween(plot, b.flops, b.lo, b.hi,
+                           (fam_color[b.family] & 0x00FFFFFF) | 0x38000000);
+      for (const auto& p : res->observations.points) {
+        canvas.Dot(plot, p.flops, p.loss, (fam_color[p.family] & 0x00FFFFFF) | 0x60000000, 1.6f);
+      }
+      for (const auto& b : res->bands)
+        canvas.Line(plot, b.flops, b.loss, fam_color[b.family], 1.6f);
+      for (const auto& f : fits.families) {
+        std::vector<double> fx, fy;
+        for (const auto& p : f.frontier) {
+          fx.push_back(p.flops);
+          fy.push_back(p.loss);
+          canvas.Dot(plot, p.flops, p.loss, fam_color[f.family], 3.2f);
+        }
+      }
+    }
+    canvas.End(plot);
+    plot.HLine(scaling_.target_loss, IM_COL32(240, 240, 240, 200), true, nullptr);
+    scaling_.target_px = plot.ToPixel(plot.x_axis().lo, scaling_.target_loss).y;
+    const std::string t = "L* = " + FormatValue(scaling_.target_loss) + " (drag)";
+    plot.draw_list()->AddText(
+        ImVec2(plot.inner().Min.x + 6, scaling_.target_px - ImGui::GetFontSize() - 2),
+        IM_COL32(240, 240, 240, 230), t.c_str());
+    if (near_target || scaling_.dragging_target) ImGui::SetMouseCursor(ImGuiMouseCursor_ResizeNS);
+    if (plot.hovered() && !scaling_.dragging_target) {
+      ImGui::BeginTooltip();
+      ImGui::Text("C = %s FLOPs", FormatValue(plot.mouse_x()).c_str());
+      for (const auto& f : fits.families) {
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[f.family]), "%s: L = %s",
+                           f.family.c_str(), FormatValue(f.LossAtCompute(plot.mouse_x())).c_str());
+      }
+      ImGui::EndTooltip();
+    }
+  }
+  // Family legend.
+  for (size_t i = 0; i < families.size(); ++i) {
+    if (i > 0) ImGui::SameLine();
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[families[i]]),
+                       "\xe2\x96\xa0 %s = %s", req.family_key.c_str(), families[i].c_str());
+  }
+  ImGui::EndGroup();
+  ImGui::SameLine();
+
+  // Right: multiplier table, fit parameters, heads ablation.
+  ImGui::BeginChild("fit tables", ImVec2(0, 0), false);
+  ImGui::SetNextItemWidth(140);
+  if (ImGui::BeginCombo("reference", scaling_.fit_reference.c_str())) {
+    for (const auto& f : families) {
+      if (ImGui::Selectable(f.c_str(), f == scaling_.fit_reference)) scaling_.fit_reference = f;
+    }
+    ImGui::EndCombo();
+  }
+  ImGui::TextWrapped(
+      "FLOPs to reach L* = %s relative to %s = %s (C_family / C_reference, 90%% "
+      "bootstrap interval):",
+      FormatValue(scaling_.target_loss).c_str(), req.family_key.c_str(),
+      scaling_.fit_reference.c_str());
+  const ImGuiTableFlags tflags =
+      ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
+  try {
+    analysis::MultiplierTable table =
+        analysis::ComputeMultiplierTable(fits, scaling_.fit_reference, scaling_.target_loss);
+    if (ImGui::BeginTable("multipliers", 3, tflags)) {
+      ImGui::TableSetupColumn("family");
+      ImGui::TableSetupColumn("multiplier");
+      ImGui::TableSetupColumn("FLOPs to L*");
+      ImGui::TableHeadersRow();
+      std::stable_sort(table.rows.begin(), table.rows.end(),
+                       [](const auto& a, const auto& b) { return ValueLess(a.family, b.family); });
+      for (const auto& row : table.rows) {
+        ImGui::TableNextRow();
+        ImGui::TableSetColumnIndex(0);
+        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[row.family]), "%s",
+                           row.family.c_str());
+        ImGui::TableSetColumnIndex(1);
+        if (row.ok) {
+          ImGui::Text("%.2f\xc3\x97 [%.2f, %.2f]", row.multiplier.estimate, row.multiplier.lo,
+                      row.multiplier.hi);
+          ImGui::TableSetColumnIndex(2);
+          ImGui::TextUnformatted(FormatValue(row.compute_family.estimate).c_str());
+        } else {
+          ImGui::TextDisabled("refused");
+          if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", row.refusal.c_str());
+          ImGui::TableSetColumnIndex(2);
+          ImGui::TextDisabled("%s", row.refusal.substr(0, 40).c_str());
+        }
+      }
+      ImGui::EndTable();
+    }
+  } catch (const std::exception& e) {
+    ImGui::TextWrapped("%s", e.what());
+  }
+  ImGui::Spacing();
+  ImGui::TextUnformatted("Fitted L(C) = E + A·(C/1e15)^-α per family:");
+  if (ImGui::BeginTable("params", 4, tflags)) {
+    ImGui::TableSetupColumn("family");
+    ImGui::TableSetupColumn("E");
+    ImGui::TableSetupColumn("α");
+    ImGui::TableSetupColumn("runs / frontier");
+    ImGui::TableHeadersRow();
+    for (const auto& name : families) {
+      const analysis::PowerLawFit& f = fits.Get(name);
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[name]), "%s", name.c_str());
+      for (const auto& p : f.params) {
+        const int col = p.name == "E" ? 1 : p.name == "alpha" ? 2 : -1;
+        if (col < 0) continue;
+        ImGui::TableSetColumnIndex(col);
+        ImGui::Text("%s [%s, %s]%s", FormatValue(p.value.estimate).c_str(),
+                    FormatValue(p.value.lo).c_str(), FormatValue(p.value.hi).c_str(),
+                    p.at_bound ? " (bound)" : "");
+      }
+      ImGui::TableSetColumnIndex(3);
+      ImGui::Text("%d / %zu", f.diagnostics.n_runs, f.frontier.size());
+    }
+    ImGui::EndTable();
+  }
+  for (const auto& w : fits.warnings) ImGui::TextDisabled("%s", w.c_str());
+
+  ImGui::Spacing();
+  ImGui::Separator();
+  ImGui::TextUnformatted("Heads ablation (relative loss difference per budget)");
+  auto fam_combo = [&](const char* label, std::string* value) {
+    ImGui::SetNextItemWidth(110);
+    if (ImGui::BeginCombo(label, value->empty() ? "(none)" : value->c_str())) {
+      if (ImGui::Selectable("(none)", value->empty())) value->clear();
+      for (const auto& f : families) {
+        if (ImGui::Selectable(f.c_str(), f == *value)) *value = f;
+      }
+      ImGui::EndCombo();
+    }
+  };
+  fam_combo("base", &scaling_.heads_base);
+  ImGui::SameLine();
+  fam_combo("treatment", &scaling_.heads_treatment);
+  HelpMarker(
+      "Choose the family key that holds the head count (e.g. model.heads or var:head_ratio), "
+      "then the base and the treatment family: analysis::CompareHeads pairs their runs by "
+      "token budget and reports (L_treatment - L_base) / L_base at equal tokens and at equal "
+      "FLOPs.");
+  if (res->heads) {
+    const analysis::HeadsAblation& h = *res->heads;
+    if (ImGui::BeginTable("heads", 3, tflags)) {
+      ImGui::TableSetupColumn("tokens");
+      ImGui::TableSetupColumn("\xce\x94 equal tokens");
+      ImGui::TableSetupColumn("\xce\x94 equal FLOPs");
+      ImGui::TableHeadersRow();
+      auto pct = [](const analysis::Estimate& e) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%+.2f%% [%+.2f, %+.2f]", 100 * e.estimate, 100 * e.lo,
+                      100 * e.hi);
+        return std::string(buf);
+      };
+      for (const auto& b : h.budgets) {
+        ImGui::TableNextRow();
+        ImGui::TableSetColumnIndex(0);
+        ImGui::TextUnformatted(FormatValue(b.tokens).c_str());
+        ImGui::TableSetColumnIndex(1);
+        ImGui::TextUnformatted(pct(b.delta_equal_tokens).c_str());
+        ImGui::TableSetColumnIndex(2);
+        ImGui::TextUnformatted(pct(b.delta_equal_flops).c_str());
+      }
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      ImGui::TextUnformatted("mean");
+      ImGui::TableSetColumnIndex(1);
+      ImGui::TextUnformatted(pct(h.mean_delta_equal_tokens).c_str());
+      ImGui::TableSetColumnIndex(2);
+      ImGui::TextUnformatted(pct(h.mean_delta_equal_flops).c_str());
+      ImGui::EndTable();
+    }
+    for (const auto& w : h.warnings) ImGui::TextDisabled("%s", w.c_str());
+  } else if (!res->heads_error.empty()) {
+    ImGui::TextWrapped("%s", res->heads_error.c_str());
+  }
+  ImGui::EndChild();
+}
+
+}  // namespace moelab::gui

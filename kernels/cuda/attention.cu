@@ -1,0 +1,191 @@
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+
+namespace moelab::cuda {
+namespace {
+
+// The (batch, head) products as strided-batched GEMMs: for each batch b and each position j of
+// a query head inside its kv group, one call batched over the kv heads g (query head
+// h = g·group + j). Query-side operands step by group·dim between batch entries, kv-side ones by
+// dim, the [S,S] probability blocks by group·S·S. B·group calls per product (B for MHA).
+struct PairLayout {
+  const AttentionDims& a;
+  int group() const { return a.heads / a.kv_heads; }
+  long ss() const { return static_cast<long>(a.seq) * a.seq; }
+  // Offsets of the query-head (h = g·group + j) operands for batch b, entry g = 0.
+  long q(int b, int j) const { return static_cast<long>(b) * a.seq * a.ldq + long(j) * a.qk_dim; }
+  long o(int b, int j) const { return static_cast<long>(b) * a.seq * a.ldo + long(j) * a.v_dim; }
+  long k(int b) const { return static_cast<long>(b) * a.seq * a.ldk; }
+  long v(int b) const { return static_cast<long>(b) * a.seq * a.ldv; }
+  long p(int b, int j) const { return (static_cast<long>(b) * a.heads + j) * ss(); }
+  long q_stride() const { return long(group()) * a.qk_dim; }
+  long o_stride() const { return long(group()) * a.v_dim; }
+  long p_stride() const { return long(group()) * ss(); }
+};
+
+__global__ void FillNegInf(float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = -INFINITY;
+}
+
+// One block per (pair, query row i). Raw logits (already scaled) in P's row: the row max over
+// j ≤ i is the pair's S_max candidate (atomic max, exact); then soft-cap, masked softmax. Every
+// column j > i of P (and of C) is written 0, which the backward relies on.
+__global__ void SoftmaxRowsKernel(float* probs, float* capped, float* pair_max, int seq,
+                                  float cap) {
+  __shared__ float shared[32];
+  const long row = blockIdx.x;  // pair·S + i
+  const int i = static_cast<int>(row % seq);
+  const long pair = row / seq;
+  float* p = probs + row * seq;
+  float* c = cap > 0 ? capped + row * seq : nullptr;
+  float rmax = -INFINITY;
+  for (int j = threadIdx.x; j <= i; j += blockDim.x) rmax = fmaxf(rmax, p[j]);
+  rmax = detail::BlockMax(rmax, shared, -INFINITY);
+  if (threadIdx.x == 0) detail::AtomicMaxFloat(pair_max + pair, rmax);
+  float m = rmax;
+  if (c) {
+    for (int j = threadIdx.x; j < seq; j += blockDim.x) {
+      if (j <= i) {
+        const float t = tanhf(p[j] / cap);
+        c[j] = t;
+        p[j] = cap * t;
+      } else {
+        c[j] = 0;
+      }
+    }
+    m = cap * tanhf(rmax / cap);  // tanh is monotonic: the capped row max
+  }
+  float sum = 0;
+  for (int j = threadIdx.x; j <= i; j += blockDim.x) {
+    const float e = expf(p[j] - m);
+    p[j] = e;
+    sum += e;
+  }
+  sum = detail::BlockSum(sum, shared);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < seq; j += blockDim.x) p[j] = j <= i ? p[j] * inv : 0.0f;
+}
+
+// dS = P ⊙ (dP − Σ_j P·dP) (⊙ (1 − C²) with a soft-cap), in place in ds.
+__global__ void SoftmaxBackwardRowsKernel(const float* probs, const float* capped, float* ds,
+                                          int seq) {
+  __shared__ float shared[32];
+  const long row = blockIdx.x;
+  const float* p = probs + row * seq;
+  const float* c = capped ? capped + row * seq : nullptr;
+  float* d = ds + row * seq;
+  float dot = 0;
+  for (int j = threadIdx.x; j < seq; j += blockDim.x) dot += p[j] * d[j];
+  dot = detail::BlockSum(dot, shared);
+  for (int j = threadIdx.x; j < seq; j += blockDim.x) {
+    float v = p[j] * (d[j] - dot);
+    if (c) v *= 1.0f - c[j] * c[j];
+    d[j] = v;
+  }
+}
+
+__global__ void MaxOverBatchKernel(const float* pair_max, int batch, int heads, float* out) {
+  const int h = blockIdx.x * blockDim.x + threadIdx.x;
+  if (h >= heads) return;
+  float m = -INFINITY;
+  for (int b = 0; b < batch; ++b) m = fmaxf(m, pair_max[static_cast<long>(b) * heads + h]);
+  out[h] = m;
+}
+
+int RowThreads(int seq) { return seq >= 512 ? 256 : (seq >= 128 ? 128 : 32); }
+
+}  // namespace
+
+size_t AttentionScratchSize(const AttentionDims& a) {
+  return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
+}
+
+template <typename T>
+void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
+                      T* capped, T* out, T* pair_max, cudaStream_t stream) {
+  const PairLayout L{a};
+  const int S = a.seq, G = a.kv_heads, group = L.group();
+  const int pairs = a.batch * a.heads;
+  if (pairs <= 0 || S <= 0) return;
+  FillNegInf<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs);
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, true, S, S, a.qk_dim, static_cast<float>(a.scale), q + L.q(b, j),
+                         a.ldq, L.q_stride(), k + L.k(b), a.ldk, a.qk_dim, 0.0f, probs + L.p(b, j),
+                         S, L.p_stride(), G, stream);
+    }
+  }
+  SoftmaxRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
+      probs, capped, pair_max, S, static_cast<float>(a.softcap));
+  CheckLaunch("AttentionForward softmax");
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, false, S, a.v_dim, S, 1.0f, probs + L.p(b, j), S, L.p_stride(),
+                         v + L.v(b), a.ldv, a.v_dim, 0.0f, out + L.o(b, j), a.ldo, L.o_stride(), G,
+                         stream);
+    }
+  }
+}
+
+template <typename T>
+void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
+                       const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
+                       cudaStream_t stream) {
+  const PairLayout L{a};
+  const int S = a.seq, G = a.kv_heads, group = L.group();
+  const int pairs = a.batch * a.heads;
+  if (pairs <= 0 || S <= 0) return;
+  const float scale = static_cast<float>(a.scale);
+  T* ds = scratch;
+  // dP = dO·Vᵀ for every pair.
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, true, S, S, a.v_dim, 1.0f, dout + L.o(b, j), a.ldo, L.o_stride(),
+                         v + L.v(b), a.ldv, a.v_dim, 0.0f, ds + L.p(b, j), S, L.p_stride(), G,
+                         stream);
+    }
+  }
+  SoftmaxBackwardRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
+      probs, a.softcap > 0 ? capped : nullptr, ds, S);
+  CheckLaunch("AttentionBackward softmax");
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      // dQ = scale·dS·K.
+      GemmStridedBatched(false, false, S, a.qk_dim, S, scale, ds + L.p(b, j), S, L.p_stride(),
+                         k + L.k(b), a.ldk, a.qk_dim, 0.0f, dq + L.q(b, j), a.ldq, L.q_stride(), G,
+                         stream);
+      // dV = Pᵀ·dO and dK = scale·dSᵀ·Q; the group's first query head overwrites, the others
+      // accumulate in head order.
+      const float beta = j == 0 ? 0.0f : 1.0f;
+      GemmStridedBatched(true, false, S, a.v_dim, S, 1.0f, probs + L.p(b, j), S, L.p_stride(),
+                         dout + L.o(b, j), a.ldo, L.o_stride(), beta, dv + L.v(b), a.ldv, a.v_dim,
+                         G, stream);
+      GemmStridedBatched(true, false, S, a.qk_dim, S, scale, ds + L.p(b, j), S, L.p_stride(),
+                         q + L.q(b, j), a.ldq, L.q_stride(), beta, dk + L.k(b), a.ldk, a.qk_dim, G,
+                         stream);
+    }
+  }
+}
+
+template <typename T>
+void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,
+                           cudaStream_t stream) {
+  if (heads <= 0) return;
+  MaxOverBatchKernel<<<(heads + 127) / 128, 128, 0, stream>>>(pair_max, batch, heads, head_max);
+  CheckLaunch("AttentionMaxOverBatch");
+}
+
+template void AttentionForward<float>(const AttentionDims&, const float*, const float*,
+                                      const float*, float*, float*, float*, float*, cudaStream_t);
+template void AttentionBackward<float>(const AttentionDims&, const float*, const float*,
+                                       const float*, const float*, const float*, const float*,
+                                       float*, float*, float*, float*, cudaStream_t);
+template void AttentionMaxOverBatch<float>(const float*, int, int, float*, cudaStream_t);
+
+}  // namespace moelab::cuda

@@ -1,0 +1,104 @@
+// CUDA runtime helpers shared by every kernel in kernels/cuda: device detection, error checks,
+// the per-thread cuBLAS handle, a growing device scratch, and an RAII device buffer.
+//
+// Every kernel function in moelab::cuda takes device pointers and a trailing cudaStream_t
+// (default: the legacy default stream) and is asynchronous unless its comment says it
+// synchronises. Errors throw std::runtime_error with the failing call's name.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace moelab::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// True when at least one CUDA device is usable. Otherwise false, and *reason (when not null)
+// gets "no CUDA device: <cudaGetErrorString>" (e.g. "insufficient driver" on a machine without
+// a GPU) or "no CUDA device: cudaGetDeviceCount returned 0".
+bool CudaAvailable(std::string* reason = nullptr);
+
+// Throw std::runtime_error("<what>: <error string>") when the call failed.
+void Check(cudaError_t err, const char* what);
+void CheckCublas(cublasStatus_t status, const char* what);
+// Checks the last kernel launch (cudaGetLastError).
+void CheckLaunch(const char* what);
+
+#define MOELAB_CUDA_CHECK(call) ::moelab::cuda::Check((call), #call)
+#define MOELAB_CUBLAS_CHECK(call) ::moelab::cuda::CheckCublas((call), #call)
+
+// The calling thread's cuBLAS handle for the current device (created on first use, with
+// CUBLAS_POINTER_MODE_HOST and the default math mode: fp32 GEMMs stay true fp32, no TF32),
+// bound to `stream` before it is returned.
+cublasHandle_t Cublas(cudaStream_t stream);
+
+// A device scratch owned by the calling thread that only grows (stream-ordered reuse: valid
+// until the next call on the same thread; callers use one stream per thread). Used internally
+// for cuBLAS pointer arrays and small reductions.
+void* ThreadScratch(size_t bytes);
+
+// Owning device allocation of n elements of T (cudaMalloc / cudaFree), move-only.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { Resize(n); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Free();
+      ptr_ = o.ptr_, n_ = o.n_;
+      o.ptr_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Free(); }
+
+  // Reallocates (contents lost) when n differs from the current size.
+  void Resize(size_t n) {
+    if (n == n_) return;
+    Free();
+    if (n) MOELAB_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
+    n_ = n;
+  }
+  void Upload(const T* host, size_t n) {
+    Resize(n);
+    if (n) MOELAB_CUDA_CHECK(cudaMemcpy(ptr_, host, n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void Upload(const std::vector<T>& host) { Upload(host.data(), host.size()); }
+  std::vector<T> Download() const {
+    std::vector<T> out(n_);
+    if (n_) MOELAB_CUDA_CHECK(cudaMemcpy(out.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  void Zero() {
+    if (n_) MOELAB_CUDA_CHECK(cudaMemset(ptr_, 0, n_ * sizeof(T)));
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return n_; }
+
+ private:
+  void Free() {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    n_ = 0;
+  }
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Elementwise precision casts (n elements).
+void CastToBf16(const float* in, bf16* out, size_t n, cudaStream_t stream = nullptr);
+void CastToFloat(const bf16* in, float* out, size_t n, cudaStream_t stream = nullptr);
+// x[i] = value for i < n.
+void Fill(float* x, size_t n, float value, cudaStream_t stream = nullptr);
+
+}  // namespace moelab::cuda

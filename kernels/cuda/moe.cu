@@ -1,0 +1,462 @@
+// MoE routing, dispatch/combine, the experts' grouped GEMMs, and the dense SwiGLU FFN.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/swiglu.h"
+
+namespace moelab::cuda {
+
+using detail::Blocks;
+
+namespace {
+constexpr int kThreads = 256;
+constexpr int kMaxTopK = 32;
+
+// ---------------------------------------------------------------- route
+
+// One thread per token, the CPU's loops in the CPU's order.
+template <typename T>
+__global__ void MoeRouteKernel(const T* logits, int n, int E, int k, bool sigmoid, const T* bias,
+                               double route_scale, T* scores, int* topk, T* gates,
+                               unsigned long long* counts) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const T* z = logits + static_cast<long>(t) * E;
+  T* s = scores + static_cast<long>(t) * E;
+  if (sigmoid) {
+    for (int e = 0; e < E; ++e) s[e] = T(1) / (T(1) + expf(-z[e]));
+  } else {
+    T zmax = z[0];
+    for (int e = 1; e < E; ++e) zmax = fmaxf(zmax, z[e]);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) {
+      s[e] = expf(z[e] - zmax);
+      sum += s[e];
+    }
+    const T inv = static_cast<T>(1.0 / sum);
+    for (int e = 0; e < E; ++e) s[e] *= inv;
+  }
+  int idx[kMaxTopK];
+  T val[kMaxTopK];
+  int filled = 0;
+  for (int e = 0; e < E; ++e) {
+    const T v = bias ? s[e] + bias[e] : s[e];
+    if (filled == k && !(v > val[k - 1])) continue;
+    int j = filled < k ? filled++ : k - 1;
+    for (; j > 0 && v > val[j - 1]; --j) {
+      val[j] = val[j - 1];
+      idx[j] = idx[j - 1];
+    }
+    val[j] = v;
+    idx[j] = e;
+  }
+  int* ti = topk + static_cast<long>(t) * k;
+  T* g = gates + static_cast<long>(t) * k;
+  double sum = 0;
+  for (int slot = 0; slot < k; ++slot) sum += s[idx[slot]];
+  for (int slot = 0; slot < k; ++slot) {
+    ti[slot] = idx[slot];
+    g[slot] = sum > 0 ? static_cast<T>(s[idx[slot]] * (route_scale / sum))
+                      : static_cast<T>(route_scale / k);
+    atomicAdd(counts + idx[slot], 1ull);
+  }
+}
+
+// One block: per-thread token sums in double, fixed-shape tree (reproducible).
+template <typename T>
+__global__ void MoeAuxLossKernel(const T* scores, const int64_t* counts, int n, int E, bool sigmoid,
+                                 double* out) {
+  __shared__ double shared[32];
+  double acc = 0;
+  for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    const T* s = scores + static_cast<long>(t) * E;
+    double row = 0, sum = 0;
+    for (int e = 0; e < E; ++e) {
+      row += static_cast<double>(counts[e]) * s[e];
+      sum += s[e];
+    }
+    acc += sigmoid ? (sum > 0 ? row / sum : 0.0) : row;
+  }
+  acc = detail::BlockSum(acc, shared);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+template <typename T>
+__global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T* dgates,
+                                       const int64_t* counts, int n, int E, int k, bool sigmoid,
+                                       double route_scale, bool aux, double a_scale, T* dlogits) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const T* s = scores + static_cast<long>(t) * E;
+  const int* idx = topk + static_cast<long>(t) * k;
+  const T* dg = dgates + static_cast<long>(t) * k;
+  T* dz = dlogits + static_cast<long>(t) * E;
+  for (int e = 0; e < E; ++e) dz[e] = T(0);
+  double u_sum = 0, dot = 0;
+  for (int slot = 0; slot < k; ++slot) u_sum += s[idx[slot]];
+  if (u_sum > 0) {
+    for (int slot = 0; slot < k; ++slot) dot += static_cast<double>(dg[slot]) * s[idx[slot]];
+    dot /= u_sum;
+    const double r_over_u = route_scale / u_sum;
+    for (int slot = 0; slot < k; ++slot)
+      dz[idx[slot]] += static_cast<T>(r_over_u * (dg[slot] - dot));
+  }
+  if (aux && sigmoid) {
+    double S = 0, as = 0;
+    for (int e = 0; e < E; ++e) S += s[e];
+    if (S > 0) {
+      for (int e = 0; e < E; ++e) as += a_scale * static_cast<double>(counts[e]) * s[e];
+      as /= S;
+      for (int e = 0; e < E; ++e)
+        dz[e] += static_cast<T>((a_scale * static_cast<double>(counts[e]) - as) / S);
+    }
+  } else if (aux) {
+    for (int e = 0; e < E; ++e) dz[e] += static_cast<T>(a_scale * static_cast<double>(counts[e]));
+  }
+  if (sigmoid) {
+    for (int e = 0; e < E; ++e) dz[e] = dz[e] * s[e] * (T(1) - s[e]);
+  } else {
+    double sd = 0;
+    for (int e = 0; e < E; ++e) sd += static_cast<double>(dz[e]) * s[e];
+    for (int e = 0; e < E; ++e) dz[e] = s[e] * static_cast<T>(dz[e] - sd);
+  }
+}
+
+// ---------------------------------------------------------------- dispatch plan
+
+// Block e counts the assignments to expert e into offsets[e + 1].
+__global__ void CountExpertKernel(const int* topk, long nk, int64_t* offsets) {
+  __shared__ long long shared[32];
+  const int e = blockIdx.x;
+  long long c = 0;
+  for (long i = threadIdx.x; i < nk; i += blockDim.x) c += topk[i] == e;
+  c = detail::BlockSum(c, shared);
+  if (threadIdx.x == 0) offsets[e + 1] = c;
+}
+
+__global__ void ScanOffsetsKernel(int64_t* offsets, int E) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    offsets[0] = 0;
+    for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  }
+}
+
+// Block e walks the assignments in (token, slot) order in chunks of blockDim and places its
+// matches with a block-wide exclusive scan of the match flags: the CPU's stable order.
+__global__ void ScatterExpertKernel(const int* topk, long nk, int k, const int64_t* offsets,
+                                    int* row_token, int* slot_row) {
+  __shared__ int warp_counts[32];
+  const int e = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int64_t base = offsets[e];
+  for (long c0 = 0; c0 < nk; c0 += blockDim.x) {
+    const long i = c0 + threadIdx.x;
+    const bool match = i < nk && topk[i] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < warps; ++w) {
+      before += w < warp ? warp_counts[w] : 0;
+      total += warp_counts[w];
+    }
+    if (match) {
+      const int64_t r = base + before + __popc(ballot & ((1u << lane) - 1u));
+      row_token[r] = static_cast<int>(i / k);
+      slot_row[i] = static_cast<int>(r);
+    }
+    base += total;
+    __syncthreads();  // warp_counts is rewritten by the next chunk
+  }
+}
+
+// ---------------------------------------------------------------- gather / combine
+
+template <typename T>
+__global__ void GatherKernel(const T* x, int d, const int* row_token, T* xe) {
+  const long r = blockIdx.x;
+  const T* src = x + static_cast<long>(row_token[r]) * d;
+  T* dst = xe + r * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+}
+
+template <typename T>
+__global__ void GatherBackwardKernel(const T* dxe, const int* slot_row, int k, int d, T* dx,
+                                     bool accumulate) {
+  const long t = blockIdx.x;
+  T* out = dx + t * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    T acc = accumulate ? out[c] : T(0);
+    for (int slot = 0; slot < k; ++slot)
+      acc += dxe[static_cast<long>(slot_row[t * k + slot]) * d + c];
+    out[c] = acc;
+  }
+}
+
+template <typename T>
+__global__ void CombineKernel(const T* ye, const int* slot_row, const T* gates, int k, int d, T* y,
+                              bool accumulate) {
+  const long t = blockIdx.x;
+  T* out = y + t * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    T acc = accumulate ? out[c] : T(0);
+    for (int slot = 0; slot < k; ++slot) {
+      const long i = t * k + slot;
+      acc = __fadd_rn(acc, __fmul_rn(gates[i], ye[static_cast<long>(slot_row[i]) * d + c]));
+    }
+    out[c] = acc;
+  }
+}
+
+template <typename T>
+__global__ void CombineBackwardKernel(const T* dy, const T* ye, const int* slot_row, const T* gates,
+                                      int k, int d, T* dye, T* dgates) {
+  __shared__ double shared[32];
+  const long t = blockIdx.x;
+  const T* dyt = dy + t * d;
+  for (int slot = 0; slot < k; ++slot) {
+    const long i = t * k + slot;
+    const long r = slot_row[i];
+    const T* src = ye + r * d;
+    T* dst = dye + r * d;
+    double dot = 0;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dot += static_cast<double>(dyt[c]) * src[c];
+    dot = detail::BlockSum(dot, shared);  // synchronises: the row is read before it is written
+    if (threadIdx.x == 0) dgates[i] = static_cast<T>(dot);
+    const T g = gates[i];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = g * dyt[c];
+  }
+}
+
+int RowThreads(int d) { return d >= 512 ? 256 : (d >= 128 ? 128 : 32); }
+
+}  // namespace
+
+template <typename T>
+void MoeRoute(const T* logits, int n, int experts, int k, bool sigmoid, const T* bias,
+              double route_scale, T* scores, int* topk, T* gates, int64_t* counts,
+              cudaStream_t stream) {
+  if (k > kMaxTopK || k > experts) throw std::invalid_argument("cuda::MoeRoute: k too large");
+  MOELAB_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int64_t) * experts, stream));
+  if (n <= 0) return;
+  MoeRouteKernel<<<(n + 127) / 128, 128, 0, stream>>>(
+      logits, n, experts, k, sigmoid, bias, route_scale, scores, topk, gates,
+      reinterpret_cast<unsigned long long*>(counts));
+  CheckLaunch("MoeRoute");
+}
+
+template <typename T>
+double MoeAuxLoss(const T* scores, const int64_t* counts, int n, int experts, int k, bool sigmoid,
+                  double coef, cudaStream_t stream) {
+  if (n == 0) return 0.0;
+  double* dev = static_cast<double*>(ThreadScratch(sizeof(double)));
+  MoeAuxLossKernel<<<1, 1024, 0, stream>>>(scores, counts, n, experts, sigmoid, dev);
+  CheckLaunch("MoeAuxLoss");
+  double acc = 0;
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(&acc, dev, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  MOELAB_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double inv_nk = 1.0 / (static_cast<double>(n) * k);
+  return coef * experts * inv_nk * acc / n;
+}
+
+template <typename T>
+void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const int64_t* counts,
+                      int n, int experts, int k, bool sigmoid, double route_scale, double aux_coef,
+                      T* dlogits, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool aux = aux_coef != 0.0;
+  const double a_scale = aux ? aux_coef * experts / (static_cast<double>(n) * k * n) : 0.0;
+  MoeRouteBackwardKernel<<<(n + 127) / 128, 128, 0, stream>>>(
+      scores, topk, dgates, counts, n, experts, k, sigmoid, route_scale, aux, a_scale, dlogits);
+  CheckLaunch("MoeRouteBackward");
+}
+
+void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
+                     int* slot_row, cudaStream_t stream) {
+  const long nk = static_cast<long>(n) * k;
+  CountExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, offsets);
+  ScanOffsetsKernel<<<1, 32, 0, stream>>>(offsets, experts);
+  ScatterExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, k, offsets, row_token, slot_row);
+  CheckLaunch("MoeDispatchPlan");
+}
+
+void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
+                     cudaStream_t stream) {
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(host_offsets, offsets, sizeof(int64_t) * (experts + 1),
+                                    cudaMemcpyDeviceToHost, stream));
+  MOELAB_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+template <typename T>
+void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe, cudaStream_t stream) {
+  if (rows <= 0) return;
+  GatherKernel<<<rows, RowThreads(d), 0, stream>>>(x, d, row_token, xe);
+  CheckLaunch("MoeGather");
+}
+
+template <typename T>
+void MoeGatherBackward(const T* dxe, const int* slot_row, int n, int k, int d, T* dx,
+                       bool accumulate, cudaStream_t stream) {
+  if (n <= 0) return;
+  GatherBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dxe, slot_row, k, d, dx, accumulate);
+  CheckLaunch("MoeGatherBackward");
+}
+
+template <typename T>
+void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
+                bool accumulate, cudaStream_t stream) {
+  if (n <= 0) return;
+  CombineKernel<<<n, RowThreads(d), 0, stream>>>(ye, slot_row, gates, k, d, y, accumulate);
+  CheckLaunch("MoeCombine");
+}
+
+template <typename T>
+void MoeCombineBackward(const T* dy, const T* ye, const int* slot_row, const T* gates, int n, int k,
+                        int d, T* dye, T* dgates, cudaStream_t stream) {
+  if (n <= 0) return;
+  CombineBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dy, ye, slot_row, gates, k, d, dye,
+                                                         dgates);
+  CheckLaunch("MoeCombineBackward");
+}
+
+template void MoeRoute<float>(const float*, int, int, int, bool, const float*, double, float*, int*,
+                              float*, int64_t*, cudaStream_t);
+template double MoeAuxLoss<float>(const float*, const int64_t*, int, int, int, bool, double,
+                                  cudaStream_t);
+template void MoeRouteBackward<float>(const float*, const int*, const float*, const int64_t*, int,
+                                      int, int, bool, double, double, float*, cudaStream_t);
+template void MoeGather<float>(const float*, int, const int*, int64_t, float*, cudaStream_t);
+template void MoeGatherBackward<float>(const float*, const int*, int, int, int, float*, bool,
+                                       cudaStream_t);
+template void MoeCombine<float>(const float*, const int*, const float*, int, int, int, float*, bool,
+                                cudaStream_t);
+template void MoeCombineBackward<float>(const float*, const float*, const int*, const float*, int,
+                                        int, int, float*, float*, cudaStream_t);
+
+// ---------------------------------------------------------------- dense SwiGLU
+
+template <typename T>
+void SwigluForward(const T* x, int n, int d, int hidden, const T* w1, const T* w3, const T* w2,
+                   T* h1, T* h3, T* act, T* y, cudaStream_t stream) {
+  Gemm(false, true, n, hidden, d, 1.0f, x, d, w1, d, 0.0f, h1, hidden, stream);
+  Gemm(false, true, n, hidden, d, 1.0f, x, d, w3, d, 0.0f, h3, hidden, stream);
+  SwigluActivation(h1, h3, static_cast<size_t>(n) * hidden, act, stream);
+  Gemm(false, true, n, d, hidden, 1.0f, act, hidden, w2, hidden, 0.0f, y, d, stream);
+}
+
+template <typename T>
+void SwigluBackward(const T* x, int n, int d, int hidden, const T* w1, const T* w3, const T* w2,
+                    const T* h1, const T* h3, const T* act, const T* dy, T* dx, T* dw1, T* dw3,
+                    T* dw2, T* scratch, bool accumulate_dx, bool accumulate_dw,
+                    cudaStream_t stream) {
+  T* dact = scratch;  // becomes dh1 in place
+  T* dh3 = scratch + static_cast<long>(n) * hidden;
+  const float bw = accumulate_dw ? 1.0f : 0.0f;
+  Gemm(false, false, n, hidden, d, 1.0f, dy, d, w2, hidden, 0.0f, dact, hidden, stream);
+  Gemm(true, false, d, hidden, n, 1.0f, dy, d, act, hidden, bw, dw2, hidden, stream);
+  SwigluActivationBackward(h1, h3, dact, static_cast<size_t>(n) * hidden, dact, dh3, stream);
+  Gemm(false, false, n, d, hidden, 1.0f, dact, hidden, w1, d, accumulate_dx ? 1.0f : 0.0f, dx, d,
+       stream);
+  Gemm(true, false, hidden, d, n, 1.0f, dact, hidden, x, d, bw, dw1, d, stream);
+  Gemm(false, false, n, d, hidden, 1.0f, dh3, hidden, w3, d, 1.0f, dx, d, stream);
+  Gemm(true, false, hidden, d, n, 1.0f, dh3, hidden, x, d, bw, dw3, d, stream);
+}
+
+template void SwigluForward<float>(const float*, int, int, int, const float*, const float*,
+                                   const float*, float*, float*, float*, float*, cudaStream_t);
+template void SwigluBackward<float>(const float*, int, int, int, const float*, const float*,
+                                    const float*, const float*, const float*, const float*,
+                                    const float*, float*, float*, float*, float*, float*, bool,
+                                    bool, cudaStream_t);
+
+// ---------------------------------------------------------------- experts
+
+template <typename T>
+void MoeExpertsForward(const T* xe, const int64_t* host_offsets, int experts, int d, int hidden,
+                       const T* w1, const T* w3, const T* w2, T* h1, T* h3, T* act, T* ye,
+                       cudaStream_t stream) {
+  const long wsize = static_cast<long>(hidden) * d;
+  std::vector<GemmGroup<T, T>> g1, g3, g2;
+  for (int e = 0; e < experts; ++e) {
+    const int64_t r0 = host_offsets[e];
+    const int rows = static_cast<int>(host_offsets[e + 1] - r0);
+    if (rows == 0) continue;
+    g1.push_back({rows, hidden, d, xe + r0 * d, d, w1 + e * wsize, d, h1 + r0 * hidden, hidden});
+    g3.push_back({rows, hidden, d, xe + r0 * d, d, w3 + e * wsize, d, h3 + r0 * hidden, hidden});
+    g2.push_back(
+        {rows, d, hidden, act + r0 * hidden, hidden, w2 + e * wsize, hidden, ye + r0 * d, d});
+  }
+  const int64_t rows = host_offsets[experts] - host_offsets[0];
+  GemmGrouped(false, true, 1.0f, 0.0f, g1, stream);
+  GemmGrouped(false, true, 1.0f, 0.0f, g3, stream);
+  const int64_t r0 = host_offsets[0];
+  SwigluActivation(h1 + r0 * hidden, h3 + r0 * hidden, static_cast<size_t>(rows) * hidden,
+                   act + r0 * hidden, stream);
+  GemmGrouped(false, true, 1.0f, 0.0f, g2, stream);
+}
+
+template <typename T>
+void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, int d, int hidden,
+                        const T* w1, const T* w3, const T* w2, const T* h1, const T* h3,
+                        const T* act, const T* dye, T* dxe, float* dw1, float* dw3, float* dw2,
+                        T* scratch, cudaStream_t stream) {
+  const long wsize = static_cast<long>(hidden) * d;
+  const int64_t rows = host_offsets[experts] - host_offsets[0];
+  T* dact = scratch;  // [rows, H], becomes dh1
+  T* dh3 = scratch + rows * hidden;
+  std::vector<GemmGroup<T, T>> gdact, gdx1, gdx3;
+  std::vector<GemmGroup<T, float>> gdw2, gdw1, gdw3;
+  for (int e = 0; e < experts; ++e) {
+    const int64_t r0 = host_offsets[e];
+    const int r = static_cast<int>(host_offsets[e + 1] - r0);
+    if (r == 0) {
+      // A GEMM with an empty inner dimension is not guaranteed to write C.
+      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw1 + e * wsize, 0, sizeof(float) * wsize, stream));
+      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw3 + e * wsize, 0, sizeof(float) * wsize, stream));
+      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw2 + e * wsize, 0, sizeof(float) * wsize, stream));
+      continue;
+    }
+    const long o = r0 - host_offsets[0];
+    gdact.push_back(
+        {r, hidden, d, dye + r0 * d, d, w2 + e * wsize, hidden, dact + o * hidden, hidden});
+    gdw2.push_back(
+        {d, hidden, r, dye + r0 * d, d, act + r0 * hidden, hidden, dw2 + e * wsize, hidden});
+    gdx1.push_back({r, d, hidden, dact + o * hidden, hidden, w1 + e * wsize, d, dxe + r0 * d, d});
+    gdx3.push_back({r, d, hidden, dh3 + o * hidden, hidden, w3 + e * wsize, d, dxe + r0 * d, d});
+    gdw1.push_back({hidden, d, r, dact + o * hidden, hidden, xe + r0 * d, d, dw1 + e * wsize, d});
+    gdw3.push_back({hidden, d, r, dh3 + o * hidden, hidden, xe + r0 * d, d, dw3 + e * wsize, d});
+  }
+  const T* h1_0 = h1 + host_offsets[0] * hidden;
+  const T* h3_0 = h3 + host_offsets[0] * hidden;
+  GemmGrouped(false, false, 1.0f, 0.0f, gdact, stream);
+  GemmGrouped(true, false, 1.0f, 0.0f, gdw2, stream);
+  SwigluActivationBackward(h1_0, h3_0, dact, static_cast<size_t>(rows) * hidden, dact, dh3, stream);
+  GemmGrouped(false, false, 1.0f, 0.0f, gdx1, stream);
+  GemmGrouped(false, false, 1.0f, 1.0f, gdx3, stream);
+  GemmGrouped(true, false, 1.0f, 0.0f, gdw1, stream);
+  GemmGrouped(true, false, 1.0f, 0.0f, gdw3, stream);
+}
+
+template void MoeExpertsForward<float>(const float*, const int64_t*, int, int, int, const float*,
+                                       const float*, const float*, float*, float*, float*, float*,
+                                       cudaStream_t);
+template void MoeExpertsForward<bf16>(const bf16*, const int64_t*, int, int, int, const bf16*,
+                                      const bf16*, const bf16*, bf16*, bf16*, bf16*, bf16*,
+                                      cudaStream_t);
+template void MoeExpertsBackward<float>(const float*, const int64_t*, int, int, int, const float*,
+                                        const float*, const float*, const float*, const float*,
+                                        const float*, const float*, float*, float*, float*, float*,
+                                        float*, cudaStream_t);
+template void MoeExpertsBackward<bf16>(const bf16*, const int64_t*, int, int, int, const bf16*,
+                                       const bf16*, const bf16*, const bf16*, const bf16*,
+                                       const bf16*, const bf16*, bf16*, float*, float*, float*,
+                                       bf16*, cudaStream_t);
+
+}  // namespace moelab::cuda

@@ -1,0 +1,58 @@
+// CUDA twin of kernels/cpu/moe_routing.h (fp32): Route, Dispatch, Combine and their backward
+// passes, same arguments over device pointers. Every kernel is one thread (or one block) per
+// token / row with per-token serial loops in the CPU's order, so the results do not depend on
+// the launch shape; counts and the dispatch plan use integer atomics only (exact).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda {
+
+// As cpu::MoeRoute: scores, topk (ties to the lower index, slot order = descending biased
+// score), gates (route_scale · renormalised unbiased scores), counts [E] (overwritten).
+// Requires k <= 32.
+template <typename T>
+void MoeRoute(const T* logits, int n, int experts, int k, bool sigmoid, const T* bias,
+              double route_scale, T* scores, int* topk, T* gates, int64_t* counts,
+              cudaStream_t stream = nullptr);
+
+// As cpu::MoeAuxLoss; reads counts and scores on the device and returns the loss on the host
+// (synchronises the stream).
+template <typename T>
+double MoeAuxLoss(const T* scores, const int64_t* counts, int n, int experts, int k, bool sigmoid,
+                  double coef, cudaStream_t stream = nullptr);
+
+template <typename T>
+void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const int64_t* counts,
+                      int n, int experts, int k, bool sigmoid, double route_scale, double aux_coef,
+                      T* dlogits, cudaStream_t stream = nullptr);
+
+// Stable counting sort by expert (by token, then slot), as cpu::MoeDispatchPlan, all outputs on
+// the device: offsets [E+1], row_token [n·k], slot_row [n·k].
+void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
+                     int* slot_row, cudaStream_t stream = nullptr);
+
+// Copies offsets [E+1] to the host (the expert GEMMs need the row counts there; synchronises).
+void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
+                     cudaStream_t stream = nullptr);
+
+template <typename T>
+void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe,
+               cudaStream_t stream = nullptr);
+
+template <typename T>
+void MoeGatherBackward(const T* dxe, const int* slot_row, int n, int k, int d, T* dx,
+                       bool accumulate, cudaStream_t stream = nullptr);
+
+template <typename T>
+void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
+                bool accumulate, cudaStream_t stream = nullptr);
+
+// dye may alias ye.
+template <typename T>
+void MoeCombineBackward(const T* dy, const T* ye, const int* slot_row, const T* gates, int n, int k,
+                        int d, T* dye, T* dgates, cudaStream_t stream = nullptr);
+
+}  // namespace moelab::cuda

@@ -1,0 +1,28 @@
+// CUDA twin of kernels/cpu/norm.h (fp32): RMSNorm, and grouped RMSNorm on strided rows for
+// QK-norm and MLA latents. Same arguments, device pointers. dgain is reduced over rows in a
+// fixed order (deterministic, no atomics).
+#pragma once
+
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda {
+
+template <typename T>
+void RmsNormForward(const T* x, const T* gain, int n, int d, double eps, T* y, T* rstd,
+                    cudaStream_t stream = nullptr);
+
+template <typename T>
+void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d, T* dx,
+                     T* dgain, bool accumulate_dx, cudaStream_t stream = nullptr);
+
+template <typename T>
+void RmsNormGroupsForward(const T* x, int ldx, T* y, int ldy, int n, int groups, int d,
+                          const T* gain, double eps, T* rstd, cudaStream_t stream = nullptr);
+
+// dx may be dy itself when the strides match.
+template <typename T>
+void RmsNormGroupsBackward(const T* x, int ldx, const T* gain, const T* rstd, const T* dy, int lddy,
+                           T* dx, int lddx, int n, int groups, int d, T* dgain,
+                           cudaStream_t stream = nullptr);
+
+}  // namespace moelab::cuda

@@ -1,0 +1,55 @@
+// Optimizer arithmetic on the device, bit-for-bit the loops of core/optim/adamw.cc and
+// core/optim/muon.cc (same float operations in the same order; the step constants are formed on
+// the host exactly as the CPU does), and QK-Clip's row scaling.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda {
+
+// The per-step constants of AdamW, computed on the host like core/optim/adamw.cc.
+struct AdamWScalars {
+  float step_size = 0;    // lr / (1 − β1^t)
+  float inv_sqrt_c2 = 0;  // 1 / sqrt(1 − β2^t)
+  float eps = 0, b1 = 0, b2 = 0;
+  float decay = 1;  // 1 − lr·λ for decayed tensors, 1 otherwise
+};
+AdamWScalars MakeAdamWScalars(double lr, double beta1, double beta2, double eps,
+                              double weight_decay, bool decay, int64_t step);
+
+// m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; w = w·decay − step_size·m/(sqrt(v)·inv_sqrt_c2+eps).
+void AdamWUpdate(float* w, const float* g, float* m, float* v, size_t n, const AdamWScalars& s,
+                 cudaStream_t stream = nullptr);
+
+// Muon momentum: m = μ·m + g; u = g + μ·m (nesterov) or m. u may be a bank slot.
+void MuonMomentum(const float* g, float* m, float* u, size_t n, float mu, bool nesterov,
+                  cudaStream_t stream = nullptr);
+// Same, writing the NS input u as bf16 (for the bf16 NS bank).
+void MuonMomentum(const float* g, float* m, bf16* u, size_t n, float mu, bool nesterov,
+                  cudaStream_t stream = nullptr);
+
+// w = w·decay − step_size·o (Muon's decoupled update with the orthogonalised o).
+void MuonApply(float* w, const float* o, size_t n, float decay, float step_size,
+               cudaStream_t stream = nullptr);
+void MuonApply(float* w, const bf16* o, size_t n, float decay, float step_size,
+               cudaStream_t stream = nullptr);
+
+// QK-Clip: rows [first, first + count) of a row-major [*, cols] device tensor ×factor.
+struct RowScale {
+  float* w = nullptr;
+  int first = 0, count = 0, cols = 0;
+  float factor = 1;
+};
+// All spans in one launch (the list is copied to the device; spans must not overlap).
+void ScaleRows(const std::vector<RowScale>& spans, cudaStream_t stream = nullptr);
+
+// Sum of squares of x (n floats) into *out_device (double), for gradient-norm clipping.
+void SumSquares(const float* x, size_t n, double* out_device, cudaStream_t stream = nullptr);
+// x[i] *= factor.
+void Scale(float* x, size_t n, float factor, cudaStream_t stream = nullptr);
+
+}  // namespace moelab::cuda

@@ -1,0 +1,49 @@
+// Test support shared by the test folders: start processes and wait for them with one exit
+// convention, find the built binaries, and give each test its own temporary folder.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace moelab::test {
+
+// The folder holding the built binaries: $MOELAB_BIN_DIR (ctest sets it), else this build's
+// bin/ (compiled in), so a test binary run by hand finds them too.
+std::string BinDir();
+// The source tree: $MOELAB_SOURCE_DIR, else the one this build was configured from.
+std::string SourceDir();
+// BinDir()/name.
+std::string BinPath(const std::string& name);
+
+// Starts BinDir()/argv[0] (argv[0] as given when it contains a '/'), stdout and stderr written
+// to `log` (truncated; "" keeps the test's own). Returns the pid.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log = "");
+// Runs `body` in a forked child that exits with its return value.
+pid_t SpawnFunction(const std::function<int()>& body);
+// Waits for pid: its exit code, or 128 + the signal that killed it (the shell's convention).
+int Wait(pid_t pid);
+// Spawn + Wait.
+int Run(const std::vector<std::string>& argv, const std::string& log = "");
+// The whole file ("" when missing).
+std::string Slurp(const std::string& path);
+
+// A fresh folder <tmp>/moelab_<prefix>_<pid>_<test name>, removed at destruction unless the
+// test failed (so its logs and databases stay for a look).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace moelab::test

@@ -1,0 +1,59 @@
+// Shared helpers for the CUDA twin tests: the GPU skip, random inputs, and comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda::testing {
+
+// Skips the current test when no CUDA device is usable, with the reason.
+#define MOELAB_REQUIRE_GPU()                                      \
+  do {                                                            \
+    std::string moelab_gpu_reason;                                \
+    if (!::moelab::cuda::CudaAvailable(&moelab_gpu_reason)) {     \
+      GTEST_SKIP() << "CUDA test skipped: " << moelab_gpu_reason; \
+    }                                                             \
+  } while (0)
+
+inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+template <typename T>
+DeviceBuffer<T> ToDevice(const std::vector<T>& host) {
+  DeviceBuffer<T> d;
+  d.Upload(host);
+  return d;
+}
+
+// Max over i of |a−b| / (atol + rtol·|b|) must be ≤ 1: expects a within tolerance of b.
+inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double atol,
+                       double rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err =
+        std::abs(double(got[i]) - want[i]) / (atol + rtol * std::abs(double(want[i])));
+    if (!(err <= worst)) {  // NaN counts as worst
+      worst = std::isnan(err) ? INFINITY : err;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, 1.0) << what << ": worst at " << at << " got " << got[at] << " want " << want[at]
+                        << " (atol " << atol << ", rtol " << rtol << ")";
+}
+
+}  // namespace moelab::cuda::testing

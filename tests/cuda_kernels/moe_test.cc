@@ -1,0 +1,185 @@
+// MoE routing, dispatch/combine and expert twins against kernels/cpu, fp32 (and the bf16 expert
+// path against fp32).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/moe_experts.h"
+#include "kernels/cpu/moe_routing.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_routing.h"
+#include "tests/cuda_kernels/cuda_test_util.h"
+
+namespace moelab::cuda {
+namespace {
+
+using testing::ExpectNear;
+using testing::Random;
+using testing::ToDevice;
+
+struct Routed {
+  std::vector<float> scores, gates;
+  std::vector<int> topk;
+  std::vector<int64_t> counts;
+};
+
+class CudaMoeRoute : public ::testing::TestWithParam<bool> {};  // param: sigmoid
+
+TEST_P(CudaMoeRoute, RouteAuxAndBackwardMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const bool sigmoid = GetParam();
+  const int n = 150, E = 16, k = 4;
+  const double route_scale = 2.5, aux = 0.01;
+  const auto logits = Random(size_t(n) * E, 1, -3.0f, 3.0f);
+  const auto bias = Random(E, 2, -0.05f, 0.05f);
+  const auto dgates = Random(size_t(n) * k, 3);
+  Routed c{std::vector<float>(n * E), std::vector<float>(n * k), std::vector<int>(n * k),
+           std::vector<int64_t>(E)};
+  cpu::MoeRoute(logits.data(), n, E, k, sigmoid, bias.data(), route_scale, c.scores.data(),
+                c.topk.data(), c.gates.data(), c.counts.data());
+  const double aux_loss = cpu::MoeAuxLoss(c.scores.data(), c.counts.data(), n, E, k, sigmoid, aux);
+  std::vector<float> dlogits(size_t(n) * E);
+  cpu::MoeRouteBackward(c.scores.data(), c.topk.data(), dgates.data(), c.counts.data(), n, E, k,
+                        sigmoid, route_scale, aux, dlogits.data());
+
+  auto glogits = ToDevice(logits), gbias = ToDevice(bias), gdgates = ToDevice(dgates);
+  DeviceBuffer<float> gscores(n * E), ggates(n * k), gdlogits(n * E);
+  DeviceBuffer<int> gtopk(n * k);
+  DeviceBuffer<int64_t> gcounts(E);
+  MoeRoute(glogits.data(), n, E, k, sigmoid, gbias.data(), route_scale, gscores.data(),
+           gtopk.data(), ggates.data(), gcounts.data());
+  // expf on both sides (≤ 1 ulp apart): with random logits no near-ties, so the choice is equal.
+  EXPECT_EQ(gtopk.Download(), c.topk);
+  EXPECT_EQ(gcounts.Download(), c.counts);
+  ExpectNear(gscores.Download(), c.scores, 1e-7, 1e-6, "scores");
+  ExpectNear(ggates.Download(), c.gates, 1e-7, 1e-6, "gates");
+  const double gaux = MoeAuxLoss(gscores.data(), gcounts.data(), n, E, k, sigmoid, aux);
+  EXPECT_NEAR(gaux, aux_loss, 1e-6 * std::abs(aux_loss));
+  MoeRouteBackward(gscores.data(), gtopk.data(), gdgates.data(), gcounts.data(), n, E, k, sigmoid,
+                   route_scale, aux, gdlogits.data());
+  ExpectNear(gdlogits.Download(), dlogits, 1e-6, 1e-5, "dlogits");
+}
+
+INSTANTIATE_TEST_SUITE_P(SoftmaxAndSigmoid, CudaMoeRoute, ::testing::Values(false, true));
+
+TEST(CudaMoeDispatch, PlanGatherCombineMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 700, E = 8, k = 3, d = 24;  // 2100 assignments: several scan chunks per expert
+  std::mt19937 rng(4);
+  std::vector<int> topk(size_t(n) * k);
+  for (int t = 0; t < n; ++t) {
+    // k distinct experts per token, skewed toward low ids (uneven loads, one expert unused).
+    std::vector<int> ids;
+    while (static_cast<int>(ids.size()) < k) {
+      const int e = std::min<int>(rng() % E, rng() % E) % (E - 1);
+      if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+    }
+    for (int s = 0; s < k; ++s) topk[size_t(t) * k + s] = ids[s];
+  }
+  std::vector<int64_t> offsets(E + 1);
+  std::vector<int> row_token(size_t(n) * k), slot_row(size_t(n) * k);
+  cpu::MoeDispatchPlan(topk.data(), n, E, k, offsets.data(), row_token.data(), slot_row.data());
+  auto gtopk = ToDevice(topk);
+  DeviceBuffer<int64_t> goffsets(E + 1);
+  DeviceBuffer<int> grow_token(row_token.size()), gslot_row(slot_row.size());
+  MoeDispatchPlan(gtopk.data(), n, E, k, goffsets.data(), grow_token.data(), gslot_row.data());
+  EXPECT_EQ(goffsets.Download(), offsets);
+  EXPECT_EQ(grow_token.Download(), row_token);  // stable order: exactly the CPU's
+  EXPECT_EQ(gslot_row.Download(), slot_row);
+  std::vector<int64_t> host_offsets(E + 1);
+  DownloadOffsets(goffsets.data(), E, host_offsets.data());
+  EXPECT_EQ(host_offsets, offsets);
+
+  const int64_t rows = int64_t(n) * k;
+  const auto x = Random(size_t(n) * d, 5), ye = Random(size_t(rows) * d, 6),
+             gates = Random(size_t(n) * k, 7), dy = Random(size_t(n) * d, 8);
+  std::vector<float> xe(size_t(rows) * d), y = Random(size_t(n) * d, 9), dx = Random(x.size(), 10),
+                                           dye(ye.size()), dgates(gates.size());
+  auto gx = ToDevice(x), gye = ToDevice(ye), ggates = ToDevice(gates), gdy = ToDevice(dy),
+       gy = ToDevice(y), gdx = ToDevice(dx);
+  cpu::MoeGather(x.data(), d, row_token.data(), rows, xe.data());
+  cpu::MoeCombine(ye.data(), slot_row.data(), gates.data(), n, k, d, y.data(), true);
+  cpu::MoeGatherBackward(ye.data(), slot_row.data(), n, k, d, dx.data(), true);
+  cpu::MoeCombineBackward(dy.data(), ye.data(), slot_row.data(), gates.data(), n, k, d, dye.data(),
+                          dgates.data());
+  DeviceBuffer<float> gxe(xe.size()), gdye(dye.size()), gdgates(dgates.size());
+  MoeGather(gx.data(), d, grow_token.data(), rows, gxe.data());
+  MoeCombine(gye.data(), gslot_row.data(), ggates.data(), n, k, d, gy.data(), true);
+  MoeGatherBackward(gye.data(), gslot_row.data(), n, k, d, gdx.data(), true);
+  MoeCombineBackward(gdy.data(), gye.data(), gslot_row.data(), ggates.data(), n, k, d, gdye.data(),
+                     gdgates.data());
+  EXPECT_EQ(gxe.Download(), xe);  // copies
+  // Same additions in slot order (no FMA on the GPU side): equal to the last bit or 1 ulp.
+  ExpectNear(gy.Download(), y, 1e-6, 1e-6, "combine");
+  ExpectNear(gdx.Download(), dx, 1e-6, 1e-6, "gather backward");
+  EXPECT_EQ(gdye.Download(), dye);  // one product per element
+  ExpectNear(gdgates.Download(), dgates, 1e-6, 1e-6, "dgates");
+}
+
+TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
+  MOELAB_REQUIRE_GPU();
+  const int E = 4, d = 32, hidden = 48;
+  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};  // expert 1 has no rows
+  const int64_t rows = offsets.back();
+  const size_t ws = size_t(hidden) * d;
+  const auto xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
+             w3 = Random(E * ws, 13, -0.3f, 0.3f), w2 = Random(E * ws, 14, -0.3f, 0.3f),
+             dye = Random(size_t(rows) * d, 15);
+  const size_t rh = size_t(rows) * hidden;
+  std::vector<float> h1(rh), h3(rh), act(rh), ye(size_t(rows) * d), dxe(ye.size()),
+      dw1(E * ws, 7.0f), dw3(E * ws, 7.0f), dw2(E * ws, 7.0f), scratch(2 * rh);
+  cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                         h1.data(), h3.data(), act.data(), ye.data(),
+                         cpu::MoeExpertSchedule::kBlasParallel);
+  cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                          h1.data(), h3.data(), act.data(), dye.data(), dxe.data(), dw1.data(),
+                          dw3.data(), dw2.data(), scratch.data(),
+                          cpu::MoeExpertSchedule::kBlasParallel);
+  auto gxe = ToDevice(xe), gw1 = ToDevice(w1), gw3 = ToDevice(w3), gw2 = ToDevice(w2),
+       gdye = ToDevice(dye);
+  DeviceBuffer<float> gh1(rh), gh3(rh), gact(rh), gye(ye.size()), gdxe(dxe.size()), gdw1(E * ws),
+      gdw3(E * ws), gdw2(E * ws), gscratch(2 * rh);
+  Fill(gdw1.data(), E * ws, 7.0f);  // stale values: the empty expert's gradient must be zeroed
+  Fill(gdw3.data(), E * ws, 7.0f);
+  Fill(gdw2.data(), E * ws, 7.0f);
+  MoeExpertsForward(gxe.data(), offsets.data(), E, d, hidden, gw1.data(), gw3.data(), gw2.data(),
+                    gh1.data(), gh3.data(), gact.data(), gye.data());
+  MoeExpertsBackward(gxe.data(), offsets.data(), E, d, hidden, gw1.data(), gw3.data(), gw2.data(),
+                     gh1.data(), gh3.data(), gact.data(), gdye.data(), gdxe.data(), gdw1.data(),
+                     gdw3.data(), gdw2.data(), gscratch.data());
+  ExpectNear(gye.Download(), ye, 1e-5, 1e-4, "ye");
+  ExpectNear(gdxe.Download(), dxe, 1e-5, 1e-4, "dxe");
+  ExpectNear(gdw1.Download(), dw1, 1e-5, 1e-4, "dw1");
+  ExpectNear(gdw3.Download(), dw3, 1e-5, 1e-4, "dw3");
+  ExpectNear(gdw2.Download(), dw2, 1e-5, 1e-4, "dw2");
+
+  // bf16 path: bf16 activations and weights, fp32 weight gradients; within bf16 rounding of the
+  // fp32 result (inputs in [-1, 1], inner dimensions ≤ 48).
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+    return out;
+  };
+  auto bxe = ToDevice(to_bf16(xe)), bw1 = ToDevice(to_bf16(w1)), bw3 = ToDevice(to_bf16(w3)),
+       bw2 = ToDevice(to_bf16(w2)), bdye = ToDevice(to_bf16(dye));
+  DeviceBuffer<bf16> bh1(rh), bh3(rh), bact(rh), bye(ye.size()), bdxe(dxe.size()), bscratch(2 * rh);
+  MoeExpertsForward(bxe.data(), offsets.data(), E, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                    bh1.data(), bh3.data(), bact.data(), bye.data());
+  MoeExpertsBackward(bxe.data(), offsets.data(), E, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                     bh1.data(), bh3.data(), bact.data(), bdye.data(), bdxe.data(), gdw1.data(),
+                     gdw3.data(), gdw2.data(), bscratch.data());
+  DeviceBuffer<float> fye(ye.size()), fdxe(dxe.size());
+  CastToFloat(bye.data(), fye.data(), ye.size());
+  CastToFloat(bdxe.data(), fdxe.data(), dxe.size());
+  ExpectNear(fye.Download(), ye, 5e-2, 3e-2, "bf16 ye");
+  ExpectNear(fdxe.Download(), dxe, 5e-2, 3e-2, "bf16 dxe");
+  ExpectNear(gdw1.Download(), dw1, 5e-2, 3e-2, "bf16 dw1");
+  ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "bf16 dw2");
+}
+
+}  // namespace
+}  // namespace moelab::cuda

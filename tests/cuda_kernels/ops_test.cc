@@ -1,0 +1,182 @@
+// Embedding, RMSNorm, RoPE, SwiGLU and cross-entropy twins against kernels/cpu, fp32.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
+#include "tests/cuda_kernels/cuda_test_util.h"
+
+namespace moelab::cuda {
+namespace {
+
+using testing::ExpectNear;
+using testing::Random;
+using testing::ToDevice;
+
+std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+TEST(CudaEmbedding, ForwardExactBackwardSameAdditionOrder) {
+  MOELAB_REQUIRE_GPU();
+  const int vocab = 17, d = 40, n = 300;  // many repeats per token id
+  const auto table = Random(size_t(vocab) * d, 1);
+  const auto tokens = RandomTokens(n, vocab, 2);
+  const auto dout = Random(size_t(n) * d, 3);
+  std::vector<float> out(size_t(n) * d);
+  cpu::EmbeddingForward(table.data(), tokens.data(), n, d, out.data());
+  auto dtab = ToDevice(table);
+  auto dtok = ToDevice(tokens);
+  DeviceBuffer<float> gout(out.size());
+  EmbeddingForward(dtab.data(), dtok.data(), n, d, gout.data());
+  EXPECT_EQ(gout.Download(), out);  // a copy: exact
+
+  std::vector<float> dtable = Random(size_t(vocab) * d, 4);  // backward accumulates
+  auto gdtable = ToDevice(dtable);
+  cpu::EmbeddingBackward(tokens.data(), dout.data(), n, d, dtable.data());
+  auto gdout = ToDevice(dout);
+  DeviceBuffer<char> scratch(EmbeddingScratchBytes(n));
+  EmbeddingBackward(dtok.data(), gdout.data(), n, d, gdtable.data(), scratch.data());
+  // Each row is summed in position order onto the old value, as on the CPU: bit-identical.
+  EXPECT_EQ(gdtable.Download(), dtable);
+}
+
+TEST(CudaRmsNorm, ForwardBackwardMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 300, d = 96;  // 300 rows: the dgain reduction spans several 128-row chunks
+  const double eps = 1e-6;
+  const auto x = Random(size_t(n) * d, 5), gain = Random(d, 6, 0.5f, 1.5f),
+             dy = Random(size_t(n) * d, 7);
+  std::vector<float> y(x.size()), rstd(n), dx = Random(x.size(), 8), dgain(d);
+  auto gx = ToDevice(x), ggain = ToDevice(gain), gdy = ToDevice(dy), gdx = ToDevice(dx);
+  cpu::RmsNormForward(x.data(), gain.data(), n, d, eps, y.data(), rstd.data());
+  cpu::RmsNormBackward(x.data(), gain.data(), rstd.data(), dy.data(), n, d, dx.data(), dgain.data(),
+                       /*accumulate_dx=*/true);
+  DeviceBuffer<float> gy(y.size()), grstd(n), gdgain(d);
+  RmsNormForward(gx.data(), ggain.data(), n, d, eps, gy.data(), grstd.data());
+  RmsNormBackward(gx.data(), ggain.data(), grstd.data(), gdy.data(), n, d, gdx.data(),
+                  gdgain.data(), true);
+  ExpectNear(gy.Download(), y, 1e-6, 1e-5, "rmsnorm y");
+  ExpectNear(grstd.Download(), rstd, 0, 1e-5, "rmsnorm rstd");
+  ExpectNear(gdx.Download(), dx, 1e-5, 1e-4, "rmsnorm dx");
+  ExpectNear(gdgain.Download(), dgain, 1e-4, 1e-4, "rmsnorm dgain");
+}
+
+TEST(CudaRmsNorm, GroupsOnStridedRowsMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  // QK-norm shape: 4 heads of 16 in rows of stride 80 (a slice of a fused projection).
+  const int n = 50, groups = 4, d = 16, ld = 80;
+  const auto x = Random(size_t(n) * ld, 9), gain = Random(d, 10, 0.5f, 1.5f),
+             dy = Random(size_t(n) * ld, 11);
+  std::vector<float> y(x.size(), 0.0f), rstd(size_t(n) * groups), dx(x.size(), 0.0f), dgain(d);
+  cpu::RmsNormGroupsForward(x.data(), ld, y.data(), ld, n, groups, d, gain.data(), 1e-6,
+                            rstd.data());
+  cpu::RmsNormGroupsBackward(x.data(), ld, gain.data(), rstd.data(), dy.data(), ld, dx.data(), ld,
+                             n, groups, d, dgain.data());
+  auto gx = ToDevice(x), ggain = ToDevice(gain), gdy = ToDevice(dy);
+  DeviceBuffer<float> gy(y.size()), grstd(rstd.size()), gdx(dx.size()), gdgain(d);
+  gy.Zero();
+  gdx.Zero();
+  RmsNormGroupsForward(gx.data(), ld, gy.data(), ld, n, groups, d, ggain.data(), 1e-6,
+                       grstd.data());
+  RmsNormGroupsBackward(gx.data(), ld, ggain.data(), grstd.data(), gdy.data(), ld, gdx.data(), ld,
+                        n, groups, d, gdgain.data());
+  ExpectNear(gy.Download(), y, 1e-6, 1e-5, "groups y");
+  ExpectNear(gdx.Download(), dx, 1e-5, 1e-4, "groups dx");
+  ExpectNear(gdgain.Download(), dgain, 1e-4, 1e-4, "groups dgain");
+}
+
+TEST(CudaRope, ApplyAndInverseMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int seq = 12, n = 2 * seq, heads = 3, head_stride = 24, offset = 8, rot = 16;
+  const int ld = heads * head_stride + 5;
+  std::vector<float> cos(seq * rot / 2), sin(seq * rot / 2);
+  cpu::RopeTables(seq, rot, 10000.0, cos.data(), sin.data());
+  DeviceBuffer<float> gcos(cos.size()), gsin(sin.size());
+  RopeTables(seq, rot, 10000.0, gcos.data(), gsin.data());
+  EXPECT_EQ(gcos.Download(), cos);
+  EXPECT_EQ(gsin.Download(), sin);
+  for (bool inverse : {false, true}) {
+    auto x = Random(size_t(n) * ld, 12);
+    auto gx = ToDevice(x);
+    cpu::RopeApply(x.data(), n, seq, ld, heads, head_stride, offset, rot, cos.data(), sin.data(),
+                   inverse);
+    RopeApply(gx.data(), n, seq, ld, heads, head_stride, offset, rot, gcos.data(), gsin.data(),
+              inverse);
+    // Same products and sums without FMA contraction: equal up to the last bit, allow 1 ulp.
+    ExpectNear(gx.Download(), x, 1e-7, 2e-7, inverse ? "rope inverse" : "rope");
+  }
+}
+
+TEST(CudaSwiglu, ForwardBackwardMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 33, d = 40, hidden = 72;
+  const auto x = Random(size_t(n) * d, 13), w1 = Random(size_t(hidden) * d, 14, -0.3f, 0.3f),
+             w3 = Random(size_t(hidden) * d, 15, -0.3f, 0.3f),
+             w2 = Random(size_t(d) * hidden, 16, -0.3f, 0.3f), dy = Random(size_t(n) * d, 17);
+  const size_t nh = size_t(n) * hidden;
+  std::vector<float> h1(nh), h3(nh), act(nh), y(size_t(n) * d), dx(size_t(n) * d), dw1(w1.size()),
+      dw3(w3.size()), dw2(w2.size()), scratch(2 * nh);
+  cpu::SwigluForward(x.data(), n, d, hidden, w1.data(), w3.data(), w2.data(), h1.data(), h3.data(),
+                     act.data(), y.data());
+  cpu::SwigluBackward(x.data(), n, d, hidden, w1.data(), w3.data(), w2.data(), h1.data(), h3.data(),
+                      act.data(), dy.data(), dx.data(), dw1.data(), dw3.data(), dw2.data(),
+                      scratch.data());
+  auto gx = ToDevice(x), gw1 = ToDevice(w1), gw3 = ToDevice(w3), gw2 = ToDevice(w2),
+       gdy = ToDevice(dy);
+  DeviceBuffer<float> gh1(nh), gh3(nh), gact(nh), gy(y.size()), gdx(dx.size()), gdw1(dw1.size()),
+      gdw3(dw3.size()), gdw2(dw2.size()), gscratch(2 * nh);
+  SwigluForward(gx.data(), n, d, hidden, gw1.data(), gw3.data(), gw2.data(), gh1.data(), gh3.data(),
+                gact.data(), gy.data());
+  SwigluBackward(gx.data(), n, d, hidden, gw1.data(), gw3.data(), gw2.data(), gh1.data(),
+                 gh3.data(), gact.data(), gdy.data(), gdx.data(), gdw1.data(), gdw3.data(),
+                 gdw2.data(), gscratch.data());
+  // GEMM order and expf vs the CPU's polynomial exp: ~1e-6 relative, amplified by 3 GEMMs.
+  ExpectNear(gact.Download(), act, 1e-5, 1e-4, "swiglu act");
+  ExpectNear(gy.Download(), y, 1e-5, 1e-4, "swiglu y");
+  ExpectNear(gdx.Download(), dx, 1e-5, 1e-4, "swiglu dx");
+  ExpectNear(gdw1.Download(), dw1, 1e-5, 1e-4, "swiglu dw1");
+  ExpectNear(gdw3.Download(), dw3, 1e-5, 1e-4, "swiglu dw3");
+  ExpectNear(gdw2.Download(), dw2, 1e-5, 1e-4, "swiglu dw2");
+}
+
+TEST(CudaCrossEntropy, LossZLossAndGradientMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 29, vocab = 1000;
+  const double z = 1e-4;
+  auto logits = Random(size_t(n) * vocab, 18, -4.0f, 4.0f);
+  const auto targets = RandomTokens(n, vocab, 19);
+  auto glogits = ToDevice(logits);
+  auto gtargets = ToDevice(targets);
+  std::vector<double> scratch(2 * n);
+  const cpu::CrossEntropyResult want =
+      cpu::CrossEntropy(logits.data(), targets.data(), n, vocab, z, true, scratch.data());
+  DeviceBuffer<double> gscratch(2 * n + 2);
+  const CrossEntropyResult got =
+      CrossEntropy(glogits.data(), gtargets.data(), n, vocab, z, true, gscratch.data());
+  // Per-row sums of exp in float (different order and exp): the loss agrees to ~1e-6 relative.
+  EXPECT_NEAR(got.loss, want.loss, 2e-6 * want.loss);
+  EXPECT_NEAR(got.z_loss, want.z_loss, 2e-6 * want.z_loss);
+  ExpectNear(glogits.Download(), logits, 1e-8, 1e-4, "ce gradient");
+  // Forward only leaves the logits alone.
+  auto fresh = Random(size_t(n) * vocab, 20);
+  auto gfresh = ToDevice(fresh);
+  CrossEntropy(gfresh.data(), gtargets.data(), n, vocab, 0.0, false, gscratch.data());
+  EXPECT_EQ(gfresh.Download(), fresh);
+}
+
+}  // namespace
+}  // namespace moelab::cuda

@@ -1,0 +1,219 @@
+// The Sweeps view (the control room): spec checking as you type through sweeps/, detached
+// launches, and under xvfb-run the real app driven by --script: a screenshot of the editor with
+// a validation error at its path, and a tiny sweep launched, stopped, resumed (per sweep and per
+// run) with every step recorded exactly once.
+#include <gtest/gtest.h>
+#include <stb_image.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "db/reader.h"
+#include "gui/sweep_control.h"
+#include "tests/common/test_util.h"
+
+namespace moelab::gui {
+namespace {
+
+using nlohmann::json;
+
+// A tiny run (~1 ms a step); slow = true gives a few ms a step so a stop lands mid-run.
+json Base(const std::string& dir, int steps, bool slow = false) {
+  const int d = slow ? 64 : 16;
+  return {{"model",
+           {{"vocab_size", 32},
+            {"d_model", d},
+            {"layers", 1},
+            {"heads", 2},
+            {"ffn_hidden", 32},
+            {"seq_len", slow ? 64 : 16}}},
+          {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", d}}},
+          {"data", {{"source", "markov"}}},
+          {"train", {{"batch_size", slow ? 8 : 2}, {"steps", steps}, {"threads", 1}}},
+          {"schedule", {{"warmup_steps", 2}}},
+          {"eval", {{"every", 0}, {"batches", 1}}},
+          {"checkpoint", {{"every", 20}, {"dir", dir + "/ckpt"}}}};
+}
+
+TEST(SpecCheck, ValidSpecGivesRunsAndThePlanTable) {
+  test::TempDir dir("gui_spec");
+  const json spec = {
+      {"name", "ok"}, {"base", Base(dir.path(), 10)}, {"grid", {{"moe.experts_total", {4, 8}}}}};
+  const SpecCheck c = CheckSpecText(spec.dump(2), dir / "ok.json");
+  ASSERT_TRUE(c.ok) << c.error;
+  EXPECT_EQ(c.name, "ok");
+  EXPECT_EQ(c.runs, 2);
+  EXPECT_EQ(c.unique, 2);
+  EXPECT_NE(c.plan.find("train FLOPs"), std::string::npos) << c.plan;
+}
+
+TEST(SpecCheck, ErrorsCarryTheirJsonPath) {
+  test::TempDir dir("gui_spec");
+  json spec = {{"name", "bad"}, {"base", Base(dir.path(), 10)}};
+  // An invalid run: the config path that fails.
+  spec["grid"] = {{"moe.experts_active", {2, 9}}};
+  SpecCheck c = CheckSpecText(spec.dump(2), dir / "bad.json");
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.error_path, "moe.experts_active") << c.error;
+  EXPECT_NE(c.error_reason.find("run #1"), std::string::npos) << c.error_reason;
+  // A spec key.
+  spec.erase("grid");
+  spec["seeds"] = {-1};
+  c = CheckSpecText(spec.dump(2), dir / "bad.json");
+  EXPECT_EQ(c.error_path, "seeds") << c.error;
+  // JSON syntax: line and column of the parser's stop.
+  c = CheckSpecText("{\n  \"name\": \"x\",\n  \"grid\": [1,,]\n}", dir / "bad.json");
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.line, 3) << c.error;
+  EXPECT_EQ(c.column, 14) << c.error;
+  EXPECT_EQ(c.error_path, "line 3, column 14");
+}
+
+TEST(SweepControl, LaunchIsDetachedLoggedAndRecorded) {
+  test::TempDir dir("gui_launch");
+  const std::string db = dir / "x.db";
+  const Launched l =
+      LaunchDetached({"/bin/sh", "-c", "echo hello; sleep 0.3"}, db, "launch", dir / "l.log");
+  ASSERT_GT(l.pid, 0) << l.error;
+  // Not our child (double fork): waitpid has nothing to wait for.
+  EXPECT_EQ(::waitpid(l.pid, nullptr, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+  EXPECT_TRUE(ProcessAlive(l.pid));
+  for (int i = 0; i < 200 && ProcessAlive(l.pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(ProcessAlive(l.pid));
+  EXPECT_EQ(test::Slurp(dir / "l.log"), "hello\n");
+  const Launched bad = LaunchDetached({"/no/such/binary"}, db, "launch", dir / "bad.log");
+  EXPECT_EQ(bad.pid, -1);
+  EXPECT_NE(bad.error.find("cannot execute"), std::string::npos) << bad.error;
+  const auto records = LaunchRecords(db);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(json::parse(records[0])["pid"], l.pid);
+  EXPECT_EQ(json::parse(records[1])["error"], bad.error);
+}
+
+// ---- Under xvfb-run: the app driven by --script ---------------------------------------------
+
+bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 0; }
+
+int RunGuiScript(const std::string& db, const std::string& script, const std::string& log) {
+  std::ofstream(log + ".script") << script;
+  const std::string db_arg = db.empty() ? "" : " --db '" + db + "'";
+  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" timeout 300 " +
+                          test::BinPath("moelab-gui") + db_arg + " --script '" + log +
+                          ".script' > '" + log + "' 2>&1";
+  int rc = -1;
+  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {
+    rc = std::system(cmd.c_str());
+    // xvfb-run -a can race for a display with a parallel test: retry only that failure.
+    if (rc != 0 && test::Slurp(log).find("moelab-gui: script") != std::string::npos) break;
+  }
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+// Pixels within tol of rgb.
+int CountNear(const std::string& png, int r, int g, int b, int tol) {
+  int w = 0, h = 0, n = 0;
+  unsigned char* px = stbi_load(png.c_str(), &w, &h, &n, 3);
+  if (!px) return -1;
+  int count = 0;
+  for (int i = 0; i < w * h; ++i) {
+    const unsigned char* p = px + 3 * i;
+    count += std::abs(p[0] - r) <= tol && std::abs(p[1] - g) <= tol && std::abs(p[2] - b) <= tol;
+  }
+  stbi_image_free(px);
+  return count;
+}
+
+void CopyToDocs(const std::string& png, const std::string& name) {
+  // MOELAB_GUI_DOCS_DIR=docs/images refreshes the screenshots docs/gui.md shows.
+  if (const char* docs = std::getenv("MOELAB_GUI_DOCS_DIR")) {
+    std::error_code ec;
+    std::filesystem::copy_file(png, std::string(docs) + "/gui-" + name,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+  }
+}
+
+TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
+  if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("gui_editor");
+  const json spec = {{"name", "editor"},
+                     {"base", Base(dir.path(), 10)},
+                     {"grid", {{"moe.experts_total", {4, 8}}}}};
+  std::ofstream(dir / "spec.json") << spec.dump(2);
+  const std::string png = dir / "editor.png";
+  // The edit makes both runs invalid (experts_active 9 > experts_total 4 and 8). No database:
+  // the editor checks specs without one.
+  const std::string script = "open " + (dir / "spec.json") + "\nscreenshot " + (dir / "ok.png") +
+                             "\nreplace \"experts_active\": 2 => \"experts_active\": 9\n" +
+                             "screenshot " + png + "\nquit\n";
+  ASSERT_EQ(RunGuiScript("", script, dir / "gui.log"), 0) << test::Slurp(dir / "gui.log");
+  CopyToDocs(png, "sweep-editor-error.png");
+  // The error line is drawn in (240, 110, 100); the valid spec shows none of it.
+  EXPECT_GT(CountNear(png, 240, 110, 100, 12), 30) << "no error text";
+  EXPECT_LT(CountNear(dir / "ok.png", 240, 110, 100, 12), 5) << "an error on a valid spec";
+  EXPECT_GT(CountNear(dir / "ok.png", 110, 200, 110, 20), 50) << "no 'valid' line";
+}
+
+TEST(SweepsScreenshot, LaunchStopResumeFromTheGuiRecordsEveryStepOnce) {
+  if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("gui_control");
+  const std::string db = dir / "runs.db";
+  const json spec = {{"name", "control"}, {"base", Base(dir.path(), 300, true)}, {"seeds", {1, 2}}};
+  std::ofstream(dir / "spec.json") << spec.dump(2);
+  const std::string shots = dir.path().string();
+  const std::string script =
+      "open " + (dir / "spec.json") +
+      "\n"
+      "launch -j 2\n"
+      "wait-step 30 120\n"  // the runs appear live, running
+      "stop-run 0\n"        // one run: SIGTERM, it checkpoints and stops
+      "wait-runs 1 stopped 60\n"
+      "resume-run 0\n"  // `moelab train --resume` of that run
+      "wait-runs 2 running 60\n"
+      "screenshot " +
+      shots +
+      "/running.png\n"
+      "stop-sweep\n"  // the whole sweep: its runner asks its trainers to stop
+      "wait-idle 120\n"
+      "resume-sweep\n"
+      "wait-runs 2 done 300\n"
+      "wait-idle 60\n"
+      "screenshot " +
+      shots +
+      "/done.png\n"
+      "quit\n";
+  ASSERT_EQ(RunGuiScript(db, script, dir / "gui.log"), 0) << test::Slurp(dir / "gui.log");
+  CopyToDocs(shots + "/running.png", "sweep-control-running.png");
+  CopyToDocs(shots + "/done.png", "sweep-control-done.png");
+
+  db::Reader reader(db);
+  const auto runs = reader.ListRuns();
+  ASSERT_EQ(runs.size(), 2u);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.status, "done") << r.name << ": " << r.error;
+    const db::Series loss = reader.GetSeries(r.id, "loss");
+    ASSERT_EQ(static_cast<int64_t>(loss.steps.size()), r.shape.total_steps) << r.name;
+    for (size_t i = 0; i < loss.steps.size(); ++i) {
+      ASSERT_EQ(loss.steps[i], static_cast<int64_t>(i + 1)) << r.name;
+    }
+  }
+  // Every action the GUI took is recorded once, in order.
+  std::vector<std::string> actions;
+  for (const std::string& line : LaunchRecords(db)) actions.push_back(json::parse(line)["action"]);
+  const std::vector<std::string> expected = {"launch", "stop-run", "resume-run", "stop-sweep",
+                                             "resume"};
+  EXPECT_EQ(actions, expected);
+}
+
+}  // namespace
+}  // namespace moelab::gui
