@@ -6,7 +6,8 @@ Usage: analyze.py runs/qk-clip.db [WINDOW]      (WINDOW: steps per row, default 
 Python standard library only. For every finished run: peak max logit (raw, before the step's
 clip), clip events, heads touched per clipping step, last clip step, final validation loss, and
 the cumulative shrinkage of each head's q·k scale (the product of the γ applied to that head: the
-clipped logits scale by exactly γ, W_q by γ^α and W_k by γ^(1−α)). Then the fraction of
+clipped logits scale by exactly γ, W_q by γ^α and W_k by γ^(1−α)); global scope also counts the
+heads that were below τ but scaled with their layer. Then the fraction of
 (step, head) pairs clipped per window, and the max logit at the end of each window.
 """
 import json
@@ -23,8 +24,8 @@ def main():
     runs = db.execute("SELECT id, name, config_json FROM runs WHERE status = 'done' ORDER BY id")
     runs = [(rid, name, json.loads(cfg)) for rid, name, cfg in runs]
     print("| run | τ | scope | peak S_max | clip events | clipping steps | heads per clipping "
-          "step | last clip step | min Πγ (head) | final val loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "step | events on heads below τ | mean γ | last clip step | min Πγ (head) | final val loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     per_run = {}
     for rid, name, cfg in runs:
         opt = cfg["optimizer"]
@@ -37,8 +38,11 @@ def main():
                                   "run_id = ? ORDER BY step", (rid,)):
             blob = b if b is not None else a
             ml[s] = struct.unpack("<%df" % (len(blob) // 4), blob)
-        ev = db.execute("SELECT step, layer, head, gamma FROM clip_events WHERE run_id = ? "
-                        "ORDER BY step", (rid,)).fetchall()
+        ev = db.execute("SELECT step, layer, head, gamma, s_max FROM clip_events WHERE "
+                        "run_id = ? ORDER BY step", (rid,)).fetchall()
+        below = sum(1 for e in ev if e[4] <= tau)  # global scope: heads scaled with their layer
+        mean_g = sum(e[3] for e in ev) / len(ev) if ev else float("nan")
+        ev = [e[:4] for e in ev]
         shrink = defaultdict(float)  # (layer, head) -> sum log gamma
         clip_steps = defaultdict(int)
         for s, l, h, g in ev:
@@ -50,7 +54,7 @@ def main():
         min_prod = math.exp(min(shrink.values())) if shrink else 1.0
         n_cs = len(clip_steps)
         print(f"| {name} | {tau:g} | {scope} | {peak:.1f} | {len(ev)} | {n_cs} | "
-              f"{(len(ev) / n_cs if n_cs else 0):.2f} | {max(clip_steps) if clip_steps else '—'} | "
+              f"{(len(ev) / n_cs if n_cs else 0):.2f} | {below} | {mean_g:.3f} | {max(clip_steps) if clip_steps else '—'} | "
               f"{min_prod:.3f} | {val[0] if val else float('nan'):.4f} |")
         per_run[name] = (steps, nheads, ml, ev)
 
