@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tables for experiments/muon-vs-adamw from the sweep database or its committed export.
 
-Usage: analyze.py runs/muon.db            (the sweep database)
+Usage: analyze.py runs/muon.db [ADAMW_LR MUON_LR]   (the sweep database; LRs: compare there)
        analyze.py experiments/muon-vs-adamw/export.csv    (the committed `moelab db export --format csv`)
 
 Python standard library only. Prints Markdown tables: the LR sweep (final validation loss of
@@ -93,6 +93,9 @@ def main():
             best[opt] = min(cand, key=lambda r: r["val_loss"])["lr"]
     print("\nBest LR (lowest seed-1 loss at %d steps): %s\n" %
           (longest, ", ".join(f"{o} {lr:g}" for o, lr in best.items())))
+    if len(sys.argv) > 3:  # compare at given LRs instead: analyze.py DB ADAMW_LR MUON_LR
+        best = {"adamw": float(sys.argv[2]), "muon": float(sys.argv[3])}
+        print("Compared at the given LRs: adamw %g, muon %g\n" % (best["adamw"], best["muon"]))
 
     fronts = defaultdict(dict)  # opt -> seed -> [(tokens, loss)]
     for opt, lr in best.items():
