@@ -55,33 +55,33 @@ CommEstimate EstimateComm(const CommShape& s, const CommLayout& l, const CommCos
   const double replicated = static_cast<double>(s.params_total - s.expert_params);
   const double experts_local = static_cast<double>(s.expert_params) / ep;
 
+  // Sharded steps (ZeRO-1, and distributed Muon whose matrices each have one owner) replace the
+  // gradient all-reduce by a reduce-scatter to the owners and an all-gather of the updated
+  // parameters: the same bytes as a ring all-reduce, in two halves.
+  const bool sharded = l.zero1 || s.muon;
   if (world > 1) {
     e.dense_grad_payload = replicated * b;
-    e.dense_grad_wire = RingAllReduceWire(e.dense_grad_payload, world);
-    e.time_s += RingAllReduceTime(e.dense_grad_payload, world, cost);
+    if (sharded) {
+      e.dense_grad_wire = Frac(world) * e.dense_grad_payload;
+      e.gather_payload = replicated * b;
+      e.gather_wire = Frac(world) * e.gather_payload;
+      e.time_s += 2.0 * ((world - 1) * cost.alpha_s + e.gather_wire / cost.beta_bytes_per_s);
+    } else {
+      e.dense_grad_wire = RingAllReduceWire(e.dense_grad_payload, world);
+      e.time_s += RingAllReduceTime(e.dense_grad_payload, world, cost);
+    }
   }
   if (dp > 1 && experts_local > 0) {
     e.expert_grad_payload = experts_local * b;
-    e.expert_grad_wire = RingAllReduceWire(e.expert_grad_payload, dp);
-    e.time_s += RingAllReduceTime(e.expert_grad_payload, dp, cost);
-  }
-  // After a sharded step every rank needs the whole (replicated) parameters back.
-  double gathered = 0;
-  int gather_ranks = world;
-  if (l.zero1 && world > 1) {
-    gathered = replicated;  // expert shards are gathered within their DP group (below)
-  } else if (s.muon && world > 1) {
-    gathered = std::max(0.0, static_cast<double>(s.muon_params - s.expert_params));
-  }
-  if (gathered > 0) {
-    e.gather_payload = gathered * b;
-    e.gather_wire = Frac(gather_ranks) * e.gather_payload;
-    e.time_s += (gather_ranks - 1) * cost.alpha_s + e.gather_wire / cost.beta_bytes_per_s;
-  }
-  if (l.zero1 && dp > 1 && experts_local > 0) {
-    e.gather_payload += experts_local * b;
-    e.gather_wire += Frac(dp) * experts_local * b;
-    e.time_s += (dp - 1) * cost.alpha_s + Frac(dp) * experts_local * b / cost.beta_bytes_per_s;
+    if (sharded) {
+      e.expert_grad_wire = Frac(dp) * e.expert_grad_payload;
+      e.gather_payload += experts_local * b;
+      e.gather_wire += Frac(dp) * experts_local * b;
+      e.time_s += 2.0 * ((dp - 1) * cost.alpha_s + e.expert_grad_wire / cost.beta_bytes_per_s);
+    } else {
+      e.expert_grad_wire = RingAllReduceWire(e.expert_grad_payload, dp);
+      e.time_s += RingAllReduceTime(e.expert_grad_payload, dp, cost);
+    }
   }
   if (ep > 1 && s.moe_layers > 0) {
     const double tokens_rank = static_cast<double>(s.tokens_per_step) / world;
@@ -144,21 +144,22 @@ std::string K2ScalingTable() {
       "50 GB/s and 5 µs per message; no pipeline or tensor parallelism.\n\n",
       s.params_total / 1e12, s.expert_params / 1e12, s.moe_layers, s.top_k, s.experts,
       s.tokens_per_step / 1e6);
-  t += "| ranks | EP | DP | grad all-reduce GB/rank | EP all-to-all GB/rank | ZeRO-1 gather "
-       "GB/rank | params+grads GB/rank | optimizer GB/rank (off / ZeRO-1) | comm s/step "
-       "(ZeRO-1) |\n";
-  t += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  t += "| ranks | EP | DP | M tokens/rank | grad reduce-scatter GB/rank | EP all-to-all GB/rank | "
+       "param all-gather GB/rank | params+grads GB/rank | optimizer GB/rank (off / ZeRO-1) | "
+       "comm s/step (ZeRO-1) |\n";
+  t += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int ranks : {8, 64, 256, 1024}) {
     for (int ep : {8, 16, 64}) {
       if (ep > ranks) continue;
       const CommEstimate off = EstimateComm(s, {ranks, ep, false}, bf16);
       const CommEstimate z = EstimateComm(s, {ranks, ep, true}, bf16);
       t += fmt::format(
-          "| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | {:.0f} / {:.1f} | "
-          "{:.2f} |\n",
-          ranks, ep, ranks / ep, (z.dense_grad_wire + z.expert_grad_wire) / 1e9, z.a2a_wire / 1e9,
-          z.gather_wire / 1e9, (z.param_bytes + z.grad_bytes) / 1e9, off.optimizer_bytes / 1e9,
-          z.optimizer_bytes / 1e9, z.time_s);
+          "| {} | {} | {} | {:.2f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} / {:.1f} | "
+          "{:.1f} |\n",
+          ranks, ep, ranks / ep, s.tokens_per_step / 1e6 / ranks,
+          (z.dense_grad_wire + z.expert_grad_wire) / 1e9, z.a2a_wire / 1e9, z.gather_wire / 1e9,
+          (z.param_bytes + z.grad_bytes) / 1e9, off.optimizer_bytes / 1e9, z.optimizer_bytes / 1e9,
+          z.time_s);
     }
   }
   return t;

@@ -63,8 +63,13 @@ std::vector<Case> Cases() {
 
 std::string SelfExe() {
   std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? "moelab" : p.string();
+  std::string p = fs::read_symlink("/proc/self/exe", ec).string();
+  // A rebuild while the bench runs replaces the file: start the new one.
+  const std::string deleted = " (deleted)";
+  if (p.size() > deleted.size() &&
+      p.compare(p.size() - deleted.size(), deleted.size(), deleted) == 0)
+    p.resize(p.size() - deleted.size());
+  return ec ? "moelab" : p;
 }
 
 // Runs argv with the thread counts set; output to log. Returns the exit code.
@@ -151,7 +156,7 @@ Measured Train(const Case& c, const std::string& layout, int ranks, int threads,
   }
   const db::Series tps = reader.GetSeries(runs[0].id, "tokens_per_s", o.warmup + 1);
   m.tokens_per_s = Median(tps.values);
-  // The trainer records its communicator's counters as run variables (dist.*), when it has them.
+  // `moelab train` records rank 0's collectives inside the timed steps as run variables.
   const auto vars = reader.RunVars(runs[0].id);
   m.comm_bytes_per_step = VarNumber(vars, "dist.comm_bytes_per_step");
   m.comm_share = VarNumber(vars, "dist.comm_time_share");

@@ -17,7 +17,6 @@
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
-#include "sweeps/launch.h"
 
 namespace moelab::cli {
 
@@ -69,11 +68,6 @@ void AddTrainCommand(CLI::App& app) {
                   "Keep checkpoints at these steps for WSD branches")
       ->delimiter(',');
   cmd->callback([args]() {
-    // Started as several ranks by mpirun/srun, a build without MPI would train copies.
-    if (const std::string e = sweeps::LaunchEnvironmentError(); !e.empty()) {
-      fmt::print(stderr, "moelab train: error: {}\n", e);
-      throw CLI::RuntimeError(kExitConfig);
-    }
     // Under mpirun/srun with several ranks: MPI; otherwise one process (no MPI at run time).
     std::unique_ptr<Communicator> comm;
     try {
@@ -222,6 +216,20 @@ void AddTrainCommand(CLI::App& app) {
       if (result.status == RunStatus::kDiverged) throw CLI::RuntimeError(kExitDiverged);
       if (result.status == RunStatus::kStopped) throw CLI::RuntimeError(kExitStopped);
       return;
+    }
+    if (world > 1 && result.steps_done > result.start_step) {
+      // Communication counters of rank 0 (moelab bench --distributed reads them).
+      try {
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_bytes_per_step",
+                                 fmt::format("{:.0f}", result.comm_bytes_per_step));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.comm_time_share",
+                                 fmt::format("{:.6f}", result.comm_time_share));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.optimizer_state_bytes",
+                                 fmt::format("{}", result.optimizer_state_bytes));
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "moelab train: warning: could not record the communication counters: "
+                           "{}\n", e.what());
+      }
     }
     switch (result.status) {
       case RunStatus::kDone:

@@ -200,23 +200,22 @@ void Configure(Connection& db, double busy_timeout_s) {
 int SchemaVersion() { return kNumMigrations; }
 
 int Migrate(Connection& db) {
+  if (db.QueryInt("PRAGMA user_version") >= kNumMigrations) return 0;
+  // Every pending migration in one transaction: a reader never sees a half-migrated file (a fresh
+  // file goes from version 0 straight to the newest). IMMEDIATE takes the write lock before
+  // re-reading the version, so two processes opening a fresh file at once cannot both apply one.
   int applied = 0;
-  for (int i = 0; i < kNumMigrations; ++i) {
-    if (db.QueryInt("PRAGMA user_version") > i) continue;
-    // IMMEDIATE takes the write lock before re-reading the version, so two processes opening a
-    // fresh file at once cannot both apply migration i.
-    db.Exec("BEGIN IMMEDIATE");
-    try {
-      if (db.QueryInt("PRAGMA user_version") == i) {
-        db.Exec(kMigrations[i]);
-        db.Exec(fmt::format("PRAGMA user_version = {}", i + 1));
-        ++applied;
-      }
-      db.Exec("COMMIT");
-    } catch (...) {
-      sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-      throw;
+  db.Exec("BEGIN IMMEDIATE");
+  try {
+    for (int i = static_cast<int>(db.QueryInt("PRAGMA user_version")); i < kNumMigrations; ++i) {
+      db.Exec(kMigrations[i]);
+      db.Exec(fmt::format("PRAGMA user_version = {}", i + 1));
+      ++applied;
     }
+    db.Exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
   }
   return applied;
 }

@@ -221,6 +221,7 @@ LineCanvas& App::Canvas(const std::string& id) {
 
 void App::Frame() {
   frame_settled_ = true;
+  profile_ = {};
   if (script_) script_->Step(this);
   frame_view_ = View::kCount;
   downsample_deadline_ = Clock::now() + std::chrono::milliseconds(kDownsampleBudgetMs);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "db/fits.h"
 #include "gui/data_store.h"
 #include "gui/plot.h"
 #include "gui/settings.h"
@@ -67,6 +68,14 @@ class App {
   // Sets the Curves x range as a zoom would (the benchmark's interaction frames).
   void SetCurveXRange(double lo, double hi);
   bool quit_requested() const { return quit_; }
+  // Where the last frame's time went (moelab-gui-bench's profile): the curve panels' decimation
+  // (downsampling) and CPU rasterisation of their canvases (including the texture upload), in
+  // CPU time of the UI thread.
+  struct FrameProfile {
+    double downsample_ms = 0, raster_ms = 0;
+    int downsamples = 0, rasters = 0;
+  };
+  const FrameProfile& frame_profile() const { return profile_; }
   // --script: the exit status once the script ended (0 ok, 1 a step failed), -1 while running.
   int script_status() const;
   // A screenshot the script asked for this frame ("" = none); main saves it after rendering.
@@ -126,6 +135,11 @@ class App {
     ImRect plot_rect;
     bool dragging_target = false;
     AxisState x, y;
+    // Fits `moelab fit` stored for the scope and key, newest first: shown on open; a background
+    // refit runs only when asked or when finished runs changed since the newest of them.
+    std::vector<db::FitRecord> stored;
+    uint64_t stored_key = 0;
+    bool fit_requested = false;
   };
 
   void MenuBar();
@@ -149,6 +163,8 @@ class App {
   void ExpertsView();   // gui/view_experts.cc
   void CompareView();   // gui/view_compare.cc
   void ScalingView();   // gui/view_scaling.cc
+  // The stored fits of the scaling view's scope; false when they are current (no refit).
+  bool StoredFits(uint64_t data_version, double newest_run);
 
   // Runs the curve panels draw: the selection, or every run when nothing is selected.
   std::vector<int64_t> ShownRuns() const;
@@ -187,6 +203,7 @@ class App {
   SweepsViewState sweeps_;
   std::unique_ptr<ScriptRunner> script_;
   std::string screenshot_request_;
+  FrameProfile profile_;
 
   bool frame_settled_ = false;
   View frame_view_ = View::kCount;  // the view drawn by the last frame

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <imgui.h>
+#include <time.h>
 
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "gui/app.h"
 #include "gui/plot.h"
+#include "gui/pyramid.h"
 #include "gui/view_model.h"
 
 namespace moelab::gui {
@@ -40,6 +42,14 @@ inline constexpr size_t kMaxRawRuns = 20;
 inline constexpr int kDownsampleBudgetMs = 12;
 inline constexpr int kCanvasBudgetMs = 20;
 
+// CPU time of the calling thread in ms: profile numbers that a loaded machine's preemption does
+// not inflate (wall time there is mostly waiting for a core).
+inline double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 inline std::string Opt(const std::optional<double>& v) {
   return v ? FormatValue(*v) : "\xe2\x80\x94";
 }
@@ -52,6 +62,8 @@ struct App::CurveCache {
   int x_kind = -1;
   float smoothing = -1;
   std::vector<double> xs, smooth;  // x per point, smoothed values
+  MinMaxPyramid pyramid;           // over smooth: a zoom reads O(log n) per pixel column
+  MinMaxPyramid raw_pyramid;       // over the raw values, built when raw lines are shown
   PlotBounds extent;
   // Downsampled for the current view.
   double v_lo = kNaN, v_hi = kNaN;
@@ -59,6 +71,11 @@ struct App::CurveCache {
   int v_cols = 0;
   std::vector<double> ds_x, ds_y, raw_x, raw_y;
   uint64_t ds_gen = 0;  // bumped on every downsample, for the canvas signature
+  // The y range of ds inside the x range last asked for (auto-fit reads it every frame).
+  uint64_t fit_gen = ~uint64_t{0};
+  double fit_x_lo = kNaN, fit_x_hi = kNaN;
+  bool fit_log = false;
+  PlotBounds fit_y;
 };
 
 struct App::LogitCache {

@@ -6,8 +6,8 @@
 //   xvfb-run -a -s "-screen 0 1280x800x24" moelab-gui-bench [--db FILE] [--runs 100]
 //       [--steps 100000] [--logit-every 10] [--frames 120] [--make-only]
 //
-// The database is written once with raw SQLite bulk inserts matching docs/database.md (one
-// transaction per run, prepared statements) and reused while its run count matches.
+// The database is written once through db::RunWriter (as trainers write it) and reused while
+// its run count and length match.
 #include <imgui.h>
 
 #include <algorithm>
@@ -24,16 +24,24 @@
 #include <string>
 #include <vector>
 
+#include "core/metrics.h"
 #include "db/schema.h"
 #include "db/sqlite.h"
+#include "db/writer.h"
 #include "gui/app.h"
 #include "gui/window.h"
+#include "sweeps/store.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 struct Options {
@@ -57,18 +65,16 @@ double Hash(uint64_t x) {
   return (x >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
 
+// Written through db::RunWriter (the writer every trainer uses) and sweeps::Store (the sweep
+// engine's bookkeeping): the benchmark reads exactly what real runs write.
 void MakeDatabase(const Options& o) {
   std::filesystem::remove(o.db);
   std::filesystem::remove(o.db + "-wal");
   std::filesystem::remove(o.db + "-shm");
-  moelab::db::Connection c = moelab::db::OpenForWrite(o.db);
-  c.Exec("PRAGMA synchronous = OFF");
-  c.Exec("INSERT INTO sweeps(id, name, spec_json, created_at) VALUES (1, 'bench', '{}', 0)");
+  const int64_t sweep_id = moelab::sweeps::Store(o.db).UpsertSweep("bench", "{}");
   const int sparsities[] = {8, 16, 32, 48};
-  const double now = 1.7e9;
   for (int r = 0; r < o.runs; ++r) {
     const auto t0 = Clock::now();
-    c.Exec("BEGIN");
     const int sparsity = sparsities[r % 4];
     const bool clip = r % 2 == 1;
     const double tau = clip ? 100.0 : 0.0;
@@ -79,32 +85,25 @@ void MakeDatabase(const Options& o) {
         {"moe", {{"experts_total", sparsity * 8}, {"experts_active", 8}}},
         {"optimizer", {{"name", clip ? "muonclip" : "muon"}, {"qk_clip_tau", tau}}},
         {"train", {{"steps", o.steps}}}};
-    {
-      auto st = c.Prepare(
-          "INSERT INTO runs(id, name, sweep_id, config_json, config_hash, status, pid, host, "
-          "created_at, started_at, heartbeat_at, ended_at, params_total, params_active, "
-          "flops_per_token, layers, heads, moe_layers, experts) VALUES "
-          "(?1, ?2, 1, ?3, ?4, 'done', 1, 'bench', ?5, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12, "
-          "?13)");
-      st.Bind(1, int64_t{r + 1})
-          .Bind(2, "s" + std::to_string(sparsity) + "-n" + std::to_string(static_cast<int>(size)) +
-                       (clip ? "-clip" : "") + "-" + std::to_string(r + 1))
-          .Bind(3, cfg.dump())
-          .Bind(4, "bench-" + std::to_string(r))
-          .Bind(5, now)
-          .Bind(6, now + o.steps * 0.05)
-          .Bind(7, static_cast<int64_t>(n_active * sparsity))
-          .Bind(8, static_cast<int64_t>(n_active))
-          .Bind(9, 6 * n_active)
-          .Bind(10, kLayers)
-          .Bind(11, kHeads)
-          .Bind(12, kMoeLayers)
-          .Bind(13, kExperts);
-      st.Run();
-      auto v = c.Prepare("INSERT INTO run_vars(run_id, key, value) VALUES (?1, ?2, ?3)");
-      v.Bind(1, int64_t{r + 1}).Bind(2, "sparsity").Bind(3, std::to_string(sparsity)).Run();
-      v.Bind(1, int64_t{r + 1}).Bind(2, "clip").Bind(3, clip ? "on" : "off").Run();
-    }
+    moelab::db::RunInfo info;
+    info.name = "s" + std::to_string(sparsity) + "-n" + std::to_string(static_cast<int>(size)) +
+                (clip ? "-clip" : "") + "-" + std::to_string(r + 1);
+    info.config_json = cfg.dump();
+    info.config_hash = "bench-" + std::to_string(r);
+    info.sweep_id = sweep_id;
+    info.shape = moelab::db::RunShape{kLayers,
+                                      kHeads,
+                                      kMoeLayers,
+                                      kExperts,
+                                      static_cast<int64_t>(n_active * sparsity),
+                                      static_cast<int64_t>(n_active),
+                                      6 * n_active,
+                                      o.steps};
+    moelab::db::WriterOptions wo;
+    wo.flush_interval_s = 0.5;
+    auto w = moelab::db::RunWriter::Create(o.db, info, wo);
+    moelab::db::RunWriter::SetRunVar(o.db, w->run_id(), "sparsity", std::to_string(sparsity));
+    moelab::db::RunWriter::SetRunVar(o.db, w->run_id(), "clip", clip ? "on" : "off");
     // Sparser families reach a given loss with less compute (the K2 report's finding), so the
     // scaling-law view of this database shows multipliers above one against sparsity 8.
     const double E = 1.8, A = 4.0 * std::pow(sparsity / 8.0, -0.12), alpha = 0.35 + 0.01 * (r % 7);
@@ -113,114 +112,59 @@ void MakeDatabase(const Options& o) {
       const double tokens = static_cast<double>(s) * batch_tokens;
       return E + A * std::pow(tokens * n_active / 1e12 + 1.0, -alpha);
     };
-    double last_loss = 0, best_val = 1e9, last_val = 0;
-    {
-      auto st = c.Prepare(
-          "INSERT INTO steps(run_id, step, loss, aux_loss, lr, grad_norm, tokens, flops, "
-          "step_time_s, tokens_per_s, wall_time) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-          "?11)");
-      auto ev = c.Prepare(
-          "INSERT INTO evals(run_id, step, tokens, flops, val_loss, wall_time) VALUES (?1, ?2, ?3, "
-          "?4, ?5, ?6)");
-      for (int64_t s = 1; s <= o.steps; ++s) {
-        const double loss = loss_at(s) * (1 + 0.02 * Hash(r * 1000003ULL + s));
-        const double lr =
-            3e-3 * std::min(1.0, s / 2000.0) * (0.55 + 0.45 * std::cos(M_PI * s / o.steps));
-        const int64_t tokens = s * batch_tokens;
-        const double wall = now + s * 0.05 * (1 + 0.1 * Hash(s));
-        st.Bind(1, int64_t{r + 1})
-            .Bind(2, s)
-            .Bind(3, loss)
-            .Bind(4, 0.01)
-            .Bind(5, lr)
-            .Bind(6, 0.3 + 2.0 / std::sqrt(static_cast<double>(s)) + 0.05 * Hash(s * 7 + r))
-            .Bind(7, tokens)
-            .Bind(8, tokens * 6 * n_active)
-            .Bind(9, 0.05)
-            .Bind(10, batch_tokens / 0.05 * (1 + 0.05 * Hash(s * 13 + r)))
-            .Bind(11, wall);
-        st.Run();
-        last_loss = loss;
-        if (s % 1000 == 0) {
-          const double val = loss_at(s) + 0.05;
-          ev.Bind(1, int64_t{r + 1})
-              .Bind(2, s)
-              .Bind(3, tokens)
-              .Bind(4, tokens * 6 * n_active)
-              .Bind(5, val)
-              .Bind(6, wall);
-          ev.Run();
-          best_val = std::min(best_val, val);
-          last_val = val;
-        }
-      }
-    }
-    {
-      auto st = c.Prepare("INSERT INTO max_logits(run_id, step, max_logit) VALUES (?1, ?2, ?3)");
-      auto ce = c.Prepare(
-          "INSERT INTO clip_events(run_id, step, layer, head, s_max, gamma) VALUES (?1, ?2, ?3, "
-          "?4, ?5, ?6)");
-      std::vector<float> m(kLayers * kHeads);
-      for (int64_t s = o.logit_every; s <= o.steps; s += o.logit_every) {
+    moelab::StepStats stats;
+    std::vector<moelab::ClipEvent> clips;
+    for (int64_t s = 1; s <= o.steps; ++s) {
+      moelab::StepRecord rec;
+      rec.step = s;
+      rec.loss = loss_at(s) * (1 + 0.02 * Hash(r * 1000003ULL + s));
+      rec.aux_loss = 0.01;
+      rec.lr = 3e-3 * std::min(1.0, s / 2000.0) * (0.55 + 0.45 * std::cos(M_PI * s / o.steps));
+      rec.grad_norm = 0.3 + 2.0 / std::sqrt(static_cast<double>(s)) + 0.05 * Hash(s * 7 + r);
+      rec.tokens = s * batch_tokens;
+      rec.flops = rec.tokens * 6 * n_active;
+      rec.step_time_s = 0.05;
+      rec.tokens_per_s = batch_tokens / 0.05 * (1 + 0.05 * Hash(s * 13 + r));
+      stats.max_logit.clear();
+      stats.max_logit_raw.clear();
+      stats.expert_counts.clear();
+      if (s % o.logit_every == 0) {
         const double t = static_cast<double>(s) / o.steps;
+        clips.clear();
+        stats.max_logit.resize(kLayers * kHeads);
         for (int l = 0; l < kLayers; ++l) {
           for (int h = 0; h < kHeads; ++h) {
             double v = 8 + 160 * t * (0.3 + 0.7 * ((l * 7 + h * 3) % 11) / 10.0) *
                                (1 + 0.05 * Hash(s * 131 + l * 17 + h));
             if (tau > 0 && v > tau) {
-              ce.Bind(1, int64_t{r + 1})
-                  .Bind(2, s)
-                  .Bind(3, l)
-                  .Bind(4, h)
-                  .Bind(5, v)
-                  .Bind(6, tau / v);
-              ce.Run();
+              clips.push_back({s, l, h, v, tau / v});
               v = tau;
             }
-            m[l * kHeads + h] = static_cast<float>(v);
+            stats.max_logit[l * kHeads + h] = static_cast<float>(v);
           }
         }
-        st.Bind(1, int64_t{r + 1}).Bind(2, s).BindBlob(3, m.data(), m.size() * sizeof(float));
-        st.Run();
+        stats.max_logit_raw = stats.max_logit;
+        if (!clips.empty()) w->OnClip(clips);
       }
-      auto ex = c.Prepare(
-          "INSERT INTO expert_counts(run_id, step, elem_bytes, counts) VALUES (?1, ?2, 4, ?3)");
-      std::vector<int32_t> counts(kMoeLayers * kExperts);
-      for (int64_t s = 100; s <= o.steps; s += 100) {
+      if (s % 100 == 0) {
         const double decay = std::exp(-5.0 * s / o.steps);
+        stats.expert_counts.resize(kMoeLayers * kExperts);
         for (int l = 0; l < kMoeLayers; ++l) {
           for (int e = 0; e < kExperts; ++e) {
-            counts[l * kExperts + e] = static_cast<int32_t>(
+            stats.expert_counts[l * kExperts + e] = static_cast<int64_t>(
                 4096 * (1 + decay * 3 * ((e * 5 + l) % 7 == 0) + 0.1 * Hash(s * 31 + l * 7 + e)));
           }
         }
-        ex.Bind(1, int64_t{r + 1}).Bind(2, s).BindBlob(3, counts.data(), counts.size() * 4);
-        ex.Run();
       }
+      w->OnStep(rec, stats);
+      if (s % 1000 == 0) w->OnEval(s, rec.tokens, rec.flops, loss_at(s) + 0.05);
     }
-    {
-      auto st = c.Prepare(
-          "INSERT INTO run_summary(run_id, last_step, total_steps, last_loss, best_val_loss, "
-          "last_val_loss, tokens, flops, tokens_per_s, updated_at) VALUES "
-          "(?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
-      st.Bind(1, int64_t{r + 1})
-          .Bind(2, int64_t{o.steps})
-          .Bind(3, last_loss)
-          .Bind(4, best_val)
-          .Bind(5, last_val)
-          .Bind(6, int64_t{o.steps} * batch_tokens)
-          .Bind(7, o.steps * batch_tokens * 6 * n_active)
-          .Bind(8, batch_tokens / 0.05)
-          .Bind(9, now + o.steps * 0.05);
-      st.Run();
-    }
-    c.Exec("COMMIT");
+    w->OnEnd(moelab::RunStatus::kDone, "");
     if (r == 0) {
       std::fprintf(stderr, "  run 1 written in %.2f s (%d more)\n", Seconds(t0, Clock::now()),
                    o.runs - 1);
     }
   }
-  c.Exec("PRAGMA wal_checkpoint(TRUNCATE)");
 }
 
 bool DatabaseMatches(const Options& o) {
@@ -309,29 +253,64 @@ int main(int argc, char** argv) {
     App app(ao);
     // Per frame: UI build (app.Frame: caches, downsampling, ImGui vertex generation) and
     // render (ImGui::Render + GL draw + swap + glFinish, i.e. llvmpipe rasterisation).
-    double build_ms = 0, render_ms = 0, cpu_ms = 0;
-    int vertices = 0;
+    // Per frame, split (the profile): app.Frame() = UI build, of which the curve panels'
+    // decimation (downsample) and CPU rasterisation of their canvases (raster, with the texture
+    // upload); the rest of the build is ImGui widgets and ImDrawList building. Then
+    // ImGui::Render + the GL draw calls (gl), and llvmpipe rasterising them + the swap (present,
+    // up to glFinish).
+    struct Split {
+      double build = 0, downsample = 0, raster = 0, gl = 0, present = 0, cpu = 0;
+      double build_cpu = 0, ui_cpu = 0;  // UI-thread CPU: app.Frame(), the whole frame
+      int vertices = 0, downsamples = 0, rasters = 0;
+    };
+    Split last;
+    std::vector<Split> splits;
     auto frame = [&]() {
       const std::clock_t cpu0 = std::clock();
+      const double ui0 = ThreadCpuMs();
       const auto a = Clock::now();
       window.BeginFrame(0);
       app.Frame();
       const auto b = Clock::now();
-      window.EndFrame(true);
-      window.Finish();
+      last.build_cpu = ThreadCpuMs() - ui0;
+      window.EndFrame(false);
       const auto c = Clock::now();
-      build_ms = Seconds(a, b) * 1e3;
-      render_ms = Seconds(b, c) * 1e3;
-      vertices = ImGui::GetDrawData() ? ImGui::GetDrawData()->TotalVtxCount : 0;
+      window.Swap();
+      window.Finish();
+      const auto d = Clock::now();
+      last.ui_cpu = ThreadCpuMs() - ui0;
+      last.build = Seconds(a, b) * 1e3;
+      last.downsample = app.frame_profile().downsample_ms;
+      last.raster = app.frame_profile().raster_ms;
+      last.downsamples = app.frame_profile().downsamples;
+      last.rasters = app.frame_profile().rasters;
+      last.gl = Seconds(b, c) * 1e3;
+      last.present = Seconds(c, d) * 1e3;
+      last.vertices = ImGui::GetDrawData() ? ImGui::GetDrawData()->TotalVtxCount : 0;
       // Process CPU time (UI thread, poller and llvmpipe's threads): the cost on an idle machine
       // when other processes compete for the cores.
-      cpu_ms = 1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
-      return Seconds(a, c) * 1e3;
+      last.cpu = 1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+      splits.push_back(last);
+      return Seconds(a, d) * 1e3;
     };
-    auto breakdown = [&]() {
+    // The mean split of the frames since `from`.
+    auto breakdown = [&](size_t from = 0) {
+      Split m;
+      const size_t n = splits.size() - std::min(from, splits.size());
+      for (size_t i = splits.size() - n; i < splits.size(); ++i) {
+        const Split& s = splits[i];
+        m.build += s.build / n, m.downsample += s.downsample / n, m.raster += s.raster / n;
+        m.gl += s.gl / n, m.present += s.present / n, m.cpu += s.cpu / n;
+        m.build_cpu += s.build_cpu / n, m.ui_cpu += s.ui_cpu / n;
+        m.vertices = std::max(m.vertices, s.vertices);
+        m.downsamples += s.downsamples, m.rasters += s.rasters;
+      }
       std::printf(
-          "%-44s last frame: build %.2f ms, render %.2f ms, process CPU %.2f ms, %d vertices\n", "",
-          build_ms, render_ms, cpu_ms, vertices);
+          "%-44s wall: build %.2f ms, gl %.2f, present %.2f | CPU: UI thread %.2f ms (build "
+          "%.2f = downsample %.2f x%d + raster %.2f x%d + widgets %.2f), all threads %.2f ms | "
+          "<= %d vertices\n",
+          "", m.build, m.gl, m.present, m.ui_cpu, m.build_cpu, m.downsample, m.downsamples,
+          m.raster, m.rasters, m.build_cpu - m.downsample - m.raster, m.cpu, m.vertices);
     };
     const double first_ms = frame();
     const auto t_first = Clock::now();
@@ -350,10 +329,12 @@ int main(int argc, char** argv) {
                 Seconds(t_app, Clock::now()));
     Print("curves, frames while loading", Summarize(loading), loading.size());
     std::vector<double> steady;
+    size_t mark = splits.size();
     for (int i = 0; i < o.frames; ++i) steady.push_back(frame());
     Print("curves, all runs, steady (cached downsample)", Summarize(steady), steady.size());
-    breakdown();
+    breakdown(mark);
     std::vector<double> zoom;
+    mark = splits.size();
     for (int i = 0; i < std::min(o.frames, 60); ++i) {
       // A new x range every frame: every run's M4 downsample is recomputed.
       const double lo = o.steps * 0.002 * i, hi = o.steps * (1.0 - 0.004 * i);
@@ -361,7 +342,7 @@ int main(int argc, char** argv) {
       zoom.push_back(frame());
     }
     Print("curves, all runs, zooming (re-downsample)", Summarize(zoom), zoom.size());
-    breakdown();
+    breakdown(mark);
 
     app.Select({1, 2});
     app.SetView(View::kLogits);
@@ -371,14 +352,16 @@ int main(int argc, char** argv) {
     std::printf("max logits: 2 runs loaded after %.2f s\n", Seconds(t_logits, Clock::now()));
     Print("max logits, frames while loading", Summarize(lload), lload.size());
     std::vector<double> logits;
+    mark = splits.size();
     for (int i = 0; i < o.frames; ++i) logits.push_back(frame());
     Print("max logits, 2 runs side by side, steady", Summarize(logits), logits.size());
-    breakdown();
+    breakdown(mark);
     app.SetView(View::kRuns);
     std::vector<double> table;
+    mark = splits.size();
     for (int i = 0; i < std::min(o.frames, 30); ++i) table.push_back(frame());
     Print("runs table (baseline: text only)", Summarize(table), table.size());
-    breakdown();
+    breakdown(mark);
   } catch (const std::exception& e) {
     std::cerr << "moelab-gui-bench: " << e.what() << "\n";
     return 1;

@@ -331,6 +331,19 @@ void LineCanvas::Blend(int x, int y, ImU32 color, float coverage) {
       ((b + mul((d >> 16) & 0xFF, k)) << 16) | ((a + mul(d >> 24, k)) << 24);
 }
 
+void LineCanvas::Span(int x, int y0, int y1, ImU32 color) {
+  if (x < 0 || x >= w_) return;
+  y0 = std::max(y0, 0);
+  y1 = std::min(y1, h_ - 1);
+  if ((color >> 24) == 0xFF) {
+    // Opaque (every smoothed curve): premultiplied equals straight, no read of the pixel.
+    uint32_t* p = px_.data() + static_cast<size_t>(y0) * w_ + x;
+    for (int y = y0; y <= y1; ++y, p += w_) *p = color;
+    return;
+  }
+  for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
+}
+
 void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, float thickness) {
   const float dx = x1 - x0, dy = y1 - y0;
   const float half = thickness / 2;
@@ -397,7 +410,7 @@ void LineCanvas::Line(const Plot& plot, const std::vector<double>& xs,
         const int x = static_cast<int>(std::floor((p.x + prev.x) / 2));
         const int y0 = static_cast<int>(std::floor(std::min(p.y, prev.y)));
         const int y1 = static_cast<int>(std::floor(std::max(p.y, prev.y)));
-        for (int y = std::max(0, y0); y <= std::min(h_ - 1, y1); ++y) Blend(x, y, color, 1.0f);
+        Span(x, y0, y1, color);
         prev = p;
         continue;
       }
@@ -421,7 +434,7 @@ void LineCanvas::Band(const Plot& plot, const std::vector<double>& xs,
     const int x = static_cast<int>(a.x - o.x);
     const int y0 = std::clamp(static_cast<int>(std::min(a.y, b.y) - o.y), 0, h_ - 1);
     const int y1 = std::clamp(static_cast<int>(std::max(a.y, b.y) - o.y), 0, h_ - 1);
-    for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
+    Span(x, y0, y1, color);
   }
 }
 

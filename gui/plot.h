@@ -118,6 +118,9 @@ class LineCanvas {
 
  private:
   void Segment(float x0, float y0, float x1, float y1, ImU32 color, float thickness);
+  // A solid vertical run of pixels [y0, y1] in column x (clipped): the per-pixel-column min/max
+  // of dense series. Opaque colours are written without blending.
+  void Span(int x, int y0, int y1, ImU32 color);
   void Blend(int x, int y, ImU32 color, float coverage);
   std::vector<uint32_t> px_;
   int w_ = 0, h_ = 0;

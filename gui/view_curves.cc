@@ -65,6 +65,8 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
           DebiasedEma(std::span<const double>(y->values.data(), n), m.eval ? 0.0 : smoothing);
       c.extent = PlotBounds{};
       for (size_t i = 0; i < n; ++i) c.extent.Add(c.xs[i], c.smooth[i]);
+      c.pyramid.Build(c.smooth);
+      c.raw_pyramid = MinMaxPyramid{};
       c.v_cols = 0;  // force a new downsample
     }
     x_extent.AddX(c.extent.x_lo);
@@ -97,10 +99,13 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
     if (stale && Clock::now() > downsample_deadline_ && !c.ds_x.empty()) {
       frame_settled_ = false;
     } else if (stale) {
-      DownsampleM4(c.xs, c.smooth, xa, cols, &c.ds_x, &c.ds_y);
+      const double t0 = ThreadCpuMs();
+      ++profile_.downsamples;
+      DownsampleM4Pyramid(c.xs, c.smooth, c.pyramid, xa, cols, &c.ds_x, &c.ds_y);
       if (raw) {
-        DownsampleM4(c.xs, std::span<const double>(c.y_src->values.data(), c.xs.size()), xa, cols,
-                     &c.raw_x, &c.raw_y);
+        const std::span<const double> values(c.y_src->values.data(), c.xs.size());
+        if (c.raw_pyramid.size() != values.size()) c.raw_pyramid.Build(values);
+        DownsampleM4Pyramid(c.xs, values, c.raw_pyramid, xa, cols, &c.raw_x, &c.raw_y);
       } else {
         c.raw_x.clear();
         c.raw_y.clear();
@@ -111,11 +116,23 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
       c.v_log = log_x;
       c.v_raw = raw;
       ++c.ds_gen;
+      profile_.downsample_ms += ThreadCpuMs() - t0;
     }
-    for (size_t i = 0; i < c.ds_x.size(); ++i) {
-      if (c.ds_x[i] >= xa.lo && c.ds_x[i] <= xa.hi && (!log_y || c.ds_y[i] > 0)) {
-        fit.AddY(c.ds_y[i]);
+    if (c.fit_gen != c.ds_gen || c.fit_x_lo != xa.lo || c.fit_x_hi != xa.hi || c.fit_log != log_y) {
+      c.fit_y = PlotBounds{};
+      for (size_t i = 0; i < c.ds_x.size(); ++i) {
+        if (c.ds_x[i] >= xa.lo && c.ds_x[i] <= xa.hi && (!log_y || c.ds_y[i] > 0)) {
+          c.fit_y.AddY(c.ds_y[i]);
+        }
       }
+      c.fit_gen = c.ds_gen;
+      c.fit_x_lo = xa.lo;
+      c.fit_x_hi = xa.hi;
+      c.fit_log = log_y;
+    }
+    if (c.fit_y.y_lo <= c.fit_y.y_hi) {
+      fit.AddY(c.fit_y.y_lo);
+      fit.AddY(c.fit_y.y_hi);
     }
   }
 
@@ -133,7 +150,9 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
     content.Add(s.cache).Add(s.cache->ds_gen);
   }
   LineCanvas& canvas = Canvas(id);
+  const double raster0 = ThreadCpuMs();
   if (canvas.Begin(plot, ident.h, content.h, Clock::now() > canvas_deadline_)) {
+    ++profile_.rasters;
     for (auto& s : shown) {
       if (!s.cache->raw_x.empty()) {
         canvas.Line(plot, s.cache->raw_x, s.cache->raw_y,
@@ -151,6 +170,7 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
     }
   }
   canvas.End(plot);
+  profile_.raster_ms += ThreadCpuMs() - raster0;
   if (canvas.deferred()) frame_settled_ = false;
   if (plot.hovered()) {
     // Readout of every visible run at the cursor, highest value first.

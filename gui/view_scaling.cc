@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -17,6 +19,82 @@
 namespace moelab::gui {
 
 // ---- Scaling laws ---------------------------------------------------------------------------
+
+namespace {
+
+// "name value [lo, hi]" of each parameter of a stored power-law family fit.
+std::string ParamsText(const nlohmann::json& params) {
+  std::string out;
+  for (const auto& p : params) {
+    if (!p.is_object() || !p.contains("name")) continue;
+    const nlohmann::json& v = p.value("value", nlohmann::json());
+    std::string value = "?";
+    if (v.is_object() && v.contains("estimate") && v["estimate"].is_number()) {
+      value = FormatValue(v["estimate"].get<double>());
+      if (v["lo"].is_number() && v["hi"].is_number()) {
+        value += " [" + FormatValue(v["lo"].get<double>()) + ", " +
+                 FormatValue(v["hi"].get<double>()) + "]";
+      }
+    } else if (v.is_number()) {
+      value = FormatValue(v.get<double>());
+    }
+    out += (out.empty() ? "" : "   ") + p["name"].get<std::string>() + " " + value;
+  }
+  return out;
+}
+
+}  // namespace
+
+bool App::StoredFits(uint64_t data_version, double newest_run) {
+  const std::string key = settings_.family_key.rfind("var:", 0) == 0
+                              ? settings_.family_key.substr(4)
+                              : settings_.family_key;
+  Signature sig;
+  sig.Add(scaling_.sweep).Add(data_version).Add(std::hash<std::string>{}(key));
+  if (sig.h != scaling_.stored_key) {
+    scaling_.stored_key = sig.h;
+    scaling_.stored.clear();
+    try {
+      std::optional<int64_t> sweep;
+      if (scaling_.sweep >= 0) sweep = scaling_.sweep;
+      for (auto& f : db::ListFits(store_->path(), sweep)) {
+        if (f.family_key == key) scaling_.stored.push_back(std::move(f));
+      }
+    } catch (const std::exception&) {
+      // An older database without the fits table: nothing stored.
+    }
+  }
+  const bool current = !scaling_.stored.empty() && scaling_.stored.front().created_at >= newest_run;
+  if (!scaling_.stored.empty() &&
+      ImGui::CollapsingHeader("Stored fits (moelab fit)", current && !scaling_.fit_requested
+                                                              ? ImGuiTreeNodeFlags_DefaultOpen
+                                                              : 0)) {
+    for (size_t i = 0; i < scaling_.stored.size() && i < 5; ++i) {
+      const db::FitRecord& f = scaling_.stored[i];
+      const std::time_t t = static_cast<std::time_t>(f.created_at);
+      char when[32] = "?";
+      std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&t));
+      ImGui::Text("#%lld  %s  %s by %s%s", static_cast<long long>(f.id), when, f.form.c_str(),
+                  f.family_key.c_str(), i == 0 && current ? "  (current)" : "");
+      const nlohmann::json r = nlohmann::json::parse(f.result_json, nullptr, false);
+      if (r.is_object() && r.contains("families") && r["families"].is_array()) {
+        for (const auto& fam : r["families"]) {
+          if (!fam.is_object()) continue;
+          const std::string name = fam.value("family", std::string("?"));
+          ImGui::TextDisabled("    %s: %s", name.c_str(),
+                              ParamsText(fam.value("params", nlohmann::json::array())).c_str());
+        }
+      }
+    }
+  }
+  if (current && !scaling_.fit_requested) {
+    ImGui::TextDisabled("The newest stored fit is newer than every finished run in scope.");
+    ImGui::SameLine();
+    if (ImGui::Button("Fit now (bootstrap, in the background)")) scaling_.fit_requested = true;
+    return false;
+  }
+  return true;
+}
 
 void App::ScalingView() {
   if (!scaling_.fit_job) scaling_.fit_job = std::make_unique<FitJob>();
@@ -57,11 +135,14 @@ void App::ScalingView() {
   }
   // Refit when the set of finished runs in scope changes.
   Signature data;
+  double newest_run = 0;
   for (const auto& r : rs.runs) {
     if (scaling_.sweep >= 0 && r->row.sweep_id != scaling_.sweep) continue;
     if (r->row.effective_status != "done" && r->row.effective_status != "diverged") continue;
     data.Add(r->row.id).Add(r->row.updated_at.value_or(0));
+    newest_run = std::max(newest_run, r->row.ended_at.value_or(r->row.updated_at.value_or(0)));
   }
+  if (!StoredFits(data.h, newest_run)) return;
   FitRequest req;
   req.db_path = store_->path();
   if (scaling_.sweep >= 0) req.sweep_id = scaling_.sweep;

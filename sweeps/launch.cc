@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/dist/communicator.h"
+
 namespace moelab::sweeps {
 
 namespace fs = std::filesystem;
@@ -27,45 +29,9 @@ bool HasKey(const ojson& obj, const std::string& key) {
   return obj.is_object() && obj.contains(key);
 }
 
-int EnvInt(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return end && *end == '\0' && n > 0 && n < (1L << 30) ? static_cast<int>(n) : 0;
-}
-
-}  // namespace
-
-int LocalRankCap() { return std::max(16, 8 * Cores()); }
-
-Layout LayoutOf(const RunConfig& config, int ranks) {
-  Layout l;
-  l.ranks = ranks;
-  const nlohmann::json j = ConfigToJson(config);
-  if (j.contains("dist") && j["dist"].is_object()) {
-    const nlohmann::json& d = j["dist"];
-    if (d.contains("expert_parallel") && d["expert_parallel"].is_number_integer()) {
-      l.expert_parallel = d["expert_parallel"].get<int>();
-    }
-    if (d.contains("zero1") && d["zero1"].is_boolean()) l.zero1 = d["zero1"].get<bool>();
-  }
-  return l;
-}
-
-std::string LayoutError(const RunConfig& config, const Layout& l, const LayoutOrigin& origin) {
-  const int ranks = l.ranks;
-  if (ranks < 1) return fmt::format("{}: {} ranks; a run needs at least 1", origin.ranks, ranks);
-  if (ranks > kMaxRanks) {
-    return fmt::format("{}: {} ranks per run is more than the cap of {} (a typo?)", origin.ranks,
-                       ranks, kMaxRanks);
-  }
-  const int ep = l.expert_parallel;
-  if (ep < 1) {
-    return fmt::format("{}: expert-parallel size {}; expected at least 1", origin.expert_parallel,
-                       ep);
-  }
-  if (ep == 1) return "";
+std::string ExpertParallelError(const RunConfig& config, const Layout& l,
+                                const LayoutOrigin& origin) {
+  const int ranks = l.ranks, ep = l.expert_parallel;
   if (!config.moe.enabled()) {
     return fmt::format(
         "{}: expert parallelism ({} ranks) needs an MoE model, but this config is dense "
@@ -83,6 +49,44 @@ std::string LayoutError(const RunConfig& config, const Layout& l, const LayoutOr
         "{}: world size {} is not divisible by the expert-parallel size {} ({}); use a multiple "
         "of {}",
         origin.ranks, ranks, ep, origin.expert_parallel, ep);
+  }
+  return "";
+}
+
+}  // namespace
+
+int LocalRankCap() { return std::max(16, 8 * Cores()); }
+
+Layout LayoutOf(const RunConfig& config, int ranks) {
+  Layout l;
+  l.ranks = ranks;
+  l.expert_parallel = config.dist.expert_parallel;
+  l.zero1 = config.dist.zero1;
+  return l;
+}
+
+std::string LayoutError(const RunConfig& config, const Layout& l, const LayoutOrigin& origin) {
+  const int ranks = l.ranks;
+  if (ranks < 1) return fmt::format("{}: {} ranks; a run needs at least 1", origin.ranks, ranks);
+  if (ranks > kMaxRanks) {
+    return fmt::format("{}: {} ranks per run is more than the cap of {} (a typo?)", origin.ranks,
+                       ranks, kMaxRanks);
+  }
+  const int ep = l.expert_parallel;
+  if (ep < 1) {
+    return fmt::format("{}: expert-parallel size {}; expected at least 1", origin.expert_parallel,
+                       ep);
+  }
+  if (ep > 1) {
+    if (const std::string e = ExpertParallelError(config, l, origin); !e.empty()) return e;
+  }
+  // Every rank takes an equal slice of the global batch (expert-parallel ranks too: they are
+  // data-parallel for everything but the experts).
+  if (config.train.batch_size % ranks != 0) {
+    return fmt::format(
+        "{}: the global batch of {} sequences (train.batch_size) does not split evenly over {} "
+        "ranks",
+        origin.ranks, config.train.batch_size, ranks);
   }
   return "";
 }
@@ -170,14 +174,6 @@ bool BuildHasMpi() {
 #else
   return false;
 #endif
-}
-
-int LauncherWorldSize() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
-                           "SLURM_STEP_NUM_TASKS"}) {
-    if (const int n = EnvInt(name)) return n;
-  }
-  return 1;
 }
 
 std::string LaunchEnvironmentError() {

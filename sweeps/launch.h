@@ -28,8 +28,7 @@ struct Layout {
   int data_parallel() const { return expert_parallel > 0 ? ranks / expert_parallel : ranks; }
 };
 
-// The layout of `config` trained on `ranks` processes (dist.* read from the config's JSON, so a
-// build whose config has no dist section gives expert_parallel 1, zero1 off).
+// The layout of `config` trained on `ranks` processes (dist.expert_parallel, dist.zero1).
 Layout LayoutOf(const RunConfig& config, int ranks);
 
 // Where the layout's numbers came from, for error messages: "runs[3].ranks", "ranks",
@@ -40,8 +39,10 @@ struct LayoutOrigin {
 };
 
 // Empty when `config` can be trained on `ranks` processes; otherwise why not, naming the
-// origins: ranks < 1, ranks > kMaxRanks, world size not divisible by the expert-parallel size,
-// more expert-parallel ranks than experts, expert parallelism of a dense model.
+// origins: ranks < 1, ranks > kMaxRanks, a global batch that does not split over the ranks,
+// world size not divisible by the expert-parallel size, more expert-parallel ranks than
+// experts, expert parallelism of a dense model. (The trainer checks the same before training:
+// MakeDistLayout in core/dist/layout.h.)
 std::string LayoutError(const RunConfig& config, const Layout& layout,
                         const LayoutOrigin& origin = {});
 inline std::string LayoutError(const RunConfig& config, int ranks,
@@ -62,12 +63,9 @@ void OverrideRanks(Sweep* sweep, int ranks);
 // Was this binary built with the MPI communicator (CMake found MPI)?
 bool BuildHasMpi();
 
-// The world size the process launcher gave this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
-// PMIX_SIZE, MPI_LOCALNRANKS or an srun step's SLURM_STEP_NUM_TASKS), 1 when started alone.
-int LauncherWorldSize();
-
 // Empty, or why this process must not train: it was started as one of several ranks by
-// mpirun/srun but the build has no MPI (each rank would train its own copy of the run).
+// mpirun/srun (moelab::LauncherWorldSize) but the build has no MPI. MakeWorldCommunicator in
+// core/dist/communicator.h makes the same check when it picks the communicator.
 std::string LaunchEnvironmentError();
 
 // Checks, before the local scheduler starts anything, that the sweep's multi-rank runs can be

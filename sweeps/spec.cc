@@ -716,9 +716,14 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       }
     } catch (const ConfigError& e) {
       ++error_count;
+      // Layout errors name where the spec set the field (runs[3].expert_parallel, base.dist...).
+      const std::string what =
+          e.path().rfind("dist.", 0) == 0
+              ? fmt::format("{}: {}", KeyOrigin(spec, e.path(), run.runs_index), e.reason())
+              : std::string(e.what());
       if (static_cast<int>(errors.size()) < options.max_errors_listed) {
         errors.push_back(
-            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), e.what()));
+            fmt::format("run #{} ({}): {}", i, FormatVars(run.vars, run.assigned_keys), what));
       }
       continue;
     } catch (const SpecError& e) {

@@ -13,6 +13,7 @@
 
 #include "core/data/data.h"
 #include "core/dist/layout.h"
+#include "core/dist/zero.h"
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
@@ -115,7 +116,37 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     Model<float> model(c);
     model.Init(c.train.seed);
-    std::unique_ptr<Optimizer> optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+    // ZeRO-1 (with distributed Muon): a sharded optimizer; otherwise every rank steps all.
+    const bool zero = c.dist.zero1 && layout.world > 1;
+    const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
+    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<ShardedOptimizer> sharded;
+    if (zero) {
+      sharded = std::make_unique<ShardedOptimizer>(c.optimizer, model.param_infos(),
+                                                   model.num_params(), *comm);
+    } else {
+      optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+    }
+    // The grad norm is summed over the same ranges with and without ZeRO-1 (identical bits).
+    const std::vector<ArenaRange> norm_ranges =
+        layout.world > 1 ? PartitionArena(model.param_infos(), model.num_params(), layout.world,
+                                          muon)
+                         : std::vector<ArenaRange>{};
+    // Optimizer buffers in the unsharded checkpoint layout; with ZeRO-1 gathered into storage.
+    auto checkpoint_state = [&](std::vector<std::vector<float>>& storage, bool gather) {
+      if (!zero) return optimizer->state();
+      if (gather) {
+        storage = sharded->GatherFullState();
+      } else {
+        storage.clear();
+        for (const auto& [name, size] : sharded->full_layout()) storage.emplace_back(size);
+      }
+      std::vector<StateBuffer> out;
+      for (size_t i = 0; i < storage.size(); ++i) {
+        out.push_back({sharded->full_layout()[i].first, &storage[i]});
+      }
+      return out;
+    };
     std::span<float> params(model.params(), model.num_params());
     std::span<float> bias(model.router_bias().data(), model.router_bias().size());
 
@@ -125,16 +156,18 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     // so every rank agrees on the state and a checkpoint written at N ranks resumes at M.
     std::string from, read_error;
     CheckpointHeader h;
+    std::vector<std::vector<float>> resume_storage;
+    const std::vector<StateBuffer> resume_state = checkpoint_state(resume_storage, false);
     if (leader) {
       try {
         if (options.resume) {
           from = ReadNewestValidCheckpoint(
-              ckpt_dir, hash, params, bias, optimizer->state(), &h,
+              ckpt_dir, hash, params, bias, resume_state, &h,
               [](const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); });
         }
         if (from.empty() && !options.init_from.empty()) {
           from = options.init_from;
-          h = ReadCheckpoint(from, branch_hash, params, bias, optimizer->state(), true);
+          h = ReadCheckpoint(from, branch_hash, params, bias, resume_state, true);
         }
         if (!from.empty() && h.step > total) {
           throw std::runtime_error(
@@ -157,30 +190,63 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         h.tokens = hdr[1];
         comm->Broadcast(params.data(), params.size(), 0);
         comm->Broadcast(bias.data(), bias.size(), 0);
-        for (const StateBuffer& sb : optimizer->state()) {
+        for (const StateBuffer& sb : resume_state) {
           comm->Broadcast(sb.data->data(), sb.data->size(), 0);
         }
         if (!leader) from = "(broadcast from rank 0)";
       }
     }
     if (!read_error.empty()) throw std::runtime_error(read_error);
+    if (zero && !from.empty()) sharded->LoadFullState(resume_storage);
+    resume_storage = {};
     if (!from.empty()) {
       step = h.step;
       tokens_seen = h.tokens;
       flops = h.flops;
       result.checkpoint = from;
     }
-    if (leader && layout.world > 1 && options.progress) {
-      fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(), comm->kind());
+    if (layout.world > 1) {
+      // Optimizer-state memory per rank (the ZeRO-1 saving), printed by rank 0.
+      std::vector<int64_t> bytes(layout.world, 0);
+      size_t full = 0;
+      if (zero) {
+        result.optimizer_state_bytes = sharded->local_state_bytes();
+        full = sharded->full_state_bytes();
+      } else {
+        for (const StateBuffer& sb : optimizer->state()) full += sb.data->size() * sizeof(float);
+        result.optimizer_state_bytes = full;
+      }
+      bytes[layout.rank] = static_cast<int64_t>(result.optimizer_state_bytes);
+      comm->AllReduceSum(bytes.data(), bytes.size());
+      if (leader) {
+        fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(),
+                   comm->kind());
+        fmt::print(stderr,
+                   "moelab train: optimizer state per rank: {:.3f} MiB max, {:.3f} MiB min ({}; "
+                   "unsharded {:.3f} MiB)\n",
+                   *std::max_element(bytes.begin(), bytes.end()) / 1048576.0,
+                   *std::min_element(bytes.begin(), bytes.end()) / 1048576.0,
+                   zero ? fmt::format("ZeRO-1 over {} ranks", layout.world) : "replicated",
+                   full / 1048576.0);
+      }
+      comm->ResetStats();
     }
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
-    auto checkpoint = [&](int64_t at) {
-      if (!leader) return;
+    // Collective with ZeRO-1 (the state is gathered); only rank 0 writes.
+    auto write_checkpoint = [&](const std::string& dir, int64_t at, int keep) -> std::string {
+      if (!leader && !zero) return "";
+      std::vector<std::vector<float>> storage;
+      const std::vector<StateBuffer> state = checkpoint_state(storage, true);
+      if (!leader) return "";
       CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
-      result.checkpoint =
-          WriteCheckpoint(ckpt_dir, h, params, bias, optimizer->state(), c.checkpoint.keep);
+      return WriteCheckpoint(dir, h, params, bias, state, keep);
+    };
+    auto checkpoint = [&](int64_t at) {
+      const std::string path = write_checkpoint(ckpt_dir, at, c.checkpoint.keep);
+      if (!leader) return;
+      result.checkpoint = path;
       sink->OnCheckpoint(at, result.checkpoint);
     };
     auto is_branch_step = [&](int64_t at) {
@@ -202,6 +268,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const bool aux_free = c.moe.enabled() && c.moe.balance == "aux_free";
     int64_t steps_timed = 0;
     double time_in_steps = 0;
+    int64_t step_comm_bytes = 0;  // collectives inside the timed steps (not eval, checkpoints)
+    double step_comm_seconds = 0;
 
     while (step < end) {
       bool stop = options.stop_flag && options.stop_flag->load();
@@ -213,12 +281,17 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if (stop) break;
       const auto t0 = Clock::now();
+      const CommStats comm_before = comm->stats();
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
       model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
       float* grads = model.grads();
       if (layout.world > 1) {
-        AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
+        if (zero) {
+          sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
+        } else {
+          AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
+        }
         // S_max with MAX so every rank computes the same QK-Clip γ and clips identically.
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
         comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());
@@ -230,7 +303,16 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         stats.z_loss = l[2] / layout.dp;
       }
       ++step;
-      const double grad_norm = GradNorm(grads, n);
+      double grad_norm = 0;
+      if (zero) {
+        grad_norm = sharded->GradNorm(grads);
+      } else if (layout.world > 1) {
+        double sq = 0;
+        for (const ArenaRange& r : norm_ranges) sq += RangeSquares(grads, r);
+        grad_norm = std::sqrt(sq);
+      } else {
+        grad_norm = GradNorm(grads, n);
+      }
       if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
         result.status = RunStatus::kDiverged;
         result.steps_done = step;
@@ -246,10 +328,19 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         return result;
       }
       if (c.optimizer.grad_clip > 0 && grad_norm > c.optimizer.grad_clip) {
-        Scale(grads, n, static_cast<float>(c.optimizer.grad_clip / grad_norm));
+        const float s = static_cast<float>(c.optimizer.grad_clip / grad_norm);
+        if (zero) {
+          Scale(grads + sharded->mine().begin, sharded->mine().size(), s);
+        } else {
+          Scale(grads, n, s);
+        }
       }
       const double lr = ScheduledLr(c.schedule, c.optimizer.lr, step, total);
-      optimizer->Step(model.params(), grads, lr, step);
+      if (zero) {
+        sharded->Step(model.params(), grads, lr, step, c.dist.bucket_mb);
+      } else {
+        optimizer->Step(model.params(), grads, lr, step);
+      }
       if (c.optimizer.qk_clip_tau > 0) {
         // After the update, from this step's forward statistics (the step itself is unchanged).
         std::vector<ClipEvent> events =
@@ -262,6 +353,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       flops += flops_per_token * B * S;
       const auto t1 = Clock::now();
       const double dt = Seconds(t0, t1);
+      step_comm_bytes += comm->stats().bytes - comm_before.bytes;
+      step_comm_seconds += comm->stats().seconds - comm_before.seconds;
       ++steps_timed;
       time_in_steps += dt;
       StepRecord r;
@@ -284,10 +377,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if ((c.checkpoint.every > 0 && step % c.checkpoint.every == 0) || step == total) {
         checkpoint(step);
       }
-      if (leader && is_branch_step(step)) {
-        CheckpointHeader h{hash, branch_hash, step, tokens_seen, flops};
-        WriteCheckpoint(BranchCheckpointDir(ckpt_dir), h, params, bias, optimizer->state(),
-                        std::numeric_limits<int>::max());
+      if (is_branch_step(step)) {
+        write_checkpoint(BranchCheckpointDir(ckpt_dir), step, std::numeric_limits<int>::max());
       }
       if (Seconds(last_heartbeat, Clock::now()) >= 1.0) {
         sink->OnHeartbeat();
@@ -301,11 +392,25 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                    ProgressBar::FormatCount(result.tokens_per_s)));
     }
     result.steps_done = step;
+    if (layout.world > 1 && steps_timed > 0) {
+      result.comm_bytes_per_step = static_cast<double>(step_comm_bytes) / steps_timed;
+      result.comm_time_share = time_in_steps > 0 ? step_comm_seconds / time_in_steps : 0;
+      if (leader) {
+        fmt::print(stderr,
+                   "moelab train: communication: {:.3f} MiB sent per step by rank 0, {:.1f}% of "
+                   "step time in collectives\n",
+                   result.comm_bytes_per_step / 1048576.0, 100 * result.comm_time_share);
+      }
+    }
     if (step < total) {
       // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
-      if (result.checkpoint.empty() || step != result.start_step) {
-        if (leader && CheckpointAtStep(ckpt_dir, step).empty()) checkpoint(step);
-      }
+      // Rank 0 decides (it alone sees the folder); with ZeRO-1 every rank joins the gather.
+      float need = leader && (result.checkpoint.empty() || step != result.start_step) &&
+                           CheckpointAtStep(ckpt_dir, step).empty()
+                       ? 1.0f
+                       : 0.0f;
+      if (layout.world > 1) comm->Broadcast(&need, 1, 0);
+      if (need > 0) checkpoint(step);
       result.status = RunStatus::kStopped;
       bar.Finish(fmt::format("stopped at step {}", step));
     } else {

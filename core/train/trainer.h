@@ -44,6 +44,11 @@ struct TrainResult {
   std::string error;            // for failed and diverged runs
   std::string checkpoint;       // last checkpoint written
   double tokens_per_s = 0;
+  // Distributed runs (issue 9): what this rank's communicator sent per step and the share of
+  // step time spent inside collectives; optimizer-state bytes held by this rank.
+  double comm_bytes_per_step = 0;
+  double comm_time_share = 0;
+  size_t optimizer_state_bytes = 0;
 };
 
 // Exit codes of `moelab train`, distinct so a sweep scheduler can tell outcomes apart.

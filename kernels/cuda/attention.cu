@@ -1,6 +1,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
@@ -36,8 +38,8 @@ __global__ void FillNegInf(float* x, int n) {
 // One block per (pair, query row i). Raw logits (already scaled) in P's row: the row max over
 // j ≤ i is the pair's S_max candidate (atomic max, exact); then soft-cap, masked softmax. Every
 // column j > i of P (and of C) is written 0, which the backward relies on.
-__global__ void SoftmaxRowsKernel(float* probs, float* capped, float* pair_max, int seq,
-                                  float cap) {
+__global__ void SoftmaxRowsKernel(float* probs, float* capped, float* pair_max, int seq, float cap,
+                                  bf16* probs16) {
   __shared__ float shared[32];
   const long row = blockIdx.x;  // pair·S + i
   const int i = static_cast<int>(row % seq);
@@ -69,12 +71,16 @@ __global__ void SoftmaxRowsKernel(float* probs, float* capped, float* pair_max, 
   }
   sum = detail::BlockSum(sum, shared);
   const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < seq; j += blockDim.x) p[j] = j <= i ? p[j] * inv : 0.0f;
+  for (int j = threadIdx.x; j < seq; j += blockDim.x) {
+    const float value = j <= i ? p[j] * inv : 0.0f;
+    p[j] = value;
+    if (probs16) probs16[row * seq + j] = __float2bfloat16(value);
+  }
 }
 
 // dS = P ⊙ (dP − Σ_j P·dP) (⊙ (1 − C²) with a soft-cap), in place in ds.
 __global__ void SoftmaxBackwardRowsKernel(const float* probs, const float* capped, float* ds,
-                                          int seq) {
+                                          int seq, bf16* ds16) {
   __shared__ float shared[32];
   const long row = blockIdx.x;
   const float* p = probs + row * seq;
@@ -87,6 +93,7 @@ __global__ void SoftmaxBackwardRowsKernel(const float* probs, const float* cappe
     float v = p[j] * (d[j] - dot);
     if (c) v *= 1.0f - c[j] * c[j];
     d[j] = v;
+    if (ds16) ds16[row * seq + j] = __float2bfloat16(v);
   }
 }
 
@@ -96,6 +103,22 @@ __global__ void MaxOverBatchKernel(const float* pair_max, int batch, int heads, 
   float m = -INFINITY;
   for (int b = 0; b < batch; ++b) m = fmaxf(m, pair_max[static_cast<long>(b) * heads + h]);
   out[h] = m;
+}
+
+// Shapes the strided-batched layout relies on; checked on the host before any CUDA call.
+void Validate(const AttentionDims& a, const char* who) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(who) + ": " + why);
+  };
+  if (a.batch < 0 || a.seq < 0 || a.heads <= 0 || a.kv_heads <= 0 || a.qk_dim <= 0 ||
+      a.v_dim <= 0) {
+    fail("non-positive dimension");
+  }
+  if (a.heads % a.kv_heads != 0) fail("heads must be a multiple of kv_heads");
+  if (a.ldq < a.heads * a.qk_dim) fail("ldq smaller than heads*qk_dim");
+  if (a.ldk < a.kv_heads * a.qk_dim) fail("ldk smaller than kv_heads*qk_dim");
+  if (a.ldv < a.kv_heads * a.v_dim) fail("ldv smaller than kv_heads*v_dim");
+  if (a.ldo < a.heads * a.v_dim) fail("ldo smaller than heads*v_dim");
 }
 
 int RowThreads(int seq) { return seq >= 512 ? 256 : (seq >= 128 ? 128 : 32); }
@@ -109,6 +132,7 @@ size_t AttentionScratchSize(const AttentionDims& a) {
 template <typename T>
 void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
                       T* capped, T* out, T* pair_max, cudaStream_t stream) {
+  Validate(a, "cuda::AttentionForward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -122,7 +146,7 @@ void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v
     }
   }
   SoftmaxRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
-      probs, capped, pair_max, S, static_cast<float>(a.softcap));
+      probs, capped, pair_max, S, static_cast<float>(a.softcap), nullptr);
   CheckLaunch("AttentionForward softmax");
   for (int b = 0; b < a.batch; ++b) {
     for (int j = 0; j < group; ++j) {
@@ -137,6 +161,7 @@ template <typename T>
 void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
                        const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
                        cudaStream_t stream) {
+  Validate(a, "cuda::AttentionBackward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -152,7 +177,7 @@ void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* 
     }
   }
   SoftmaxBackwardRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
-      probs, a.softcap > 0 ? capped : nullptr, ds, S);
+      probs, a.softcap > 0 ? capped : nullptr, ds, S, nullptr);
   CheckLaunch("AttentionBackward softmax");
   for (int b = 0; b < a.batch; ++b) {
     for (int j = 0; j < group; ++j) {
@@ -179,6 +204,72 @@ void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,
   if (heads <= 0) return;
   MaxOverBatchKernel<<<(heads + 127) / 128, 128, 0, stream>>>(pair_max, batch, heads, head_max);
   CheckLaunch("AttentionMaxOverBatch");
+}
+
+void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                          float* probs, bf16* probs16, float* capped, bf16* out, float* pair_max,
+                          cudaStream_t stream) {
+  Validate(a, "cuda::AttentionForwardBf16");
+  const PairLayout L{a};
+  const int S = a.seq, G = a.kv_heads, group = L.group();
+  const int pairs = a.batch * a.heads;
+  if (pairs <= 0 || S <= 0) return;
+  FillNegInf<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs);
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, true, S, S, a.qk_dim, static_cast<float>(a.scale), q + L.q(b, j),
+                         a.ldq, L.q_stride(), k + L.k(b), a.ldk, a.qk_dim, 0.0f, probs + L.p(b, j),
+                         S, L.p_stride(), G, stream);
+    }
+  }
+  SoftmaxRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
+      probs, capped, pair_max, S, static_cast<float>(a.softcap), probs16);
+  CheckLaunch("AttentionForwardBf16 softmax");
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, false, S, a.v_dim, S, 1.0f, probs16 + L.p(b, j), S, L.p_stride(),
+                         v + L.v(b), a.ldv, a.v_dim, 0.0f, out + L.o(b, j), a.ldo, L.o_stride(), G,
+                         stream);
+    }
+  }
+}
+
+void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                           const float* probs, const bf16* probs16, const float* capped,
+                           const bf16* dout, float* dq, float* dk, float* dv, float* scratch,
+                           bf16* scratch16, cudaStream_t stream) {
+  Validate(a, "cuda::AttentionBackwardBf16");
+  const PairLayout L{a};
+  const int S = a.seq, G = a.kv_heads, group = L.group();
+  const int pairs = a.batch * a.heads;
+  if (pairs <= 0 || S <= 0) return;
+  const float scale = static_cast<float>(a.scale);
+  float* ds = scratch;
+  bf16* ds16 = scratch16;
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, true, S, S, a.v_dim, 1.0f, dout + L.o(b, j), a.ldo, L.o_stride(),
+                         v + L.v(b), a.ldv, a.v_dim, 0.0f, ds + L.p(b, j), S, L.p_stride(), G,
+                         stream);
+    }
+  }
+  SoftmaxBackwardRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
+      probs, a.softcap > 0 ? capped : nullptr, ds, S, ds16);
+  CheckLaunch("AttentionBackwardBf16 softmax");
+  for (int b = 0; b < a.batch; ++b) {
+    for (int j = 0; j < group; ++j) {
+      GemmStridedBatched(false, false, S, a.qk_dim, S, scale, ds16 + L.p(b, j), S, L.p_stride(),
+                         k + L.k(b), a.ldk, a.qk_dim, 0.0f, dq + L.q(b, j), a.ldq, L.q_stride(), G,
+                         stream);
+      const float beta = j == 0 ? 0.0f : 1.0f;
+      GemmStridedBatched(true, false, S, a.v_dim, S, 1.0f, probs16 + L.p(b, j), S, L.p_stride(),
+                         dout + L.o(b, j), a.ldo, L.o_stride(), beta, dv + L.v(b), a.ldv, a.v_dim,
+                         G, stream);
+      GemmStridedBatched(true, false, S, a.qk_dim, S, scale, ds16 + L.p(b, j), S, L.p_stride(),
+                         q + L.q(b, j), a.ldq, L.q_stride(), beta, dk + L.k(b), a.ldk, a.qk_dim, G,
+                         stream);
+    }
+  }
 }
 
 template void AttentionForward<float>(const AttentionDims&, const float*, const float*,

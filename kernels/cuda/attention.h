@@ -62,6 +62,20 @@ void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* 
                        const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
                        cudaStream_t stream = nullptr);
 
+// bf16 mode: the four products per pair as bf16 GEMMs with fp32 accumulation; softmax, soft-cap
+// and S_max stay fp32. q, k, v, out are bf16 in the layout above; probs (fp32) and probs16 (its
+// bf16 copy, the P·V operand) [B·H·S·S] are both kept for the backward; capped as above.
+void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                          float* probs, bf16* probs16, float* capped, bf16* out, float* pair_max,
+                          cudaStream_t stream = nullptr);
+
+// dout bf16 -> dq, dk, dv in fp32 (head columns overwritten; GQA heads accumulate in fp32).
+// scratch: AttentionScratchSize(a) floats; scratch16: AttentionScratchSize(a) bf16.
+void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                           const float* probs, const bf16* probs16, const float* capped,
+                           const bf16* dout, float* dq, float* dk, float* dv, float* scratch,
+                           bf16* scratch16, cudaStream_t stream = nullptr);
+
 // head_max[h] = max over b of pair_max[b·heads + h] (the layer's S_max row), on the device.
 template <typename T>
 void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,

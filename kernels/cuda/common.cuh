@@ -66,9 +66,11 @@ __device__ T BlockMax(T v, T* shared, T lowest) {
   return WarpMax(v);
 }
 
-// Float atomic max through the integer order of IEEE floats (NaN-free inputs).
+// Float atomic max through the integer order of IEEE floats (NaN-free inputs): non-negative
+// floats order like signed ints, negative ones (sign bit set, -0.0 included) reversed like
+// unsigned ints.
 __device__ __forceinline__ void AtomicMaxFloat(float* addr, float v) {
-  if (v >= 0) {
+  if (!signbit(v)) {
     atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
   } else {
     atomicMin(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));

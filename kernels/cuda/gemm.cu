@@ -128,13 +128,13 @@ void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
     if (g.m > 0 && g.n > 0 && g.k > 0) live.push_back(&g);
   }
   if (live.empty()) return;
+  bool done = false;
 #if defined(CUBLAS_VER_MAJOR) && \
     (CUBLAS_VER_MAJOR > 12 || (CUBLAS_VER_MAJOR == 12 && CUBLAS_VER_MINOR >= 5))
-  constexpr bool kGrouped = std::is_same_v<TA, TC>;
-#else
-  constexpr bool kGrouped = false;
-#endif
-  if constexpr (kGrouped) {
+  // A toolkit/GPU combination that refuses the grouped call (CUBLAS_STATUS_NOT_SUPPORTED) is
+  // remembered and served by the per-group loop from then on.
+  static thread_local bool grouped_refused = false;
+  if (std::is_same_v<TA, TC> && !grouped_refused) {
     const int count = static_cast<int>(live.size());
     // Column-major view: each group is Cᵀ[n,m] = op(B)ᵀ·op(A)ᵀ (operands swapped).
     std::vector<cublasOperation_t> op_first(count, Op(trans_b)), op_second(count, Op(trans_a));
@@ -157,13 +157,21 @@ void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
     const void* const* d_first = d_ptrs;
     const void* const* d_second = d_ptrs + count;
     void* const* d_c = d_ptrs + 2 * count;
-    MOELAB_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+    const cublasStatus_t status = cublasGemmGroupedBatchedEx(
         Cublas(stream), op_first.data(), op_second.data(), m.data(), n.data(), k.data(),
         alphas.data(), d_first, DataType<TA>(), lda.data(), d_second, DataType<TA>(), ldb.data(),
-        betas.data(), d_c, DataType<TC>(), ldc.data(), count, size.data(), CUBLAS_COMPUTE_32F));
+        betas.data(), d_c, DataType<TC>(), ldc.data(), count, size.data(), CUBLAS_COMPUTE_32F);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+      grouped_refused = true;
+    } else {
+      CheckCublas(status, "cublasGemmGroupedBatchedEx");
+      done = true;
+    }
     // The host arrays above are consumed by the call; the pointer copy was staged before
     // cudaMemcpyAsync returned (pageable source), so nothing outlives this scope.
-  } else {
+  }
+#endif
+  if (!done) {
     for (const auto* g : live) {
       GemmEx(trans_a, trans_b, g->m, g->n, g->k, alpha, g->a, g->lda, g->b, g->ldb, beta, g->c,
              g->ldc, stream);

@@ -1,3 +1,4 @@
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -6,13 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <thread>
-
-#include <gtest/gtest.h>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "db/reader.h"
 #include "db/schema.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -20,57 +21,33 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string Bin() {
-  const char* dir = std::getenv("MOELAB_BIN_DIR");
-  return std::string(dir ? dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
-}
+using test::Slurp;
+using test::Wait;
 
 // Starts `moelab args...` with stdout/stderr to log; returns the pid.
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    dup2(fileno(stderr), fileno(stdout));
-    std::vector<char*> argv;
-    std::string bin = Bin();
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::vector<std::string> argv = {"moelab"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return test::Spawn(argv, log);
 }
 
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    tmp_ = std::make_unique<test::TempDir>("cli");
+    dir_ = tmp_->path();
     db_ = (dir_ / "runs.db").string();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }  // kept when the test failed
 
   std::string WriteConfig(int steps, json extra = json::object()) {
     json c = {{"model",
-               {{"vocab_size", 64}, {"d_model", 32}, {"layers", 2}, {"heads", 2},
-                {"ffn_hidden", 64}, {"seq_len", 32}}},
+               {{"vocab_size", 64},
+                {"d_model", 32},
+                {"layers", 2},
+                {"heads", 2},
+                {"ffn_hidden", 64},
+                {"seq_len", 32}}},
               {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", 32}}},
               {"data", {{"source", "markov"}}},
               {"train", {{"batch_size", 4}, {"steps", steps}, {"threads", 1}}},
@@ -84,6 +61,7 @@ class CliTest : public ::testing::Test {
   }
   std::string Log() const { return (dir_ / "log.txt").string(); }
 
+  std::unique_ptr<test::TempDir> tmp_;
   fs::path dir_;
   std::string db_;
 };
@@ -95,9 +73,9 @@ TEST_F(CliTest, ConfigErrorExitsTwoBeforeAnythingRuns) {
   EXPECT_NE(log.find("model.head"), std::string::npos) << log;
   EXPECT_NE(log.find("did you mean 'model.heads'"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(db_));
-  EXPECT_EQ(Wait(Spawn({"train", WriteConfig(10), "--db", db_, "--set", "moe.experts_active=9"},
-                       Log())),
-            2);
+  EXPECT_EQ(
+      Wait(Spawn({"train", WriteConfig(10), "--db", db_, "--set", "moe.experts_active=9"}, Log())),
+      2);
   EXPECT_NE(Slurp(Log()).find("moe.experts_active"), std::string::npos);
 }
 
@@ -123,9 +101,9 @@ TEST_F(CliTest, TrainsAndRecords) {
 }
 
 TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
-  const std::string cfg = WriteConfig(
-      300, {{"optimizer", {{"lr", 1e6}, {"grad_clip", 0}}},
-            {"schedule", {{"type", "constant"}, {"warmup_steps", 0}}}});
+  const std::string cfg =
+      WriteConfig(300, {{"optimizer", {{"lr", 1e6}, {"grad_clip", 0}}},
+                        {"schedule", {{"type", "constant"}, {"warmup_steps", 0}}}});
   EXPECT_EQ(Wait(Spawn({"train", cfg, "--db", db_}, Log())), 3) << Slurp(Log());
   EXPECT_NE(Slurp(Log()).find("DIVERGED"), std::string::npos);
   const auto runs = db::Reader(db_).ListRuns();
@@ -152,13 +130,12 @@ TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
       ++polls;
     } catch (const std::exception& e) {
       // The schema may not exist for the first few milliseconds; anything else is a failure.
-      ASSERT_NE(std::string(e.what()).find("not a moelab database"), std::string::npos)
-          << e.what();
+      ASSERT_NE(std::string(e.what()).find("not a moelab database"), std::string::npos) << e.what();
     }
   }
   ASSERT_GE(seen, 25) << Slurp(Log());
   kill(pid, SIGKILL);
-  EXPECT_EQ(Wait(pid), -SIGKILL);
+  EXPECT_EQ(Wait(pid), 128 + SIGKILL);
   EXPECT_GE(polls, 1);  // the reader really read while the trainer wrote
   EXPECT_EQ(db::IntegrityCheck(db_), "ok");
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));

@@ -1,19 +1,19 @@
 // `moelab fit` end to end: a database with a synthetic sparsity sweep whose true FLOPs
 // multiplier is known, fitted through the CLI, stored in the fits table.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <random>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "db/fits.h"
 #include "db/schema.h"
 #include "db/writer.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -32,9 +32,8 @@ std::string RunCapture(const std::string& cmd, int* exit_code) {
 }
 
 TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
-  const fs::path dir = fs::temp_directory_path() / ("moelab_fit_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  test::TempDir tmp("fit");
+  const fs::path dir = tmp.path();
   const std::string path = (dir / "fit.db").string();
   int64_t sweep_id = 0;
   {
@@ -65,8 +64,7 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
       w->OnEnd(RunStatus::kDone, "");
     }
   }
-  const char* bin_dir = std::getenv("MOELAB_BIN_DIR");
-  const std::string bin = std::string(bin_dir ? bin_dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
+  const std::string bin = test::BinPath("moelab");
   int code = 0;
   const std::string out = RunCapture(bin + " fit --db " + path +
                                          " --sweep law --by sparsity --resamples 200 "
@@ -97,7 +95,6 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
       RunCapture(bin + " fit --db " + path + " --sweep law --by nothing 2>&1", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(bad.find("--by"), std::string::npos) << bad;
-  fs::remove_all(dir);
 }
 
 }  // namespace

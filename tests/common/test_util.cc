@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -50,11 +51,11 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
 pid_t SpawnFunction(const std::function<int()>& body) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    int code = 1;
+    int code = 99;
     try {
       code = body();
-    } catch (...) {
-      code = 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child %d: %s\n", ::getpid(), e.what());
     }
     _exit(code);
   }

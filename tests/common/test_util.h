@@ -22,7 +22,8 @@ std::string BinPath(const std::string& name);
 // Starts BinDir()/argv[0] (argv[0] as given when it contains a '/'), stdout and stderr written
 // to `log` (truncated; "" keeps the test's own). Returns the pid.
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log = "");
-// Runs `body` in a forked child that exits with its return value.
+// Runs `body` in a forked child that exits with its return value (99, with the message on
+// stderr, when it throws).
 pid_t SpawnFunction(const std::function<int()>& body);
 // Waits for pid: its exit code, or 128 + the signal that killed it (the shell's convention).
 int Wait(pid_t pid);

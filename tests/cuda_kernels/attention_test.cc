@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,64 @@ void RunCase(const Case& c) {
     ExpectNear(gdk.Download(), dk, kAtol, kRtol, "dk");
     ExpectNear(gdv.Download(), dv, kAtol, kRtol, "dv");
   }
+
+  // bf16 mode: bf16 q, k, v, dout against the fp32 CPU results. Inputs rounded to 8 mantissa
+  // bits move logits of magnitude ~5 by ~1e-2, probabilities and outputs by a few 1e-2.
+  constexpr double kBf16Atol = 6e-2, kBf16Rtol = 6e-2;
+  // Gradients go through the softmax backward once more: twice the slack (a wrong layout or
+  // head mapping still gives O(1) errors).
+  constexpr double kBf16GradTol = 1.2e-1;
+  auto to_bf16 = [](const float* src, size_t count) {
+    std::vector<bf16> out(count);
+    for (size_t i = 0; i < count; ++i) out[i] = __float2bfloat16(src[i]);
+    return out;
+  };
+  DeviceBuffer<bf16> bqkv, bq, bk, bv;
+  const bf16 *bpq, *bpk, *bpv;
+  if (c.fused) {
+    bqkv.Upload(to_bf16(qkv.data(), qkv.size()));
+    bpq = bqkv.data(), bpk = bqkv.data() + qw, bpv = bqkv.data() + qw + kw;
+  } else {
+    bq.Upload(to_bf16(q.data(), q.size()));
+    bk.Upload(to_bf16(k.data(), k.size()));
+    bv.Upload(to_bf16(v.data(), v.size()));
+    bpq = bq.data(), bpk = bk.data(), bpv = bv.data();
+  }
+  DeviceBuffer<bf16> bprobs(pairs * ss), bout(out.size()), bscratch(AttentionScratchSize(a));
+  auto bdout = ToDevice(to_bf16(dout.data(), dout.size()));
+  AttentionForwardBf16(a, bpq, bpk, bpv, gprobs.data(), bprobs.data(), gcapped.data(), bout.data(),
+                       gpmax.data());
+  DeviceBuffer<float> fout(out.size());
+  CastToFloat(bout.data(), fout.data(), out.size());
+  ExpectNear(fout.Download(), out, kBf16Atol, kBf16Rtol, "bf16 out");
+  ExpectNear(gpmax.Download(), pmax, 0, 1e-2, "bf16 S_max");
+  if (c.fused) {
+    gdqkv.Zero();
+  }
+  AttentionBackwardBf16(a, bpq, bpk, bpv, gprobs.data(), bprobs.data(), gcapped.data(),
+                        bdout.data(), ddq, ddk, ddv, gscratch.data(), bscratch.data());
+  if (c.fused) {
+    ExpectNear(gdqkv.Download(), dqkv, kBf16GradTol, kBf16GradTol, "bf16 dqkv");
+  } else {
+    ExpectNear(gdq.Download(), dq, kBf16GradTol, kBf16GradTol, "bf16 dq");
+    ExpectNear(gdk.Download(), dk, kBf16GradTol, kBf16GradTol, "bf16 dk");
+    ExpectNear(gdv.Download(), dv, kBf16GradTol, kBf16GradTol, "bf16 dv");
+  }
+}
+
+TEST(CudaAttention, BadShapesAreRejectedBeforeAnyDeviceWork) {
+  // Runs without a GPU: the checks come before the first CUDA call.
+  AttentionDims a;
+  a.batch = 1, a.seq = 8, a.heads = 6, a.kv_heads = 4, a.qk_dim = 8, a.v_dim = 8;
+  a.ldq = a.ldo = 48;
+  a.ldk = a.ldv = 32;
+  float* none = nullptr;
+  EXPECT_THROW(AttentionForward(a, none, none, none, none, none, none, none),
+               std::invalid_argument);  // 6 heads over 4 kv heads
+  a.kv_heads = 3, a.ldk = a.ldv = 24;
+  a.ldq = 40;  // narrower than heads·qk_dim
+  EXPECT_THROW(AttentionBackward(a, none, none, none, none, none, none, none, none, none, none),
+               std::invalid_argument);
 }
 
 TEST(CudaAttention, MhaCausal) {

@@ -106,6 +106,26 @@ TEST(CudaGemm, GroupedMatchesPerGroupCpu) {
   }
   GemmGrouped(false, true, 1.0f, 0.0f, groups);
   ExpectNear(dc.Download(), c, kGemmAtol, kGemmRtol, "grouped");
+
+  // bf16 inputs: bf16 output (the grouped call) and fp32 output (the per-group loop).
+  auto ba = ToDevice(ToBf16(a)), bb = ToDevice(ToBf16(b));
+  DeviceBuffer<bf16> bc(c.size());
+  DeviceBuffer<float> fc(c.size()), bc_float(c.size());
+  std::vector<GemmGroup<bf16, bf16>> g16;
+  std::vector<GemmGroup<bf16, float>> g32;
+  r0 = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    g16.push_back(
+        {rows[g], n, k, ba.data() + r0 * k, k, bb.data() + g * n * k, k, bc.data() + r0 * n, n});
+    g32.push_back(
+        {rows[g], n, k, ba.data() + r0 * k, k, bb.data() + g * n * k, k, fc.data() + r0 * n, n});
+    r0 += rows[g];
+  }
+  GemmGrouped(false, true, 1.0f, 0.0f, g16);
+  GemmGrouped(false, true, 1.0f, 0.0f, g32);
+  CastToFloat(bc.data(), bc_float.data(), c.size());
+  ExpectNear(bc_float.Download(), c, kBf16Atol, kBf16Rtol, "grouped bf16 -> bf16");
+  ExpectNear(fc.Download(), c, kBf16Atol, kBf16Rtol, "grouped bf16 -> fp32");
 }
 
 TEST(CudaGemm, Bf16RateProbeRunsOnASmallProduct) {

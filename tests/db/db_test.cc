@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
+#include "tests/common/test_util.h"
 
 namespace moelab::db {
 namespace {
@@ -61,25 +63,8 @@ StepStats Stats(int64_t step) {
 }
 
 // Runs f in a forked child; its return value (or 99 on an exception) is the exit code.
-pid_t Spawn(const std::function<int()>& f) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = f();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-    }
-    _exit(code);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+pid_t Spawn(const std::function<int()>& f) { return test::SpawnFunction(f); }
+using test::Wait;
 
 int64_t CountRows(const std::string& path, const std::string& table, int64_t run_id) {
   Connection db = OpenForRead(path);
@@ -89,12 +74,12 @@ int64_t CountRows(const std::string& path, const std::string& table, int64_t run
 class DbTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/moelab_db_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<test::TempDir>("db");
+    dir_ = tmp_->path().string();
     path_ = dir_ + "/runs.db";
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }  // kept when the test failed
+  std::unique_ptr<test::TempDir> tmp_;
   std::string dir_, path_;
 };
 

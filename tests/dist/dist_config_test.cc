@@ -1,9 +1,11 @@
 // The dist config section and the layout check (no MPI needed).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 
 namespace moelab {
@@ -79,6 +81,27 @@ TEST(DistLayout, SplitsTheGlobalBatch) {
     EXPECT_EQ(e.path(), "dist.expert_parallel");
     EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos);
   }
+}
+
+// The world size comes from the launcher's environment; one process needs no MPI.
+TEST(DistLauncher, WorldSizeFromTheEnvironment) {
+  const char* saved_ompi = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* saved_pmi = std::getenv("PMI_SIZE");
+  const std::string ompi = saved_ompi ? saved_ompi : "", pmi = saved_pmi ? saved_pmi : "";
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  unsetenv("PMI_SIZE");
+  EXPECT_EQ(LauncherWorldSize(), 1);
+  EXPECT_EQ(MakeWorldCommunicator()->kind(), "single");
+  setenv("PMI_SIZE", "3", 1);
+  EXPECT_EQ(LauncherWorldSize(), 3);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(LauncherWorldSize(), 4);
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(LauncherWorldSize(), 1);
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  unsetenv("PMI_SIZE");
+  if (saved_ompi) setenv("OMPI_COMM_WORLD_SIZE", ompi.c_str(), 1);
+  if (saved_pmi) setenv("PMI_SIZE", pmi.c_str(), 1);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ inline bool HaveMpirun() { return std::system("command -v mpirun >/dev/null 2>&1
 // runs the command without mpirun.
 inline std::string Mpirun(int np) {
   if (np == 0) return "";
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "OMPI_MCA_rmaps_base_oversubscribe=1 "
          "mpirun --oversubscribe --bind-to none -np " +
          std::to_string(np) + " ";

@@ -138,6 +138,18 @@ class DistTrainTest : public ::testing::Test {
       EXPECT_LT(loss, kLossTolerance) << "np=" << np;
       EXPECT_LT(val, kLossTolerance) << "np=" << np;
     }
+    // ZeRO-1 with distributed Muon (each matrix's Newton–Schulz on its owner rank) against the
+    // replicated optimizer: the same sums in the same order, so bitwise the same losses.
+    for (int np : {2, 4}) {
+      const std::string tag = "zero" + std::to_string(np);
+      ASSERT_EQ(Train(np, cfg, tag, "--set dist.zero1=true"), 0) << Slurp(Log(tag));
+      const std::string log = Slurp(Log(tag));
+      EXPECT_NE(log.find("ZeRO-1 over " + std::to_string(np) + " ranks"), std::string::npos) << log;
+      const double d = MaxDiff(Series("np" + std::to_string(np), "loss"), Series(tag, "loss"));
+      std::printf("%s np=%d ZeRO-1 on vs off: max |loss diff| %.3g\n", moe ? "MoE" : "dense", np,
+                  d);
+      EXPECT_EQ(d, 0.0) << "np=" << np;
+    }
     // QK-Clip acted (S_max reaches ~0.17 in 30 steps), on the MAX-reduced S_max.
     db::Reader reader(Db("np2"));
     EXPECT_FALSE(reader.ClipEvents(OnlyRun("np2").id).empty());
@@ -171,12 +183,25 @@ TEST_F(DistTrainTest, ResumeAtOtherRankCounts) {
   }
 }
 
+// ZeRO-1 checkpoints are in the unsharded format: written with ZeRO-1 at 2 ranks, resumed by one
+// process without it, on the same trajectory.
+TEST_F(DistTrainTest, Zero1CheckpointResumesWithoutZero1) {
+  const std::string cfg = Config("moe", true);
+  ASSERT_EQ(Train(2, cfg, "ref", "--set dist.zero1=true"), 0) << Slurp(Log("ref"));
+  ASSERT_EQ(Train(2, cfg, "z", "--set dist.zero1=true --stop-at-step 20"), 4) << Slurp(Log("z"));
+  ASSERT_EQ(Train(1, cfg, "z", "--resume"), 0) << Slurp(Log("z"));
+  const double d = MaxDiff(Series("ref", "loss"), Series("z", "loss"));
+  std::printf("ZeRO-1 np=2 -> np=1 without ZeRO-1: max |loss diff| %.3g\n", d);
+  EXPECT_LT(d, kLossTolerance);
+}
+
 // The newest checkpoint is corrupt: resume falls back to the one before with a warning and
 // records nothing twice.
 TEST_F(DistTrainTest, CorruptNewestCheckpointFallsBackToNewestValid) {
   const std::string cfg = Config("run", false, {{"checkpoint", {{"every", 5}}}});
-  ASSERT_EQ(Train(2, cfg, "ref"), 0) << Slurp(Log("ref"));
   ASSERT_EQ(Train(2, cfg, "c", "--stop-at-step 20"), 4) << Slurp(Log("c"));
+  const db::Series before = Series("c", "loss");  // steps 1..20
+  ASSERT_EQ(before.steps.size(), 20u);
   const fs::path newest = fs::path(Ckpt("c")) / "step_000000020.ckpt";
   ASSERT_TRUE(fs::exists(newest));
   {
@@ -188,10 +213,93 @@ TEST_F(DistTrainTest, CorruptNewestCheckpointFallsBackToNewestValid) {
   const std::string log = Slurp(Log("c"));
   EXPECT_NE(log.find("warning: skipping checkpoint"), std::string::npos) << log;
   EXPECT_NE(log.find("checksum mismatch"), std::string::npos) << log;
+  // Restarted from step 15: steps 16..20 trained again (the same numbers: the same ranks sum in
+  // the same order), every step recorded once.
   const db::Series s = Series("c", "loss");
   ASSERT_EQ(s.steps.size(), 30u);
   for (size_t i = 0; i < s.steps.size(); ++i) EXPECT_EQ(s.steps[i], static_cast<int64_t>(i + 1));
-  EXPECT_LT(MaxDiff(Series("ref", "loss"), s), kLossTolerance);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(s.values[i], before.values[i]) << "step " << i + 1;
+  EXPECT_EQ(OnlyRun("c").status, "done");
+}
+
+// The pid of the rank-`rank` process started by mpirun (its child with OMPI_COMM_WORLD_RANK).
+pid_t RankPid(pid_t mpirun, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    if (!(stat >> pid >> comm >> state >> ppid) || ppid != mpirun) continue;
+    const std::string env = Slurp((e.path() / "environ").string());
+    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos) {
+      return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return -1;
+}
+
+// kill -9 of one rank ends the job; the run (heartbeat stale) is marked failed, resumes from its
+// newest checkpoint and records every step exactly once (the steps after that checkpoint that
+// rank 0 had recorded are dropped and trained again).
+TEST_F(DistTrainTest, KillOneRankThenResume) {
+  const int steps = 100000;  // never reached: the job is killed, the resume stops early
+  const std::string cfg = Config("run", false,
+                                 {{"train", {{"steps", steps}}},
+                                  {"eval", {{"every", 0}}},
+                                  {"checkpoint", {{"every", 10}, {"keep", 2}}}});
+  const std::string cmd = Mpirun(2) + BinDir() + "/moelab train " + cfg + " --db " + Db("k") +
+                          " --checkpoint-dir " + Ckpt("k") + " --no-progress > " + Log("k") +
+                          " 2>&1";
+  const pid_t mpirun = fork();
+  if (mpirun == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(mpirun, 0);
+  // Wait until rank 0 has recorded past the first checkpoints.
+  int64_t seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(waitpid(mpirun, nullptr, WNOHANG), 0) << "mpirun ended early: " << Slurp(Log("k"));
+    if (!fs::exists(Db("k"))) continue;
+    try {
+      std::vector<db::RunRow> runs = db::Reader(Db("k")).ListRuns();
+      if (!runs.empty()) seen = runs[0].last_step;
+    } catch (const std::exception&) {
+      continue;  // created but not migrated yet
+    }
+    if (seen >= 30) break;
+  }
+  ASSERT_GE(seen, 30) << Slurp(Log("k"));
+  const pid_t victim = RankPid(mpirun, 1);
+  ASSERT_GT(victim, 0) << "rank 1 of mpirun " << mpirun << " not found";
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  waitpid(mpirun, &status, 0);
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Slurp(Log("k"));
+
+  // Rank 0 died with the job before it could record an end: the stale heartbeat marks it failed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const db::RunRow dead = db::Reader(Db("k")).ListRuns(/*stale_after_s=*/1.0).at(0);
+  EXPECT_EQ(dead.status, "running");
+  EXPECT_EQ(dead.effective_status, "failed");
+  ASSERT_EQ(Shell(BinDir() + "/moelab db mark-stale --db " + Db("k") + " --max-age 1 > /dev/null"),
+            0);
+  EXPECT_EQ(OnlyRun("k").status, "failed");
+
+  const int64_t until = seen + 30;
+  ASSERT_EQ(Train(2, cfg, "k", "--resume --stop-at-step " + std::to_string(until)), 4)
+      << Slurp(Log("k"));
+  const db::RunRow r = OnlyRun("k");
+  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.last_step, until);
+  const db::Series s = Series("k", "loss");
+  ASSERT_EQ(s.steps.size(), static_cast<size_t>(until));
+  for (size_t i = 0; i < s.steps.size(); ++i) ASSERT_EQ(s.steps[i], static_cast<int64_t>(i + 1));
+  EXPECT_NE(Slurp(Log("k")).find("resuming run"), std::string::npos);
 }
 
 // Misuse is a config error before anything trains.

@@ -59,10 +59,14 @@ TEST(CommModelTest, TrafficPerLayout) {
   EXPECT_DOUBLE_EQ(z.gather_payload, 1000 * 4);
   EXPECT_DOUBLE_EQ(z.optimizer_bytes, dp.optimizer_bytes / 2);
   EXPECT_DOUBLE_EQ(dp.optimizer_bytes, 2 * 1000 * 4);  // AdamW: two moments
-  // Distributed Muon without ZeRO-1: owners send their replicated matrices.
+  // ZeRO-1 and distributed Muon reduce-scatter the gradients to their owners and all-gather the
+  // parameters: the bytes of one all-reduce, in two halves.
+  EXPECT_DOUBLE_EQ(z.wire(), dp.wire());
   CommShape m = s;
   m.muon = true;
-  EXPECT_DOUBLE_EQ(EstimateComm(m, {2, 1, false}).gather_payload, (900 - 600) * 4);
+  const CommEstimate mu = EstimateComm(m, {2, 1, false});
+  EXPECT_DOUBLE_EQ(mu.gather_payload, 1000 * 4);
+  EXPECT_DOUBLE_EQ(mu.wire(), dp.wire());
   EXPECT_GT(dp.time_s, 0);
 }
 
@@ -79,7 +83,7 @@ TEST(CommModelTest, K2LikeShape) {
   // ZeRO-1 at DP 8 × EP 8: each rank keeps an eighth of its experts' state or less.
   EXPECT_LT(EstimateComm(s, {64, 8, true}).optimizer_bytes, a.optimizer_bytes / 7.9);
   const std::string t = K2ScalingTable();
-  EXPECT_NE(t.find("| 1024 | 64 | 16 |"), std::string::npos) << t;
+  EXPECT_NE(t.find("| 1024 | 64 | 16 | 0.07 |"), std::string::npos) << t;
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ inline ojson Base(int steps = 20) {
               "seq_len": 16},
     "moe": {"experts_total": 4, "experts_active": 2, "expert_hidden": 16},
     "data": {"source": "markov"},
-    "train": {"batch_size": 2, "steps": 20, "threads": 1},
+    "train": {"batch_size": 4, "steps": 20, "threads": 1},
     "schedule": {"warmup_steps": 2},
     "eval": {"every": 0, "batches": 1}
   })");

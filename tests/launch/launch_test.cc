@@ -123,16 +123,47 @@ TEST(LayoutTest, KeyOriginFindsTheSpecLocation) {
 
 TEST(LayoutTest, RanksOverride) {
   Sweep s = ExpandSpec(Spec(R"({"ranks": 2, "seeds": [1, 2]})"));
-  OverrideRanks(&s, 3);
-  EXPECT_EQ(s.runs[0].ranks, 3);
-  EXPECT_EQ(s.runs[1].ranks, 3);
-  try {
-    OverrideRanks(&s, 0);
-    FAIL() << "ranks 0 accepted";
-  } catch (const SpecError& e) {
-    EXPECT_HAS(e.what(), "--ranks: 0 ranks");
-    EXPECT_HAS(e.what(), "nothing was started");
-  }
+  OverrideRanks(&s, 4);
+  EXPECT_EQ(s.runs[0].ranks, 4);
+  EXPECT_EQ(s.runs[1].ranks, 4);
+  auto error = [&](int ranks) -> std::string {
+    try {
+      OverrideRanks(&s, ranks);
+    } catch (const SpecError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_HAS(error(0), "--ranks: 0 ranks");
+  EXPECT_HAS(error(0), "nothing was started");
+  // The global batch (4 sequences) must split evenly over the ranks.
+  EXPECT_HAS(error(3),
+             "--ranks: the global batch of 4 sequences (train.batch_size) does not "
+             "split evenly over 3 ranks");
+}
+
+TEST(LayoutTest, ExpertParallelSpecErrorsNameTheirOrigin) {
+  // World size not divisible by the EP size, both locations named.
+  EXPECT_HAS(ErrorOf(Spec(R"({"runs": [{"ranks": 4}, {"ranks": 2, "expert_parallel": 4}]})")),
+             "runs[1].ranks: world size 2 is not divisible by the expert-parallel size 4 "
+             "(runs[1].expert_parallel)");
+  // More EP ranks than experts, from the base config.
+  ojson s = Spec(R"({"ranks": 8})");
+  s["base"]["train"]["batch_size"] = 8;
+  s["base"]["dist"] = {{"expert_parallel", 8}};
+  EXPECT_HAS(ErrorOf(s), "base.dist.expert_parallel: 8 expert-parallel ranks exceed the 4 experts");
+  // Expert parallelism of a dense model, from the sweep-wide shorthand.
+  ojson dense = Spec(R"({"ranks": 2, "expert_parallel": 2})");
+  dense["base"].erase("moe");
+  EXPECT_HAS(ErrorOf(dense), "): expert_parallel: expert parallelism needs an MoE model");
+  // A valid DP 2 × EP 2 layout and ZeRO-1 per run.
+  const Sweep ok =
+      ExpandSpec(Spec(R"({"ranks": 4, "runs": [{"expert_parallel": 2}, {"zero1": true}]})"));
+  EXPECT_EQ(ok.runs[0].config.dist.expert_parallel, 2);
+  EXPECT_EQ(LayoutOf(ok.runs[0].config, 4).data_parallel(), 2);
+  EXPECT_TRUE(ok.runs[1].config.dist.zero1);
+  // The layout is not part of the run's identity (the trajectory does not depend on it).
+  EXPECT_EQ(ok.runs[0].hash, ok.runs[1].hash);
 }
 
 TEST(LaunchCommandTest, MpirunArguments) {
@@ -177,22 +208,15 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-TEST(LaunchEnvironmentTest, WorldSizeFromTheLauncher) {
-  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_SIZE", nullptr),
-      d("MPI_LOCALNRANKS", nullptr), e("SLURM_STEP_NUM_TASKS", nullptr);
-  EXPECT_EQ(LauncherWorldSize(), 1);
+TEST(LaunchEnvironmentTest, SeveralRanksNeedAnMpiBuild) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr);
   EXPECT_EQ(LaunchEnvironmentError(), "");
-  {
-    ScopedEnv w("PMI_SIZE", "3");
-    EXPECT_EQ(LauncherWorldSize(), 3);
-    if (BuildHasMpi()) {
-      EXPECT_EQ(LaunchEnvironmentError(), "");
-    } else {
-      EXPECT_HAS(LaunchEnvironmentError(), "built without MPI");
-    }
+  ScopedEnv w("OMPI_COMM_WORLD_SIZE", "3");
+  if (BuildHasMpi()) {
+    EXPECT_EQ(LaunchEnvironmentError(), "");
+  } else {
+    EXPECT_HAS(LaunchEnvironmentError(), "built without MPI");
   }
-  ScopedEnv w("OMPI_COMM_WORLD_SIZE", "junk");
-  EXPECT_EQ(LauncherWorldSize(), 1);
 }
 
 TEST(LaunchEnvironmentTest, LocalLaunchChecksBeforeAnythingStarts) {
@@ -218,7 +242,7 @@ TEST(LaunchEnvironmentTest, LocalLaunchChecksBeforeAnythingStarts) {
   if (!FindOnPath("mpirun").empty()) {
     EXPECT_EQ(error(wide), "");
   }
-  OverrideRanks(&wide, LocalRankCap() + 1);
+  for (SweepRun& r : wide.runs) r.ranks = LocalRankCap() + 1;
   EXPECT_HAS(error(wide), "this machine starts at most");
   EXPECT_HAS(error(wide), "moelab sweep slurm");
 }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "db/schema.h"
 #include "sweeps/slurm.h"
 #include "sweeps/spec.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -26,53 +28,24 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string Bin() {
-  const char* dir = std::getenv("MOELAB_BIN_DIR");
-  return std::string(dir ? dir : "build/bin") + "/moelab";
-}
+using test::Slurp;
+using test::Wait;
 
+// Starts `moelab args...` with stdout/stderr to log; returns the pid.
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    dup2(fileno(stderr), fileno(stdout));
-    std::vector<char*> argv;
-    std::string bin = Bin();
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::vector<std::string> argv = {"moelab"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return test::Spawn(argv, log);
 }
 
 class SweepRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_sweep_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    tmp_ = std::make_unique<test::TempDir>("sweep");
+    dir_ = tmp_->path();
     db_ = (dir_ / "runs.db").string();
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void TearDown() override { tmp_.reset(); }  // kept when the test failed
 
   // A tiny run (~1 ms a step); slow = true gives ~6 ms a step, so kill tests hit mid-run.
   json Base(int steps, int ckpt_every = 10, bool slow = false) {
@@ -142,6 +115,7 @@ class SweepRunTest : public ::testing::Test {
     return c.QueryInt(sql);
   }
 
+  std::unique_ptr<test::TempDir> tmp_;
   fs::path dir_;
   std::string db_;
 };
@@ -190,7 +164,7 @@ TEST_F(SweepRunTest, KillNineOfTheSweepThenResume) {
   const auto row = WaitForStep(40);
   ASSERT_TRUE(row.has_value()) << Slurp(Log());
   ::kill(sweep, SIGKILL);
-  EXPECT_EQ(Wait(sweep), -SIGKILL);
+  EXPECT_EQ(Wait(sweep), 128 + SIGKILL);
   // Resume by name (the spec is stored in the database), right away: trainers that are still
   // checkpointing are waited for, not started twice.
   ASSERT_EQ(Sweep({"resume", "crash", "--db", db_, "-j", "2", "-t", "1"}, Log("resume.txt")), 0)

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/flops.h"
+#include "tests/common/test_util.h"
 
 namespace moelab::sweeps {
 namespace {
@@ -119,7 +120,8 @@ TEST(SpecTest, DuplicateConfigsAreTrainedOnceAndUnusedVariablesWarn) {
 }
 
 TEST(SpecTest, BaseFromPathRelativeToSpec) {
-  const fs::path dir = fs::temp_directory_path() / ("moelab_spec_" + std::to_string(getpid()));
+  test::TempDir tmp("spec");
+  const fs::path dir = tmp.path();
   fs::create_directories(dir / "sub");
   std::ofstream(dir / "sub" / "base.json") << Base().dump();
   std::ofstream(dir / "sub" / "spec.json") << R"({"base": "base.json", "seeds": [1, 2]})";
@@ -127,7 +129,16 @@ TEST(SpecTest, BaseFromPathRelativeToSpec) {
   EXPECT_EQ(s.name, "spec");  // the file name when the spec has none
   EXPECT_EQ(s.runs.size(), 2u);
   EXPECT_TRUE(s.spec["base"].is_object());  // inlined, so the stored spec stands alone
-  fs::remove_all(dir);
+  // The same from an editor's buffer: the base next to the named file, syntax errors at their
+  // line and column.
+  const std::string text = R"({"base": "base.json", "seeds": [1, 2, 3]})";
+  EXPECT_EQ(ExpandSpec(ParseSpecText(text, (dir / "sub" / "x.json").string())).runs.size(), 3u);
+  try {
+    ParseSpecText("{\n  \"seeds\": [1,\n  ]\n}", "e.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_HAS(e.what(), "e.json: not valid JSON (line 3, column 3)");
+  }
 }
 
 TEST(SpecTest, WsdDecayStart) {
