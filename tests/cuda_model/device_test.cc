@@ -60,6 +60,8 @@ TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
   for (const char* k : {"threads", "device", "precision"}) j["train"].erase(k);
   j["checkpoint"] = json::object();  // every checkpoint field is unhashed
   j.erase("dist");                   // as are the dist fields (ConfigHash drops the section)
+  j["optimizer"].erase("adamw_lr");  // unset adamw_lr is left out of the hash (issue 13)
+  j["optimizer"]["muon_nesterov"] = true;  // AdamW configs hash with the old Muon default
   EXPECT_EQ(ConfigHash(defaults), Sha256Hex(CanonicalJson(j)));
   const RunConfig explicit_defaults =
       ConfigFromJson({{"train", {{"device", "cpu"}, {"precision", "auto"}}}});
