@@ -16,6 +16,7 @@
 #include "core/dist/zero.h"
 #include "core/flops.h"
 #include "core/model/model.h"
+#include "core/model/moe.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip.h"
 #include "core/train/checkpoint.h"
@@ -68,7 +69,7 @@ double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
-  return sum / (static_cast<double>(c.eval.batches) * layout.dp);
+  return sum / (static_cast<double>(c.eval.batches) * layout.world);
 }
 
 // Sums gradients over the data-parallel ranks in buckets of about bucket_mb MiB and averages.
@@ -113,6 +114,17 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   try {
     const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
     const int local_batch = layout.local_batch;
+    // Expert parallelism: consecutive groups of EP ranks split each MoE layer's experts; tokens
+    // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). Every
+    // rank keeps the full arena: the gradients of experts a rank does not own come out zero, so
+    // the all-reduce over all ranks (or ZeRO-1's reduce-scatter) sums each expert's gradient
+    // over its owners (one per EP group), and every rank applies the same update.
+    std::unique_ptr<Communicator> ep_comm;
+    if (layout.ep > 1) ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
+    struct ExpertParallelScope {
+      explicit ExpertParallelScope(Communicator* ep) { SetMoeExpertParallel(ep); }
+      ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
+    } ep_scope(ep_comm.get());
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     Model<float> model(c);
     model.Init(c.train.seed);
@@ -282,6 +294,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (stop) break;
       const auto t0 = Clock::now();
       const CommStats comm_before = comm->stats();
+      const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
       model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
@@ -298,9 +311,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
         double l[3] = {stats.loss, stats.aux_loss, stats.z_loss};
         comm->AllReduceSum(l, 3);
-        stats.loss = l[0] / layout.dp;
-        stats.aux_loss = l[1] / layout.dp;
-        stats.z_loss = l[2] / layout.dp;
+        stats.loss = l[0] / layout.world;
+        stats.aux_loss = l[1] / layout.world;
+        stats.z_loss = l[2] / layout.world;
       }
       ++step;
       double grad_norm = 0;
@@ -316,8 +329,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
         result.status = RunStatus::kDiverged;
         result.steps_done = step;
-        result.error = fmt::format("loss became {} at step {} (grad norm {})", stats.loss, step,
-                                   grad_norm);
+        result.error =
+            fmt::format("loss became {} at step {} (grad norm {})", stats.loss, step, grad_norm);
         StepRecord r;
         r.step = step;
         r.loss = stats.loss;
@@ -355,6 +368,10 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const double dt = Seconds(t0, t1);
       step_comm_bytes += comm->stats().bytes - comm_before.bytes;
       step_comm_seconds += comm->stats().seconds - comm_before.seconds;
+      if (ep_comm) {
+        step_comm_bytes += ep_comm->stats().bytes - ep_before.bytes;
+        step_comm_seconds += ep_comm->stats().seconds - ep_before.seconds;
+      }
       ++steps_timed;
       time_in_steps += dt;
       StepRecord r;
