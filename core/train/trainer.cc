@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/data/data.h"
+#include "core/dist/expert_parallel.h"
 #include "core/dist/layout.h"
 #include "core/dist/zero.h"
 #include "core/flops.h"
@@ -116,11 +117,15 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const int local_batch = layout.local_batch;
     // Expert parallelism: consecutive groups of EP ranks split each MoE layer's experts; tokens
     // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). Every
-    // rank keeps the full arena: the gradients of experts a rank does not own come out zero, so
-    // the all-reduce over all ranks (or ZeRO-1's reduce-scatter) sums each expert's gradient
-    // over its owners (one per EP group), and every rank applies the same update.
-    std::unique_ptr<Communicator> ep_comm;
-    if (layout.ep > 1) ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
+    // rank keeps the full arena: the gradients of experts a rank does not own come out zero;
+    // expert gradients are summed over the DP group of their owners only, then all-gathered in
+    // the EP group (core/dist/expert_parallel.h), so every rank applies the same update. With
+    // ZeRO-1 the arena-wide reduce-scatter sums them (the zeros of non-owners included).
+    std::unique_ptr<Communicator> ep_comm, dp_comm;
+    if (layout.ep > 1) {
+      ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
+      dp_comm = comm->Split(layout.rank % layout.ep, layout.rank / layout.ep);
+    }
     struct ExpertParallelScope {
       explicit ExpertParallelScope(Communicator* ep) { SetMoeExpertParallel(ep); }
       ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
@@ -282,6 +287,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     double time_in_steps = 0;
     int64_t step_comm_bytes = 0;  // collectives inside the timed steps (not eval, checkpoints)
     double step_comm_seconds = 0;
+    int64_t step_ep_bytes = 0;  // of which inside the EP group (token all-to-all, expert gather)
 
     while (step < end) {
       bool stop = options.stop_flag && options.stop_flag->load();
@@ -295,6 +301,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const auto t0 = Clock::now();
       const CommStats comm_before = comm->stats();
       const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
+      const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
       model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
@@ -302,6 +309,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (layout.world > 1) {
         if (zero) {
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
+        } else if (ep_comm) {
+          ReduceExpertParallelGradients(*comm, *ep_comm, *dp_comm, model.param_infos(), grads, n,
+                                        c.dist.bucket_mb);
         } else {
           AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
         }
@@ -371,6 +381,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (ep_comm) {
         step_comm_bytes += ep_comm->stats().bytes - ep_before.bytes;
         step_comm_seconds += ep_comm->stats().seconds - ep_before.seconds;
+        step_comm_bytes += dp_comm->stats().bytes - dp_before.bytes;
+        step_comm_seconds += dp_comm->stats().seconds - dp_before.seconds;
+        step_ep_bytes += ep_comm->stats().bytes - ep_before.bytes;
       }
       ++steps_timed;
       time_in_steps += dt;
@@ -417,6 +430,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                    "moelab train: communication: {:.3f} MiB sent per step by rank 0, {:.1f}% of "
                    "step time in collectives\n",
                    result.comm_bytes_per_step / 1048576.0, 100 * result.comm_time_share);
+        if (ep_comm) {
+          fmt::print(stderr,
+                     "moelab train: expert parallel: {:.3f} MiB per step inside the EP group "
+                     "(token all-to-all, expert gradient all-gather)\n",
+                     static_cast<double>(step_ep_bytes) / steps_timed / 1048576.0);
+        }
       }
     }
     if (step < total) {

@@ -317,6 +317,7 @@ TEST_F(DistTrainTest, ExpertParallelSameLossesAsOneProcess) {
     ASSERT_EQ(Train(np, cfg, tag, "--set dist.expert_parallel=2"), 0) << Slurp(Log(tag));
     EXPECT_NE(Slurp(Log(tag)).find("DP " + std::to_string(np / 2) + " × EP 2"), std::string::npos)
         << Slurp(Log(tag));
+    EXPECT_NE(Slurp(Log(tag)).find("expert parallel: "), std::string::npos) << Slurp(Log(tag));
     const db::RunRow r = OnlyRun(tag);
     EXPECT_EQ(r.status, "done");
     EXPECT_EQ(r.ranks, np);
