@@ -55,10 +55,11 @@ CommEstimate EstimateComm(const CommShape& s, const CommLayout& l, const CommCos
   const double replicated = static_cast<double>(s.params_total - s.expert_params);
   const double experts_local = static_cast<double>(s.expert_params) / ep;
 
-  // Sharded steps (ZeRO-1, and distributed Muon whose matrices each have one owner) replace the
+  // ZeRO-1 (with distributed Muon: each matrix's Newton-Schulz runs on its owner) replaces the
   // gradient all-reduce by a reduce-scatter to the owners and an all-gather of the updated
-  // parameters: the same bytes as a ring all-reduce, in two halves.
-  const bool sharded = l.zero1 || s.muon;
+  // parameters: the same bytes as a ring all-reduce, in two halves. Without ZeRO-1 every rank
+  // steps every parameter (Muon too) after the all-reduce.
+  const bool sharded = l.zero1;
   if (world > 1) {
     e.dense_grad_payload = replicated * b;
     if (sharded) {

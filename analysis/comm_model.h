@@ -49,7 +49,7 @@ struct CommEstimate {
   double dense_grad_payload = 0, dense_grad_wire = 0;
   // Expert gradients: all-reduced over the data-parallel replicas of each expert (world / EP).
   double expert_grad_payload = 0, expert_grad_wire = 0;
-  // Sharded steps (ZeRO-1, distributed Muon): the gradients are reduce-scattered to their owners
+  // ZeRO-1 (and its distributed Muon): the gradients are reduce-scattered to their owners
   // (the two fields above then hold (p-1)/p, not 2(p-1)/p) and the updated parameters
   // all-gathered here: together the bytes of one all-reduce.
   double gather_payload = 0, gather_wire = 0;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_cuda.h"
 #include "cli/bench_distributed.h"
 #include "cli/commands.h"
 #include "core/config.h"
@@ -187,6 +188,7 @@ void AddBenchCommand(CLI::App& app) {
     bool json = false;
     int steps = 10, warmup = 2, threads = 2, gemm_n = 2048;
     std::string only;
+    std::string device = "cpu";  // cuda: cli/bench_cuda.cc (issue 11's shapes and yardstick)
     bool distributed = false, model_only = false;
   };
   auto args = std::make_shared<Args>();
@@ -199,12 +201,27 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--gemm-n", args->gemm_n, "Size of the reference square SGEMM")
       ->capture_default_str();
   cmd->add_option("--only", args->only, "Run only configs whose name contains this");
+  cmd->add_option("--device", args->device,
+                  "cpu, or cuda: bf16 GEMM rate and the gpu-dense/gpu-moe shapes (docs/cuda.md)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_flag("--distributed", args->distributed,
                 "1 rank x T threads vs T ranks x 1 thread (mpirun), with bytes per step "
                 "(cli/bench_distributed.h)");
   cmd->add_flag("--comm-model", args->model_only,
                 "With --distributed: print the analytic K2-like scaling table only");
   cmd->callback([args]() {
+    if (args->device == "cuda") {
+      CudaBenchOptions o;
+      o.json = args->json;
+      o.steps = args->steps;
+      o.warmup = args->warmup;
+      o.only = args->only;
+      if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
+      const int rc = RunCudaBench(o);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
     if (args->distributed) {
       DistributedBenchOptions o;
       o.steps = args->steps;

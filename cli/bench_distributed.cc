@@ -142,9 +142,13 @@ Measured Train(const Case& c, const std::string& layout, int ranks, int threads,
   const int code = RunLogged(args, threads, log);
   if (code != 0) {
     std::ifstream in(log);
-    std::string line, last;
-    while (std::getline(in, line))
-      if (!line.empty()) last = line;
+    // The trainer's own message, not mpirun's banner that follows it.
+    std::string line, last, trainer;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.find("-----") == std::string::npos) last = line;
+      if (line.rfind("moelab train:", 0) == 0) trainer = line;
+    }
+    if (!trainer.empty()) last = trainer;
     m.error = fmt::format("exit {}: {}", code, last);
     return m;
   }

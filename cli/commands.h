@@ -12,5 +12,6 @@ void AddConfigCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddSweepCommand(CLI::App& app);
 void AddFitCommand(CLI::App& app);
+void AddPromoteCommand(CLI::App& app);
 
 }  // namespace moelab::cli

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/compute_optimal.h"
 #include "analysis/observations.h"
 #include "analysis/scaling.h"
 #include "cli/commands.h"
@@ -55,6 +56,7 @@ void AddFitCommand(CLI::App& app) {
     int resamples = 1000, threads = 2;
     uint64_t seed = 12345;
     bool json = false, no_store = false, final_only = false;
+    std::string budgets;  // chinchilla form: N_opt/D_opt at these FLOPs
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -78,6 +80,9 @@ void AddFitCommand(CLI::App& app) {
   cmd->add_option("--level", a->level, "Interval level")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Threads for the bootstrap")->capture_default_str();
   cmd->add_flag("--final-only", a->final_only, "Frontier from each run's last evaluation only");
+  cmd->add_option(
+      "--budgets", a->budgets,
+      "chinchilla form: FLOPs budgets for N_opt/D_opt, comma-separated (e.g. 1e15,1e16)");
   cmd->add_flag("--json", a->json, "JSON output");
   cmd->add_flag("--no-store", a->no_store, "Do not store the result in the fits table");
   cmd->callback([a]() {
@@ -186,18 +191,22 @@ void AddFitCommand(CLI::App& app) {
         PrintWarnings(fit.warnings);
       }
     } else if (a->form == "chinchilla") {
-      analysis::ChinchillaOptions co;
-      co.fit = fo;
-      const analysis::ChinchillaFit fit = analysis::FitChinchilla(obs.points, co);
+      const std::vector<double> budgets =
+          a->budgets.empty() ? std::vector<double>{} : analysis::ParseBudgets(a->budgets);
+      const analysis::ChinchillaFit fit = analysis::FitComputeOptimal(obs.points, fo, budgets);
       result = fit;
       if (!a->json) {
         fmt::print("\nL(N, D) = E + A/N^alpha + B/D^beta\n");
         for (const auto& p : fit.params) fmt::print("  {:<8} {}\n", p.name, Interval(p.value));
         fmt::print("  N_opt ∝ C^{}   D_opt ∝ C^{}\n", Interval(fit.exponent_n, "{:.3f}"),
                    Interval(fit.exponent_d, "{:.3f}"));
+        if (!fit.optimal.empty())
+          fmt::print("  compute-optimal under C = {:.3g}·N·D (k measured from the runs' FLOPs)\n",
+                     fit.flops_per_param_token);
         for (const auto& o : fit.optimal)
-          fmt::print("  C = {:.3g}: N_opt {}  D_opt {}\n", o.flops, Interval(o.params, "{:.3g}"),
-                     Interval(o.tokens, "{:.3g}"));
+          fmt::print("  C = {:.3g}: N_opt {}  D_opt {}  L {}\n", o.flops,
+                     Interval(o.params, "{:.3g}"), Interval(o.tokens, "{:.3g}"),
+                     Interval(o.loss, "{:.4f}"));
         PrintWarnings(fit.warnings);
       }
     } else if (a->form == "heads") {

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   moelab::cli::AddBenchCommand(app);
   moelab::cli::AddSweepCommand(app);
   moelab::cli::AddFitCommand(app);
+  moelab::cli::AddPromoteCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/data/data.h"
+#include "core/device.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"
@@ -91,6 +92,11 @@ void AddTrainCommand(CLI::App& app) {
         } catch (const std::exception& e) {
           throw ConfigError("data.path", e.what());
         }
+      }
+      try {
+        RequireDevice(config.train);  // train.device "cuda" without a GPU: exit 2, no run row
+      } catch (const DeviceError& e) {
+        throw ConfigError("train.device", e.what());
       }
     } catch (const ConfigError& e) {
       // Every rank sees the same config and world size, so all of them stop here.

@@ -184,6 +184,12 @@ const std::vector<Field>& Fields() {
        "Seed of initialisation and data sampling."},
       {"train.threads", FieldType::kInt, Ref(&C::train, &TrainConfig::threads),
        "CPU threads (OpenMP and OpenBLAS share one pool).", {}, false},
+      {"train.device", FieldType::kString, Ref(&C::train, &TrainConfig::device),
+       "Where the step runs; cuda needs a GPU (docs/cuda.md).", {"cpu", "cuda"}, false},
+      {"train.precision", FieldType::kString, Ref(&C::train, &TrainConfig::precision),
+       "auto = bf16 on cuda, fp32 on cpu; bf16 (cuda only) keeps fp32 master weights. Hashed as "
+       "the effective precision, and only when that is bf16 (docs/cuda.md).",
+       {"auto", "fp32", "bf16"}},
       // eval
       {"eval.every", FieldType::kInt, Ref(&C::eval, &EvalConfig::every),
        "Validation every N steps (and always at the end); 0 = only at the end."},
@@ -582,6 +588,8 @@ void ValidateConfig(const RunConfig& c) {
   Require(t.tokens >= 0, "train.tokens", "must be >= 0");
   if (t.tokens == 0) Require(t.steps >= 1, "train.steps", "must be positive (or set train.tokens)");
   Require(t.threads >= 1 && t.threads <= 1024, "train.threads", "must be between 1 and 1024");
+  Require(t.device == "cuda" || t.effective_precision() == "fp32", "train.precision",
+          "bf16 needs train.device \"cuda\" (the CPU model computes in fp32)");
   Require(c.schedule.warmup_steps < c.total_steps() || c.total_steps() <= 1,
           "schedule.warmup_steps",
           fmt::format("warmup {} is not shorter than the run ({} steps)", s.warmup_steps,
@@ -659,6 +667,10 @@ std::string ConfigHash(const RunConfig& c) {
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");
+  // bf16 changes the trajectory, fp32 on either device does not (docs/cuda.md).
+  j["train"].erase("precision");
+  const std::string precision = c.train.effective_precision();
+  if (precision != "fp32") j["train"]["precision"] = precision;
   return Sha256Hex(CanonicalJson(j));
 }
 

@@ -100,6 +100,18 @@ struct TrainConfig {
   int64_t tokens = 0;  // if > 0, steps = ceil(tokens / (batch_size * seq_len))
   uint64_t seed = 1;
   int threads = 2;
+  // Where the step runs (docs/cuda.md): "cpu" | "cuda". Not in the config hash: a cuda fp32 run
+  // is the same experiment as the cpu run.
+  std::string device = "cpu";
+  // "auto" (bf16 on cuda, fp32 on cpu) | "fp32" | "bf16" (cuda only: bf16 compute, fp32 master
+  // weights and accumulation). Hashed as the effective precision, and only when it is bf16, so
+  // existing configs keep their hash.
+  std::string precision = "auto";
+
+  std::string effective_precision() const {
+    if (precision != "auto") return precision;
+    return device == "cuda" ? "bf16" : "fp32";
+  }
 };
 
 struct EvalConfig {

@@ -163,6 +163,29 @@ ALTER TABLE runs ADD COLUMN ranks INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE runs ADD COLUMN dp_size INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE runs ADD COLUMN ep_size INTEGER NOT NULL DEFAULT 1;
 )sql",
+    // 5: promotions (issue 12, `moelab promote`): a plan made from a sweep's fit, its predicted
+    // loss band and curve, and the run it launched (db/promotions.h, docs/promote.md).
+    R"sql(
+CREATE TABLE promotions (
+  id              INTEGER PRIMARY KEY,
+  created_at      REAL NOT NULL,
+  sweep_id        INTEGER REFERENCES sweeps(id) ON DELETE SET NULL,
+  fit_id          INTEGER REFERENCES fits(id) ON DELETE SET NULL,
+  law             TEXT NOT NULL,
+  family_key      TEXT NOT NULL DEFAULT '',
+  family          TEXT NOT NULL DEFAULT '',
+  source_run_id   INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+  target_json     TEXT NOT NULL,
+  plan_json       TEXT NOT NULL,
+  config_json     TEXT NOT NULL,
+  out_dir         TEXT NOT NULL DEFAULT '',
+  predicted_loss  REAL,
+  band_lo         REAL,
+  band_hi         REAL,
+  run_id          INTEGER REFERENCES runs(id) ON DELETE SET NULL
+);
+CREATE INDEX promotions_run ON promotions(run_id);
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));

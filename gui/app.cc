@@ -16,6 +16,8 @@
 
 #include "gui/app_internal.h"
 #include "gui/fits.h"
+#include "gui/full_runs_view.h"
+#include "gui/promote_panel.h"
 #include "gui/script.h"
 #include "gui/sweep_control.h"
 #include "gui/widgets.h"
@@ -76,6 +78,10 @@ const char* App::ViewName(View v) {
       return "compare";
     case View::kSweeps:
       return "sweeps";
+    case View::kPromote:
+      return "promote";
+    case View::kFullRuns:
+      return "full-runs";
     default:
       return "runs";
   }
@@ -251,8 +257,8 @@ void App::Frame() {
     for (int i = 0; i < static_cast<int>(View::kCount); ++i) {
       const View v = static_cast<View>(i);
       if (v == View::kScaling && !HasScalingView()) continue;
-      static const char* kTitles[] = {"Runs",         "Curves",  "Max logits", "Experts",
-                                      "Scaling laws", "Compare", "Sweeps"};
+      static const char* kTitles[] = {"Runs",    "Curves", "Max logits", "Experts",  "Scaling laws",
+                                      "Compare", "Sweeps", "Promote",    "Full runs"};
       ImGuiTabItemFlags flags = 0;
       if (view_forced_ && v == view_) flags |= ImGuiTabItemFlags_SetSelected;
       if (ImGui::BeginTabItem(kTitles[i], nullptr, flags)) {
@@ -280,6 +286,14 @@ void App::Frame() {
               break;
             case View::kCompare:
               CompareView();
+              break;
+            case View::kPromote:
+              if (!promote_panel_) promote_panel_ = std::make_unique<PromotePanel>();
+              promote_panel_->Draw(store_->path(), &frame_settled_);
+              break;
+            case View::kFullRuns:
+              if (!full_runs_view_) full_runs_view_ = std::make_unique<FullRunsView>();
+              full_runs_view_->Draw(store_->path(), &frame_settled_);
               break;
             default:
               break;

@@ -21,8 +21,21 @@ namespace moelab::gui {
 class FitJob;        // gui/fits.h
 struct SpecCheck;    // gui/sweep_control.h
 class ScriptRunner;  // gui/script.h
+class PromotePanel;  // gui/promote_panel.h
+class FullRunsView;  // gui/full_runs_view.h
 
-enum class View { kRuns, kCurves, kLogits, kExperts, kScaling, kCompare, kSweeps, kCount };
+enum class View {
+  kRuns,
+  kCurves,
+  kLogits,
+  kExperts,
+  kScaling,
+  kCompare,
+  kSweeps,
+  kPromote,
+  kFullRuns,
+  kCount
+};
 
 struct AppOptions {
   std::string db_path;
@@ -196,6 +209,10 @@ class App {
   View frame_view_ = View::kCount;  // the view drawn by the last frame
   Clock::time_point downsample_deadline_,
       canvas_deadline_;  // every item this frame asked for was there
+
+  // Promotion (issue 12): gui/promote_panel.cc, gui/full_runs_view.cc
+  std::unique_ptr<PromotePanel> promote_panel_;
+  std::unique_ptr<FullRunsView> full_runs_view_;
 };
 
 }  // namespace moelab::gui

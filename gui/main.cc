@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       "moelab-gui: watch runs live, compare them, fit scaling laws.\n"
       "keys: var:NAME (sweep variable) or a dotted config key (moe.experts_total)"};
   cli.add_option("--db", app_options.db_path, "SQLite database to open (else the last one)");
-  cli.add_option("--view", app_options.view, "runs, curves, logits, experts, scaling, compare")
+  cli.add_option("--view", app_options.view,
+                 "runs, curves, logits, experts, scaling, compare, sweeps, promote, full-runs")
       ->check([](const std::string& v) {
         moelab::gui::View out;
         return App::ParseView(v, &out) ? std::string() : "unknown view '" + v + "'";

@@ -44,6 +44,11 @@ std::string ExpertParallelError(const RunConfig& config, const Layout& l,
         "expert-parallel rank must own at least one expert",
         origin.expert_parallel, ep, config.moe.experts_total);
   }
+  if (config.moe.experts_total % ep != 0) {
+    return fmt::format(
+        "{}: {} experts (moe.experts_total) do not split evenly over {} expert-parallel ranks",
+        origin.expert_parallel, config.moe.experts_total, ep);
+  }
   if (ranks % ep != 0) {
     return fmt::format(
         "{}: world size {} is not divisible by the expert-parallel size {} ({}); use a multiple "

@@ -41,8 +41,8 @@ struct LayoutOrigin {
 // Empty when `config` can be trained on `ranks` processes; otherwise why not, naming the
 // origins: ranks < 1, ranks > kMaxRanks, a global batch that does not split over the ranks,
 // world size not divisible by the expert-parallel size, more expert-parallel ranks than
-// experts, expert parallelism of a dense model. (The trainer checks the same before training:
-// MakeDistLayout in core/dist/layout.h.)
+// experts, experts that do not split evenly over them, expert parallelism of a dense model. (The
+// trainer checks the same before training: MakeDistLayout in core/dist/layout.h.)
 std::string LayoutError(const RunConfig& config, const Layout& layout,
                         const LayoutOrigin& origin = {});
 inline std::string LayoutError(const RunConfig& config, int ranks,

@@ -697,8 +697,9 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
     fmt::print(out, "sweep {} (id {}): {} runs: {}\n", s.name, s.id, members.size(), summary);
     PrintSlurmJobs(db_path, s.name, out);  // jobs submitted by `sweep slurm --submit`
     if (!name.empty()) {
-      fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>13} {:>8} {:>8} {:>5}  {}\n", "idx", "run",
-                 "name", "status", "step", "loss", "val", "fails", "last error / branch");
+      fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>13} {:>8} {:>8} {:>5} {:>5}  {}\n", "idx",
+                 "run", "name", "status", "step", "loss", "val", "ranks", "fails",
+                 "last error / branch");
       for (const Member& m : members) {
         if (!rows.count(m.run_id)) continue;
         const db::RunRow& r = rows[m.run_id];
@@ -709,10 +710,11 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
               fmt::format("branch of run {} at step {}", *m.branch_of, m.branch_step.value_or(0));
         }
         if (note.empty() && r.stale) note = "heartbeat stale: the trainer is gone";
-        fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>6}/{:<6} {:>8.4f} {:>8.4f} {:>5}  {}\n",
+        fmt::print(out,
+                   "  {:>4} {:>5} {:<40} {:<9} {:>6}/{:<6} {:>8.4f} {:>8.4f} {:>5} {:>5}  {}\n",
                    m.idx, r.id, r.name.substr(0, 40), r.effective_status, r.last_step,
                    r.shape.total_steps, r.last_loss.value_or(NAN), r.last_val_loss.value_or(NAN),
-                   m.failures, note.substr(0, 100));
+                   r.ranks, m.failures, note.substr(0, 100));
       }
     }
   }

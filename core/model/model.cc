@@ -704,6 +704,15 @@ void Model<T>::Init(uint64_t seed) {
 }
 
 template <typename T>
+size_t Model<T>::activation_bytes() const {
+  const Impl& I = *impl_;
+  size_t bytes = I.acts.size() * sizeof(T) + (I.inputs.size() + I.targets.size()) * 4 +
+                 I.row_scratch.size() * sizeof(double);
+  for (const auto& layer : I.moe_layers) bytes += layer->workspace_bytes();
+  return bytes;
+}
+
+template <typename T>
 const std::vector<ParamInfo>& Model<T>::param_infos() const {
   return impl_->infos;
 }

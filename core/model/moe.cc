@@ -84,6 +84,16 @@ MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
 }
 
 template <typename T>
+size_t MoeLayer<T>::workspace_bytes() const {
+  const size_t reals = logits_.size() + scores_.size() + gates_.size() + dgates_.size() +
+                       xe_.size() + ye_.size() + dxe_.size() + h1_.size() + h3_.size() +
+                       act_.size() + sh1_.size() + sh3_.size() + sact_.size() + sy_.size() +
+                       scratch_.size() + shared_partial_.size();
+  const size_t ints = topk_.size() + row_token_.size() + slot_row_.size();
+  return reals * sizeof(T) + ints * sizeof(int) + (counts_.size() + offsets_.size()) * 8;
+}
+
+template <typename T>
 void MoeLayer<T>::Reserve(int n) {
   if (n <= capacity_) return;
   const size_t nn = n, nk = nn * top_k_, E = experts_, d = d_, H = hidden_, S = shared_;

@@ -53,6 +53,8 @@ class MoeLayer {
   // (it overwrites saved expert outputs with their gradients).
   void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy, int n,
                 T* dx);
+  // Bytes of the dispatch and activation buffers (sized by the largest n seen so far).
+  size_t workspace_bytes() const;
 
  private:
   friend class MoeLayerTestPeer;  // tests and benchmarks switch the expert-loop strategy

@@ -21,6 +21,7 @@
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip.h"
 #include "core/train/checkpoint.h"
+#include "core/train/cuda_trainer.h"
 #include "core/train/progress.h"
 
 namespace moelab {
@@ -93,6 +94,7 @@ std::string BranchCheckpointDir(const std::string& checkpoint_dir) {
 }
 
 TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& options) {
+  if (c.train.device == "cuda") return TrainOnCuda(c, sink, options);  // core/train/cuda_trainer
   TrainResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   SingleProcessCommunicator single;

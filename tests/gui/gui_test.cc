@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "db/fits.h"
 #include "gui/data_store.h"
 #include "gui/fits.h"
 #include "gui/settings.h"
@@ -586,6 +587,25 @@ TEST_F(GuiScreenshot, ScalingViewShowsFamiliesFitsAndTable) {
   const Rgba low = GroupColor(0, 2, true);
   EXPECT_GT(CountNear(img, int(low.r * 255), int(low.g * 255), int(low.b * 255), 14, 0, 80, 780),
             300);
+}
+
+TEST_F(GuiScreenshot, ScalingViewShowsAStoredFitWithoutRefitting) {
+  // A `moelab fit` stored after the last run finished is current: the view lists it and fits
+  // nothing until asked (no fitted family curves are drawn).
+  const std::string path = (dir_ / "scaling_stored.db").string();
+  testing::BuildScalingFixture(path);
+  db::FitRecord f;
+  f.family_key = "heads";
+  f.form = "power";
+  f.result_json = R"({"families": [{"family": "8", "params": [{"name": "alpha",
+      "value": {"estimate": 0.3, "lo": 0.25, "hi": 0.35}}]}]})";
+  db::SaveFit(path, f);
+  Image img = Shoot(path, "--view scaling", Out("scaling_stored"));
+  ASSERT_EQ(img.w, 1280);
+  const Rgba top = GroupColor(1, 2, true);
+  EXPECT_LT(CountNear(img, int(top.r * 255), int(top.g * 255), int(top.b * 255), 14, 0, 80, 780),
+            50)
+      << "refitted although the stored fit is current";
 }
 
 }  // namespace

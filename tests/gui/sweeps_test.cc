@@ -168,7 +168,10 @@ TEST(SweepsScreenshot, LaunchStopResumeFromTheGuiRecordsEveryStepOnce) {
   if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
   test::TempDir dir("gui_control");
   const std::string db = dir / "runs.db";
-  const json spec = {{"name", "control"}, {"base", Base(dir.path(), 300, true)}, {"seeds", {1, 2}}};
+  // Long enough (1500 steps of a few ms) that the runner is still alive at every action even
+  // when the machine is idle; the actions take a few frames each.
+  const json spec = {
+      {"name", "control"}, {"base", Base(dir.path(), 1500, true)}, {"seeds", {1, 2}}};
   std::ofstream(dir / "spec.json") << spec.dump(2);
   const std::string shots = dir.path().string();
   const std::string script =

@@ -59,14 +59,15 @@ TEST(CommModelTest, TrafficPerLayout) {
   EXPECT_DOUBLE_EQ(z.gather_payload, 1000 * 4);
   EXPECT_DOUBLE_EQ(z.optimizer_bytes, dp.optimizer_bytes / 2);
   EXPECT_DOUBLE_EQ(dp.optimizer_bytes, 2 * 1000 * 4);  // AdamW: two moments
-  // ZeRO-1 and distributed Muon reduce-scatter the gradients to their owners and all-gather the
-  // parameters: the bytes of one all-reduce, in two halves.
+  // ZeRO-1 (with distributed Muon) reduce-scatters the gradients to their owners and
+  // all-gathers the parameters: the bytes of one all-reduce, in two halves.
   EXPECT_DOUBLE_EQ(z.wire(), dp.wire());
+  EXPECT_DOUBLE_EQ(z.dense_grad_wire, z.gather_wire * 400 / 1000);
   CommShape m = s;
   m.muon = true;
-  const CommEstimate mu = EstimateComm(m, {2, 1, false});
-  EXPECT_DOUBLE_EQ(mu.gather_payload, 1000 * 4);
-  EXPECT_DOUBLE_EQ(mu.wire(), dp.wire());
+  EXPECT_DOUBLE_EQ(EstimateComm(m, {2, 1, true}).wire(), dp.wire());
+  // Without ZeRO-1 Muon runs on every rank after the all-reduce: nothing is gathered.
+  EXPECT_DOUBLE_EQ(EstimateComm(m, {2, 1, false}).gather_payload, 0);
   EXPECT_GT(dp.time_s, 0);
 }
 

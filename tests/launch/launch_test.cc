@@ -52,6 +52,10 @@ TEST(LayoutTest, ErrorsNameTheOriginAndTheRule) {
   // More expert-parallel ranks than experts.
   EXPECT_HAS(LayoutError(moe, Layout{8, 8, false}, o),
              "runs[3].dist.expert_parallel: 8 expert-parallel ranks but only 4 experts");
+  // Experts that do not split evenly over the expert-parallel ranks.
+  EXPECT_HAS(LayoutError(Moe(6), Layout{4, 4, false}, o),
+             "runs[3].dist.expert_parallel: 6 experts (moe.experts_total) do not split evenly "
+             "over 4 expert-parallel ranks");
   // Expert parallelism of a dense model.
   ojson dense = Base();
   dense["moe"]["experts_total"] = 0;

@@ -44,6 +44,10 @@ TEST_F(LaunchRunTest, TwoRankSweepRunsAndDedupesAgainstAnEarlierRun) {
   EXPECT_EQ(c.QueryInt("SELECT ranks FROM runs WHERE id = " + std::to_string(runs[1].id)), 2);
   EXPECT_EQ(c.QueryInt("SELECT ranks FROM runs WHERE id = " + std::to_string(runs[0].id)), 1);
   EXPECT_EQ(c.QueryInt("SELECT COUNT(*) FROM sweep_runs"), 3);  // run 1 is in both sweeps
+  // sweep status shows each run's rank count.
+  ASSERT_EQ(Moelab({"sweep", "status", "wide", "--db", db_}, log), 0) << Slurp(log);
+  EXPECT_HAS(Slurp(log), "ranks fails");
+  EXPECT_HAS(Slurp(log), "2     0  ");
 }
 
 }  // namespace

@@ -1,0 +1,245 @@
+#include "cli/bench_cuda.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/flops.h"
+#include "core/model/cuda_model.h"
+#include "core/optim/cuda_optimizer.h"
+#include "core/train/trainer.h"
+
+#if MOELAB_HAVE_CUDA
+#include <cuda_bf16.h>
+
+#include "core/cuda_util.h"
+#endif
+
+namespace moelab::cli {
+
+namespace {
+
+struct GpuCase {
+  std::string name;
+  RunConfig config;
+};
+
+// The reference shapes of issue 11: synthetic tokens, vocab 32768, sequence 1024, 32 sequences.
+std::vector<GpuCase> GpuCases() {
+  RunConfig base;
+  base.model.vocab_size = 32768;
+  base.model.seq_len = 1024;
+  base.model.d_model = 1024;
+  base.model.layers = 16;
+  base.model.heads = 16;
+  base.model.ffn_hidden = 2816;
+  base.train.batch_size = 32;
+  base.train.device = "cuda";
+  base.train.precision = "bf16";
+  base.optimizer.name = "adamw";
+  std::vector<GpuCase> cases;
+  cases.push_back({"gpu-dense", base});
+  RunConfig moe = base;
+  moe.moe.experts_total = 64;
+  moe.moe.experts_active = 8;
+  moe.moe.shared_experts = 1;
+  moe.moe.expert_hidden = 512;
+  moe.moe.dense_layers = 1;
+  moe.moe.balance = "aux_free";
+  cases.push_back({"gpu-moe", moe});
+  RunConfig clip = base;
+  clip.optimizer.name = "muonclip";
+  clip.optimizer.qk_clip_tau = 100;
+  cases.push_back({"gpu-dense-muonclip", clip});
+  return cases;
+}
+
+// Uniform synthetic tokens (no data source: a Markov chain over 32768 tokens is too large).
+void SyntheticTokens(uint64_t seed, int step, int batch, int seq, int vocab,
+                     std::vector<int32_t>* out) {
+  out->resize(static_cast<size_t>(batch) * (seq + 1));
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(step) + 1;
+  for (int32_t& t : *out) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t = static_cast<int32_t>(x % static_cast<uint64_t>(vocab));
+  }
+}
+
+#if MOELAB_HAVE_CUDA
+// Best of `reps` timed bf16 GEMMs n×n×n (bf16 in and out, fp32 accumulation), FLOP/s.
+double MeasureBf16Gemm(int n, int reps) {
+  using cudautil::DeviceBuffer;
+  const size_t elems = static_cast<size_t>(n) * n;
+  std::vector<__nv_bfloat16> host(elems);
+  for (size_t i = 0; i < elems; ++i)
+    host[i] = __float2bfloat16(static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f);
+  DeviceBuffer<__nv_bfloat16> a(elems), b(elems), c(elems);
+  a.Upload(host.data(), elems);
+  b.Upload(host.data(), elems);
+  const float one = 1.0f, zero = 0.0f;
+  cublasHandle_t h = cudautil::CublasHandle();
+  auto gemm = [&] {
+    MOELAB_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.data(), CUDA_R_16BF, n,
+                             b.data(), CUDA_R_16BF, n, &zero, c.data(), CUDA_R_16BF, n,
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  gemm();  // warm: heuristics, clocks
+  MOELAB_CUDA(cudaDeviceSynchronize());
+  double best = 1e30;
+  cudautil::EventTimer timer;
+  for (int r = 0; r < reps; ++r) {
+    timer.Start();
+    gemm();
+    timer.Stop();
+    best = std::min(best, timer.Seconds());
+  }
+  return 2.0 * n * static_cast<double>(n) * n / best;
+}
+#endif
+
+struct CaseResult {
+  std::string name;
+  bool ran = false;
+  std::string skipped;  // why not, when !ran
+  double fwd_bwd_ms = 0, opt_ms = 0, tokens_per_s = 0, flops_per_s = 0, utilisation = 0;
+  double flops_per_token = 0;
+  int64_t params = 0, active = 0;
+  std::map<std::string, double> breakdown_ms;  // per op class, per step
+};
+
+CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_rate) {
+  const RunConfig& c = gc.config;
+  CaseResult r;
+  r.name = gc.name;
+  r.flops_per_token = ForwardFlopsPerToken(c).training();
+  const ParamCounts pc = CountParams(c);
+  r.params = pc.total;
+  r.active = pc.active;
+  std::string why;
+  if (!CudaModel::ForwardBackwardAvailable(&why)) {
+    r.skipped = why;
+    return r;
+  }
+#if MOELAB_HAVE_CUDA
+  CudaModel model(c);
+  model.Init(c.train.seed);
+  std::unique_ptr<CudaOptimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
+  CudaOpProfiler profiler;
+  const int B = c.train.batch_size, S = c.model.seq_len;
+  std::vector<int32_t> tokens;
+  StepStats stats;
+  double fb = 0, op = 0;
+  cudautil::EventTimer t_fb, t_opt;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    SyntheticTokens(c.train.seed, i, B, S, c.model.vocab_size, &tokens);
+    const bool timed = i >= o.warmup;
+    model.set_profiler(timed ? &profiler : nullptr);
+    t_fb.Start();
+    model.ForwardBackward(tokens.data(), B, &stats);
+    t_fb.Stop();
+    const double s_fb = t_fb.Seconds();
+    t_opt.Start();
+    opt->Step(model.params(), model.grads(), c.optimizer.lr * 0.1, i + 1);
+    model.ParamsChanged();
+    t_opt.Stop();
+    const double s_opt = t_opt.Seconds();
+    if (timed) fb += s_fb, op += s_opt;
+  }
+  r.ran = true;
+  r.fwd_bwd_ms = 1e3 * fb / o.steps;
+  r.opt_ms = 1e3 * op / o.steps;
+  r.tokens_per_s = B * S / ((fb + op) / o.steps);
+  r.flops_per_s = r.flops_per_token * r.tokens_per_s;
+  r.utilisation = r.flops_per_s / gemm_rate;
+  for (const auto& [k, v] : profiler.Totals()) r.breakdown_ms[k] = 1e3 * v / o.steps;
+#else
+  (void)o;
+  (void)gemm_rate;
+#endif
+  return r;
+}
+
+}  // namespace
+
+int RunCudaBench(const CudaBenchOptions& o) {
+  TrainConfig t;
+  t.device = "cuda";
+  try {
+    RequireDevice(t);
+  } catch (const DeviceError& e) {
+    fmt::print(stderr, "moelab bench: --device cuda: {}\n", e.what());
+    return kExitConfig;
+  }
+  double gemm = 0;
+#if MOELAB_HAVE_CUDA
+  gemm = MeasureBf16Gemm(o.gemm_n, 5);
+#endif
+  const CudaDeviceInfo& dev = QueryCudaDevices();
+  nlohmann::json out;
+  out["device"] = dev.name;
+  out["bf16_gemm_n"] = o.gemm_n;
+  out["bf16_gemm_tflops"] = gemm / 1e12;
+  out["configs"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\n\n", dev.name,
+               dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n, gemm / 1e12);
+    fmt::print("{:<20} {:>11} {:>11} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config", "params",
+               "active", "fwd+bwd ms", "optim ms", "tokens/s", "TFLOP/s", "util");
+  }
+  for (const GpuCase& gc : GpuCases()) {
+    if (!o.only.empty() && gc.name.find(o.only) == std::string::npos) continue;
+    CaseResult r;
+    try {
+      r = RunGpuCase(gc, o, gemm);
+    } catch (const std::exception& e) {  // e.g. out of memory on a smaller GPU
+      r.name = gc.name;
+      r.skipped = std::string("failed: ") + e.what();
+    }
+    nlohmann::json j = {{"name", r.name},
+                        {"params", r.params},
+                        {"params_active", r.active},
+                        {"training_flops_per_token", r.flops_per_token},
+                        {"ran", r.ran}};
+    if (r.ran) {
+      j["fwd_bwd_ms"] = r.fwd_bwd_ms;
+      j["optimizer_ms"] = r.opt_ms;
+      j["optimizer_over_fwd_bwd"] = r.opt_ms / r.fwd_bwd_ms;
+      j["tokens_per_s"] = r.tokens_per_s;
+      j["tflops"] = r.flops_per_s / 1e12;
+      j["utilisation"] = r.utilisation;
+      j["breakdown_ms"] = r.breakdown_ms;
+    } else {
+      j["skipped"] = r.skipped;
+    }
+    out["configs"].push_back(j);
+    if (o.json) continue;
+    if (!r.ran) {
+      fmt::print("{:<20} {:>11} {:>11}  not run: {}\n", r.name, r.params, r.active, r.skipped);
+      continue;
+    }
+    fmt::print("{:<20} {:>11} {:>11} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} {:>6.1f}%\n", r.name,
+               r.params, r.active, r.fwd_bwd_ms, r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12,
+               100 * r.utilisation);
+    for (const auto& [k, v] : r.breakdown_ms) fmt::print("    {:<18} {:>9.2f} ms\n", k, v);
+    std::fflush(stdout);
+  }
+  if (o.json) {
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    fmt::print(
+        "\nutil = analytic training FLOPs/s (3x forward, causal attention halved) / the bf16 GEMM "
+        "rate above.\nBatch 32 x 1024 synthetic tokens, vocab 32768, bf16 compute with fp32 "
+        "masters; optimizer AdamW unless named.\n");
+  }
+  return 0;
+}
+
+}  // namespace moelab::cli

@@ -1,0 +1,92 @@
+#include "core/cuda_profiler.h"
+
+#include <stdexcept>
+
+#if MOELAB_HAVE_CUDA
+#include "core/cuda_util.h"
+#endif
+
+namespace moelab {
+
+#if MOELAB_HAVE_CUDA
+struct CudaOpProfiler::Impl {
+  struct Bracket {
+    std::string op;
+    cudaEvent_t start, stop;
+  };
+  std::vector<Bracket> brackets;  // reused across Reset (events are created once)
+  size_t used = 0;
+  bool open = false;
+  int nested = 0;  // brackets opened inside an open one: ignored (the outer one counts)
+  ~Impl() {
+    for (Bracket& b : brackets) {
+      cudaEventDestroy(b.start);
+      cudaEventDestroy(b.stop);
+    }
+  }
+};
+
+CudaOpProfiler::CudaOpProfiler() : impl_(std::make_unique<Impl>()) {}
+CudaOpProfiler::~CudaOpProfiler() = default;
+
+void CudaOpProfiler::Begin(const char* op_class) {
+  Impl& I = *impl_;
+  if (I.open) {
+    ++I.nested;
+    return;
+  }
+  if (I.used == I.brackets.size()) {
+    Impl::Bracket b;
+    MOELAB_CUDA(cudaEventCreate(&b.start));
+    MOELAB_CUDA(cudaEventCreate(&b.stop));
+    I.brackets.push_back(b);
+  }
+  Impl::Bracket& b = I.brackets[I.used];
+  b.op = op_class;
+  MOELAB_CUDA(cudaEventRecord(b.start, nullptr));
+  I.open = true;
+}
+
+void CudaOpProfiler::End() {
+  Impl& I = *impl_;
+  if (!I.open) throw std::logic_error("CudaOpProfiler: End without Begin");
+  if (I.nested > 0) {
+    --I.nested;
+    return;
+  }
+  MOELAB_CUDA(cudaEventRecord(I.brackets[I.used].stop, nullptr));
+  ++I.used;
+  I.open = false;
+}
+
+std::map<std::string, double> CudaOpProfiler::Totals() {
+  std::map<std::string, double> out;
+  for (size_t i = 0; i < impl_->used; ++i) {
+    Impl::Bracket& b = impl_->brackets[i];
+    MOELAB_CUDA(cudaEventSynchronize(b.stop));
+    float ms = 0;
+    MOELAB_CUDA(cudaEventElapsedTime(&ms, b.start, b.stop));
+    out[b.op] += ms * 1e-3;
+  }
+  return out;
+}
+
+void CudaOpProfiler::Reset() {
+  impl_->used = 0;
+  impl_->open = false;
+  impl_->nested = 0;
+}
+
+#else
+
+struct CudaOpProfiler::Impl {};
+CudaOpProfiler::CudaOpProfiler() : impl_(std::make_unique<Impl>()) {}
+CudaOpProfiler::~CudaOpProfiler() = default;
+void CudaOpProfiler::Begin(const char*) {}
+void CudaOpProfiler::End() {}
+std::map<std::string, double> CudaOpProfiler::Totals() { return {}; }
+void CudaOpProfiler::Reset() {}
+
+#endif
+
+}  // namespace moelab

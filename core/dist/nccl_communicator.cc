@@ -1,0 +1,186 @@
+#include "core/dist/nccl_communicator.h"
+
+#include <stdexcept>
+
+#if MOELAB_HAVE_NCCL && MOELAB_HAVE_MPI && MOELAB_HAVE_CUDA
+#define MOELAB_NCCL_BUILT 1
+#include <mpi.h>
+#include <nccl.h>
+
+#include <vector>
+
+#include "core/cuda_util.h"
+#endif
+
+namespace moelab {
+
+#if MOELAB_NCCL_BUILT
+
+namespace {
+
+void CheckNccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    throw std::runtime_error(std::string("NCCL error in ") + what + ": " + ncclGetErrorString(r));
+  }
+}
+#define MOELAB_NCCL(call) CheckNccl((call), #call)
+
+bool IsDevicePointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int rank = 0, size = 1, device = 0;
+  cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
+
+  unsigned char* Stage(size_t bytes) {
+    if (staging.size() < bytes) staging.Resize(bytes);
+    return staging.data();
+  }
+
+  // In-place all-reduce of n elements of `type` at p (device or host memory).
+  void AllReduce(void* p, size_t n, size_t elem, ncclDataType_t type, ncclRedOp_t op) {
+    if (n == 0) return;
+    if (IsDevicePointer(p)) {
+      MOELAB_NCCL(ncclAllReduce(p, p, n, type, op, comm, stream));
+      MOELAB_CUDA(cudaStreamSynchronize(stream));
+      return;
+    }
+    unsigned char* d = Stage(n * elem);
+    MOELAB_CUDA(cudaMemcpyAsync(d, p, n * elem, cudaMemcpyHostToDevice, stream));
+    MOELAB_NCCL(ncclAllReduce(d, d, n, type, op, comm, stream));
+    MOELAB_CUDA(cudaMemcpyAsync(p, d, n * elem, cudaMemcpyDeviceToHost, stream));
+    MOELAB_CUDA(cudaStreamSynchronize(stream));
+  }
+};
+
+NcclCommunicator::NcclCommunicator() : impl_(std::make_unique<Impl>()) {}
+
+bool NcclCommunicator::Available(std::string* why) {
+  if (why) why->clear();
+  return true;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  }
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  Impl& I = *c->impl_;
+  MPI_Comm_rank(MPI_COMM_WORLD, &I.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &I.size);
+  // One GPU per process: the node-local rank picks it.
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, I.rank, MPI_INFO_NULL, &local);
+  int local_rank = 0;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_free(&local);
+  int devices = 0;
+  MOELAB_CUDA(cudaGetDeviceCount(&devices));
+  if (devices == 0) throw std::runtime_error("NcclCommunicator: no CUDA device");
+  I.device = local_rank % devices;
+  MOELAB_CUDA(cudaSetDevice(I.device));
+  MOELAB_CUDA(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
+  ncclUniqueId id;
+  if (I.rank == 0) MOELAB_NCCL(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  MOELAB_NCCL(ncclCommInitRank(&I.comm, I.size, id, I.rank));
+  return c;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (impl_->comm) ncclCommDestroy(impl_->comm);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+int NcclCommunicator::rank() const { return impl_->rank; }
+int NcclCommunicator::world_size() const { return impl_->size; }
+int NcclCommunicator::device() const { return impl_->device; }
+
+void NcclCommunicator::AllReduceSum(float* data, size_t n) {
+  impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclSum);
+}
+void NcclCommunicator::AllReduceSum(double* data, size_t n) {
+  impl_->AllReduce(data, n, sizeof(double), ncclFloat64, ncclSum);
+}
+void NcclCommunicator::AllReduceSum(int64_t* data, size_t n) {
+  impl_->AllReduce(data, n, sizeof(int64_t), ncclInt64, ncclSum);
+}
+void NcclCommunicator::AllReduceMax(float* data, size_t n) {
+  impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclMax);
+}
+
+// Point-to-point sends/receives grouped into one NCCL call. Device pointers only (the expert-
+// parallel exchange moves activations that live on the GPU).
+void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, float* recv,
+                                 const size_t* recv_counts) {
+  Impl& I = *impl_;
+  if (!IsDevicePointer(send) || !IsDevicePointer(recv)) {
+    throw std::invalid_argument("NcclCommunicator::AllToAllV needs device pointers");
+  }
+  size_t so = 0, ro = 0;
+  MOELAB_NCCL(ncclGroupStart());
+  for (int r = 0; r < I.size; ++r) {
+    if (send_counts[r])
+      MOELAB_NCCL(ncclSend(send + so, send_counts[r], ncclFloat32, r, I.comm, I.stream));
+    if (recv_counts[r])
+      MOELAB_NCCL(ncclRecv(recv + ro, recv_counts[r], ncclFloat32, r, I.comm, I.stream));
+    so += send_counts[r];
+    ro += recv_counts[r];
+  }
+  MOELAB_NCCL(ncclGroupEnd());
+  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+}
+
+void NcclCommunicator::Barrier() {
+  MOELAB_CUDA(cudaStreamSynchronize(impl_->stream));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+void NcclCommunicator::Abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+
+#else  // NCCL, MPI or CUDA missing from this build
+
+struct NcclCommunicator::Impl {};
+NcclCommunicator::NcclCommunicator() = default;
+NcclCommunicator::~NcclCommunicator() = default;
+
+bool NcclCommunicator::Available(std::string* why) {
+  if (why) {
+    *why =
+        "this moelab was built without NCCL (needs the CUDA toolkit's NCCL and MPI at "
+        "configure time)";
+  }
+  return false;
+}
+std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
+  std::string why;
+  Available(&why);
+  throw std::runtime_error(why);
+}
+int NcclCommunicator::rank() const { return 0; }
+int NcclCommunicator::world_size() const { return 1; }
+int NcclCommunicator::device() const { return 0; }
+void NcclCommunicator::AllReduceSum(float*, size_t) {}
+void NcclCommunicator::AllReduceSum(double*, size_t) {}
+void NcclCommunicator::AllReduceSum(int64_t*, size_t) {}
+void NcclCommunicator::AllReduceMax(float*, size_t) {}
+void NcclCommunicator::AllToAllV(const float*, const size_t*, float*, const size_t*) {}
+void NcclCommunicator::Barrier() {}
+void NcclCommunicator::Abort(int) {}
+
+#endif
+
+}  // namespace moelab

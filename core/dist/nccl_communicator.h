@@ -1,0 +1,44 @@
+// Communicator over NCCL for train.device "cuda" (docs/cuda.md): one process per GPU, started by
+// mpirun; MPI only bootstraps (rank 0's ncclUniqueId is broadcast over MPI_COMM_WORLD) and
+// provides the barrier. Collectives take device pointers (gradients stay on the GPU); host
+// pointers (the per-step statistics) are staged through a device buffer. Compiled when NCCL and
+// MPI are both found (MOELAB_HAVE_NCCL); otherwise Create() throws with the reason.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/dist/communicator.h"
+
+namespace moelab {
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Collective: every rank of MPI_COMM_WORLD calls it. Initialises MPI if nobody has. Picks GPU
+  // (node-local rank mod visible GPUs). Throws std::runtime_error when NCCL/MPI are not built in
+  // or fail.
+  static std::unique_ptr<NcclCommunicator> Create();
+  // Whether this build has NCCL; `why` gets the reason when not.
+  static bool Available(std::string* why);
+  ~NcclCommunicator() override;
+
+  int rank() const override;
+  int world_size() const override;
+  void AllReduceSum(float* data, size_t n) override;
+  void AllReduceSum(double* data, size_t n) override;
+  void AllReduceSum(int64_t* data, size_t n) override;
+  void AllReduceMax(float* data, size_t n) override;
+  void AllToAllV(const float* send, const size_t* send_counts, float* recv,
+                 const size_t* recv_counts) override;
+  void Barrier() override;
+  void Abort(int exit_code) override;  // MPI_Abort
+  std::string kind() const override { return "nccl"; }
+  int device() const;  // the CUDA device this rank uses
+
+ private:
+  NcclCommunicator();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moelab

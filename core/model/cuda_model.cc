@@ -1,0 +1,805 @@
+// The device twin of core/model/model.cc: the same walk over the same flat arenas, with the
+// kernels/cuda twins in place of kernels/cpu. Layout and initial values come from a host
+// Model<float> of the same config. See core/model/cuda_model.h and docs/cuda.md.
+#include "core/model/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "core/device.h"
+#include "core/model/moe.h"
+
+#if MOELAB_HAVE_CUDA
+#include "core/model/cuda_model_kernels.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
+#endif
+
+namespace moelab {
+
+#if MOELAB_HAVE_CUDA
+
+namespace {
+
+using cuda::bf16;
+template <typename T>
+using Buf = cuda::DeviceBuffer<T>;
+
+// Device MoE layer: core/model/moe.cc's Forward/Backward over device buffers.
+struct DeviceMoe {
+  int d, H, E, k, S;
+  bool sigmoid, aux_loss;
+  double aux_coef, route_scale;
+  int n = 0, cap = 0;
+  Buf<float> logits, scores, gates, dgates, xe, ye, dxe, h1, h3, act, sh1, sh3, sact, sy, scratch;
+  Buf<int> topk, row_token, slot_row;
+  Buf<int64_t> counts, offsets;
+  std::vector<int64_t> host_offsets, host_counts;
+
+  DeviceMoe(const ModelConfig& m, const MoEConfig& e)
+      : d(m.d_model),
+        H(e.expert_hidden),
+        E(e.experts_total),
+        k(e.experts_active),
+        S(e.shared_experts),
+        sigmoid(e.router == "sigmoid"),
+        aux_loss(e.balance == "aux_loss"),
+        aux_coef(e.aux_loss_coef),
+        route_scale(e.route_scale) {
+    if (k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
+    counts.Resize(E);
+    offsets.Resize(E + 1);
+    host_offsets.assign(E + 1, 0);
+    host_counts.assign(E, 0);
+  }
+
+  void Reserve(int rows) {
+    if (rows <= cap) return;
+    const size_t nn = rows, nk = nn * k;
+    logits.Resize(nn * E);
+    scores.Resize(nn * E);
+    gates.Resize(nk);
+    dgates.Resize(nk);
+    topk.Resize(nk);
+    row_token.Resize(nk);
+    slot_row.Resize(nk);
+    xe.Resize(nk * d);
+    ye.Resize(nk * d);
+    dxe.Resize(nk * d);
+    h1.Resize(nk * H);
+    h3.Resize(nk * H);
+    act.Resize(nk * H);
+    sh1.Resize(S * nn * H);
+    sh3.Resize(S * nn * H);
+    sact.Resize(S * nn * H);
+    sy.Resize(S > 1 ? (S - 1) * nn * d : 0);
+    scratch.Resize(std::max(nk, nn) * 2 * H);
+    cap = rows;
+  }
+
+  // x [n,d] → y [n,d]; counts_out (host, may be null). Returns the aux loss.
+  double Forward(const float* router, const float* w1, const float* w3, const float* w2,
+                 const float* s1, const float* s3, const float* s2, const float* bias,
+                 const float* x, int rows, float* y, int64_t* counts_out) {
+    Reserve(rows);
+    n = rows;
+    const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
+    const size_t snh = static_cast<size_t>(n) * H;
+    cuda::Gemm(false, true, n, E, d, 1.0f, x, d, router, d, 0.0f, logits.data(), E);
+    cuda::MoeRoute(logits.data(), n, E, k, sigmoid, bias, route_scale, scores.data(), topk.data(),
+                   gates.data(), counts.data());
+    const double aux =
+        aux_loss ? cuda::MoeAuxLoss(scores.data(), counts.data(), n, E, k, sigmoid, aux_coef) : 0.0;
+    if (counts_out) {
+      MOELAB_CUDA_CHECK(
+          cudaMemcpy(counts_out, counts.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
+    }
+    cuda::MoeDispatchPlan(topk.data(), n, E, k, offsets.data(), row_token.data(), slot_row.data());
+    cuda::DownloadOffsets(offsets.data(), E, host_offsets.data());
+    cuda::MoeGather(x, d, row_token.data(), static_cast<int64_t>(n) * k, xe.data());
+    cuda::MoeExpertsForward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
+                                   h3.data(), act.data(), ye.data());
+    for (int s = 0; s < S; ++s) {
+      float* out = s == 0 ? y : sy.data() + (s - 1) * nd;
+      cuda::SwigluForward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
+                          sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, out);
+    }
+    for (int s = 1; s < S; ++s) cudamodel::Add(y, sy.data() + (s - 1) * nd, y, nd);
+    cuda::MoeCombine(ye.data(), slot_row.data(), gates.data(), n, k, d, y, S > 0);
+    return aux;
+  }
+
+  void Backward(const float* router, const float* w1, const float* w3, const float* w2,
+                const float* s1, const float* s3, const float* s2, float* grouter, float* gw1,
+                float* gw3, float* gw2, float* gs1, float* gs3, float* gs2, const float* x,
+                const float* dy, float* dx) {
+    const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
+    const size_t snh = static_cast<size_t>(n) * H;
+    cuda::MoeCombineBackward(dy, ye.data(), slot_row.data(), gates.data(), n, k, d, ye.data(),
+                             dgates.data());
+    cuda::MoeRouteBackward(scores.data(), topk.data(), dgates.data(), counts.data(), n, E, k,
+                           sigmoid, route_scale, aux_loss ? aux_coef : 0.0, logits.data());
+    cuda::MoeExpertsBackward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
+                                    h3.data(), act.data(), ye.data(), dxe.data(), gw1, gw3, gw2,
+                                    scratch.data());
+    for (int s = 0; s < S; ++s) {
+      cuda::SwigluBackward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
+                           sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, dy,
+                           s == 0 ? dx : sy.data() + (s - 1) * nd, gs1 + s * wsize, gs3 + s * wsize,
+                           gs2 + s * wsize, scratch.data());
+    }
+    cuda::Gemm(true, false, E, d, n, 1.0f, logits.data(), E, x, d, 0.0f, grouter, d);
+    for (int s = 1; s < S; ++s) cudamodel::Add(dx, sy.data() + (s - 1) * nd, dx, nd);
+    cuda::MoeGatherBackward(dxe.data(), slot_row.data(), n, k, d, dx, S > 0);
+    cuda::Gemm(false, false, n, d, E, 1.0f, logits.data(), E, router, d, 1.0f, dx, d);
+  }
+};
+
+}  // namespace
+
+struct CudaModel::Impl {
+  struct Layer {
+    size_t attn_norm = 0, wo = 0, ffn_norm = 0, wq = 0, q_norm = 0, k_norm = 0;
+    size_t q_a = 0, q_a_norm = 0, q_b = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0;
+    size_t w1 = 0, w3 = 0, w2 = 0, router = 0, ew1 = 0, ew3 = 0, ew2 = 0, sw1 = 0, sw3 = 0, sw2 = 0;
+    int moe_index = -1;
+  };
+  struct Acts {
+    float *res, *ln1, *rstd1, *qkv, *qk_raw, *rstd_q, *rstd_k, *cq_raw, *cq, *rstd_cq, *qb, *kva,
+        *ckv, *rstd_kv, *kvb, *qf, *kf, *probs, *capped, *att, *mid, *ln2, *rstd2, *h1, *h3, *act;
+  };
+
+  explicit Impl(const RunConfig& c) : cfg(c), m(c.model), moe(c.moe), host(c) {}
+
+  RunConfig cfg;
+  ModelConfig m;
+  MoEConfig moe;
+  Model<float> host;
+  bool use_bf16 = false, mla = false, qk_norm = false;
+  int d = 0, L = 0, H = 0, KVH = 0, hd = 0, qdim = 0, kvdim = 0, qkv_dim = 0, F = 0, V = 0, S = 0;
+  int E = 0, num_moe = 0, rq = 0, rkv = 0, dn = 0, dr = 0, dvh = 0, dqk = 0, odim = 0;
+  int rot_dim = 0;
+  size_t embedding = 0, final_norm = 0, lm_head = 0;
+  std::vector<Layer> layers;
+  std::vector<std::unique_ptr<DeviceMoe>> moes;
+  cpu::AttentionDims dims;
+
+  Buf<float> params, grads, bias, rope_cos, rope_sin;
+  Buf<cuda::bf16> params_bf16, xb, dyb;  // bf16 mode: weights, GEMM input / output-gradient casts
+  size_t cast_cap = 0;
+
+  int cap_batch = 0;
+  Buf<float> acts;
+  std::vector<Acts> la;
+  float *res_final = nullptr, *lnf = nullptr, *rstdf = nullptr, *logits = nullptr;
+  float *dres = nullptr, *dln = nullptr, *datt = nullptr, *dqkv = nullptr, *dqf = nullptr;
+  float *dkf = nullptr, *dqb = nullptr, *dkva = nullptr, *dkvb = nullptr, *dcq = nullptr;
+  float *ffn_scratch = nullptr, *att_scratch = nullptr, *pair_max = nullptr, *head_max = nullptr;
+  Buf<int32_t> inputs, targets;
+  Buf<double> row_scratch;
+  Buf<unsigned char> emb_scratch;
+  std::vector<int32_t> host_inputs, host_targets;
+  CudaOpProfiler* profiler = nullptr;
+
+  void Setup() {
+    d = m.d_model;
+    L = m.layers;
+    H = m.heads;
+    KVH = m.kv_heads_effective();
+    hd = m.head_dim_effective();
+    mla = m.attention == "mla";
+    qk_norm = m.qk_norm;
+    F = m.ffn_hidden;
+    V = m.vocab_size;
+    S = m.seq_len;
+    if (mla) {
+      rq = m.q_lora_rank;
+      rkv = m.kv_lora_rank;
+      dn = m.qk_nope_head_dim;
+      dr = m.qk_rope_head_dim;
+      dvh = m.v_head_dim;
+      dqk = dn + dr;
+      KVH = H;
+      odim = H * dvh;
+      rot_dim = dr;
+    } else {
+      qdim = H * hd;
+      kvdim = KVH * hd;
+      qkv_dim = qdim + 2 * kvdim;
+      odim = qdim;
+      rot_dim = hd;
+    }
+    if (moe.enabled()) {
+      E = moe.experts_total;
+      num_moe = std::max(0, L - moe.dense_layers);
+    }
+    std::map<std::string, size_t> at;
+    for (const ParamInfo& p : host.param_infos()) at[p.name] = p.offset;
+    auto get = [&](const std::string& name) {
+      auto it = at.find(name);
+      return it == at.end() ? size_t{0} : it->second;
+    };
+    embedding = get("embedding");
+    final_norm = get("final_norm");
+    lm_head = get("lm_head");
+    layers.resize(L);
+    int mi = 0;
+    for (int l = 0; l < L; ++l) {
+      Layer& y = layers[l];
+      const std::string p = "layers." + std::to_string(l) + ".";
+      y.attn_norm = get(p + "attn_norm");
+      y.wq = get(p + "attn.wq");
+      y.q_norm = get(p + "attn.q_norm");
+      y.k_norm = get(p + "attn.k_norm");
+      y.q_a = get(p + "attn.q_a");
+      y.q_a_norm = get(p + "attn.q_a_norm");
+      y.q_b = get(p + "attn.q_b_nope");
+      y.kv_a = get(p + "attn.kv_a");
+      y.kv_a_norm = get(p + "attn.kv_a_norm");
+      y.kv_b = get(p + "attn.kv_b_k");
+      y.wo = get(p + "attn.wo");
+      y.ffn_norm = get(p + "ffn_norm");
+      if (moe.enabled() && l >= moe.dense_layers) {
+        y.moe_index = mi++;
+        y.router = get(p + "moe.router");
+        y.ew1 = get(p + "moe.experts.w1");
+        y.ew3 = get(p + "moe.experts.w3");
+        y.ew2 = get(p + "moe.experts.w2");
+        y.sw1 = get(p + "moe.shared.w1");
+        y.sw3 = get(p + "moe.shared.w3");
+        y.sw2 = get(p + "moe.shared.w2");
+        moes.push_back(std::make_unique<DeviceMoe>(m, moe));
+      } else {
+        y.w1 = get(p + "ffn.w1");
+        y.w3 = get(p + "ffn.w3");
+        y.w2 = get(p + "ffn.w2");
+      }
+    }
+    const size_t np = host.num_params();
+    params.Resize(np);
+    grads.Resize(np);
+    grads.Zero();
+    if (use_bf16) params_bf16.Resize(np);
+    if (!host.router_bias().empty()) bias.Resize(host.router_bias().size());
+    std::vector<float> cs(static_cast<size_t>(S) * rot_dim / 2), sn(cs.size());
+    cpu::RopeTables<float>(S, rot_dim, m.rope_theta, cs.data(), sn.data());
+    rope_cos.Upload(cs);
+    rope_sin.Upload(sn);
+    dims.seq = S;
+    dims.heads = H;
+    dims.kv_heads = KVH;
+    if (mla) {
+      dims.qk_dim = dqk;
+      dims.v_dim = dvh;
+      dims.ldq = dims.ldk = H * dqk;
+      dims.ldv = H * (dn + dvh);
+      dims.scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+    } else {
+      dims.qk_dim = dims.v_dim = hd;
+      dims.ldq = dims.ldk = dims.ldv = qkv_dim;
+      dims.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    }
+    dims.ldo = odim;
+    dims.softcap = m.logit_softcap;
+  }
+
+  void Reserve(int batch) {
+    if (batch <= cap_batch) return;
+    cap_batch = batch;
+    const size_t n = static_cast<size_t>(batch) * S;
+    const size_t att = static_cast<size_t>(batch) * H * S * S;
+    dims.batch = batch;
+    size_t total = 0;
+    float* base = nullptr;
+    auto take = [&](size_t count) -> float* {
+      if (count == 0) return nullptr;
+      float* p = base ? base + total : nullptr;
+      total += (count + 63) / 64 * 64;  // 256-byte aligned
+      return p;
+    };
+    la.assign(L, Acts{});
+    for (int pass = 0; pass < 2; ++pass) {
+      total = 0;
+      for (int l = 0; l < L; ++l) {
+        Acts& a = la[l];
+        a = Acts{};
+        a.res = take(n * d);
+        a.ln1 = take(n * d);
+        a.rstd1 = take(n);
+        if (mla) {
+          if (rq > 0) {
+            a.cq_raw = take(n * rq);
+            a.cq = take(n * rq);
+            a.rstd_cq = take(n);
+          }
+          a.qb = take(n * H * dqk);
+          a.kva = take(n * (rkv + dr));
+          a.ckv = take(n * rkv);
+          a.rstd_kv = take(n);
+          a.kvb = take(n * H * (dn + dvh));
+          a.qf = take(n * H * dqk);
+          a.kf = take(n * H * dqk);
+        } else {
+          a.qkv = take(n * qkv_dim);
+          if (qk_norm) {
+            a.qk_raw = take(n * (qdim + kvdim));
+            a.rstd_q = take(n * H);
+            a.rstd_k = take(n * KVH);
+          }
+        }
+        a.probs = take(att);
+        a.capped = m.logit_softcap > 0 ? take(att) : nullptr;
+        a.att = take(n * odim);
+        a.mid = take(n * d);
+        a.ln2 = take(n * d);
+        a.rstd2 = take(n);
+        if (layers[l].moe_index < 0) {
+          a.h1 = take(n * F);
+          a.h3 = take(n * F);
+          a.act = take(n * F);
+        }
+      }
+      res_final = take(n * d);
+      lnf = take(n * d);
+      rstdf = take(n);
+      logits = take(n * V);
+      dres = take(n * d);
+      dln = take(n * d);
+      datt = take(n * odim);
+      if (mla) {
+        dqf = take(n * H * dqk);
+        dkf = take(n * H * dqk);
+        dqb = take(n * H * dqk);
+        dkva = take(n * (rkv + dr));
+        dkvb = take(n * H * (dn + dvh));
+        dcq = take(n * std::max(rq, rkv));
+      } else {
+        dqkv = take(n * qkv_dim);
+      }
+      ffn_scratch = take(n * 2 * F);
+      att_scratch = take(cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
+      pair_max = take(static_cast<size_t>(batch) * H);
+      head_max = take(static_cast<size_t>(L) * H);
+      if (pass == 0) {
+        acts.Resize(total);
+        base = acts.data();
+      }
+    }
+    inputs.Resize(n);
+    targets.Resize(n);
+    row_scratch.Resize(2 * n + 2);
+    emb_scratch.Resize(cuda::EmbeddingScratchBytes(static_cast<int>(n)));
+    host_inputs.resize(n);
+    host_targets.resize(n);
+    if (use_bf16) {
+      // The largest GEMM input and output-gradient of a step.
+      const size_t widest = std::max<size_t>(
+          {static_cast<size_t>(d), static_cast<size_t>(F), static_cast<size_t>(odim),
+           static_cast<size_t>(qkv_dim), static_cast<size_t>(V), static_cast<size_t>(H) * dqk,
+           static_cast<size_t>(rkv + dr), static_cast<size_t>(H) * (dn + dvh)});
+      xb.Resize(n * widest);
+      dyb.Resize(n * widest);
+    }
+  }
+
+  // y = x·Wᵀ at weight offset w: fp32, or bf16 inputs (cast here) with fp32 accumulation/output.
+  void Lin(const float* x, size_t w, int n, int in, int out, float* y, bool acc = false) {
+    ProfileScope ps(profiler, "gemm");
+    if (!use_bf16) {
+      cuda::LinearForward<float>(x, params.data() + w, n, in, out, y, acc);
+      return;
+    }
+    cuda::CastToBf16(x, xb.data(), static_cast<size_t>(n) * in);
+    cuda::LinearForward<cuda::bf16>(xb.data(), params_bf16.data() + w, n, in, out, y, acc);
+  }
+  void LinB(const float* x, size_t w, const float* dy, int n, int in, int out, float* dx,
+            bool acc_dx = false) {
+    ProfileScope ps(profiler, "gemm");
+    float* dw = grads.data() + w;
+    if (!use_bf16) {
+      cuda::LinearBackward<float>(x, params.data() + w, dy, n, in, out, dx, dw, acc_dx, false);
+      return;
+    }
+    cuda::CastToBf16(x, xb.data(), static_cast<size_t>(n) * in);
+    cuda::CastToBf16(dy, dyb.data(), static_cast<size_t>(n) * out);
+    cuda::LinearBackward<cuda::bf16>(xb.data(), params_bf16.data() + w, dyb.data(), n, in, out, dx, dw,
+                               acc_dx, false);
+  }
+
+  void AttentionForward(int l, int n) {
+    const Layer& ly = layers[l];
+    Acts& a = la[l];
+    const float* P = params.data();
+    const float* cs = rope_cos.data();
+    const float* sn = rope_sin.data();
+    if (!mla) {
+      Lin(a.ln1, ly.wq, n, d, qkv_dim, a.qkv);
+      ProfileScope ps(profiler, "attention");
+      if (qk_norm) {
+        const int ld = qdim + kvdim;
+        MOELAB_CUDA_CHECK(cudaMemcpy2DAsync(a.qk_raw, sizeof(float) * ld, a.qkv,
+                                            sizeof(float) * qkv_dim, sizeof(float) * ld, n,
+                                            cudaMemcpyDeviceToDevice, nullptr));
+        cuda::RmsNormGroupsForward(a.qk_raw, ld, a.qkv, qkv_dim, n, H, hd, P + ly.q_norm,
+                                   m.norm_eps, a.rstd_q);
+        cuda::RmsNormGroupsForward(a.qk_raw + qdim, ld, a.qkv + qdim, qkv_dim, n, KVH, hd,
+                                   P + ly.k_norm, m.norm_eps, a.rstd_k);
+      }
+      cuda::RopeApply(a.qkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, false);
+      cuda::RopeApply(a.qkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, false);
+      cuda::AttentionForward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim,
+                             a.probs, a.capped, a.att, pair_max);
+      return;
+    }
+    const float* qin = a.ln1;
+    int qin_dim = d;
+    if (rq > 0) {
+      Lin(a.ln1, ly.q_a, n, d, rq, a.cq_raw);
+      cuda::RmsNormForward(a.cq_raw, P + ly.q_a_norm, n, rq, m.norm_eps, a.cq, a.rstd_cq);
+      qin = a.cq;
+      qin_dim = rq;
+    }
+    Lin(qin, ly.q_b, n, qin_dim, H * dqk, a.qb);
+    const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
+    Lin(a.ln1, ly.kv_a, n, d, lda, a.kva);
+    cuda::RmsNormGroupsForward(a.kva, lda, a.ckv, rkv, n, 1, rkv, P + ly.kv_a_norm, m.norm_eps,
+                               a.rstd_kv);
+    Lin(a.ckv, ly.kv_b, n, rkv, ldb, a.kvb);
+    ProfileScope ps(profiler, "attention");
+    cuda::RopeApply(a.kva + rkv, n, S, lda, 1, dr, 0, dr, cs, sn, false);
+    // Per-head q = [q^C_h | q^R_h], k = [k^C_h | k^R (shared)].
+    cudamodel::CopyHeads(a.qb, H * dqk, dn, 0, a.qf, ldf, dqk, 0, n, H, dn, false);
+    cudamodel::CopyHeads(a.qb, H * dqk, dr, H * dn, a.qf, ldf, dqk, dn, n, H, dr, false);
+    cudamodel::CopyHeads(a.kvb, ldb, dn, 0, a.kf, ldf, dqk, 0, n, H, dn, false);
+    cudamodel::CopyHeads(a.kva, lda, 0, rkv, a.kf, ldf, dqk, dn, n, H, dr, false);
+    cuda::RopeApply(a.qf, n, S, ldf, H, dqk, dn, dr, cs, sn, false);
+    cuda::AttentionForward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs, a.capped,
+                           a.att, pair_max);
+  }
+
+  void AttentionBackward(int l, int n) {
+    const Layer& ly = layers[l];
+    Acts& a = la[l];
+    const float* P = params.data();
+    float* G = grads.data();
+    const float* cs = rope_cos.data();
+    const float* sn = rope_sin.data();
+    if (!mla) {
+      {
+        ProfileScope ps(profiler, "attention");
+        cuda::AttentionBackward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim,
+                                a.qkv + qdim + kvdim, a.probs, a.capped, datt, dqkv, dqkv + qdim,
+                                dqkv + qdim + kvdim, att_scratch);
+        cuda::RopeApply(dqkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, true);
+        cuda::RopeApply(dqkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, true);
+        if (qk_norm) {
+          const int ld = qdim + kvdim;
+          cuda::RmsNormGroupsBackward(a.qk_raw, ld, P + ly.q_norm, a.rstd_q, dqkv, qkv_dim, dqkv,
+                                      qkv_dim, n, H, hd, G + ly.q_norm);
+          cuda::RmsNormGroupsBackward(a.qk_raw + qdim, ld, P + ly.k_norm, a.rstd_k, dqkv + qdim,
+                                      qkv_dim, dqkv + qdim, qkv_dim, n, KVH, hd, G + ly.k_norm);
+        }
+      }
+      LinB(a.ln1, ly.wq, dqkv, n, d, qkv_dim, dln);
+      return;
+    }
+    const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
+    {
+      ProfileScope ps(profiler, "attention");
+      cuda::AttentionBackward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs,
+                              a.capped, datt, dqf, dkf, dkvb + H * dn, att_scratch);
+      cuda::RopeApply(dqf, n, S, ldf, H, dqk, dn, dr, cs, sn, true);
+      cudamodel::CopyHeads(dqf, ldf, dqk, 0, dqb, H * dqk, dn, 0, n, H, dn, false);
+      cudamodel::CopyHeads(dqf, ldf, dqk, dn, dqb, H * dqk, dr, H * dn, n, H, dr, false);
+      cudamodel::CopyHeads(dkf, ldf, dqk, 0, dkvb, ldb, dn, 0, n, H, dn, false);
+      cudamodel::SumHeads(dkf, ldf, dqk, dn, dkva + rkv, lda, n, H, dr);
+      cuda::RopeApply(dkva + rkv, n, S, lda, 1, dr, 0, dr, cs, sn, true);
+    }
+    LinB(a.ckv, ly.kv_b, dkvb, n, rkv, ldb, dcq);
+    cuda::RmsNormGroupsBackward(a.kva, lda, P + ly.kv_a_norm, a.rstd_kv, dcq, rkv, dkva, lda, n, 1,
+                                rkv, G + ly.kv_a_norm);
+    LinB(a.ln1, ly.kv_a, dkva, n, d, lda, dln);
+    if (rq > 0) {
+      LinB(a.cq, ly.q_b, dqb, n, rq, H * dqk, dcq);
+      cuda::RmsNormGroupsBackward(a.cq_raw, rq, P + ly.q_a_norm, a.rstd_cq, dcq, rq, dcq, rq, n, 1,
+                                  rq, G + ly.q_a_norm);
+      LinB(a.ln1, ly.q_a, dcq, n, d, rq, dln, /*acc_dx=*/true);
+    } else {
+      LinB(a.ln1, ly.q_b, dqb, n, d, H * dqk, dln, /*acc_dx=*/true);
+    }
+  }
+
+  void FfnForward(const Layer& ly, Acts& a, int n, float* y) {
+    if (!use_bf16) {
+      ProfileScope ps(profiler, "ffn");
+      const float* P = params.data();
+      cuda::SwigluForward(a.ln2, n, d, F, P + ly.w1, P + ly.w3, P + ly.w2, a.h1, a.h3, a.act, y);
+      return;
+    }
+    Lin(a.ln2, ly.w1, n, d, F, a.h1);
+    Lin(a.ln2, ly.w3, n, d, F, a.h3);
+    cuda::SwigluActivation(a.h1, a.h3, static_cast<size_t>(n) * F, a.act);
+    Lin(a.act, ly.w2, n, F, d, y);
+  }
+
+  void FfnBackward(const Layer& ly, Acts& a, int n, const float* dy, float* dx) {
+    if (!use_bf16) {
+      ProfileScope ps(profiler, "ffn");
+      const float* P = params.data();
+      float* G = grads.data();
+      cuda::SwigluBackward(a.ln2, n, d, F, P + ly.w1, P + ly.w3, P + ly.w2, a.h1, a.h3, a.act, dy,
+                           dx, G + ly.w1, G + ly.w3, G + ly.w2, ffn_scratch);
+      return;
+    }
+    const size_t nf = static_cast<size_t>(n) * F;
+    float* dact = ffn_scratch;  // [n,F], then dh1 = dact in place, dh3 in the second half
+    float* dh3 = ffn_scratch + nf;
+    LinB(a.act, ly.w2, dy, n, F, d, dact);
+    cuda::SwigluActivationBackward(a.h1, a.h3, dact, nf, dact, dh3);
+    LinB(a.ln2, ly.w1, dact, n, d, F, dx);
+    LinB(a.ln2, ly.w3, dh3, n, d, F, dx, /*acc_dx=*/true);
+  }
+
+  double Run(const int32_t* tokens, int batch, StepStats* stats, bool backward) {
+    Reserve(batch);
+    const int n = batch * S;
+    dims.batch = batch;
+    for (int b = 0; b < batch; ++b) {
+      const int32_t* row = tokens + static_cast<long>(b) * (S + 1);
+      for (int s = 0; s < S; ++s) {
+        if (row[s] < 0 || row[s] >= V || row[s + 1] < 0 || row[s + 1] >= V)
+          throw std::out_of_range("model: token id outside the vocabulary");
+        host_inputs[static_cast<size_t>(b) * S + s] = row[s];
+        host_targets[static_cast<size_t>(b) * S + s] = row[s + 1];
+      }
+    }
+    MOELAB_CUDA_CHECK(
+        cudaMemcpy(inputs.data(), host_inputs.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice));
+    MOELAB_CUDA_CHECK(cudaMemcpy(targets.data(), host_targets.data(), sizeof(int32_t) * n,
+                                 cudaMemcpyHostToDevice));
+    if (stats) stats->expert_counts.assign(static_cast<size_t>(num_moe) * E, 0);
+    float* P = params.data();
+    const size_t nd = static_cast<size_t>(n) * d;
+    {
+      ProfileScope ps(profiler, "embedding");
+      cuda::EmbeddingForward(P + embedding, inputs.data(), n, d, la[0].res);
+    }
+    double aux = 0;
+    for (int l = 0; l < L; ++l) {
+      const Layer& ly = layers[l];
+      Acts& a = la[l];
+      float* next = l + 1 < L ? la[l + 1].res : res_final;
+      {
+        ProfileScope ps(profiler, "norm");
+        cuda::RmsNormForward(a.res, P + ly.attn_norm, n, d, m.norm_eps, a.ln1, a.rstd1);
+      }
+      AttentionForward(l, n);
+      cuda::AttentionMaxOverBatch(pair_max, batch, H, head_max + static_cast<size_t>(l) * H);
+      MOELAB_CUDA_CHECK(
+          cudaMemcpyAsync(a.mid, a.res, sizeof(float) * nd, cudaMemcpyDeviceToDevice, nullptr));
+      Lin(a.att, ly.wo, n, odim, d, a.mid, /*acc=*/true);
+      {
+        ProfileScope ps(profiler, "norm");
+        cuda::RmsNormForward(a.mid, P + ly.ffn_norm, n, d, m.norm_eps, a.ln2, a.rstd2);
+      }
+      if (ly.moe_index < 0) {
+        FfnForward(ly, a, n, dln);
+      } else {
+        ProfileScope ps(profiler, "moe");
+        const int mi = ly.moe_index;
+        int64_t* counts =
+            stats ? stats->expert_counts.data() + static_cast<size_t>(mi) * E : nullptr;
+        aux += moes[mi]->Forward(P + ly.router, P + ly.ew1, P + ly.ew3, P + ly.ew2,
+                                 moe.shared_experts > 0 ? P + ly.sw1 : nullptr,
+                                 moe.shared_experts > 0 ? P + ly.sw3 : nullptr,
+                                 moe.shared_experts > 0 ? P + ly.sw2 : nullptr,
+                                 bias.data() + static_cast<size_t>(mi) * E, a.ln2, n, dln, counts);
+      }
+      cudamodel::Add(a.mid, dln, next, nd);
+    }
+    {
+      ProfileScope ps(profiler, "norm");
+      cuda::RmsNormForward(res_final, P + final_norm, n, d, m.norm_eps, lnf, rstdf);
+    }
+    const size_t head = m.tie_embeddings ? embedding : lm_head;
+    Lin(lnf, head, n, d, V, logits);
+    cuda::CrossEntropyResult ce;
+    {
+      ProfileScope ps(profiler, "cross_entropy");
+      ce = cuda::CrossEntropy(logits, targets.data(), n, V, m.z_loss, backward, row_scratch.data());
+    }
+    if (stats) {
+      std::vector<float> hm(static_cast<size_t>(L) * H);
+      MOELAB_CUDA_CHECK(
+          cudaMemcpy(hm.data(), head_max, sizeof(float) * hm.size(), cudaMemcpyDeviceToHost));
+      stats->max_logit_raw = hm;
+      stats->max_logit.resize(hm.size());
+      for (size_t i = 0; i < hm.size(); ++i) {
+        const double raw = hm[i];
+        stats->max_logit[i] = static_cast<float>(
+            m.logit_softcap > 0 ? m.logit_softcap * std::tanh(raw / m.logit_softcap) : raw);
+      }
+      stats->loss = ce.loss;
+      stats->aux_loss = aux;
+      stats->z_loss = ce.z_loss;
+    }
+    if (backward) Backward(batch);
+    return ce.loss + aux + ce.z_loss;
+  }
+
+  void Backward(int batch) {
+    const int n = batch * S;
+    float* P = params.data();
+    float* G = grads.data();
+    const size_t head = m.tie_embeddings ? embedding : lm_head;
+    LinB(lnf, head, logits, n, d, V, dln);
+    if (!m.tie_embeddings) {
+      MOELAB_CUDA_CHECK(
+          cudaMemsetAsync(G + embedding, 0, sizeof(float) * V * static_cast<size_t>(d), nullptr));
+    }
+    {
+      ProfileScope ps(profiler, "norm");
+      cuda::RmsNormBackward(res_final, P + final_norm, rstdf, dln, n, d, dres, G + final_norm,
+                            false);
+    }
+    for (int l = L - 1; l >= 0; --l) {
+      const Layer& ly = layers[l];
+      Acts& a = la[l];
+      if (ly.moe_index < 0) {
+        FfnBackward(ly, a, n, dres, dln);
+      } else {
+        ProfileScope ps(profiler, "moe");
+        const bool sh = moe.shared_experts > 0;
+        moes[ly.moe_index]->Backward(
+            P + ly.router, P + ly.ew1, P + ly.ew3, P + ly.ew2, sh ? P + ly.sw1 : nullptr,
+            sh ? P + ly.sw3 : nullptr, sh ? P + ly.sw2 : nullptr, G + ly.router, G + ly.ew1,
+            G + ly.ew3, G + ly.ew2, sh ? G + ly.sw1 : nullptr, sh ? G + ly.sw3 : nullptr,
+            sh ? G + ly.sw2 : nullptr, a.ln2, dres, dln);
+      }
+      {
+        ProfileScope ps(profiler, "norm");
+        cuda::RmsNormBackward(a.mid, P + ly.ffn_norm, a.rstd2, dln, n, d, dres, G + ly.ffn_norm,
+                              true);
+      }
+      LinB(a.att, ly.wo, dres, n, odim, d, datt);
+      AttentionBackward(l, n);
+      {
+        ProfileScope ps(profiler, "norm");
+        cuda::RmsNormBackward(a.res, P + ly.attn_norm, a.rstd1, dln, n, d, dres, G + ly.attn_norm,
+                              true);
+      }
+    }
+    ProfileScope ps(profiler, "embedding");
+    cuda::EmbeddingBackward(inputs.data(), dres, n, d, G + embedding, emb_scratch.data());
+  }
+};
+
+CudaModel::CudaModel(const RunConfig& config) {
+  RequireDevice(config.train);
+  impl_ = std::make_unique<Impl>(config);
+  impl_->use_bf16 = config.train.effective_precision() == "bf16";
+  impl_->Setup();
+}
+
+CudaModel::~CudaModel() = default;
+
+bool CudaModel::ForwardBackwardAvailable(std::string* why) {
+  if (why) why->clear();
+  return true;
+}
+
+void CudaModel::Init(uint64_t seed) {
+  impl_->host.Init(seed);
+  UploadParams(impl_->host.params());
+  UploadRouterBias();
+}
+
+const std::vector<ParamInfo>& CudaModel::param_infos() const { return impl_->host.param_infos(); }
+size_t CudaModel::num_params() const { return impl_->host.num_params(); }
+bool CudaModel::bf16() const { return impl_->use_bf16; }
+float* CudaModel::params() { return impl_->params.data(); }
+float* CudaModel::grads() { return impl_->grads.data(); }
+
+void CudaModel::DownloadParams(float* host) const {
+  MOELAB_CUDA_CHECK(
+      cudaMemcpy(host, impl_->params.data(), sizeof(float) * num_params(), cudaMemcpyDeviceToHost));
+}
+
+void CudaModel::UploadParams(const float* host) {
+  MOELAB_CUDA_CHECK(
+      cudaMemcpy(impl_->params.data(), host, sizeof(float) * num_params(), cudaMemcpyHostToDevice));
+  ParamsChanged();
+}
+
+std::vector<float>& CudaModel::router_bias() { return impl_->host.router_bias(); }
+
+void CudaModel::UploadRouterBias() {
+  std::vector<float>& b = impl_->host.router_bias();
+  if (!b.empty()) {
+    MOELAB_CUDA_CHECK(
+        cudaMemcpy(impl_->bias.data(), b.data(), sizeof(float) * b.size(), cudaMemcpyHostToDevice));
+  }
+}
+
+int CudaModel::moe_layers() const { return impl_->num_moe; }
+
+double CudaModel::ForwardBackward(const int32_t* tokens, int batch, StepStats* stats) {
+  return impl_->Run(tokens, batch, stats, true);
+}
+
+double CudaModel::Forward(const int32_t* tokens, int batch, StepStats* stats) {
+  return impl_->Run(tokens, batch, stats, false);
+}
+
+void CudaModel::UpdateRouterBias(const std::vector<int64_t>& counts, double rate) {
+  Impl& I = *impl_;
+  if (counts.size() < static_cast<size_t>(I.num_moe) * I.E)
+    throw std::invalid_argument("UpdateRouterBias: counts has the wrong size");
+  for (int mi = 0; mi < I.num_moe; ++mi)
+    UpdateSelectionBias(router_bias().data() + static_cast<size_t>(mi) * I.E,
+                        counts.data() + static_cast<size_t>(mi) * I.E, I.E, rate);
+  UploadRouterBias();
+}
+
+void CudaModel::ParamsChanged() {
+  Impl& I = *impl_;
+  if (I.use_bf16) cuda::CastToBf16(I.params.data(), I.params_bf16.data(), I.params.size());
+}
+
+void CudaModel::set_profiler(CudaOpProfiler* profiler) { impl_->profiler = profiler; }
+
+#else  // no CUDA in this build: every entry point reports that.
+
+struct CudaModel::Impl {};
+
+CudaModel::CudaModel(const RunConfig& config) {
+  RequireDevice(config.train);
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+CudaModel::~CudaModel() = default;
+bool CudaModel::ForwardBackwardAvailable(std::string* why) {
+  if (why) *why = "this moelab was built without CUDA";
+  return false;
+}
+void CudaModel::Init(uint64_t) {}
+const std::vector<ParamInfo>& CudaModel::param_infos() const {
+  static const std::vector<ParamInfo> none;
+  return none;
+}
+size_t CudaModel::num_params() const { return 0; }
+bool CudaModel::bf16() const { return false; }
+float* CudaModel::params() { return nullptr; }
+float* CudaModel::grads() { return nullptr; }
+void CudaModel::DownloadParams(float*) const {}
+void CudaModel::UploadParams(const float*) {}
+std::vector<float>& CudaModel::router_bias() {
+  static std::vector<float> none;
+  return none;
+}
+void CudaModel::UploadRouterBias() {}
+int CudaModel::moe_layers() const { return 0; }
+double CudaModel::ForwardBackward(const int32_t*, int, StepStats*) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+double CudaModel::Forward(const int32_t*, int, StepStats*) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+void CudaModel::UpdateRouterBias(const std::vector<int64_t>&, double) {}
+void CudaModel::ParamsChanged() {}
+void CudaModel::set_profiler(CudaOpProfiler*) {}
+
+#endif
+
+}  // namespace moelab

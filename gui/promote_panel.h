@@ -1,0 +1,47 @@
+// The Promote panel (beside the Scaling laws view): choose a sweep, a family and a budget or
+// target loss, see the plan from the stored fit (shape, memory per device, time, predicted loss
+// band), then write it (config + launch scripts + promotions row) or write and launch it. The
+// planning runs analysis::PreparePromotion on a worker thread, like `moelab promote`.
+#pragma once
+
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/promote_db.h"
+
+namespace moelab::gui {
+
+class PromotePanel {
+ public:
+  // Draws the panel for the database at db_path; clears *settled while work is in flight.
+  void Draw(const std::string& db_path, bool* settled);
+
+ private:
+  struct Choices {
+    std::vector<std::string> sweeps;
+    // Per sweep: "KEY=VALUE" families of its newest usable fit.
+    std::vector<std::vector<std::string>> families;
+    std::string error;
+  };
+  struct Outcome {
+    std::optional<analysis::PreparedPromotion> plan;
+    std::optional<analysis::RecordedPromotion> recorded;
+    int pid = 0;
+    std::string text, error;
+  };
+  std::string db_path_;
+  std::future<Choices> choices_job_;
+  std::optional<Choices> choices_;
+  int sweep_ = 0, family_ = 0;
+  char budget_[32] = "";
+  char target_loss_[32] = "";
+  int ranks_ = 1, threads_ = 2, device_ = 0;
+  bool measure_ = false;
+  std::future<Outcome> job_;
+  std::optional<Outcome> outcome_;
+};
+
+}  // namespace moelab::gui

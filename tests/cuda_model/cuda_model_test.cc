@@ -1,0 +1,213 @@
+// GPU twins of the whole training step (skip with the reason where no GPU is usable): Train()
+// with device cuda (fp32) against device cpu over 20 steps for dense, MoE with shared experts,
+// MLA, GQA and MuonClip; bf16 against fp32 over 200 steps; S_max equal to the CPU's; QK-Clip
+// exact on the device; same seed ⇒ same losses.
+#include "core/model/cuda_model.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/metrics.h"
+#include "core/model/model.h"
+#include "core/optim/cuda_optimizer.h"
+#include "core/optim/qk_clip_plan.h"
+#include "core/train/trainer.h"
+
+namespace moelab {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CudaModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = CudaSkipReason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    std::string missing;
+    if (!CudaModel::ForwardBackwardAvailable(&missing)) GTEST_SKIP() << missing;
+  }
+};
+
+struct Recorder : NullSink {
+  std::vector<double> loss, grad_norm;
+  std::vector<std::vector<float>> s_max;
+  RunStatus status = RunStatus::kRunning;
+  std::string error;
+  void OnStep(const StepRecord& r, const StepStats& s) override {
+    loss.push_back(r.loss);
+    grad_norm.push_back(r.grad_norm);
+    s_max.push_back(s.max_logit_raw);
+  }
+  void OnEnd(RunStatus st, const std::string& e) override {
+    status = st;
+    error = e;
+  }
+};
+
+RunConfig Small() {
+  RunConfig c;
+  c.model.vocab_size = 128;
+  c.model.d_model = 64;
+  c.model.layers = 2;
+  c.model.heads = 4;
+  c.model.ffn_hidden = 128;
+  c.model.seq_len = 32;
+  c.train.batch_size = 4;
+  c.train.steps = 20;
+  c.data.source = "markov";
+  c.schedule.warmup_steps = 2;
+  c.eval.every = 0;
+  c.eval.batches = 1;
+  c.checkpoint.every = 0;
+  return c;
+}
+
+Recorder RunOn(RunConfig c, const std::string& device, const std::string& precision) {
+  c.train.device = device;
+  c.train.precision = precision;
+  Recorder r;
+  TrainOptions o;
+  o.progress = false;
+  o.checkpoint_dir = (fs::temp_directory_path() /
+                      ("moelab_cuda_model_test_" + device + "_" + precision + "_" +
+                       std::to_string(::testing::UnitTest::GetInstance()->random_seed())))
+                         .string();
+  fs::remove_all(o.checkpoint_dir);
+  Train(c, &r, o);
+  fs::remove_all(o.checkpoint_dir);
+  return r;
+}
+
+// fp32 on the GPU against the CPU: per-step loss within 2e-4 relative (the kernels' sums run in
+// a different order; 20 optimizer steps amplify 1e-6 differences by about 100×), S_max of the
+// first step within 1e-5 relative (same weights, one forward: the per-op tolerance).
+void ExpectTwins(const RunConfig& c) {
+  const Recorder cpu = RunOn(c, "cpu", "fp32");
+  const Recorder gpu = RunOn(c, "cuda", "fp32");
+  ASSERT_EQ(cpu.status, RunStatus::kDone) << cpu.error;
+  ASSERT_EQ(gpu.status, RunStatus::kDone) << gpu.error;
+  ASSERT_EQ(gpu.loss.size(), cpu.loss.size());
+  for (size_t i = 0; i < cpu.loss.size(); ++i) {
+    EXPECT_NEAR(gpu.loss[i], cpu.loss[i], 2e-4 * std::fabs(cpu.loss[i])) << "step " << i + 1;
+  }
+  ASSERT_EQ(gpu.s_max[0].size(), cpu.s_max[0].size());
+  for (size_t h = 0; h < cpu.s_max[0].size(); ++h) {
+    EXPECT_NEAR(gpu.s_max[0][h], cpu.s_max[0][h], 1e-5 * std::fabs(cpu.s_max[0][h]) + 1e-6)
+        << "head " << h;
+  }
+}
+
+TEST_F(CudaModelTest, DenseMatchesCpu) { ExpectTwins(Small()); }
+
+TEST_F(CudaModelTest, MoeWithSharedExpertsMatchesCpu) {
+  RunConfig c = Small();
+  c.moe.experts_total = 8;
+  c.moe.experts_active = 2;
+  c.moe.shared_experts = 1;
+  c.moe.expert_hidden = 32;
+  c.moe.dense_layers = 1;
+  c.moe.balance = "aux_free";
+  ExpectTwins(c);
+  c.moe.balance = "aux_loss";
+  c.moe.router = "sigmoid";
+  c.moe.shared_experts = 2;
+  ExpectTwins(c);
+}
+
+TEST_F(CudaModelTest, MlaMatchesCpu) {
+  RunConfig c = Small();
+  c.model.attention = "mla";
+  c.model.q_lora_rank = 32;
+  c.model.kv_lora_rank = 32;
+  c.model.qk_nope_head_dim = 16;
+  c.model.qk_rope_head_dim = 8;
+  c.model.v_head_dim = 16;
+  ExpectTwins(c);
+}
+
+TEST_F(CudaModelTest, GqaWithQkNormAndSoftcapMatchesCpu) {
+  RunConfig c = Small();
+  c.model.kv_heads = 2;
+  c.model.qk_norm = true;
+  c.model.logit_softcap = 30;
+  c.model.z_loss = 1e-4;
+  ExpectTwins(c);
+}
+
+TEST_F(CudaModelTest, MuonClipMatchesCpu) {
+  RunConfig c = Small();
+  c.optimizer.name = "muonclip";
+  c.optimizer.lr = 0.02;
+  c.optimizer.qk_clip_tau = 2.0;  // low enough to clip in 20 steps
+  ExpectTwins(c);
+}
+
+// bf16 compute against fp32 over 200 steps: stated tolerance 0.05 nats on the mean loss of the
+// last 20 steps, and no step's loss more than 0.15 nats away.
+TEST_F(CudaModelTest, Bf16TracksFp32Over200Steps) {
+  RunConfig c = Small();
+  c.train.steps = 200;
+  c.schedule.warmup_steps = 20;
+  const Recorder fp32 = RunOn(c, "cuda", "fp32");
+  const Recorder bf16 = RunOn(c, "cuda", "bf16");
+  ASSERT_EQ(fp32.status, RunStatus::kDone) << fp32.error;
+  ASSERT_EQ(bf16.status, RunStatus::kDone) << bf16.error;
+  double a = 0, b = 0;
+  for (size_t i = 180; i < 200; ++i) a += fp32.loss[i], b += bf16.loss[i];
+  EXPECT_NEAR(a / 20, b / 20, 0.05);
+  for (size_t i = 0; i < 200; ++i) EXPECT_NEAR(bf16.loss[i], fp32.loss[i], 0.15) << i + 1;
+}
+
+TEST_F(CudaModelTest, SameSeedSameLosses) {
+  RunConfig c = Small();
+  c.moe.experts_total = 4;
+  c.moe.experts_active = 2;
+  c.moe.shared_experts = 1;
+  c.moe.expert_hidden = 32;
+  const Recorder a = RunOn(c, "cuda", "bf16");
+  const Recorder b = RunOn(c, "cuda", "bf16");
+  ASSERT_EQ(a.status, RunStatus::kDone) << a.error;
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grad_norm, b.grad_norm);
+}
+
+// After clipping on the device, the same batch's max logit of every clipped head equals τ.
+TEST_F(CudaModelTest, QkClipExactOnDevice) {
+  for (const std::string attention : {"mha", "mla"}) {
+    RunConfig c = Small();
+    c.model.attention = attention;
+    c.model.layers = 1;      // a clipped layer changes the next layer's input, so one layer
+    c.model.init_std = 0.2;  // large logits at init
+    c.train.device = "cuda";
+    c.train.precision = "fp32";
+    CudaModel model(c);
+    model.Init(3);
+    std::vector<int32_t> tokens(static_cast<size_t>(c.train.batch_size) * (c.model.seq_len + 1));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37) % 128);
+    StepStats before, after;
+    model.Forward(tokens.data(), c.train.batch_size, &before);
+    float lo = 1e30f;
+    for (float s : before.max_logit_raw) lo = std::min(lo, s);
+    c.optimizer.qk_clip_tau = 0.9 * lo;  // clips every head
+    const QkClipPlan plan = PlanQkClip(c, model.param_infos(), before.max_logit_raw, 1);
+    ASSERT_FALSE(plan.events.empty());
+    ApplyQkClipPlanOnDevice(plan, model.params());
+    model.ParamsChanged();
+    model.Forward(tokens.data(), c.train.batch_size, &after);
+    for (const ClipEvent& e : plan.events) {
+      const float s = after.max_logit_raw[static_cast<size_t>(e.layer) * c.model.heads + e.head];
+      EXPECT_NEAR(s, c.optimizer.qk_clip_tau, 1e-5 * c.optimizer.qk_clip_tau)
+          << attention << " layer " << e.layer << " head " << e.head;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moelab

@@ -1,0 +1,192 @@
+// Runs on every machine: train.device / train.precision in the config and its hash, and the
+// clear error (exit 2, before any run row) for device "cuda" where no GPU is usable.
+#include "core/device.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/config.h"
+#include "core/metrics.h"
+#include "core/train/trainer.h"
+
+namespace moelab {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// `moelab config check` of {} at 525c243 (main before train.device existed).
+constexpr const char* kPreDeviceDefaultHash =
+    "c4221220c57a491d9957359f6f761e7fc893b63ffa4dcf343944e4c2575ebe3f";
+
+TEST(DeviceConfig, DefaultsAreCpuAndAutoPrecision) {
+  const RunConfig c = ConfigFromJson(json::object());
+  EXPECT_EQ(c.train.device, "cpu");
+  EXPECT_EQ(c.train.precision, "auto");
+  EXPECT_EQ(c.train.effective_precision(), "fp32");
+  RunConfig g = ConfigFromJson({{"train", {{"device", "cuda"}}}});
+  EXPECT_EQ(g.train.effective_precision(), "bf16");
+  g = ConfigFromJson({{"train", {{"device", "cuda"}, {"precision", "fp32"}}}});
+  EXPECT_EQ(g.train.effective_precision(), "fp32");
+}
+
+TEST(DeviceConfig, RejectsUnknownValuesAndBf16OnCpu) {
+  EXPECT_THROW(ConfigFromJson({{"train", {{"device", "tpu"}}}}), ConfigError);
+  EXPECT_THROW(ConfigFromJson({{"train", {{"precision", "fp16"}}}}), ConfigError);
+  try {
+    ConfigFromJson({{"train", {{"precision", "bf16"}}}});
+    FAIL() << "bf16 on cpu accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.precision");
+  }
+}
+
+// The hash of every config written before these fields existed must not change: it names
+// checkpoint folders and dedupes sweep runs. The literal is the hash of the all-defaults config
+// computed on main before train.device/train.precision were added.
+TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
+  const RunConfig defaults = ConfigFromJson(json::object());
+  EXPECT_EQ(ConfigHash(defaults), kPreDeviceDefaultHash);
+  // The canonical form without the new fields is what ConfigHash hashed before they existed.
+  json j = ConfigToJson(defaults);
+  for (const char* k : {"threads", "device", "precision"}) j["train"].erase(k);
+  j["checkpoint"] = json::object();  // every checkpoint field is unhashed
+  j.erase("dist");                   // as are the dist fields (ConfigHash drops the section)
+  EXPECT_EQ(ConfigHash(defaults), Sha256Hex(CanonicalJson(j)));
+  const RunConfig explicit_defaults =
+      ConfigFromJson({{"train", {{"device", "cpu"}, {"precision", "auto"}}}});
+  const RunConfig fp32_cuda =
+      ConfigFromJson({{"train", {{"device", "cuda"}, {"precision", "fp32"}}}});
+  EXPECT_EQ(ConfigHash(defaults), ConfigHash(explicit_defaults));
+  EXPECT_EQ(ConfigHash(defaults), ConfigHash(fp32_cuda));  // the same experiment on either device
+  const RunConfig bf16 = ConfigFromJson({{"train", {{"device", "cuda"}}}});
+  EXPECT_NE(ConfigHash(defaults), ConfigHash(bf16));  // bf16 is a different trajectory
+  EXPECT_EQ(BranchHash(bf16),
+            BranchHash(ConfigFromJson({{"train", {{"device", "cuda"}, {"precision", "bf16"}}}})));
+}
+
+TEST(Device, QueryNeverThrowsAndExplainsAbsence) {
+  const CudaDeviceInfo& info = QueryCudaDevices();
+  if (info.count == 0) {
+    EXPECT_FALSE(info.reason.empty());
+    EXPECT_EQ(CudaSkipReason(), info.reason);
+  } else {
+    EXPECT_TRUE(info.reason.empty());
+    EXPECT_GE(info.sm_major, 8);
+  }
+  TrainConfig cpu;
+  EXPECT_NO_THROW(RequireDevice(cpu));
+}
+
+class NoGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (QueryCudaDevices().count > 0) GTEST_SKIP() << "a CUDA device is usable here";
+  }
+};
+
+TEST_F(NoGpu, RequireDeviceThrowsWithTheReason) {
+  TrainConfig t;
+  t.device = "cuda";
+  try {
+    RequireDevice(t);
+    FAIL() << "no exception";
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(QueryCudaDevices().reason), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"cpu\""), std::string::npos) << msg;
+  }
+}
+
+struct EndSink : NullSink {
+  RunStatus status = RunStatus::kRunning;
+  std::string error;
+  int steps = 0;
+  void OnStep(const StepRecord&, const StepStats&) override { ++steps; }
+  void OnEnd(RunStatus s, const std::string& e) override {
+    status = s;
+    error = e;
+  }
+};
+
+TEST_F(NoGpu, TrainFailsBeforeTheFirstStep) {
+  RunConfig c = ConfigFromJson({{"train", {{"device", "cuda"}, {"steps", 2}}},
+                                {"data", {{"source", "markov"}}},
+                                {"schedule", {{"warmup_steps", 0}}}});
+  EndSink sink;
+  TrainOptions o;
+  o.progress = false;
+  o.checkpoint_dir = (fs::temp_directory_path() / "moelab_cuda_device_test").string();
+  const TrainResult r = Train(c, &sink, o);
+  EXPECT_EQ(r.status, RunStatus::kFailed);
+  EXPECT_EQ(sink.status, RunStatus::kFailed);
+  EXPECT_EQ(sink.steps, 0);
+  EXPECT_NE(r.error.find("train.device"), std::string::npos) << r.error;
+  EXPECT_FALSE(fs::exists(o.checkpoint_dir));
+}
+
+std::string Bin() {
+  const char* dir = std::getenv("MOELAB_BIN_DIR");
+  return std::string(dir ? dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
+}
+
+int RunShell(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// `moelab train` with device cuda on a machine without a GPU: exit 2 (config error), a message
+// naming train.device and the reason, and no database or checkpoint written.
+TEST_F(NoGpu, TrainCommandExitsWithConfigError) {
+  const fs::path dir = fs::temp_directory_path() / ("moelab_cuda_cli_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream cfg(dir / "gpu.json");
+    cfg << json({{"train", {{"device", "cuda"}, {"steps", 2}}},
+                 {"data", {{"source", "markov"}}},
+                 {"schedule", {{"warmup_steps", 0}}},
+                 {"checkpoint", {{"dir", (dir / "runs").string()}}}})
+               .dump();
+  }
+  const std::string log = (dir / "log.txt").string();
+  const int rc = RunShell(Bin() + " train " + (dir / "gpu.json").string() + " --db " +
+                          (dir / "x.db").string() + " --no-progress > " + log + " 2>&1");
+  const std::string out = Slurp(log);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("config error: train.device"), std::string::npos) << out;
+  EXPECT_NE(out.find(QueryCudaDevices().reason), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir / "x.db"));
+  EXPECT_FALSE(fs::exists(dir / "runs"));
+  fs::remove_all(dir);
+}
+
+// `moelab bench --device cuda` without a GPU: exit 2 with the reason, no benchmark output.
+TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
+  const std::string log =
+      (fs::temp_directory_path() / ("moelab_cuda_bench_" + std::to_string(getpid()) + ".txt"))
+          .string();
+  const int rc = RunShell(Bin() + " bench --device cuda > " + log + " 2>&1");
+  const std::string out = Slurp(log);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--device cuda"), std::string::npos) << out;
+  EXPECT_NE(out.find(QueryCudaDevices().reason), std::string::npos) << out;
+  EXPECT_EQ(out.find("GFLOP/s"), std::string::npos) << out;
+  fs::remove(log);
+}
+
+}  // namespace
+}  // namespace moelab
