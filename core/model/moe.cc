@@ -88,7 +88,8 @@ size_t MoeLayer<T>::workspace_bytes() const {
   const size_t reals = logits_.size() + scores_.size() + gates_.size() + dgates_.size() +
                        xe_.size() + ye_.size() + dxe_.size() + h1_.size() + h3_.size() +
                        act_.size() + sh1_.size() + sh3_.size() + sact_.size() + sy_.size() +
-                       scratch_.size() + shared_partial_.size();
+                       scratch_.size() + shared_partial_.size() + ep_buf_.size() + xr_.size() +
+                       yr_.size() + dxr_.size();
   const size_t ints = topk_.size() + row_token_.size() + slot_row_.size();
   return reals * sizeof(T) + ints * sizeof(int) + (counts_.size() + offsets_.size()) * 8;
 }
