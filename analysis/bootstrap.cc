@@ -19,6 +19,12 @@ uint64_t SplitMix64(uint64_t x) {
 
 }  // namespace
 
+uint64_t StreamSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = SplitMix64(seed);
+  for (unsigned char c : name) h = SplitMix64(h ^ c);
+  return h;
+}
+
 std::vector<int> ResampleCounts(const std::vector<std::vector<int>>& strata, int n_runs,
                                 uint64_t seed, int b) {
   std::vector<int> counts(n_runs, 0);

@@ -20,6 +20,10 @@ std::vector<std::vector<double>> Bootstrap(
     int threads, int width,
     const std::function<std::vector<double>(int b, const std::vector<int>& counts)>& fn);
 
+// An independent resample stream per name (a family): SplitMix64 folded over the bytes, stable
+// across platforms and standard libraries (unlike std::hash).
+uint64_t StreamSeed(uint64_t seed, const std::string& name);
+
 // Hesterberg's expanded percentile interval (Amer. Stat. 2015): the plain percentile interval
 // is too narrow for few resampling units (runs), by about sqrt((n−1)/n) and the z→t gap. The
 // returned level is the one whose plain percentile interval has the corrected width:

@@ -1,5 +1,5 @@
 // JSON for the fits table and `moelab fit --json`. NaN becomes null (nlohmann's behaviour).
-#include "analysis/scaling.h"
+#include "analysis/ablation.h"
 
 namespace moelab::analysis {
 
@@ -26,6 +26,9 @@ void to_json(nlohmann::json& j, const FitOptions& v) {
        {"final_only", v.final_only},
        {"expanded_percentile", v.expanded_percentile},
        {"skip_failed_families", v.skip_failed_families},
+       {"max_failed_fraction", v.max_failed_fraction},
+       {"min_span_fraction", v.min_span_fraction},
+       {"paired", v.paired},
        {"max_iterations", v.max_iterations}};
 }
 
@@ -52,6 +55,7 @@ void to_json(nlohmann::json& j, const PowerLawFit& v) {
        {"params", v.params},
        {"diagnostics", v.diagnostics},
        {"flops_unit", v.flops_unit},
+       {"paired", v.paired},
        {"flops_range", {v.min_flops, v.max_flops}},
        {"loss_range", {v.min_loss, v.max_loss}},
        {"frontier", v.frontier}};
@@ -70,7 +74,9 @@ void to_json(nlohmann::json& j, const Multiplier& v) {
        {"multiplier", v.multiplier},
        {"compute_family", v.compute_family},
        {"compute_reference", v.compute_reference},
-       {"undefined_fraction", v.undefined_fraction}};
+       {"undefined_fraction", v.undefined_fraction},
+       {"paired", v.paired},
+       {"flags", v.flags}};
 }
 
 void to_json(nlohmann::json& j, const MultiplierTable& v) {

@@ -1,8 +1,8 @@
 #include "analysis/observations.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "db/reader.h"
@@ -72,6 +72,10 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
     }
     ++out.runs_used;
     const json c = json::parse(config, nullptr, false);
+    if (!c.is_discarded() && c.contains("schedule") && c["schedule"].is_object() &&
+        c["schedule"].value("type", "") == "wsd") {
+      ++out.wsd_runs;
+    }
     if (!c.is_discarded() && c.contains("moe")) {
       const double total = c["moe"].value("experts_total", 0.0);
       const double active = c["moe"].value("experts_active", 1.0);

@@ -17,6 +17,9 @@ struct ObservationSet {
   // Per family: routed experts total / active (0 for dense runs), when all its runs agree.
   std::map<std::string, double> sparsity;
   int runs_used = 0;
+  // Used runs with a WSD schedule: their points before the decay are not converged to the
+  // schedule's end, so fits default to final (post-decay) points when any is present.
+  int wsd_runs = 0;
   // Runs left out and why (not finished, no evaluations, no value for the family key).
   std::vector<std::string> skipped;
 };

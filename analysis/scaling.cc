@@ -73,6 +73,62 @@ struct Bounds {
   std::vector<double> lo, hi;
 };
 
+// Bit k set when parameter k of `p` sits on its bound: the last column of a bootstrap row.
+double BoundMask(const std::vector<double>& p, const Bounds& b, int n_params) {
+  uint64_t mask = 0;
+  for (int k = 0; k < n_params; ++k) {
+    if (AtBound(p[k], b.lo[k], b.hi[k])) mask |= uint64_t{1} << k;
+  }
+  return static_cast<double>(mask);
+}
+
+// One bookkeeping path for every bootstrap (power law, joint, Chinchilla). Row b is a failed
+// resample when its first value is NaN; its last column is BoundMask over the first `n_params`
+// columns. Failures are counted and warned about, and the fit is refused above
+// FitOptions::max_failed_fraction: intervals are never computed from a silently thinned set.
+struct BootstrapDraws {
+  int ok = 0, failed = 0;
+  std::vector<std::vector<double>> columns;  // successful draws of each value column
+  std::vector<double> at_bound;              // per parameter: fraction of successful resamples
+};
+
+BootstrapDraws SummarizeBootstrap(const std::string& what,
+                                  const std::vector<std::vector<double>>& rows, int n_params,
+                                  const FitOptions& opt, std::vector<std::string>* warnings) {
+  BootstrapDraws d;
+  const int width = rows.empty() ? 1 : static_cast<int>(rows.front().size());
+  d.columns.assign(width - 1, {});
+  std::vector<int> bound(n_params, 0);
+  for (const auto& r : rows) {
+    if (std::isnan(r[0])) {
+      d.failed++;
+      continue;
+    }
+    d.ok++;
+    for (int k = 0; k < width - 1; ++k) d.columns[k].push_back(r[k]);
+    const auto mask = static_cast<uint64_t>(r[width - 1]);
+    for (int k = 0; k < n_params; ++k) bound[k] += (mask >> k) & 1;
+  }
+  const int total = static_cast<int>(rows.size());
+  if (d.ok < 2 || d.failed > opt.max_failed_fraction * total) {
+    throw AnalysisError(fmt::format(
+        "{}: {} of {} bootstrap resamples failed ({:.1f}%, limit {:.0f}%, see "
+        "--max-failed-fraction); intervals from the survivors would be biased towards resamples "
+        "that look like the full data, so the fit is refused (more runs per family help)",
+        what, d.failed, total, 100.0 * d.failed / std::max(1, total),
+        100 * opt.max_failed_fraction));
+  }
+  if (d.failed > 0) {
+    warnings->push_back(fmt::format(
+        "{}: {} of {} bootstrap resamples failed ({:.1f}%, under the {:.0f}% limit); intervals "
+        "use the other {}",
+        what, d.failed, total, 100.0 * d.failed / total, 100 * opt.max_failed_fraction, d.ok));
+  }
+  d.at_bound.resize(n_params);
+  for (int k = 0; k < n_params; ++k) d.at_bound[k] = static_cast<double>(bound[k]) / d.ok;
+  return d;
+}
+
 // Multi-start solve: every start is run to convergence and the lowest objective wins.
 struct MultiStartResult {
   internal::SolveResult best;
@@ -250,76 +306,75 @@ PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observatio
   const std::vector<double> best = ms.best.params;
 
   // Bootstrap over runs: resample runs, rebuild the frontier from the drawn runs (each frontier
-  // point weighted by how often its run was drawn), refit from the full-data optimum.
+  // point weighted by how often its run was drawn), refit from the full-data optimum. Paired
+  // fits order runs by their final compute (position i = budget i in every family) and share
+  // the seed; unpaired fits draw from a per-family stream.
   RunIndex index;
+  {
+    std::map<std::string, double> final_flops;
+    for (const auto& o : obs) final_flops[o.run] = std::max(final_flops[o.run], o.flops);
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto& o : obs) {
+      if (!index.id.count(o.run)) order.push_back({opt.paired ? final_flops[o.run] : 0.0, o.run});
+      index.Add(o.run);
+    }
+    if (opt.paired) {
+      std::stable_sort(order.begin(), order.end());
+      index = RunIndex();
+      for (const auto& [f, run] : order) index.Add(run);
+    }
+  }
   std::vector<int> run_of;
-  for (const auto& o : obs) run_of.push_back(index.Add(o.run));
+  for (const auto& o : obs) run_of.push_back(index.id.at(o.run));
   std::vector<int> all(index.names.size());
   std::iota(all.begin(), all.end(), 0);
   const int n_runs = static_cast<int>(index.names.size());
-  auto rows =
-      internal::Bootstrap({all}, n_runs, opt.bootstrap_resamples, opt.seed, opt.threads, 4,
-                          [&](int, const std::vector<int>& counts) -> std::vector<double> {
-                            std::vector<Observation> sub;
-                            for (size_t i = 0; i < obs.size(); ++i) {
-                              if (counts[run_of[i]] > 0) sub.push_back(obs[i]);
-                            }
-                            WeightedFrontier f{FrontierOf(sub, opt.final_only), {}};
-                            if (f.points.size() < 4) return {};
-                            for (const auto& p : f.points)
-                              f.weights.push_back(counts[index.id.at(p.run)]);
-                            internal::FitData d = PowerLawData(f, opt.flops_unit);
-                            Bounds b = PowerLawBounds(MinLoss(f.points));
-                            internal::SolveResult sr = internal::Solve(
-                                d, best, b.lo, b.hi, opt.huber_delta, opt.max_iterations);
-                            if (!sr.usable) return {};
-                            bool bound = false;
-                            for (int k = 0; k < 3; ++k)
-                              bound = bound || AtBound(sr.params[k], b.lo[k], b.hi[k]);
-                            return {sr.params[0], sr.params[1], sr.params[2], bound ? 1.0 : 0.0};
-                          });
-
-  std::vector<double> dE, dLogA, dA, dAlpha;
-  int failed = 0, at_bound = 0;
+  fit.paired = opt.paired;
+  fit.bootstrap_seed = opt.paired ? opt.seed : internal::StreamSeed(opt.seed, family);
+  const double full_span = std::log(fit.max_flops / fit.min_flops);
+  auto rows = internal::Bootstrap(
+      {all}, n_runs, opt.bootstrap_resamples, fit.bootstrap_seed, opt.threads, 4,
+      [&](int, const std::vector<int>& counts) -> std::vector<double> {
+        std::vector<Observation> sub;
+        for (size_t i = 0; i < obs.size(); ++i) {
+          if (counts[run_of[i]] > 0) sub.push_back(obs[i]);
+        }
+        WeightedFrontier f{FrontierOf(sub, opt.final_only), {}};
+        if (f.points.size() < 4) return {};
+        // A resample whose frontier spans under half the full data's
+        // log-compute range has lost the design (whole decades of
+        // budgets): its α and E are an extrapolation, not a replicate.
+        // Counted as failed, so too few runs are refused, not reported
+        // with intervals 10-100x too wide.
+        const double span = std::log(f.points.back().flops / f.points.front().flops);
+        if (span < opt.min_span_fraction * full_span) return {};
+        for (const auto& p : f.points) f.weights.push_back(counts[index.id.at(p.run)]);
+        internal::FitData d = PowerLawData(f, opt.flops_unit);
+        Bounds b = PowerLawBounds(MinLoss(f.points));
+        internal::SolveResult sr =
+            internal::Solve(d, best, b.lo, b.hi, opt.huber_delta, opt.max_iterations);
+        if (!sr.usable) return {};
+        return {sr.params[0], sr.params[1], sr.params[2], BoundMask(sr.params, b, 3)};
+      });
+  const BootstrapDraws bd =
+      SummarizeBootstrap(fmt::format("family '{}'", family), rows, 3, opt, warnings);
   fit.draws.resize(rows.size());
-  for (size_t b = 0; b < rows.size(); ++b) {
-    const auto& r = rows[b];
-    fit.draws[b] = {r[0], r[1], r[2]};
-    if (std::isnan(r[0])) {
-      failed++;
-      continue;
-    }
-    dE.push_back(r[0]);
-    dLogA.push_back(r[1]);
-    dA.push_back(std::exp(r[1]));
-    dAlpha.push_back(r[2]);
-    at_bound += r[3] > 0;
-  }
-  const int ok = static_cast<int>(rows.size()) - failed;
-  if (ok < 2) {
-    throw AnalysisError(fmt::format(
-        "family '{}': {} of {} bootstrap resamples failed; intervals cannot be computed", family,
-        failed, rows.size()));
-  }
-  if (failed > 0.05 * rows.size()) {
-    warnings->push_back(fmt::format(
-        "family '{}': {} of {} bootstrap resamples failed (too few frontier points); intervals "
-        "use the rest",
-        family, failed, rows.size()));
-  }
+  for (size_t b = 0; b < rows.size(); ++b) fit.draws[b] = {rows[b][0], rows[b][1], rows[b][2]};
+  std::vector<double> dA = bd.columns[1];
+  for (double& v : dA) v = std::exp(v);
+  const int ok = bd.ok, failed = bd.failed;
 
   const double level =
       opt.expanded_percentile ? internal::ExpandedLevel(opt.level, n_runs) : opt.level;
   const char* names[3] = {"E", "log_A", "alpha"};
-  const std::vector<double>* draws[3] = {&dE, &dLogA, &dAlpha};
   for (int k = 0; k < 3; ++k) {
     ParamEstimate p;
     p.name = names[k];
-    p.value = MakeEstimate(best[k], *draws[k], level);
+    p.value = MakeEstimate(best[k], bd.columns[k], level);
     p.lower_bound = bounds.lo[k];
     p.upper_bound = bounds.hi[k];
     p.at_bound = AtBound(best[k], bounds.lo[k], bounds.hi[k]);
-    p.resamples_at_bound = static_cast<double>(at_bound) / std::max(1, ok);
+    p.resamples_at_bound = bd.at_bound[k];
     if (p.at_bound) fit.diagnostics.params_at_bound.push_back(p.name);
     fit.params.push_back(p);
   }
@@ -328,6 +383,7 @@ PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observatio
   a.value = MakeEstimate(std::exp(best[1]), dA, level);
   a.lower_bound = std::exp(bounds.lo[1]);
   a.upper_bound = std::exp(bounds.hi[1]);
+  a.resamples_at_bound = bd.at_bound[1];
   fit.params.insert(fit.params.begin() + 2, a);
   for (const auto& name : fit.diagnostics.params_at_bound) {
     warnings->push_back(fmt::format("family '{}': fitted {} sits on its bound", family, name));
@@ -435,6 +491,39 @@ Multiplier ComputeMultiplier(const PowerLawFit& f, const PowerLawFit& ref, doubl
           target, c, p->family, opt.extrapolation_factor, p->min_flops, p->max_flops);
       return m;
     }
+  }
+  for (const PowerLawFit* p : {&f, &ref}) {
+    const ParamEstimate& e = p->params.at(0);
+    if (e.at_bound) {
+      const std::string what = fmt::format(
+          "family '{}''s fitted E = {:.4g} sits on its bound [{:.4g}, {:.4g}]: the asymptote is "
+          "not identified by the data, and C(L*) depends on where the bound was put",
+          p->family, e.value.estimate, e.lower_bound, e.upper_bound);
+      if (!opt.allow_e_at_bound) {
+        m.refusal = what + " (allow with --allow-e-at-bound)";
+        return m;
+      }
+      m.flags.push_back(what);
+    } else if (e.resamples_at_bound > 0) {
+      m.flags.push_back(fmt::format("E of family '{}' is on its bound in {:.1f}% of resamples",
+                                    p->family, 100 * e.resamples_at_bound));
+    }
+  }
+  // Paired draws (the same run positions in resample b) only when both fits were drawn that
+  // way; otherwise each family's stream is independent and combining draw b with draw b is an
+  // independent combination.
+  m.paired = f.paired && ref.paired;
+  if (m.paired && f.diagnostics.n_runs != ref.diagnostics.n_runs) {
+    m.refusal = fmt::format(
+        "paired bootstrap needs the same run count in both families ('{}' has {}, '{}' has {})",
+        f.family, f.diagnostics.n_runs, ref.family, ref.diagnostics.n_runs);
+    return m;
+  }
+  if (f.paired != ref.paired || (m.paired && f.bootstrap_seed != ref.bootstrap_seed)) {
+    m.refusal =
+        "one family was fitted with a paired bootstrap and the other not (or with "
+        "another seed); refit both the same way";
+    return m;
   }
   const size_t n = std::min(f.draws.size(), ref.draws.size());
   std::vector<double> mult, cf, cr;
@@ -700,23 +789,14 @@ JointSparsityFit FitJointSparsity(const std::vector<Observation>& obs,
           Bounds b = JointBounds(spec.form, MinExpLoss(d));
           auto sr = internal::Solve(d, best, b.lo, b.hi, opt.huber_delta, opt.max_iterations);
           if (!sr.usable) return {};
-          bool bound = false;
-          for (int k = 0; k < np; ++k) bound = bound || AtBound(sr.params[k], b.lo[k], b.hi[k]);
           auto r = sr.params;
-          r.push_back(bound ? 1.0 : 0.0);
+          r.push_back(BoundMask(sr.params, b, np));
           return r;
         });
-    int failed = 0, at_bound = 0;
-    std::vector<std::vector<double>> draws(np);
-    for (const auto& r : rows) {
-      if (std::isnan(r[0])) {
-        failed++;
-        continue;
-      }
-      for (int k = 0; k < np; ++k) draws[k].push_back(r[k]);
-      at_bound += r[np] > 0;
-    }
-    const int ok = static_cast<int>(rows.size()) - failed;
+    const BootstrapDraws bd =
+        SummarizeBootstrap(fmt::format("joint fit '{}'", spec.name), rows, np, opt, &out.warnings);
+    const int ok = bd.ok, failed = bd.failed;
+    const auto& draws = bd.columns;
     size_t smallest = strata.front().size();
     for (const auto& st : strata) smallest = std::min(smallest, st.size());
     const double level = opt.expanded_percentile
@@ -729,7 +809,7 @@ JointSparsityFit FitJointSparsity(const std::vector<Observation>& obs,
       p.lower_bound = bounds.lo[k];
       p.upper_bound = bounds.hi[k];
       p.at_bound = AtBound(best[k], bounds.lo[k], bounds.hi[k]);
-      p.resamples_at_bound = static_cast<double>(at_bound) / std::max(1, ok);
+      p.resamples_at_bound = bd.at_bound[k];
       if (p.at_bound) jf.diagnostics.params_at_bound.push_back(p.name);
       jf.params.push_back(p);
     }
@@ -865,23 +945,12 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
           auto o = Optimal(sr.params, c, copt.flops_per_param_token);
           r.insert(r.end(), o.begin(), o.end());
         }
-        bool bound = false;
-        for (int k = 0; k < 5; ++k) bound = bound || AtBound(sr.params[k], b.lo[k], b.hi[k]);
-        r.push_back(bound ? 1.0 : 0.0);
+        r.push_back(BoundMask(sr.params, b, 5));
         return r;
       });
-  std::vector<std::vector<double>> col(width);
-  int failed = 0, at_bound = 0;
-  for (const auto& r : rows) {
-    if (std::isnan(r[0])) {
-      failed++;
-      continue;
-    }
-    for (int k = 0; k < width; ++k) col[k].push_back(r[k]);
-    at_bound += r[width - 1] > 0;
-  }
-  const int ok = static_cast<int>(rows.size()) - failed;
-  if (ok < 2) throw AnalysisError("Chinchilla fit: bootstrap resamples failed");
+  const BootstrapDraws bd = SummarizeBootstrap("Chinchilla fit", rows, 5, opt, &out.warnings);
+  const int ok = bd.ok, failed = bd.failed;
+  const auto& col = bd.columns;
   auto exp_col = [](std::vector<double> v) {
     for (double& x : v) x = std::exp(x);
     return v;
@@ -909,7 +978,7 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
     p.lower_bound = exp_scale ? std::exp(bounds.lo[s.raw]) : bounds.lo[s.raw];
     p.upper_bound = exp_scale ? std::exp(bounds.hi[s.raw]) : bounds.hi[s.raw];
     p.at_bound = AtBound(best[s.raw], bounds.lo[s.raw], bounds.hi[s.raw]);
-    p.resamples_at_bound = static_cast<double>(at_bound) / ok;
+    p.resamples_at_bound = bd.at_bound[s.raw];
     if (p.at_bound && std::string(s.name).rfind("log_", 0) != 0) {
       out.diagnostics.params_at_bound.push_back(p.name);
     }

@@ -1,6 +1,6 @@
 // Scaling-law analysis: compute-optimal frontiers, robust power-law fits with bootstrap
-// intervals, FLOPs multipliers between families, joint sparsity laws, Chinchilla L(N, D),
-// heads-ablation deltas, IsoFLOP pitfall checks and analytic inference FLOPs.
+// intervals, FLOPs multipliers between families, joint sparsity laws and Chinchilla L(N, D).
+// The heads ablation, IsoFLOP checks and inference FLOPs live in analysis/ablation.h.
 //
 // Pure functions over plain structs (no database): the CLI and the GUI read observations from
 // db/ and hand them here. Every fitted or derived number comes with a bootstrap percentile
@@ -50,8 +50,9 @@ struct ParamEstimate {
   Estimate value;
   double lower_bound = 0;
   double upper_bound = 0;
-  bool at_bound = false;          // the full-data fit sits on a bound
-  double resamples_at_bound = 0;  // fraction of bootstrap fits on a bound
+  bool at_bound = false;  // the full-data fit sits on a bound
+  double resamples_at_bound =
+      0;  // fraction of successful bootstrap fits with THIS param on a bound
 };
 
 struct FitOptions {
@@ -67,13 +68,28 @@ struct FitOptions {
   // default: on the synthetic tests the plain interval already covers the parameters at or above
   // nominal (docs/analysis.md has the measured rates).
   bool expanded_percentile = false;
-  int min_runs = 3;         // fewer runs in a family cannot be bootstrapped over runs
+  // Fewer runs in a family cannot be bootstrapped over runs: at 3–4 runs that each own a slice
+  // of the compute range, the run-level bootstrap's alpha interval measured 74–124x wider than
+  // the actual spread of the estimate (tests/analysis: CoverageAtTheRunCountsTheExperimentsUse).
+  int min_runs = 5;
   bool final_only = false;  // frontier from each run's last evaluation only
   int max_iterations = 200;
   int threads = 0;  // OpenMP threads for the bootstrap; 0 = runtime default
   // A family that cannot be fitted (all points diverged, no frontier, too few runs) becomes a
   // warning instead of an error, so one broken arm does not block the others.
   bool skip_failed_families = false;
+  // Resamples whose refit fails (too few distinct frontier points, solver failure) are counted;
+  // above this fraction the fit is refused instead of reporting intervals from the survivors
+  // (which are biased towards the resamples that happened to look like the full data).
+  double max_failed_fraction = 0.10;
+  // A resample whose frontier spans less than this fraction of the full frontier's log-compute
+  // range counts as failed (it dropped whole budgets at an end of the design).
+  double min_span_fraction = 0.5;
+  // Paired bootstrap across families (opt-in): every family draws the same run positions in
+  // resample b (runs ordered by their final compute, so position i is budget i in every family)
+  // and needs the same run count. Off: each family gets its own resample stream (seed mixed with
+  // the family name), so multipliers combine independent draws.
+  bool paired = false;
 };
 
 // Fit bookkeeping: which start of the multi-start grid won, how the solver ended, bounds hit.
@@ -108,6 +124,8 @@ struct PowerLawFit {
   // Bootstrap draws of (E, log_A, alpha), one row per successful resample, indexed by
   // resample number (failed resamples hold NaN) so families can be paired.
   std::vector<std::array<double, 3>> draws;
+  uint64_t bootstrap_seed = 0;  // the resample stream this family used
+  bool paired = false;          // drawn with FitOptions::paired (positions shared by families)
 
   double E() const;
   double log_A() const;
@@ -140,6 +158,9 @@ struct MultiplierOptions {
   double extrapolation_factor = 3;  // refuse when C(L*) leaves [min/f, max·f] of the frontier
   double level = 0.90;
   bool expanded_percentile = false;  // as in FitOptions, with n = the smaller family's run count
+  // A family whose full-data E sits on its bound (0 or its lowest loss) has no identified
+  // asymptote, and C(L*) depends on that bound: refused unless allowed (then only flagged).
+  bool allow_e_at_bound = false;
 };
 
 // C_family(L*) / C_reference(L*) with its bootstrap interval (draws paired by resample).
@@ -152,7 +173,9 @@ struct Multiplier {
   Estimate multiplier;
   Estimate compute_family;  // FLOPs to reach L*
   Estimate compute_reference;
-  double undefined_fraction = 0;  // resamples with L* ≤ E in either family
+  double undefined_fraction = 0;   // resamples with L* ≤ E in either family
+  bool paired = false;             // draws combined by resample position (both fits paired)
+  std::vector<std::string> flags;  // caveats that do not refuse (E of resamples at a bound, ...)
 };
 
 struct MultiplierTable {
@@ -232,87 +255,6 @@ struct ChinchillaFit {
 ChinchillaFit FitChinchilla(const std::vector<Observation>& obs,
                             const ChinchillaOptions& options = {});
 
-// ---- Heads ablation -----------------------------------------------------------------------
-struct HeadsBudgetDelta {
-  double tokens = 0;
-  double base_loss = 0, treatment_loss = 0;
-  double base_flops = 0, treatment_flops = 0;
-  // (L_treatment − L_base)/L_base at equal tokens: the paired runs' final losses; interval by
-  // bootstrap over replicate runs of the budget (collapses to the point with one run per arm).
-  Estimate delta_equal_tokens;
-  bool replicated = false;
-  // Same at equal FLOPs: treatment's final loss against the base family's frontier law at the
-  // treatment's FLOPs; interval from the base fit's bootstrap.
-  Estimate delta_equal_flops;
-  std::string note;
-};
-
-struct HeadsAblation {
-  std::string base_family, treatment_family;
-  std::vector<HeadsBudgetDelta> budgets;
-  Estimate mean_delta_equal_tokens;  // bootstrap over budgets
-  Estimate mean_delta_equal_flops;
-  std::vector<std::string> warnings;
-};
-
-// Pairs runs of two families by token budget (final evaluation of each run; budgets equal
-// within `token_tolerance` relative).
-HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::string& base_family,
-                           const std::string& treatment_family, const FitOptions& options = {},
-                           double token_tolerance = 0.02);
-
-// ---- IsoFLOP pitfalls ---------------------------------------------------------------------
-struct IsoFlopProfile {
-  double flops = 0;  // budget (geometric mean of the group)
-  int n_sizes = 0;
-  double min_params = 0, max_params = 0;
-  double best_params = 0;    // grid point with the lowest loss
-  double vertex_params = 0;  // parabola vertex in log N (NaN when not convex)
-  bool minimum_at_edge = false;
-  bool vertex_outside_grid = false;
-  bool not_convex = false;
-  double vertex_offset = 0;  // (log N* − grid centre) / grid half-width
-  std::vector<std::string> issues;
-};
-
-struct IsoFlopReport {
-  std::vector<IsoFlopProfile> profiles;
-  bool pitfall = false;  // any profile off-centre, edge minimum or not convex
-  std::vector<std::string> issues;
-};
-
-// Groups final points by budget (FLOPs equal within `budget_tolerance` relative), fits
-// L = p·(log N)² + q·log N + r per budget and flags off-centre or edge-minimum grids (the
-// Approach-2 bias, Open-Athena/scaling-law-analysis).
-IsoFlopReport CheckIsoFlop(const std::vector<Observation>& obs, double budget_tolerance = 0.05,
-                           double max_vertex_offset = 0.5);
-
-// ---- Inference FLOPs ----------------------------------------------------------------------
-struct InferenceFlopsOptions {
-  // "decode": the token at position `context` attends to `context` keys (the cost of serving
-  // one token at that context). "prefill": the average over a causal prefill of `context`
-  // tokens (context/2 keys per token).
-  std::string mode = "decode";
-  // MLA with the up-projections absorbed into q and o (attention in the 512-d latent space).
-  bool mla_absorbed = false;
-};
-
-// Forward FLOPs for one token, 2 FLOPs per multiply-accumulate, by component.
-struct InferenceFlops {
-  double attention_projections = 0;
-  double attention_scores = 0;  // QKᵀ and AV against the context
-  double dense_ffn = 0;
-  double routed_experts = 0;
-  double shared_experts = 0;
-  double router = 0;
-  double lm_head = 0;
-  double total = 0;
-  std::string conventions;
-};
-
-InferenceFlops InferenceFlopsPerToken(const ModelConfig& model, const MoEConfig& moe,
-                                      int64_t context, const InferenceFlopsOptions& options = {});
-
 // ---- JSON ---------------------------------------------------------------------------------
 void to_json(nlohmann::json& j, const Estimate& v);
 void to_json(nlohmann::json& j, const ParamEstimate& v);
@@ -327,10 +269,5 @@ void to_json(nlohmann::json& j, const JointFormFit& v);
 void to_json(nlohmann::json& j, const JointSparsityFit& v);
 void to_json(nlohmann::json& j, const ComputeOptimal& v);
 void to_json(nlohmann::json& j, const ChinchillaFit& v);
-void to_json(nlohmann::json& j, const HeadsBudgetDelta& v);
-void to_json(nlohmann::json& j, const HeadsAblation& v);
-void to_json(nlohmann::json& j, const IsoFlopProfile& v);
-void to_json(nlohmann::json& j, const IsoFlopReport& v);
-void to_json(nlohmann::json& j, const InferenceFlops& v);
 
 }  // namespace moelab::analysis

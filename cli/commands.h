@@ -13,5 +13,7 @@ void AddBenchCommand(CLI::App& app);
 void AddSweepCommand(CLI::App& app);
 void AddFitCommand(CLI::App& app);
 void AddPromoteCommand(CLI::App& app);
+// `moelab db export`, registered on the `db` subcommand by AddDbCommand.
+void AddDbExportCommand(CLI::App& db);
 
 }  // namespace moelab::cli

@@ -128,6 +128,8 @@ void AddDbCommand(CLI::App& app) {
   stale->callback([path, max_age]() {
     fmt::print("{} run(s) marked failed\n", db::MarkStaleRunsFailed(*path, *max_age));
   });
+
+  AddDbExportCommand(*cmd);  // cli/db_export.cc
 }
 
 }  // namespace moelab::cli

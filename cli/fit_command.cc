@@ -8,7 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/compute_optimal.h"
+#include <fstream>
+
+#include "analysis/export.h"
 #include "analysis/observations.h"
+#include "analysis/ablation.h"
 #include "analysis/scaling.h"
 #include "cli/commands.h"
 #include "core/train/trainer.h"
@@ -51,11 +55,14 @@ void PrintWarnings(const std::vector<std::string>& warnings) {
 void AddFitCommand(CLI::App& app) {
   struct Args {
     std::string db = "moelab.db", sweep, by = "sparsity", form = "power", reference, base,
-                treatment;
+                treatment, inputs;
     double target_loss = NAN, level = 0.90;
     int resamples = 1000, threads = 2;
     uint64_t seed = 12345;
-    bool json = false, no_store = false, final_only = false;
+    bool json = false, no_store = false, final_only = false, all_points = false, paired = false,
+         allow_e_at_bound = false;
+    double max_failed_fraction = 0.10;
+    int min_runs = 5;
     std::string budgets;  // chinchilla form: N_opt/D_opt at these FLOPs
   };
   auto a = std::make_shared<Args>();
@@ -63,6 +70,10 @@ void AddFitCommand(CLI::App& app) {
       "fit", "Fit scaling laws with bootstrap intervals over a sweep's runs (stored in fits)");
   cmd->add_option("--db", a->db, "Database file")->capture_default_str();
   cmd->add_option("--sweep", a->sweep, "Sweep name (default: every run in the database)");
+  cmd->add_option("--inputs", a->inputs,
+                  "Fit the runs of a `moelab db export` JSON file instead of a database (not "
+                  "stored)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--by", a->by, "Family key: a sweep variable or a config path")
       ->capture_default_str();
   cmd->add_option("--form", a->form, "power | joint | chinchilla | heads | isoflop")
@@ -79,7 +90,25 @@ void AddFitCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Bootstrap seed")->capture_default_str();
   cmd->add_option("--level", a->level, "Interval level")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Threads for the bootstrap")->capture_default_str();
-  cmd->add_flag("--final-only", a->final_only, "Frontier from each run's last evaluation only");
+  cmd->add_flag("--final-only", a->final_only,
+                "Frontier from each run's last evaluation only (the default for WSD runs)");
+  cmd->add_flag("--all-points", a->all_points,
+                "WSD runs: use every evaluation, pre-decay points included (biases alpha and "
+                "C(L*): the stable-phase points are not at the end of their schedule)");
+  cmd->add_option("--max-failed-fraction", a->max_failed_fraction,
+                  "Refuse a fit when more than this fraction of bootstrap resamples fail")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--min-runs", a->min_runs,
+                  "Fewest runs per family to bootstrap over (below 5 the run-level intervals "
+                  "are far too wide; see docs/analysis.md)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--paired", a->paired,
+                "Paired bootstrap across families: resample b draws the same run positions "
+                "(runs ordered by final compute) in every family; needs equal run counts");
+  cmd->add_flag("--allow-e-at-bound", a->allow_e_at_bound,
+                "Report multipliers even when a family's fitted E sits on its bound (flagged)");
   cmd->add_option(
       "--budgets", a->budgets,
       "chinchilla form: FLOPs budgets for N_opt/D_opt, comma-separated (e.g. 1e15,1e16)");
@@ -87,7 +116,7 @@ void AddFitCommand(CLI::App& app) {
   cmd->add_flag("--no-store", a->no_store, "Do not store the result in the fits table");
   cmd->callback([a]() {
     std::optional<int64_t> sweep_id;
-    if (!a->sweep.empty()) {
+    if (a->inputs.empty() && !a->sweep.empty()) {
       const auto sweep = db::FindSweep(a->db, a->sweep);
       if (!sweep) {
         std::string names;
@@ -97,7 +126,17 @@ void AddFitCommand(CLI::App& app) {
       }
       sweep_id = sweep->id;
     }
-    const analysis::ObservationSet obs = analysis::LoadObservations(a->db, sweep_id, a->by);
+    analysis::ObservationSet obs;
+    if (!a->inputs.empty()) {
+      std::ifstream in(a->inputs);
+      const nlohmann::json e = nlohmann::json::parse(in, nullptr, false);
+      if (e.is_discarded()) throw std::runtime_error(a->inputs + ": not valid JSON");
+      obs = analysis::ObservationsFromExport(e, a->by);
+      if (a->sweep.empty() && e["sweep"].is_string()) a->sweep = e["sweep"].get<std::string>();
+      a->no_store = true;
+    } else {
+      obs = analysis::LoadObservations(a->db, sweep_id, a->by);
+    }
     if (obs.points.empty()) {
       std::string why;
       for (const auto& s : obs.skipped) why += "\n  " + s;
@@ -111,17 +150,27 @@ void AddFitCommand(CLI::App& app) {
     fo.seed = a->seed;
     fo.level = a->level;
     fo.threads = a->threads;
-    fo.final_only = a->final_only;
+    fo.final_only = a->final_only || (obs.wsd_runs > 0 && !a->all_points);
     fo.skip_failed_families = true;
+    fo.max_failed_fraction = a->max_failed_fraction;
+    fo.min_runs = a->min_runs;
+    fo.paired = a->paired;
 
     json result;
     if (!a->json) {
-      fmt::print("{} runs, {} evaluation points, families by '{}'{}; bootstrap {} resamples "
+      fmt::print("{} runs, {} evaluation points, families by '{}'{}{}; bootstrap {} resamples "
                  "over runs (seed {}), {:.0f}% intervals\n",
                  obs.runs_used, obs.points.size(), a->by,
-                 a->sweep.empty() ? "" : " in sweep " + a->sweep, a->resamples, a->seed,
-                 100 * a->level);
+                 a->sweep.empty() ? "" : " in sweep " + a->sweep,
+                 a->inputs.empty() ? "" : " (from the export " + a->inputs + ")", a->resamples,
+                 a->seed, 100 * a->level);
       for (const auto& s : obs.skipped) fmt::print("  skipped {}\n", s);
+      if (fo.final_only && !a->final_only) {
+        fmt::print("{} WSD run(s): final (post-decay) points only (--all-points to use every "
+                   "evaluation)\n",
+                   obs.wsd_runs);
+      }
+      if (fo.paired) fmt::print("paired bootstrap across families (--paired)\n");
     }
 
     if (a->form == "power") {
@@ -139,6 +188,7 @@ void AddFitCommand(CLI::App& app) {
       }
       analysis::MultiplierOptions mo;
       mo.level = a->level;
+      mo.allow_e_at_bound = a->allow_e_at_bound;
       const analysis::MultiplierTable table =
           analysis::ComputeMultiplierTable(fits, reference, target, mo);
       result = {{"fits", fits}, {"multipliers", table}};
@@ -167,6 +217,7 @@ void AddFitCommand(CLI::App& app) {
             if (row.ok) {
               fmt::print("{:<10} {:<30} {:<34}\n", name, Interval(row.multiplier, "{:.3f}"),
                          Interval(row.compute_family, "{:.3g}"));
+              for (const auto& flag : row.flags) fmt::print("{:<10} note: {}\n", "", flag);
             } else {
               fmt::print("{:<10} refused: {}\n", name, row.refusal);
             }

@@ -40,6 +40,7 @@ struct RunArgs {
   int parallel = 1, threads = 0, max_retries = 1;
   int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
   bool rerun = false, live = false, no_live = false;
+  int64_t max_runs = 0;  // 0: the spec's max_runs or 10,000
 };
 
 void AddRunOptions(CLI::App* cmd, RunArgs* a) {
@@ -57,6 +58,10 @@ void AddRunOptions(CLI::App* cmd, RunArgs* a) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--live", a->live, "Redraw a live table (default when stdout is a terminal)");
   cmd->add_flag("--no-live", a->no_live, "Print one line per event instead of a live table");
+  cmd->add_option("--max-runs", a->max_runs,
+                  "Refuse specs expanding to more runs than this (default 10000 or the spec's "
+                  "max_runs)")
+      ->check(CLI::PositiveNumber);
 }
 
 void Execute(const RunArgs& a, bool resume) {
@@ -64,6 +69,7 @@ void Execute(const RunArgs& a, bool resume) {
   Guard(resume ? "resume" : "run", [&] {
     sweeps::ExpandOptions eo;
     eo.check_data = true;
+    eo.max_runs = a.max_runs;
     sweep = sweeps::LoadSweepFromArg(a.spec, a.db, eo);
     if (a.ranks > 0) sweeps::OverrideRanks(&sweep, a.ranks);
     sweeps::CheckLocalLaunch(sweep);
@@ -94,6 +100,7 @@ void AddSweepCommand(CLI::App& app) {
       std::string spec, db;
       int parallel = 1, threads = 0;
       bool no_calibrate = false;
+      int64_t max_runs = 0;
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = sweep->add_subcommand(
@@ -106,10 +113,15 @@ void AddSweepCommand(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--no-calibrate", a->no_calibrate,
                   "Skip the few timed training steps that calibrate the time estimate");
+    cmd->add_option("--max-runs", a->max_runs,
+                    "Refuse specs expanding to more runs than this (default 10000 or the "
+                    "spec's max_runs)")
+        ->check(CLI::PositiveNumber);
     cmd->callback([a] {
       Guard("plan", [&] {
         sweeps::ExpandOptions eo;
         eo.check_data = true;
+        eo.max_runs = a->max_runs;
         const sweeps::Sweep s = sweeps::LoadSweep(a->spec, eo);
         sweeps::PlanOptions po;
         po.parallel = a->parallel;

@@ -111,6 +111,10 @@ const std::vector<Field>& Fields() {
        {"adamw", "muon", "muonclip"}},
       {"optimizer.lr", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::lr),
        "Peak learning rate."},
+      {"optimizer.adamw_lr", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::adamw_lr),
+       "Peak learning rate of the AdamW group under muon/muonclip (embeddings, LM head, norm "
+       "gains, router), on the same schedule; 0 = optimizer.lr. Hold it equal across arms "
+       "when comparing Muon learning rates."},
       {"optimizer.beta1", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::beta1),
        "AdamW first-moment decay."},
       {"optimizer.beta2", FieldType::kDouble, Ref(&C::optimizer, &OptimizerConfig::beta2),
@@ -128,7 +132,8 @@ const std::vector<Field>& Fields() {
       {"optimizer.muon_momentum", FieldType::kDouble,
        Ref(&C::optimizer, &OptimizerConfig::muon_momentum), "Muon momentum μ."},
       {"optimizer.muon_nesterov", FieldType::kBool,
-       Ref(&C::optimizer, &OptimizerConfig::muon_nesterov), "Nesterov momentum for Muon."},
+       Ref(&C::optimizer, &OptimizerConfig::muon_nesterov), "Nesterov momentum for Muon (off: plain momentum, as MuonClip's Algorithm 1 in the "
+       "Kimi K2 report)."},
       {"optimizer.muon_scale", FieldType::kString, Ref(&C::optimizer, &OptimizerConfig::muon_scale),
        "Muon update scale: rms_match = 0.2·sqrt(max(n,m)) (Moonlight/K2), shape = "
        "sqrt(max(1,n/m)).",
@@ -539,6 +544,7 @@ void ValidateConfig(const RunConfig& c) {
 
   const OptimizerConfig& o = c.optimizer;
   Require(o.lr > 0, "optimizer.lr", "must be positive");
+  Require(o.adamw_lr >= 0, "optimizer.adamw_lr", "must be 0 (= optimizer.lr) or positive");
   Require(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");
   Require(o.beta2 >= 0 && o.beta2 < 1, "optimizer.beta2", "must be in [0, 1)");
   Require(o.eps > 0, "optimizer.eps", "must be positive");
@@ -664,6 +670,13 @@ std::string ConfigHash(const RunConfig& c) {
     const size_t dot = f.path.find('.');
     j[f.path.substr(0, dot)].erase(f.path.substr(dot + 1));
   }
+  // Fields added later with a neutral default leave the hash of configs that do not use them
+  // unchanged (runs recorded before the field existed still dedupe and resume).
+  if (c.optimizer.adamw_lr == 0) j["optimizer"].erase("adamw_lr");
+  // optimizer.muon_nesterov changed its default (true -> false, K2's Algorithm 1). It does nothing
+  // under AdamW, so AdamW configs hash with the old value and keep their hashes; Muon runs with
+  // plain momentum are a different experiment and hash differently, as they should.
+  if (c.optimizer.name == "adamw") j["optimizer"]["muon_nesterov"] = true;
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");

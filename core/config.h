@@ -57,6 +57,9 @@ struct MoEConfig {
 struct OptimizerConfig {
   std::string name = "adamw";  // "adamw" | "muon" | "muonclip" (muon + QK-Clip)
   double lr = 3e-3;
+  // Peak learning rate of the AdamW group under Muon/MuonClip (embeddings, LM head, norm gains,
+  // router); 0 = optimizer.lr. Not written into the config hash when 0, so old hashes hold.
+  double adamw_lr = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
@@ -66,7 +69,9 @@ struct OptimizerConfig {
   std::vector<std::string> no_decay = {"norm", "bias", "embedding"};
   // Muon (the MuonClip issue).
   double muon_momentum = 0.95;
-  bool muon_nesterov = true;
+  // Plain momentum, as Kimi K2's MuonClip (Algorithm 1: M = μM + G, O = NS(M)) and Moonlight's
+  // Muon; Nesterov (U = G + μM, Keller Jordan's Muon) is opt-in.
+  bool muon_nesterov = false;
   std::string muon_scale = "rms_match";  // "rms_match" = 0.2·sqrt(max(n,m)) | "shape"
   int muon_ns_steps = 5;
   // "syrk": the plain quintic iteration with symmetric kernels; "gram": iterate on the small

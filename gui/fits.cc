@@ -21,6 +21,7 @@ FitResult ComputeFits(const FitRequest& request) {
       options.bootstrap_resamples = request.resamples;
       options.skip_failed_families = true;
       options.threads = 1;  // the GUI shares the machine with the runs it watches
+      options.final_only = out.observations.wsd_runs > 0;  // as `moelab fit`: post-decay points
       out.fits = analysis::FitFamilies(out.observations.points, options);
     }
   } catch (const std::exception& e) {

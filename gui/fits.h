@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/observations.h"
+#include "analysis/ablation.h"
 #include "analysis/scaling.h"
 
 namespace moelab::gui {

@@ -15,16 +15,20 @@ echo "== exporting the default corpus to data/corpus"
 scripts/export-corpus.sh data/corpus
 echo "== preparing the tokenizer and token shards in data/default"
 "$BIN/moelab" data prepare --input data/corpus --out data/default --vocab 512
-echo "== the demo sparsity sweep into $DB"
-"$BIN/moelab" sweep run experiments/demo/sweep.json --db "$DB"
-echo "== fitting L(C) = E + A·C^-alpha per sparsity"
-"$BIN/moelab" fit --db "$DB" --sweep demo --by sparsity || \
-  echo "(the fit needs at least 3 finished runs per sparsity; see docs/analysis.md)"
+echo "== the demo sparsity sweep into $DB (3 sparsities x 8 token budgets, WSD branches)"
+# One thread per run, runs in parallel: on a busy machine 2-thread OpenMP runs lose their time
+# at barriers (measured here at load 17: 1.2 s per step with 2 threads; the whole sweep then
+# took 2 min 20 s wall with 3 single-thread runs at a time).
+"$BIN/moelab" sweep run experiments/demo/sweep.json --db "$DB" --no-live --parallel 2
 echo
 "$BIN/moelab" db runs --db "$DB"
+echo
+echo "== fitting L(C) = E + A·C^-alpha per sparsity, FLOPs multipliers against sparsity 8"
+# The main job ends in this fit: set -e stops the script if it cannot be made.
+"$BIN/moelab" fit --db "$DB" --sweep demo --by sparsity
 if [ -n "${DISPLAY:-}" ] && [ -x "$BIN/moelab-gui" ]; then
-  echo "== opening moelab-gui on $DB"
-  exec "$BIN/moelab-gui" --db "$DB"
+  echo "== opening moelab-gui on $DB, Scaling laws view (the same fit, with its bands)"
+  exec "$BIN/moelab-gui" --db "$DB" --view scaling --family var:sparsity
 fi
 cat <<MSG
 

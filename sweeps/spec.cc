@@ -4,6 +4,7 @@
 #include <muParser.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -460,9 +461,67 @@ ojson ParseSpecText(const std::string& text, const std::string& path) {
   return spec;
 }
 
+int64_t CountSpecRuns(const ojson& spec, std::string* breakdown) {
+  int64_t total = 1;
+  std::vector<std::string> parts;
+  auto times = [&](int64_t n, const std::string& what) {
+    parts.push_back(fmt::format("{} {}", what, n));
+    if (n > 0 && total > std::numeric_limits<int64_t>::max() / n) {
+      total = std::numeric_limits<int64_t>::max();
+    } else {
+      total *= n;
+    }
+  };
+  auto length = [](const ojson& v) -> int64_t { return v.is_array() ? v.size() : 1; };
+  if (spec.contains("runs")) times(length(spec["runs"]), "runs");
+  if (spec.contains("zip")) {
+    ojson groups = spec["zip"];
+    if (groups.is_object()) groups = ojson::array({groups});
+    if (groups.is_array()) {
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].is_object() && !groups[g].empty())
+          times(length(groups[g].begin().value()), fmt::format("zip[{}]", g));
+      }
+    }
+  }
+  if (spec.contains("grid") && spec["grid"].is_object()) {
+    for (auto it = spec["grid"].begin(); it != spec["grid"].end(); ++it)
+      times(length(it.value()), "grid." + it.key());
+  }
+  if (spec.contains("random") && spec["random"].is_object() &&
+      spec["random"].contains("count") && spec["random"]["count"].is_number_integer()) {
+    times(std::max<int64_t>(1, spec["random"]["count"].get<int64_t>()), "random.count");
+  }
+  if (spec.contains("seeds")) times(length(spec["seeds"]), "seeds");
+  if (breakdown) *breakdown = parts.empty() ? "no axes" : fmt::format("{}", fmt::join(parts, " × "));
+  return total;
+}
+
 Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   if (!spec.is_object()) throw SpecError("a sweep spec is a JSON object");
+  {
+    // The size guard runs first: nothing below may allocate per run before it.
+    int64_t limit = options.max_runs > 0 ? options.max_runs : kDefaultMaxRuns;
+    if (spec.contains("max_runs")) {
+      if (!spec["max_runs"].is_number_integer() || spec["max_runs"].get<int64_t>() < 1) {
+        throw SpecError("max_runs: expected a positive integer");
+      }
+      limit = std::max(limit, spec["max_runs"].get<int64_t>());
+    }
+    std::string breakdown;
+    const int64_t n = CountSpecRuns(spec, &breakdown);
+    if (n > limit) {
+      throw SpecError(fmt::format(
+          "the sweep expands to {} runs ({}), above the limit of {}; nothing was expanded. "
+          "Check the axes for a typo, or raise the limit with \"max_runs\": {} in the spec or "
+          "--max-runs {}",
+          n == std::numeric_limits<int64_t>::max() ? std::string("more than 9.2e18")
+                                                   : fmt::format("{}", n),
+          breakdown, limit, n, n));
+    }
+  }
   for (auto it = spec.begin(); it != spec.end(); ++it) {
+    if (it.key() == "max_runs") continue;  // the size guard's key, checked above
     const auto& keys = TopLevelKeys();
     if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
       throw SpecError(fmt::format("{}: unknown key in the sweep spec (known: {})", it.key(),

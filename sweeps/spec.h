@@ -67,7 +67,17 @@ struct ExpandOptions {
   bool check_data = false;
   // How many invalid runs an error message lists before summarising the rest.
   int max_errors_listed = 12;
+  // Refuse, before expanding anything, a spec whose runs × zip × grid × random × seeds product
+  // exceeds this (a typo in a grid can ask for millions of runs). The spec's "max_runs" raises
+  // it; so does `--max-runs` (this field) on the command line. 0 = the default, 10,000.
+  int64_t max_runs = 0;
 };
+
+constexpr int64_t kDefaultMaxRuns = 10000;
+
+// The number of runs a spec expands to (before dedupe), from the axis lengths alone: nothing is
+// expanded. Saturates at INT64_MAX. Throws SpecError for malformed axes.
+int64_t CountSpecRuns(const ojson& spec, std::string* breakdown = nullptr);
 
 // Expands and validates every run. Throws SpecError naming every invalid run.
 Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options = {});

@@ -414,8 +414,8 @@ struct CudaModel::Impl {
     }
     cuda::CastToBf16(x, xb.data(), static_cast<size_t>(n) * in);
     cuda::CastToBf16(dy, dyb.data(), static_cast<size_t>(n) * out);
-    cuda::LinearBackward<cuda::bf16>(xb.data(), params_bf16.data() + w, dyb.data(), n, in, out, dx, dw,
-                               acc_dx, false);
+    cuda::LinearBackward<cuda::bf16>(xb.data(), params_bf16.data() + w, dyb.data(), n, in, out, dx,
+                                     dw, acc_dx, false);
   }
 
   void AttentionForward(int l, int n) {

@@ -108,7 +108,9 @@ void Muon::Step(float* params, const float* grads, double lr, int64_t step) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (long i = 0; i < n; ++i) w[i] = w[i] * decay - step_size * o[i];
   }
-  if (adamw_) adamw_->Step(params, grads, lr, step);
+  // optimizer.adamw_lr sets the AdamW group's peak; the schedule's factor (lr / peak) applies.
+  const double adam_lr = config_.adamw_lr > 0 ? lr * config_.adamw_lr / config_.lr : lr;
+  if (adamw_) adamw_->Step(params, grads, adam_lr, step);
 }
 
 std::vector<StateBuffer> Muon::state() {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -95,6 +96,27 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
       RunCapture(bin + " fit --db " + path + " --sweep law --by nothing 2>&1", &code);
   EXPECT_NE(code, 0);
   EXPECT_NE(bad.find("--by"), std::string::npos) << bad;
+
+  // `moelab db export` + `moelab fit --inputs` reproduce the database fit exactly (same data,
+  // same bootstrap seed), so a committed export checks an experiment's tables.
+  const std::string exported = (dir / "law.json").string();
+  const std::string ex = RunCapture(
+      bin + " db export --db " + path + " --sweep law -o " + exported + " 2>&1", &code);
+  ASSERT_EQ(code, 0) << ex;
+  const std::string again = RunCapture(bin + " fit --inputs " + exported +
+                                           " --by sparsity --resamples 200 --target-loss 2.2 "
+                                           "--json 2>&1",
+                                       &code);
+  ASSERT_EQ(code, 0) << again;
+  const json r2 = json::parse(again.substr(again.find('{')));
+  EXPECT_EQ(r2["multipliers"].dump(), r["multipliers"].dump());
+  EXPECT_EQ(r2["fits"]["families"].dump(), r["fits"]["families"].dump());
+  EXPECT_EQ(db::ListFits(path, sweep_id).size(), 1u);  // --inputs stores nothing
+  const std::string csv =
+      RunCapture(bin + " db export --db " + path + " --sweep law --format csv 2>&1", &code);
+  ASSERT_EQ(code, 0) << csv;
+  EXPECT_EQ(csv.rfind("run_id,run_name,status,config_hash,sparsity,", 0), 0u) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 41);  // header + 40 evaluation points
 }
 
 }  // namespace

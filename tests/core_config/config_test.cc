@@ -110,6 +110,24 @@ TEST(Config, HashIgnoresOrderAndNumberSpelling) {
   EXPECT_EQ(ConfigHash(ConfigFromJson(a)).size(), 64u);
 }
 
+// optimizer.adamw_lr arrived after runs were recorded: unset (0) it must not enter the hash,
+// set it must.
+TEST(Config, AdamwLrKeepsOldHashesWhenUnset) {
+  RunConfig c = ConfigFromJson(json::object());
+  EXPECT_EQ(c.optimizer.adamw_lr, 0.0);
+  const std::string unset = ConfigHash(c);
+  c.optimizer.adamw_lr = 3e-3;
+  EXPECT_NE(ConfigHash(c), unset);
+  EXPECT_EQ(ConfigHash(ConfigFromJson({{"optimizer", {{"adamw_lr", 0.0}}}})), unset);
+  EXPECT_THROW(ConfigFromJson({{"optimizer", {{"adamw_lr", -1.0}}}}), ConfigError);
+}
+
+TEST(Config, MuonDefaultsFollowMuonClipAlgorithm1) {
+  // Kimi K2's MuonClip (Algorithm 1) uses plain momentum: O = NS(μM + G).
+  EXPECT_FALSE(ConfigFromJson({{"optimizer", {{"name", "muonclip"}, {"qk_clip_tau", 100}}}})
+                   .optimizer.muon_nesterov);
+}
+
 TEST(Config, CanonicalJsonSortsKeysAndNormalisesNumbers) {
   EXPECT_EQ(CanonicalJson(json::parse(R"({"b": 3e6, "a": [1.5, 2.0, true]})")),
             R"({"a":[1.5,2,true],"b":3000000})");

@@ -56,3 +56,52 @@ TEST(Flops, ParamCounts) {
 
 }  // namespace
 }  // namespace moelab
+
+namespace moelab {
+namespace {
+
+// MLA, written out multiply-add by multiply-add (training forward, up-projections NOT absorbed:
+// scores over the per-head qk = nope + rope dims, values over v_head_dim).
+TEST(Flops, HandCountMla) {
+  RunConfig c;
+  c.model.vocab_size = 100;
+  c.model.d_model = 24;
+  c.model.layers = 2;
+  c.model.heads = 3;
+  c.model.seq_len = 5;  // 3 keys per token on average
+  c.model.attention = "mla";
+  c.model.q_lora_rank = 10;
+  c.model.kv_lora_rank = 12;
+  c.model.qk_nope_head_dim = 6;
+  c.model.qk_rope_head_dim = 4;
+  c.model.v_head_dim = 6;
+  c.model.ffn_hidden = 16;
+  const FlopsBreakdown f = ForwardFlopsPerToken(c);
+  // q: 24→10 (240) then 10→3·(6+4) (300); kv down 24→12+4 (384); kv up 12→3·(6+6) (432);
+  // o: 3·6→24 (432). 1788 MACs per layer.
+  EXPECT_DOUBLE_EQ(f.attn_proj, 2 * 2 * 1788);
+  // q·k over 10 dims and P·V over 6 dims, 3 keys, 3 heads: 144 MACs per layer.
+  EXPECT_DOUBLE_EQ(f.attn_scores, 2 * 2 * 144);
+  EXPECT_DOUBLE_EQ(f.dense_ffn, 2 * 2 * 3 * 24 * 16);
+  c.model.q_lora_rank = 0;  // q straight from d: 24→30
+  EXPECT_DOUBLE_EQ(ForwardFlopsPerToken(c).attn_proj, 2 * 2 * (720 + 384 + 432 + 432));
+}
+
+// Fixing model.head_dim and doubling heads doubles the attention projections and scores (the
+// heads ablation's treatment arm); leaving head_dim = d_model / heads changes nothing.
+TEST(Flops, DoublingHeadsAtFixedHeadDimDoublesAttention) {
+  RunConfig c;
+  c.model.d_model = 32;
+  c.model.heads = 2;
+  c.model.head_dim = 16;
+  const FlopsBreakdown a = ForwardFlopsPerToken(c);
+  c.model.heads = 4;
+  const FlopsBreakdown b = ForwardFlopsPerToken(c);
+  EXPECT_DOUBLE_EQ(b.attn_proj, 2 * a.attn_proj);
+  EXPECT_DOUBLE_EQ(b.attn_scores, 2 * a.attn_scores);
+  c.model.head_dim = 0;  // 32 / 4 = 8: the arms would be equal
+  EXPECT_DOUBLE_EQ(ForwardFlopsPerToken(c).attn_proj, a.attn_proj);
+}
+
+}  // namespace
+}  // namespace moelab

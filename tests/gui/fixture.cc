@@ -109,7 +109,7 @@ void BuildScalingFixture(const std::string& path) {
     c.Exec("INSERT INTO sweeps(id, name, spec_json, created_at) VALUES (1, 'heads', '{}', 0)");
   }
   for (int heads : {4, 8}) {
-    for (int size = 0; size < 4; ++size) {
+    for (int size = 0; size < 5; ++size) {
       const double n = 1e6 * std::pow(2.0, size);
       nlohmann::json config = {{"model", {{"heads", heads}, {"d_model", 128 << size}}}};
       db::RunInfo info;

@@ -1,0 +1,31 @@
+// A self-contained export of a sweep's results (`moelab db export`): every run with its status,
+// variables, config and shape, and every evaluation point, flagged final / on the loss-compute
+// frontier. `moelab fit --inputs EXPORT.json` reads the same observations back, so a committed
+// export reproduces an experiment's tables without its database.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "analysis/observations.h"
+
+namespace moelab::analysis {
+
+constexpr int kExportVersion = 1;
+
+// {"moelab_export": 1, "sweep": name|null, "runs": [...], "points": [...]}; see docs/analysis.md.
+// Runs of every status are listed (the fit uses done and diverged ones, as LoadObservations).
+nlohmann::json ExportRuns(const std::string& db_path, std::optional<int64_t> sweep_id,
+                          const std::string& sweep_name = "");
+
+// The observations LoadObservations would read from the database the export came from.
+// Throws std::runtime_error for a file that is not a moelab export.
+ObservationSet ObservationsFromExport(const nlohmann::json& exported,
+                                      const std::string& family_key);
+
+// One row per evaluation point: run columns, the run's variables, then the point.
+std::string ExportCsv(const nlohmann::json& exported);
+
+}  // namespace moelab::analysis

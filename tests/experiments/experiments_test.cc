@@ -1,0 +1,104 @@
+// Protocol checks on the committed experiment specs: each is expanded exactly as `moelab sweep
+// run` would, and the property its README relies on is asserted. These would have caught the
+// sparsity sweep that gave sparser runs more tokens and a router worth 16–25 % of the active
+// FLOPs, and the heads ablation whose arms had identical attention.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "core/flops.h"
+#include "sweeps/spec.h"
+
+namespace moelab::sweeps {
+namespace {
+
+std::string Src(const std::string& rel) {
+  const char* src = std::getenv("MOELAB_SOURCE_DIR");
+  return std::string(src ? src : MOELAB_SOURCE_DIR_DEFAULT) + "/" + rel;
+}
+
+int64_t Tokens(const RunConfig& c) {
+  return c.total_steps() * static_cast<int64_t>(c.train.batch_size) * c.model.seq_len;
+}
+
+double RouterShare(const RunConfig& c) {
+  const FlopsBreakdown f = ForwardFlopsPerToken(c);
+  return f.router / f.forward();
+}
+
+// The run's variables except the ones named: the key of its comparison group.
+std::string GroupKey(const SweepRun& r, std::initializer_list<const char*> except) {
+  ojson v = r.vars;
+  for (const char* k : except) v.erase(k);
+  v.erase("moe.experts_total");
+  v.erase("model.heads");
+  return v.dump();
+}
+
+// Every budget (model size × steps × seed) trains all sparsities on the same token count, with
+// the router under 5 % of the active forward FLOPs (so "active compute" is the same up to 5 %).
+void CheckSparsitySpec(const std::string& rel, std::map<std::string, int>* sparsities_seen) {
+  SCOPED_TRACE(rel);
+  const Sweep s = LoadSweep(Src(rel));
+  std::map<std::string, std::vector<const SweepRun*>> groups;
+  for (const SweepRun& r : s.runs) groups[GroupKey(r, {"sparsity"})].push_back(&r);
+  ASSERT_GE(groups.size(), 3u) << "at least 3 budgets";
+  for (const auto& [key, runs] : groups) {
+    ASSERT_GE(runs.size(), 3u) << key;
+    const int64_t tokens = Tokens(runs.front()->config);
+    double min_fwd = 1e300, max_fwd = 0;
+    for (const SweepRun* r : runs) {
+      EXPECT_EQ(Tokens(r->config), tokens) << r->name << ": not iso-token with its budget";
+      EXPECT_LT(RouterShare(r->config), 0.05) << r->name;
+      const double fwd = ForwardFlopsPerToken(r->config).forward();
+      min_fwd = std::min(min_fwd, fwd);
+      max_fwd = std::max(max_fwd, fwd);
+      (*sparsities_seen)[r->vars.value("sparsity", ojson(0)).dump()]++;
+    }
+    EXPECT_LT(max_fwd / min_fwd, 1.05) << key << ": active FLOPs per token differ by > 5 %";
+  }
+}
+
+TEST(Experiments, SparsityLawHoldsActiveComputeFixed) {
+  std::map<std::string, int> seen;
+  CheckSparsitySpec("experiments/sparsity-law/sweep.json", &seen);
+  EXPECT_GE(seen.size(), 4u);  // sparsity 8/16/32/48
+}
+
+TEST(Experiments, DemoHoldsActiveComputeFixed) {
+  std::map<std::string, int> seen;
+  CheckSparsitySpec("experiments/demo/sweep.json", &seen);
+  EXPECT_EQ(seen.size(), 3u);
+}
+
+// Heads ablation: arms paired by (budget, seed) see the same tokens; the treatment has twice the
+// heads at the same head_dim, so attention projections and scores (parameters and FLOPs) double.
+TEST(Experiments, HeadsAblationDoublesAttentionIsoToken) {
+  const Sweep s = LoadSweep(Src("experiments/heads-ablation/sweep.json"));
+  std::map<std::string, std::map<int, const SweepRun*>> pairs;
+  for (const SweepRun& r : s.runs)
+    pairs[GroupKey(r, {"head_ratio"})][r.vars.at("head_ratio").get<int>()] = &r;
+  ASSERT_GE(pairs.size(), 6u) << "3 budgets x 2 seeds";
+  std::map<int64_t, int> budgets;
+  for (const auto& [key, arms] : pairs) {
+    ASSERT_EQ(arms.size(), 2u) << key;
+    const RunConfig& b = arms.at(1)->config;
+    const RunConfig& t = arms.at(2)->config;
+    EXPECT_EQ(b.model.heads, b.model.layers);
+    EXPECT_EQ(t.model.heads, 2 * t.model.layers);
+    EXPECT_EQ(Tokens(b), Tokens(t)) << key;
+    EXPECT_EQ(b.model.head_dim_effective(), t.model.head_dim_effective()) << key;
+    const FlopsBreakdown fb = ForwardFlopsPerToken(b), ft = ForwardFlopsPerToken(t);
+    EXPECT_DOUBLE_EQ(ft.attn_proj, 2 * fb.attn_proj) << key;
+    EXPECT_DOUBLE_EQ(ft.attn_scores, 2 * fb.attn_scores) << key;
+    budgets[Tokens(b)]++;
+  }
+  EXPECT_GE(budgets.size(), 3u);
+  for (const auto& [tokens, n] : budgets) EXPECT_GE(n, 2) << tokens << " tokens: 2 seeds";
+}
+
+}  // namespace
+}  // namespace moelab::sweeps
