@@ -26,20 +26,16 @@ DistLayout MakeDistLayout(const RunConfig& c, int world_size, int rank) {
                                   "size {}; start a multiple of {} ranks",
                                   world_size, l.ep, l.ep));
   }
-  if (l.ep > 1) {
-    throw ConfigError("dist.expert_parallel",
-                      "expert parallelism (tokens by all-to-all between dispatch and combine) is "
-                      "not implemented yet; use dist.expert_parallel = 1 (pure data parallel)");
-  }
-  // EP ranks also split the batch (they are data-parallel for everything but the experts).
-  l.dp = world_size;
-  if (c.train.batch_size % l.dp != 0) {
+  // Every rank takes its own rows of the global batch (EP ranks are data-parallel for everything
+  // but the experts); dp counts the replicas of each expert block.
+  l.dp = world_size / l.ep;
+  if (c.train.batch_size % world_size != 0) {
     throw ConfigError("train.batch_size",
                       fmt::format("the global batch of {} sequences does not split evenly over "
-                                  "{} data-parallel ranks",
-                                  c.train.batch_size, l.dp));
+                                  "{} ranks",
+                                  c.train.batch_size, world_size));
   }
-  l.local_batch = c.train.batch_size / l.dp;
+  l.local_batch = c.train.batch_size / world_size;
   return l;
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
+#include "core/dist/communicator.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
@@ -42,7 +44,20 @@ int SharedChunks(int n) {
   return std::clamp((n + kSharedChunkRows - 1) / kSharedChunkRows, 1, kMaxSharedChunks);
 }
 
+// Per thread: the trainer sets it on the thread that runs the model (tests run several ranks as
+// threads of one process).
+thread_local Communicator* g_expert_parallel = nullptr;
+
+template <typename T>
+void GrowTo(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 }  // namespace
+
+void SetMoeExpertParallel(Communicator* comm) {
+  g_expert_parallel = comm != nullptr && comm->world_size() > 1 ? comm : nullptr;
+}
 
 template <typename T>
 MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
@@ -73,7 +88,8 @@ size_t MoeLayer<T>::workspace_bytes() const {
   const size_t reals = logits_.size() + scores_.size() + gates_.size() + dgates_.size() +
                        xe_.size() + ye_.size() + dxe_.size() + h1_.size() + h3_.size() +
                        act_.size() + sh1_.size() + sh3_.size() + sact_.size() + sy_.size() +
-                       scratch_.size() + shared_partial_.size();
+                       scratch_.size() + shared_partial_.size() + ep_buf_.size() + xr_.size() +
+                       yr_.size() + dxr_.size();
   const size_t ints = topk_.size() + row_token_.size() + slot_row_.size();
   return reals * sizeof(T) + ints * sizeof(int) + (counts_.size() + offsets_.size()) * 8;
 }
@@ -152,7 +168,8 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
   const int n = n_, d = d_, H = hidden_;
   const long wsize = static_cast<long>(H) * d, snh = static_cast<long>(n) * H;
   const long nd = static_cast<long>(n) * d;
-  const long nk = static_cast<long>(n) * top_k_;
+  // Routed rows (n·k, or the rows received for the owned experts under expert parallelism).
+  const long nk = offsets_[experts_];
   const int chunks = expert_parallel_ ? SharedChunks(n) : 1;
   const int chunk_rows = (n + chunks - 1) / chunks;
   // Shared expert s, rows r0..r0+rows (chunk c). Its weight gradients are per-chunk partial
@@ -245,8 +262,24 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   cpu::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(), slot_row_.data());
   cpu::MoeGather(x, d, row_token_.data(), nk, xe_.data());
 
-  // ExpertCompute, routed and shared.
+  // ExpertCompute, routed and shared. Under expert parallelism the routed experts run on the
+  // rows received for the owned experts (swapped in), and their outputs go back to their tokens.
+  Communicator* ep = g_expert_parallel;
+  ep_active_ = ep != nullptr;
+  if (ep) {
+    EpPlan(*ep);
+    EpToOwners(*ep, xe_.data(), xr_);
+    std::swap(xe_, xr_);
+    std::swap(offsets_, ep_offsets_);
+    std::swap(ye_, yr_);
+  }
   ExpertForward(w, x, y);
+  if (ep) {
+    std::swap(xe_, xr_);
+    std::swap(offsets_, ep_offsets_);
+    std::swap(ye_, yr_);
+    EpFromOwners(*ep, yr_, ye_.data());
+  }
   // Extra shared experts were written aside; add them in expert order.
   const long nd = static_cast<long>(n) * d;
   for (int s = 1; s < shared_; ++s) {
@@ -285,8 +318,28 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
                         sigmoid_, route_scale_, aux_loss_ ? aux_coef_ : 0.0, logits_.data());
 
   // ExpertCompute backward, routed and shared, and the router weight gradient; the first shared
-  // expert's dx lands in dx.
+  // expert's dx lands in dx. Under expert parallelism the output gradients travel to the owners
+  // and the input gradients come back (the reverse of Forward's exchanges).
+  Communicator* ep = ep_active_ ? g_expert_parallel : nullptr;
+  if (ep_active_ && ep == nullptr) {
+    throw std::logic_error("MoeLayer::Backward: expert parallelism was switched off after Forward");
+  }
+  if (ep) {
+    EpToOwners(*ep, ye_.data(), yr_);
+    GrowTo(dxr_, yr_.size());
+    std::swap(xe_, xr_);
+    std::swap(offsets_, ep_offsets_);
+    std::swap(ye_, yr_);
+    std::swap(dxe_, dxr_);
+  }
   ExpertBackward(w, g, x, dy, dx);
+  if (ep) {
+    std::swap(xe_, xr_);
+    std::swap(offsets_, ep_offsets_);
+    std::swap(ye_, yr_);
+    std::swap(dxe_, dxr_);
+    EpFromOwners(*ep, dxr_, dxe_.data());
+  }
   const long nd = static_cast<long>(n) * d;
   for (int s = 1; s < shared_; ++s) {
     const T* extra = sy_.data() + (s - 1) * nd;
@@ -298,6 +351,96 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
 
   // Router dx, after the experts' (dx is theirs while they run).
   RowChunkedGemm(/*trans_b=*/false, n, d, E, logits_.data(), w.router, d, dx, true);
+}
+
+// Expert parallelism. P ranks, J = E/P experts each; this rank (p) owns experts p·J … p·J+J−1.
+// The local dispatched rows are expert-contiguous, so the rows for rank q's experts are one
+// block of xe_ (offsets_[qJ] … offsets_[qJ+J]). The counts go first (J per pair of ranks), so
+// every rank knows what it receives.
+template <typename T>
+void MoeLayer<T>::EpPlan(Communicator& ep) {
+  const int P = ep.world_size(), me = ep.rank(), J = experts_ / P;
+  if (experts_ % P != 0) {
+    throw std::invalid_argument("MoeLayer: experts_total is not divisible by the EP size");
+  }
+  std::vector<float> send_counts(experts_), recv_counts(experts_);
+  for (int e = 0; e < experts_; ++e) send_counts[e] = static_cast<float>(counts_[e]);
+  std::vector<size_t> per_rank(P, static_cast<size_t>(J));
+  ep.AllToAllV(send_counts.data(), per_rank.data(), recv_counts.data(), per_rank.data());
+  ep_rows_.assign(static_cast<size_t>(P) * J, 0);
+  for (size_t i = 0; i < ep_rows_.size(); ++i) ep_rows_[i] = static_cast<int64_t>(recv_counts[i]);
+  ep_offsets_.assign(experts_ + 1, 0);
+  for (int e = 0; e < experts_; ++e) {
+    int64_t rows = 0;
+    if (e / J == me) {
+      for (int q = 0; q < P; ++q) rows += ep_rows_[static_cast<size_t>(q) * J + e % J];
+    }
+    ep_offsets_[e + 1] = ep_offsets_[e] + rows;
+  }
+  ep_send_.assign(P, 0);
+  ep_recv_.assign(P, 0);
+  for (int q = 0; q < P; ++q) {
+    ep_send_[q] = static_cast<size_t>(offsets_[(q + 1) * J] - offsets_[q * J]) * d_;
+    for (int j = 0; j < J; ++j) ep_recv_[q] += static_cast<size_t>(ep_rows_[q * J + j]) * d_;
+  }
+  // Buffers for the received rows (the routed activations and backward scratch included).
+  const size_t R = ep_offsets_[experts_], H = hidden_, d = d_;
+  const size_t local = static_cast<size_t>(n_) * top_k_;
+  GrowTo(ep_buf_, R * d);
+  GrowTo(xr_, R * d);
+  GrowTo(yr_, R * d);
+  GrowTo(h1_, R * H);
+  GrowTo(h3_, R * H);
+  GrowTo(act_, R * H);
+  GrowTo(scratch_, (std::max(R, local) + static_cast<size_t>(shared_) * n_) * 2 * H);
+}
+
+// local [n·k, d] (dispatch order) -> owned [R, d] (expert-contiguous).
+template <typename T>
+void MoeLayer<T>::EpToOwners(Communicator& ep, const T* local, std::vector<T>& owned) {
+  if constexpr (!std::is_same_v<T, float>) {
+    throw std::logic_error("MoeLayer: expert parallelism runs in float only");
+  } else {
+    const int P = ep.world_size(), J = experts_ / P;
+    const size_t d = d_;
+    ep.AllToAllV(local, ep_send_.data(), ep_buf_.data(), ep_recv_.data());
+    GrowTo(owned, ep_buf_.size());
+    // ep_buf_ is [source][expert]; the owned layout is [expert][source].
+    std::vector<int64_t> next(ep_offsets_.begin() + ep.rank() * J,
+                              ep_offsets_.begin() + ep.rank() * J + J);
+    size_t src = 0;
+    for (int q = 0; q < P; ++q) {
+      for (int j = 0; j < J; ++j) {
+        const size_t rows = ep_rows_[static_cast<size_t>(q) * J + j];
+        std::copy_n(ep_buf_.data() + src * d, rows * d, owned.data() + next[j] * d);
+        next[j] += rows;
+        src += rows;
+      }
+    }
+  }
+}
+
+// owned [R, d] (expert-contiguous) -> local [n·k, d] (dispatch order): the reverse exchange.
+template <typename T>
+void MoeLayer<T>::EpFromOwners(Communicator& ep, const std::vector<T>& owned, T* local) {
+  if constexpr (!std::is_same_v<T, float>) {
+    throw std::logic_error("MoeLayer: expert parallelism runs in float only");
+  } else {
+    const int P = ep.world_size(), J = experts_ / P;
+    const size_t d = d_;
+    std::vector<int64_t> next(ep_offsets_.begin() + ep.rank() * J,
+                              ep_offsets_.begin() + ep.rank() * J + J);
+    size_t dst = 0;
+    for (int q = 0; q < P; ++q) {
+      for (int j = 0; j < J; ++j) {
+        const size_t rows = ep_rows_[static_cast<size_t>(q) * J + j];
+        std::copy_n(owned.data() + next[j] * d, rows * d, ep_buf_.data() + dst * d);
+        next[j] += rows;
+        dst += rows;
+      }
+    }
+    ep.AllToAllV(ep_buf_.data(), ep_recv_.data(), local, ep_send_.data());
+  }
 }
 
 template <typename T>

@@ -12,6 +12,18 @@
 
 namespace moelab {
 
+class Communicator;
+
+// Expert parallelism (dist.expert_parallel, issue 9): while set, every MoeLayer<float> of this
+// process owns only the routed experts of its block (rank r of the P ranks of comm owns experts
+// r·E/P … (r+1)·E/P − 1). Forward sends each dispatched row to its expert's owner by all-to-all
+// between Dispatch and ExpertCompute and brings the outputs back before Combine; Backward does
+// the reverse exchanges. The gradients of experts this rank does not own come out zero. Every
+// rank of comm must run the same Forward/Backward calls in the same order. Null: off (the
+// trainer sets it for a run and clears it at the end). Per thread (the thread that calls the
+// layers).
+void SetMoeExpertParallel(Communicator* comm);
+
 template <typename T>
 struct MoeWeights {  // pointers into the param arena (or grad arena)
   T* router;         // [E, d]
@@ -51,6 +63,11 @@ class MoeLayer {
   void ExpertForward(const MoeWeights<T>& w, const T* x, T* y);
   void ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
                       T* dx);
+  // Expert parallelism (see SetMoeExpertParallel): the plan from the local expert counts, and
+  // the row exchanges local (dispatch order) <-> owned (expert-contiguous received rows).
+  void EpPlan(Communicator& ep);
+  void EpToOwners(Communicator& ep, const T* local, std::vector<T>& owned);
+  void EpFromOwners(Communicator& ep, const std::vector<T>& owned, T* local);
 
   int d_, hidden_, experts_, top_k_, shared_;
   bool sigmoid_;
@@ -81,6 +98,14 @@ class MoeLayer {
   std::vector<T> scratch_;           // [n*k + S*n, 2H] backward scratch, disjoint per task
   std::vector<T> dgates_;            // [n, k]
   std::vector<T> shared_partial_;    // [S, chunks, 3, H*d] per-row-chunk shared weight grads
+  // Expert parallelism: rows received for the owned experts, expert-contiguous ([expert][source
+  // rank], each source's rows in its dispatch order, i.e. global token order within the group).
+  std::vector<int64_t> ep_offsets_;  // [E+1] offsets of the owned rows (0 rows: other experts)
+  std::vector<int64_t> ep_rows_;     // [P, E/P] rows source rank q sends for owned expert j
+  std::vector<size_t> ep_send_, ep_recv_;  // [P] elements to / from each rank (local side)
+  std::vector<T> ep_buf_;                  // [R, d] received rows in [source][expert] order
+  std::vector<T> xr_, yr_, dxr_;           // [R, d] owned rows: inputs, outputs, input grads
+  bool ep_active_ = false;                 // the last Forward ran expert-parallel
 };
 
 // Aux-loss-free balancing update from the step's global counts:

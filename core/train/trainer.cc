@@ -12,10 +12,12 @@
 #include <fmt/format.h>
 
 #include "core/data/data.h"
+#include "core/dist/expert_parallel.h"
 #include "core/dist/layout.h"
 #include "core/dist/zero.h"
 #include "core/flops.h"
 #include "core/model/model.h"
+#include "core/model/moe.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip.h"
 #include "core/train/checkpoint.h"
@@ -69,7 +71,7 @@ double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
-  return sum / (static_cast<double>(c.eval.batches) * layout.dp);
+  return sum / (static_cast<double>(c.eval.batches) * layout.world);
 }
 
 // Sums gradients over the data-parallel ranks in buckets of about bucket_mb MiB and averages.
@@ -115,6 +117,21 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   try {
     const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
     const int local_batch = layout.local_batch;
+    // Expert parallelism: consecutive groups of EP ranks split each MoE layer's experts; tokens
+    // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). Every
+    // rank keeps the full arena: the gradients of experts a rank does not own come out zero;
+    // expert gradients are summed over the DP group of their owners only, then all-gathered in
+    // the EP group (core/dist/expert_parallel.h), so every rank applies the same update. With
+    // ZeRO-1 the arena-wide reduce-scatter sums them (the zeros of non-owners included).
+    std::unique_ptr<Communicator> ep_comm, dp_comm;
+    if (layout.ep > 1) {
+      ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
+      dp_comm = comm->Split(layout.rank % layout.ep, layout.rank / layout.ep);
+    }
+    struct ExpertParallelScope {
+      explicit ExpertParallelScope(Communicator* ep) { SetMoeExpertParallel(ep); }
+      ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
+    } ep_scope(ep_comm.get());
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     Model<float> model(c);
     model.Init(c.train.seed);
@@ -272,6 +289,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     double time_in_steps = 0;
     int64_t step_comm_bytes = 0;  // collectives inside the timed steps (not eval, checkpoints)
     double step_comm_seconds = 0;
+    int64_t step_ep_bytes = 0;  // of which inside the EP group (token all-to-all, expert gather)
 
     while (step < end) {
       bool stop = options.stop_flag && options.stop_flag->load();
@@ -284,6 +302,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (stop) break;
       const auto t0 = Clock::now();
       const CommStats comm_before = comm->stats();
+      const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
+      const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
       model.ForwardBackward(local_tokens, local_batch, &stats);
       const size_t n = model.num_params();
@@ -291,6 +311,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (layout.world > 1) {
         if (zero) {
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
+        } else if (ep_comm) {
+          ReduceExpertParallelGradients(*comm, *ep_comm, *dp_comm, model.param_infos(), grads, n,
+                                        c.dist.bucket_mb);
         } else {
           AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
         }
@@ -300,9 +323,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         comm->AllReduceSum(stats.expert_counts.data(), stats.expert_counts.size());
         double l[3] = {stats.loss, stats.aux_loss, stats.z_loss};
         comm->AllReduceSum(l, 3);
-        stats.loss = l[0] / layout.dp;
-        stats.aux_loss = l[1] / layout.dp;
-        stats.z_loss = l[2] / layout.dp;
+        stats.loss = l[0] / layout.world;
+        stats.aux_loss = l[1] / layout.world;
+        stats.z_loss = l[2] / layout.world;
       }
       ++step;
       double grad_norm = 0;
@@ -318,8 +341,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
         result.status = RunStatus::kDiverged;
         result.steps_done = step;
-        result.error = fmt::format("loss became {} at step {} (grad norm {})", stats.loss, step,
-                                   grad_norm);
+        result.error =
+            fmt::format("loss became {} at step {} (grad norm {})", stats.loss, step, grad_norm);
         StepRecord r;
         r.step = step;
         r.loss = stats.loss;
@@ -357,6 +380,13 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const double dt = Seconds(t0, t1);
       step_comm_bytes += comm->stats().bytes - comm_before.bytes;
       step_comm_seconds += comm->stats().seconds - comm_before.seconds;
+      if (ep_comm) {
+        step_comm_bytes += ep_comm->stats().bytes - ep_before.bytes;
+        step_comm_seconds += ep_comm->stats().seconds - ep_before.seconds;
+        step_comm_bytes += dp_comm->stats().bytes - dp_before.bytes;
+        step_comm_seconds += dp_comm->stats().seconds - dp_before.seconds;
+        step_ep_bytes += ep_comm->stats().bytes - ep_before.bytes;
+      }
       ++steps_timed;
       time_in_steps += dt;
       StepRecord r;
@@ -402,6 +432,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                    "moelab train: communication: {:.3f} MiB sent per step by rank 0, {:.1f}% of "
                    "step time in collectives\n",
                    result.comm_bytes_per_step / 1048576.0, 100 * result.comm_time_share);
+        if (ep_comm) {
+          fmt::print(stderr,
+                     "moelab train: expert parallel: {:.3f} MiB per step inside the EP group "
+                     "(token all-to-all, expert gradient all-gather)\n",
+                     static_cast<double>(step_ep_bytes) / steps_timed / 1048576.0);
+        }
       }
     }
     if (step < total) {

@@ -302,6 +302,52 @@ TEST_F(DistTrainTest, KillOneRankThenResume) {
   EXPECT_NE(Slurp(Log("k")).find("resuming run"), std::string::npos);
 }
 
+// Expert parallelism: EP 2 at np = 2 and DP × EP = 2 × 2 at np = 4 train the MoE MuonClip run
+// of one process (tokens to their expert's owner by all-to-all and back); ZeRO-1 on top changes
+// nothing; a checkpoint written at EP 2 resumes in one process on the same trajectory.
+// Tolerance as above: the owner of an expert sums its rows of all ranks of the EP group in one
+// GEMM (in global token order), then the all-reduce adds the groups' partial sums.
+TEST_F(DistTrainTest, ExpertParallelSameLossesAsOneProcess) {
+  const std::string cfg = Config("run", true);
+  ASSERT_EQ(Train(1, cfg, "np1"), 0) << Slurp(Log("np1"));
+  const db::Series ref = Series("np1", "loss");
+  ASSERT_EQ(ref.values.size(), 30u);
+  for (int np : {2, 4}) {
+    const std::string tag = "ep2np" + std::to_string(np);
+    ASSERT_EQ(Train(np, cfg, tag, "--set dist.expert_parallel=2"), 0) << Slurp(Log(tag));
+    EXPECT_NE(Slurp(Log(tag)).find("DP " + std::to_string(np / 2) + " × EP 2"), std::string::npos)
+        << Slurp(Log(tag));
+    EXPECT_NE(Slurp(Log(tag)).find("expert parallel: "), std::string::npos) << Slurp(Log(tag));
+    const db::RunRow r = OnlyRun(tag);
+    EXPECT_EQ(r.status, "done");
+    EXPECT_EQ(r.ranks, np);
+    EXPECT_EQ(r.dp_size, np / 2);
+    EXPECT_EQ(r.ep_size, 2);
+    const double loss = MaxDiff(ref, Series(tag, "loss"));
+    const double val = MaxDiff(Series("np1", "val_loss"), Series(tag, "val_loss"));
+    const double gn = MaxDiff(Series("np1", "grad_norm"), Series(tag, "grad_norm"));
+    std::printf(
+        "MoE EP 2 np=%d vs np=1 over 30 steps: max |loss diff| %.3g, val %.3g, grad norm "
+        "%.3g\n",
+        np, loss, val, gn);
+    EXPECT_LT(loss, kLossTolerance) << "np=" << np;
+    EXPECT_LT(val, kLossTolerance) << "np=" << np;
+  }
+  // ZeRO-1 shards the full arena (the experts' gradients are summed over their owners by the
+  // same reduce-scatter), so EP with ZeRO-1 is bitwise EP without it.
+  ASSERT_EQ(Train(4, cfg, "ep2zero", "--set dist.expert_parallel=2 --set dist.zero1=true"), 0)
+      << Slurp(Log("ep2zero"));
+  EXPECT_EQ(MaxDiff(Series("ep2np4", "loss"), Series("ep2zero", "loss")), 0.0);
+  // Written at EP 2 (np = 2), resumed by one process.
+  ASSERT_EQ(Train(2, cfg, "r", "--set dist.expert_parallel=2 --stop-at-step 20"), 4)
+      << Slurp(Log("r"));
+  ASSERT_EQ(Train(1, cfg, "r", "--resume"), 0) << Slurp(Log("r"));
+  EXPECT_EQ(OnlyRun("r").status, "done");
+  const double d = MaxDiff(ref, Series("r", "loss"));
+  std::printf("EP 2 np=2 -> np=1 resume: max |loss diff| vs np=1 %.3g\n", d);
+  EXPECT_LT(d, kLossTolerance);
+}
+
 // Misuse is a config error before anything trains.
 TEST_F(DistTrainTest, LayoutMisuseExitsTwo) {
   const std::string cfg = Config("run", true, {{"train", {{"batch_size", 6}}}});
