@@ -1,4 +1,5 @@
 // `moelab db runs|show|integrity|mark-stale`
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -53,11 +54,19 @@ void AddDbCommand(CLI::App& app) {
       fmt::print("{}\n", out.dump(2));
       return;
     }
-    fmt::print("{:>4}  {:<24} {:<9} {:>11} {:>8} {:>9} {:>10} {:>10}  {}\n", "id", "name",
-               "status", "step", "loss", "best val", "tokens", "tok/s", "config");
+    // The name column fits the longest name (a cut name hides which budget a run is), capped so a
+    // long name cannot push the numbers off screen; a longer one ends in "~".
+    size_t name_width = 4;
+    for (const auto& r : rows) name_width = std::max(name_width, r.name.size());
+    name_width = std::min<size_t>(name_width, 60);
+    const auto shown_name = [name_width](const std::string& n) {
+      return n.size() <= name_width ? n : n.substr(0, name_width - 1) + "~";
+    };
+    fmt::print("{:>4}  {:<{}} {:<9} {:>11} {:>8} {:>9} {:>10} {:>10}  {}\n", "id", "name",
+               name_width, "status", "step", "loss", "best val", "tokens", "tok/s", "config");
     for (const auto& r : rows) {
-      fmt::print("{:>4}  {:<24} {:<9} {:>11} {:>8} {:>9} {:>10.3g} {:>10}  {}\n", r.id,
-                 r.name.substr(0, 24), r.effective_status,
+      fmt::print("{:>4}  {:<{}} {:<9} {:>11} {:>8} {:>9} {:>10.3g} {:>10}  {}\n", r.id,
+                 shown_name(r.name), name_width, r.effective_status,
                  fmt::format("{}/{}", r.last_step, r.shape.total_steps), Opt(r.last_loss),
                  Opt(r.best_val_loss), static_cast<double>(r.tokens),
                  Opt(r.tokens_per_s, "{:.0f}"), r.config_hash.substr(0, 12));
