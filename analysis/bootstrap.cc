@@ -7,21 +7,12 @@
 #include <limits>
 #include <random>
 
+#include "core/data/random.h"
+
 namespace moelab::analysis::internal {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 uint64_t StreamSeed(uint64_t seed, const std::string& name) {
-  uint64_t h = SplitMix64(seed);
-  for (unsigned char c : name) h = SplitMix64(h ^ c);
+  uint64_t h = data::SplitMix64(seed);
+  for (unsigned char c : name) h = data::SplitMix64(h ^ c);
   return h;
 }
 
@@ -29,7 +20,7 @@ std::vector<int> ResampleCounts(const std::vector<std::vector<int>>& strata, int
                                 uint64_t seed, int b) {
   std::vector<int> counts(n_runs, 0);
   // Seeding per resample (not one stream) keeps results independent of the thread schedule.
-  std::mt19937_64 rng(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(b) + 1)));
+  std::mt19937_64 rng(data::SplitMix64(seed ^ data::SplitMix64(static_cast<uint64_t>(b) + 1)));
   for (const auto& stratum : strata) {
     const uint64_t n = stratum.size();
     // Modulo bias is < n / 2^64, negligible; it keeps the draw identical across libraries.

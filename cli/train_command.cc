@@ -14,6 +14,7 @@
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"
+#include "core/host.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
@@ -26,12 +27,6 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
 
 }  // namespace
 

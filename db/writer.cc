@@ -12,6 +12,7 @@
 #include <limits>
 #include <utility>
 
+#include "core/host.h"
 #include "db/schema.h"
 
 namespace moelab::db {
@@ -24,12 +25,6 @@ namespace {
 bool IsKnownStatus(const std::string& s) {
   return s == "queued" || s == "running" || s == "done" || s == "failed" || s == "diverged" ||
          s == "stopped";
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
 }
 
 // Runs f inside BEGIN IMMEDIATE ... COMMIT. busy_timeout already waits for the lock; this

@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/host.h"
 #include "db/reader.h"
 #include "gui/app.h"
 #include "gui/app_internal.h"
@@ -39,11 +40,6 @@ constexpr const char* kNewSpec = R"({
   "seeds": [1]
 }
 )";
-
-std::string HostName() {
-  char buf[256] = {};
-  return ::gethostname(buf, sizeof buf - 1) == 0 ? buf : "";
-}
 
 std::string Stamp() {
   return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(

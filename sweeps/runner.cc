@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "core/flops.h"
+#include "core/host.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
@@ -45,12 +46,6 @@ bool ProcessAlive(pid_t pid) {
   if (!std::getline(stat, line)) return true;
   const size_t paren = line.rfind(')');
   return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
 }
 
 std::string SelfExe() {

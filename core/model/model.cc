@@ -13,6 +13,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "core/data/random.h"
 #include "core/model/moe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -62,13 +63,6 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 uint64_t HashName(const std::string& s) {  // FNV-1a
   uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
@@ -83,8 +77,8 @@ double UnitOpenZero(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1
 // index) — not on thread count, tensor order or which other tensors exist (tied and untied
 // models share their embedding init).
 void NormalPair(uint64_t key, uint64_t pair, double* z0, double* z1) {
-  const double u1 = UnitOpenZero(SplitMix64(key ^ SplitMix64(2 * pair)));
-  const double u2 = UnitOpenZero(SplitMix64(key ^ SplitMix64(2 * pair + 1)));
+  const double u1 = UnitOpenZero(data::SplitMix64(key ^ data::SplitMix64(2 * pair)));
+  const double u2 = UnitOpenZero(data::SplitMix64(key ^ data::SplitMix64(2 * pair + 1)));
   const double r = std::sqrt(-2.0 * std::log(u1));
   const double a = 6.283185307179586476925 * u2;
   *z0 = r * std::cos(a);
@@ -690,7 +684,7 @@ void Model<T>::Init(uint64_t seed) {
     }
     const bool is_out = p.name.ends_with(".wo") || p.name.ends_with(".w2");
     const double std = I.m.init_std * (is_out ? out_scale : 1.0);
-    const uint64_t key = SplitMix64(seed ^ SplitMix64(HashName(p.name)));
+    const uint64_t key = data::SplitMix64(seed ^ data::SplitMix64(HashName(p.name)));
     const long pairs = (count + 1) / 2;
 #pragma omp parallel for schedule(static) if (count > 4096)
     for (long pr = 0; pr < pairs; ++pr) {
