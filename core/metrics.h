@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/model.h"
+#include "core/model/step_stats.h"
 
 namespace moelab {
 
