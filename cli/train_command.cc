@@ -19,6 +19,7 @@
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
+#include "sweeps/run_shape.h"
 
 namespace moelab::cli {
 
@@ -104,17 +105,8 @@ void AddTrainCommand(CLI::App& app) {
     const std::string name =
         args->name.empty() ? std::filesystem::path(args->config).stem().string() : args->name;
 
-    db::RunShape shape;
-    shape.layers = config.model.layers;
-    shape.heads = config.model.heads;
-    shape.moe_layers =
-        config.moe.enabled() ? config.model.layers - config.moe.dense_layers : 0;
-    shape.experts = config.moe.experts_total;
+    const db::RunShape shape = sweeps::RunShapeOf(config);
     const ParamCounts pc = CountParams(config);
-    shape.params_total = pc.total;
-    shape.params_active = pc.active;
-    shape.flops_per_token = ForwardFlopsPerToken(config).training();
-    shape.total_steps = config.total_steps();
 
     const std::string latest = args->resume ? LatestCheckpoint(ckpt_dir) : "";
     int64_t start_step = 0;

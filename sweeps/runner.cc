@@ -25,6 +25,7 @@
 #include "db/reader.h"
 #include "db/writer.h"
 #include "sweeps/launch.h"
+#include "sweeps/run_shape.h"
 #include "sweeps/slurm.h"
 #include "sweeps/store.h"
 
@@ -76,20 +77,6 @@ std::string FormatDuration(double s) {
   if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
   if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
   return fmt::format("{}s", t);
-}
-
-db::RunShape ShapeOf(const RunConfig& c) {
-  db::RunShape s;
-  s.layers = c.model.layers;
-  s.heads = c.model.heads;
-  s.moe_layers = c.moe.enabled() ? c.model.layers - c.moe.dense_layers : 0;
-  s.experts = c.moe.experts_total;
-  const ParamCounts pc = CountParams(c);
-  s.params_total = pc.total;
-  s.params_active = pc.active;
-  s.flops_per_token = ForwardFlopsPerToken(c).training();
-  s.total_steps = c.total_steps();
-  return s;
 }
 
 double TrainingFlops(const RunConfig& c) {
@@ -260,7 +247,7 @@ class Scheduler {
         info.config_json = ConfigToJson(run->config).dump();
         info.config_hash = run->hash;
         info.sweep_id = sweep_id_;
-        info.shape = ShapeOf(run->config);
+        info.shape = RunShapeOf(run->config);
         info.host = host;
         job.run_id = db::RunWriter::CreateRun(opt_.db_path, info, "queued");
         for (auto it = run->vars.begin(); it != run->vars.end(); ++it) {
