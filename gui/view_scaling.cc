@@ -77,12 +77,31 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
       ImGui::Text("#%lld  %s  %s by %s%s", static_cast<long long>(f.id), when, f.form.c_str(),
                   f.family_key.c_str(), i == 0 && current ? "  (current)" : "");
       const nlohmann::json r = nlohmann::json::parse(f.result_json, nullptr, false);
-      if (r.is_object() && r.contains("families") && r["families"].is_array()) {
-        for (const auto& fam : r["families"]) {
+      // `moelab fit` stores {"fits": {"families": [...]}, "multipliers": {...}}; older rows
+      // (and the GUI's own fits) keep the families at the top level.
+      const nlohmann::json& fits = r.is_object() && r.contains("fits") ? r["fits"] : r;
+      if (fits.is_object() && fits.contains("families") && fits["families"].is_array()) {
+        for (const auto& fam : fits["families"]) {
           if (!fam.is_object()) continue;
           const std::string name = fam.value("family", std::string("?"));
           ImGui::TextDisabled("    %s: %s", name.c_str(),
                               ParamsText(fam.value("params", nlohmann::json::array())).c_str());
+        }
+      }
+      if (r.is_object() && r.contains("multipliers") && r["multipliers"].is_object() &&
+          r["multipliers"].contains("rows") && r["multipliers"]["rows"].is_array()) {
+        const std::string ref = r["multipliers"].value("reference", std::string("?"));
+        for (const auto& row : r["multipliers"]["rows"]) {
+          if (!row.is_object() || !row.value("ok", false) || !row.contains("multiplier")) continue;
+          const nlohmann::json& m = row["multiplier"];
+          if (!m.is_object() || !m["estimate"].is_number()) continue;
+          std::string text = FormatValue(m["estimate"].get<double>());
+          if (m["lo"].is_number() && m["hi"].is_number()) {
+            text += " [" + FormatValue(m["lo"].get<double>()) + ", " +
+                    FormatValue(m["hi"].get<double>()) + "]";
+          }
+          ImGui::Text("    FLOPs multiplier %s vs %s: %s",
+                      row.value("family", std::string("?")).c_str(), ref.c_str(), text.c_str());
         }
       }
     }

@@ -30,6 +30,13 @@ if [ -n "${DISPLAY:-}" ] && [ -x "$BIN/moelab-gui" ]; then
   echo "== opening moelab-gui on $DB, Scaling laws view (the same fit, with its bands)"
   exec "$BIN/moelab-gui" --db "$DB" --view scaling --family var:sparsity
 fi
+if command -v xvfb-run >/dev/null && [ -x "$BIN/moelab-gui" ]; then
+  # No display: render the GUI's Scaling laws view (the stored fit above) off screen instead.
+  SHOT=${DB%.db}-scaling.png
+  echo "== no display: moelab-gui's Scaling laws view rendered headless to $SHOT"
+  xvfb-run -a -s "-screen 0 1280x800x24" "$BIN/moelab-gui" --db "$DB" --view scaling \
+    --family var:sparsity --screenshot "$SHOT"
+fi
 cat <<MSG
 
 The runs are recorded in $DB (SQLite, WAL). Look at them with:
