@@ -163,6 +163,9 @@ class App {
   void ExpertsView();   // gui/view_experts.cc
   void CompareView();   // gui/view_compare.cc
   void ScalingView();   // gui/view_scaling.cc
+  // Runs a matrix view can show (has() true of their shape): selected runs first, in selection
+  // order, then the others. Shared by the max-logit and expert views.
+  std::vector<int64_t> RunsWithShape(bool (*has)(const db::RunShape&));
   // The stored fits of the scaling view's scope; false when they are current (no refit).
   bool StoredFits(uint64_t data_version, double newest_run);
 

@@ -17,18 +17,23 @@ namespace moelab::gui {
 
 // ---- Experts --------------------------------------------------------------------------------
 
-void App::ExpertsView() {
-  std::vector<int64_t> candidates;
+std::vector<int64_t> App::RunsWithShape(bool (*has)(const db::RunShape&)) {
+  std::vector<int64_t> ids;
   for (int64_t id : selection_) {
     const RunEntry* e = runs_->Find(id);
-    if (e && e->row.shape.moe_layers > 0) candidates.push_back(id);
+    if (e && has(e->row.shape)) ids.push_back(id);
   }
   for (const auto& r : runs_->runs) {
-    if (r->row.shape.moe_layers > 0 &&
-        std::find(candidates.begin(), candidates.end(), r->row.id) == candidates.end()) {
-      candidates.push_back(r->row.id);
+    if (has(r->row.shape) && std::find(ids.begin(), ids.end(), r->row.id) == ids.end()) {
+      ids.push_back(r->row.id);
     }
   }
+  return ids;
+}
+
+void App::ExpertsView() {
+  const std::vector<int64_t> candidates =
+      RunsWithShape([](const db::RunShape& s) { return s.moe_layers > 0; });
   if (candidates.empty()) {
     ImGui::TextDisabled("No MoE run records expert loads yet.");
     return;

@@ -229,17 +229,8 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
 void App::LogitsView() {
   // Two runs side by side: the first two selected runs with max-logit records, else the first
   // two such runs. A column's combo overrides that.
-  std::vector<int64_t> candidates;
-  for (int64_t id : selection_) {
-    const RunEntry* e = runs_->Find(id);
-    if (e && e->row.shape.layers > 0) candidates.push_back(id);
-  }
-  for (const auto& r : runs_->runs) {
-    if (r->row.shape.layers > 0 &&
-        std::find(candidates.begin(), candidates.end(), r->row.id) == candidates.end()) {
-      candidates.push_back(r->row.id);
-    }
-  }
+  const std::vector<int64_t> candidates =
+      RunsWithShape([](const db::RunShape& s) { return s.layers > 0; });
   if (candidates.empty()) {
     ImGui::TextDisabled("No run records per-head max logits yet.");
     return;
