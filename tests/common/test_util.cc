@@ -100,4 +100,21 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
+nlohmann::json TinyRunConfig(const std::string& ckpt_dir, int steps, int ckpt_every, bool slow) {
+  const int d = slow ? 64 : 16;
+  return {{"model",
+           {{"vocab_size", 32},
+            {"d_model", d},
+            {"layers", 1},
+            {"heads", 2},
+            {"ffn_hidden", 32},
+            {"seq_len", slow ? 64 : 16}}},
+          {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", d}}},
+          {"data", {{"source", "markov"}}},
+          {"train", {{"batch_size", slow ? 8 : 2}, {"steps", steps}, {"threads", 1}}},
+          {"schedule", {{"warmup_steps", 2}}},
+          {"eval", {{"every", 0}, {"batches", 1}}},
+          {"checkpoint", {{"every", ckpt_every}, {"dir", ckpt_dir}}}};
+}
+
 }  // namespace moelab::test

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -46,5 +47,10 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// A tiny MoE run config on the synthetic Markov source (~1 ms a step, so a sweep of them is
+// quick); slow = true gives a few ms a step so a stop or kill lands mid-run. Checkpoints every
+// ckpt_every steps (0: none) into ckpt_dir.
+nlohmann::json TinyRunConfig(const std::string& ckpt_dir, int steps, int ckpt_every, bool slow);
 
 }  // namespace moelab::test

@@ -25,22 +25,9 @@ namespace {
 
 using nlohmann::json;
 
-// A tiny run (~1 ms a step); slow = true gives a few ms a step so a stop lands mid-run.
+// The tiny run config of tests/common, checkpointing every 20 steps under dir.
 json Base(const std::string& dir, int steps, bool slow = false) {
-  const int d = slow ? 64 : 16;
-  return {{"model",
-           {{"vocab_size", 32},
-            {"d_model", d},
-            {"layers", 1},
-            {"heads", 2},
-            {"ffn_hidden", 32},
-            {"seq_len", slow ? 64 : 16}}},
-          {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", d}}},
-          {"data", {{"source", "markov"}}},
-          {"train", {{"batch_size", slow ? 8 : 2}, {"steps", steps}, {"threads", 1}}},
-          {"schedule", {{"warmup_steps", 2}}},
-          {"eval", {{"every", 0}, {"batches", 1}}},
-          {"checkpoint", {{"every", 20}, {"dir", dir + "/ckpt"}}}};
+  return test::TinyRunConfig(dir + "/ckpt", steps, 20, slow);
 }
 
 TEST(SpecCheck, ValidSpecGivesRunsAndThePlanTable) {

@@ -47,22 +47,8 @@ class SweepRunTest : public ::testing::Test {
   }
   void TearDown() override { tmp_.reset(); }  // kept when the test failed
 
-  // A tiny run (~1 ms a step); slow = true gives ~6 ms a step, so kill tests hit mid-run.
   json Base(int steps, int ckpt_every = 10, bool slow = false) {
-    const int d = slow ? 64 : 16;
-    return {{"model",
-             {{"vocab_size", 32},
-              {"d_model", d},
-              {"layers", 1},
-              {"heads", 2},
-              {"ffn_hidden", 32},
-              {"seq_len", slow ? 64 : 16}}},
-            {"moe", {{"experts_total", 4}, {"experts_active", 2}, {"expert_hidden", d}}},
-            {"data", {{"source", "markov"}}},
-            {"train", {{"batch_size", slow ? 8 : 2}, {"steps", steps}, {"threads", 1}}},
-            {"schedule", {{"warmup_steps", 2}}},
-            {"eval", {{"every", 0}, {"batches", 1}}},
-            {"checkpoint", {{"every", ckpt_every}, {"dir", (dir_ / "ckpt").string()}}}};
+    return test::TinyRunConfig((dir_ / "ckpt").string(), steps, ckpt_every, slow);
   }
   std::string WriteSpec(const json& spec, const std::string& file = "spec.json") {
     const std::string path = (dir_ / file).string();
