@@ -260,14 +260,19 @@ class Scheduler {
         // One folder per run row: a rerun, a second sweep's run of the same config, or a run
         // of a deleted database whose checkpoints are still on disk never resumes from (or
         // prunes) another run's checkpoints: every launch passes --resume.
+        // Run ids restart at 1 in a new database, so "<hash>-run<id>" may be a deleted
+        // database's folder as well: count up until the folder is free.
         const fs::path root = fs::absolute(run->config.checkpoint.dir);
         const std::string h16 = run->hash.substr(0, 16);
-        std::error_code ec;
-        const bool taken =
-            !same.empty() || (fs::exists(root / h16, ec) && !fs::is_empty(root / h16, ec));
-        job.ckpt_dir = (taken ? root / fmt::format("{}-run{}", h16, job.run_id) : root / h16)
-                           .lexically_normal()
-                           .string();
+        const auto free = [](const fs::path& p) {
+          std::error_code ec;
+          return !fs::exists(p, ec) || fs::is_empty(p, ec);
+        };
+        fs::path dir = root / h16;
+        if (!same.empty() || !free(dir)) dir = root / fmt::format("{}-run{}", h16, job.run_id);
+        for (int n = 2; !free(dir); ++n)
+          dir = root / fmt::format("{}-run{}-{}", h16, job.run_id, n);
+        job.ckpt_dir = dir.lexically_normal().string();
         store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
       } else {
         store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
