@@ -19,6 +19,7 @@
 namespace moelab::gui {
 
 class FitJob;        // gui/fits.h
+struct FitResult;    // gui/fits.h
 struct SpecCheck;    // gui/sweep_control.h
 class ScriptRunner;  // gui/script.h
 class PromotePanel;  // gui/promote_panel.h
@@ -151,6 +152,10 @@ class App {
     // refit runs only when asked or when finished runs changed since the newest of them.
     std::vector<db::FitRecord> stored;
     uint64_t stored_key = 0;
+    // The newest stored power-law fit as a FitResult (curves, points, its multiplier table),
+    // drawn while it is current; stored_error says why it cannot be.
+    std::shared_ptr<const FitResult> stored_result;
+    std::string stored_error;
     bool fit_requested = false;
   };
 
