@@ -284,9 +284,9 @@ Connection OpenForRead(const std::string& path, double busy_timeout_s) {
   }
   if (version < kNumMigrations) {
     throw std::runtime_error(fmt::format(
-        "database '{}' has the older schema version {} (this build: {}); open it once with a "
-        "writer (e.g. `moelab db migrate`) to upgrade it",
-        path, version, kNumMigrations));
+        "database '{}' has the older schema version {} (this build: {}); upgrade it with "
+        "`moelab db migrate --db {}`",
+        path, version, kNumMigrations, path));
   }
   return db;
 }
