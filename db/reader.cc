@@ -51,7 +51,7 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.name = st.Text(1);
   r.sweep_id = st.OptInt(2);
   r.config_hash = st.Text(3);
-  r.status = st.Text(4);
+  r.status = ParseRunStatus(st.Text(4));
   r.pid = st.OptInt(5);
   r.host = st.Text(6);
   r.created_at = st.Real(7);
@@ -82,11 +82,11 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.dp_size = static_cast<int>(st.Int(32));
   r.ep_size = static_cast<int>(st.Int(33));
   r.effective_status = r.status;
-  if (r.status == "running") {
+  if (r.status == RunStatus::kRunning) {
     const double alive_at = r.heartbeat_at.value_or(r.started_at.value_or(r.created_at));
     if (now - alive_at > stale_after_s) {
       r.stale = true;
-      r.effective_status = "failed";
+      r.effective_status = RunStatus::kFailed;
     }
   }
   return r;

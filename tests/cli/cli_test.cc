@@ -86,7 +86,7 @@ TEST_F(CliTest, TrainsAndRecords) {
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].name, "t1");
-  EXPECT_EQ(runs[0].effective_status, "done");
+  EXPECT_EQ(runs[0].effective_status, RunStatus::kDone);
   EXPECT_EQ(runs[0].last_step, 20);
   EXPECT_EQ(reader.GetSeries(runs[0].id, "loss").steps.size(), 20u);
   EXPECT_EQ(reader.GetSeries(runs[0].id, "val_loss").steps.size(), 2u);
@@ -129,7 +129,7 @@ TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
   EXPECT_NE(Slurp(Log()).find("DIVERGED"), std::string::npos);
   const auto runs = db::Reader(db_).ListRuns();
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].status, "diverged");
+  EXPECT_EQ(runs[0].status, RunStatus::kDiverged);
   ASSERT_TRUE(runs[0].diverged_step.has_value());
   EXPECT_LT(*runs[0].diverged_step, 300);
 }
@@ -164,8 +164,8 @@ TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
     db::Reader reader(db_);
     const auto runs = reader.ListRuns(/*stale_after_s=*/1.0);
     ASSERT_EQ(runs.size(), 1u);
-    EXPECT_EQ(runs[0].status, "running");
-    EXPECT_EQ(runs[0].effective_status, "failed");
+    EXPECT_EQ(runs[0].status, RunStatus::kRunning);
+    EXPECT_EQ(runs[0].effective_status, RunStatus::kFailed);
     EXPECT_TRUE(runs[0].stale);
   }
   ASSERT_EQ(Wait(Spawn({"train", cfg, "--db", db_, "--resume", "--no-progress"}, Log())), 0)
@@ -174,7 +174,7 @@ TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
   db::Reader reader(db_);
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].effective_status, "done");
+  EXPECT_EQ(runs[0].effective_status, RunStatus::kDone);
   const db::Series loss = reader.GetSeries(runs[0].id, "loss");
   ASSERT_EQ(loss.steps.size(), 3000u);
   for (size_t i = 0; i < loss.steps.size(); ++i) EXPECT_EQ(loss.steps[i], int64_t(i + 1));
