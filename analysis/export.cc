@@ -53,7 +53,7 @@ json ExportRuns(const std::string& db_path, std::optional<int64_t> sweep_id,
     const db::Series tokens = reader.GetSeries(run.id, "eval_tokens");
     json r = {{"id", run.id},
               {"name", run.name},
-              {"status", run.effective_status},
+              {"status", ToString(run.effective_status)},
               {"config_hash", run.config_hash},
               {"vars", vars},
               {"config", json::parse(config, nullptr, false)},
@@ -118,8 +118,10 @@ ObservationSet ObservationsFromExport(const json& e, const std::string& family_k
   for (const json& run : e["runs"]) {
     const int64_t id = run.at("id").get<int64_t>();
     const std::string label = fmt::format("run {} '{}'", id, run.value("name", ""));
+    // An export written by another build may hold a status this one does not know: skip it.
     const std::string status = run.value("status", "");
-    if (status != "done" && status != "diverged") {
+    const std::optional<RunStatus> parsed = TryParseRunStatus(status);
+    if (parsed != RunStatus::kDone && parsed != RunStatus::kDiverged) {
       out.skipped.push_back(fmt::format("{}: status {}", label, status));
       continue;
     }

@@ -43,8 +43,8 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
   for (const db::RunRow& run : reader.ListRuns()) {
     if (sweep_id && run.sweep_id != sweep_id) continue;
     const std::string label = fmt::format("run {} '{}'", run.id, run.name);
-    if (run.effective_status != "done" && run.effective_status != "diverged") {
-      out.skipped.push_back(fmt::format("{}: status {}", label, run.effective_status));
+    if (run.effective_status != RunStatus::kDone && run.effective_status != RunStatus::kDiverged) {
+      out.skipped.push_back(fmt::format("{}: status {}", label, ToString(run.effective_status)));
       continue;
     }
     const std::string config = reader.RunConfigJson(run.id);

@@ -205,7 +205,7 @@ RecordedPromotion RecordPromotion(const PromoteRequest& a, const PreparedPromoti
   r.promotion_id = db::SavePromotion(a.db_path, rec);
   info.name = fmt::format("promoted-{}-{}{}", r.promotion_id, p.key, p.value);
   r.run_name = info.name;
-  r.run_id = db::RunWriter::CreateRun(a.db_path, info, "queued");
+  r.run_id = db::RunWriter::CreateRun(a.db_path, info, RunStatus::kQueued);
   db::LinkPromotionRun(a.db_path, r.promotion_id, r.run_id);
   db::RunWriter::SetRunVar(a.db_path, r.run_id, "promotion", std::to_string(r.promotion_id));
   db::RunWriter::SetRunVar(a.db_path, r.run_id, p.key, p.value);

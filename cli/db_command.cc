@@ -1,9 +1,9 @@
-// `moelab db runs|show|integrity|mark-stale`
+// `moelab db runs|show|migrate|integrity|mark-stale`
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -38,18 +38,18 @@ void AddDbCommand(CLI::App& app) {
     if (*as_json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& r : rows) {
-        out.push_back({{"id", r.id},
-                       {"name", r.name},
-                       {"status", r.effective_status},
-                       {"config_hash", r.config_hash},
-                       {"step", r.last_step},
-                       {"total_steps", r.shape.total_steps},
-                       {"loss", r.last_loss ? nlohmann::json(*r.last_loss) : nullptr},
-                       {"best_val_loss",
-                        r.best_val_loss ? nlohmann::json(*r.best_val_loss) : nullptr},
-                       {"tokens", r.tokens},
-                       {"flops", r.flops},
-                       {"error", r.error}});
+        out.push_back(
+            {{"id", r.id},
+             {"name", r.name},
+             {"status", ToString(r.effective_status)},
+             {"config_hash", r.config_hash},
+             {"step", r.last_step},
+             {"total_steps", r.shape.total_steps},
+             {"loss", r.last_loss ? nlohmann::json(*r.last_loss) : nullptr},
+             {"best_val_loss", r.best_val_loss ? nlohmann::json(*r.best_val_loss) : nullptr},
+             {"tokens", r.tokens},
+             {"flops", r.flops},
+             {"error", r.error}});
       }
       fmt::print("{}\n", out.dump(2));
       return;
@@ -66,10 +66,10 @@ void AddDbCommand(CLI::App& app) {
                name_width, "status", "step", "loss", "best val", "tokens", "tok/s", "config");
     for (const auto& r : rows) {
       fmt::print("{:>4}  {:<{}} {:<9} {:>11} {:>8} {:>9} {:>10.3g} {:>10}  {}\n", r.id,
-                 shown_name(r.name), name_width, r.effective_status,
+                 shown_name(r.name), name_width, ToString(r.effective_status),
                  fmt::format("{}/{}", r.last_step, r.shape.total_steps), Opt(r.last_loss),
-                 Opt(r.best_val_loss), static_cast<double>(r.tokens),
-                 Opt(r.tokens_per_s, "{:.0f}"), r.config_hash.substr(0, 12));
+                 Opt(r.best_val_loss), static_cast<double>(r.tokens), Opt(r.tokens_per_s, "{:.0f}"),
+                 r.config_hash.substr(0, 12));
       if (!r.error.empty()) fmt::print("      error: {}\n", r.error);
     }
   });
@@ -82,10 +82,10 @@ void AddDbCommand(CLI::App& app) {
     db::Reader reader(*path);
     const auto run = reader.GetRun(*run_id);
     if (!run) throw std::runtime_error(fmt::format("no run {} in {}", *run_id, *path));
-    fmt::print("run {} '{}' status {} step {}/{}\n", run->id, run->name, run->effective_status,
-               run->last_step, run->shape.total_steps);
-    fmt::print("params {} total, {} active; {:.3g} training FLOPs/token\n",
-               run->shape.params_total, run->shape.params_active, run->shape.flops_per_token);
+    fmt::print("run {} '{}' status {} step {}/{}\n", run->id, run->name,
+               ToString(run->effective_status), run->last_step, run->shape.total_steps);
+    fmt::print("params {} total, {} active; {:.3g} training FLOPs/token\n", run->shape.params_total,
+               run->shape.params_active, run->shape.flops_per_token);
     const db::Series loss = reader.GetSeries(*run_id, "loss");
     const db::Series val = reader.GetSeries(*run_id, "val_loss");
     const size_t every = std::max<size_t>(1, loss.steps.size() / 10);
@@ -103,6 +103,22 @@ void AddDbCommand(CLI::App& app) {
         fmt::print("\n");
       }
     }
+  });
+
+  // Readers (fit, show, the GUI) refuse a file of an older schema rather than guess at missing
+  // columns; this applies the pending migrations, as any writer does when it opens the file.
+  CLI::App* migrate = cmd->add_subcommand(
+      "migrate", "Upgrade a database written by an older moelab to this build's schema");
+  migrate->add_option("--db", *path, "Database file")->capture_default_str()->check(
+      CLI::ExistingFile);
+  migrate->callback([path]() {
+    const int before = [&] {
+      db::Connection raw(*path, SQLITE_OPEN_READONLY);
+      return static_cast<int>(raw.QueryInt("PRAGMA user_version"));
+    }();
+    db::OpenForWrite(*path);
+    fmt::print("{}: schema version {} -> {}{}\n", *path, before, db::SchemaVersion(),
+               before == db::SchemaVersion() ? " (already current)" : "");
   });
 
   CLI::App* integrity = cmd->add_subcommand("integrity", "Run PRAGMA integrity_check");
@@ -125,7 +141,8 @@ void AddDbCommand(CLI::App& app) {
     fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
     // Runs of a sweep trained elsewhere (a Slurm job's database) join it now, by config hash.
     for (const auto& a : sweeps::AdoptRuns(*path)) {
-      fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, a.status, a.sweep, a.idx);
+      fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, ToString(a.status), a.sweep,
+                 a.idx);
     }
   });
 

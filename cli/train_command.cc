@@ -1,11 +1,10 @@
 // `moelab train CONFIG.json --db FILE [--name NAME] [--resume] [--set path=value ...]`
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-
-#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "core/config.h"
@@ -128,7 +127,7 @@ void AddTrainCommand(CLI::App& app) {
           std::optional<db::RunRow> previous;
           const std::vector<int64_t> ids = db::RunWriter::FindRunsByHash(args->db, hash);
           if (!ids.empty()) previous = db::Reader(args->db).GetRun(ids.back());
-          if (previous && previous->status == "done") {
+          if (previous && previous->status == RunStatus::kDone) {
             fmt::print(stderr, "moelab train: run {} ('{}') of this config is already done\n",
                        previous->id, previous->name);
             verdict = -1;  // nothing to do: every rank exits 0
@@ -220,8 +219,10 @@ void AddTrainCommand(CLI::App& app) {
         db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.optimizer_state_bytes",
                                  fmt::format("{}", result.optimizer_state_bytes));
       } catch (const std::exception& e) {
-        fmt::print(stderr, "moelab train: warning: could not record the communication counters: "
-                           "{}\n", e.what());
+        fmt::print(stderr,
+                   "moelab train: warning: could not record the communication counters: "
+                   "{}\n",
+                   e.what());
       }
     }
     switch (result.status) {
@@ -232,8 +233,9 @@ void AddTrainCommand(CLI::App& app) {
                    args->db, writer->run_id(), args->db);
         return;
       case RunStatus::kStopped:
-        fmt::print(stderr, "moelab train: stopped at step {}; checkpoint {}\n  continue with: "
-                           "moelab train {} --db {} --resume\n",
+        fmt::print(stderr,
+                   "moelab train: stopped at step {}; checkpoint {}\n  continue with: "
+                   "moelab train {} --db {} --resume\n",
                    result.steps_done, result.checkpoint, args->config, args->db);
         throw CLI::RuntimeError(kExitStopped);
       case RunStatus::kDiverged:

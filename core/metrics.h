@@ -3,23 +3,28 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/model/step_stats.h"
+#include "core/run_status.h"
 
 namespace moelab {
 
 struct StepRecord {
-  int64_t step = 0;       // 1-based index of the finished optimizer step
-  double loss = 0;        // training cross-entropy
+  int64_t step = 0;  // 1-based index of the finished optimizer step
+  double loss = 0;   // training cross-entropy
   double aux_loss = 0;
   double lr = 0;
-  double grad_norm = 0;   // global gradient norm before clipping
-  int64_t tokens = 0;     // tokens seen so far
-  double flops = 0;       // cumulative training FLOPs
+  double grad_norm = 0;  // global gradient norm before clipping
+  int64_t tokens = 0;    // tokens seen so far
+  double flops = 0;      // cumulative training FLOPs
   double step_time_s = 0;
   double tokens_per_s = 0;
+  // RMS of the attention-path norm gains after the step (core/model/norm_gain_rms.h); NaN
+  // (stored as NULL) where the trainer does not compute it.
+  double norm_gain_rms = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct ClipEvent {
@@ -29,18 +34,6 @@ struct ClipEvent {
   double s_max = 0;
   double gamma = 0;
 };
-
-enum class RunStatus { kRunning, kDone, kFailed, kDiverged, kStopped };
-inline const char* RunStatusName(RunStatus s) {
-  switch (s) {
-    case RunStatus::kRunning: return "running";
-    case RunStatus::kDone: return "done";
-    case RunStatus::kFailed: return "failed";
-    case RunStatus::kDiverged: return "diverged";
-    case RunStatus::kStopped: return "stopped";
-  }
-  return "unknown";
-}
 
 class MetricsSink {
  public:

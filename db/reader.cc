@@ -15,6 +15,7 @@ struct SeriesSource {
   const char* key;
   const char* table;
   const char* column;
+  bool optional = false;  // NULL where not recorded: those steps are left out of the series
 };
 
 // Whitelist: keys become SQL identifiers, so only these ever reach a query string.
@@ -28,6 +29,7 @@ constexpr SeriesSource kSeriesSources[] = {
     {"step_time_s", "steps", "step_time_s"},
     {"tokens_per_s", "steps", "tokens_per_s"},
     {"wall_time", "steps", "wall_time"},
+    {"norm_gain_rms", "steps", "norm_gain_rms", true},
     {"val_loss", "evals", "val_loss"},
     {"eval_tokens", "evals", "tokens"},
     {"eval_flops", "evals", "flops"},
@@ -49,7 +51,7 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.name = st.Text(1);
   r.sweep_id = st.OptInt(2);
   r.config_hash = st.Text(3);
-  r.status = st.Text(4);
+  r.status = ParseRunStatus(st.Text(4));
   r.pid = st.OptInt(5);
   r.host = st.Text(6);
   r.created_at = st.Real(7);
@@ -80,11 +82,11 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.dp_size = static_cast<int>(st.Int(32));
   r.ep_size = static_cast<int>(st.Int(33));
   r.effective_status = r.status;
-  if (r.status == "running") {
+  if (r.status == RunStatus::kRunning) {
     const double alive_at = r.heartbeat_at.value_or(r.started_at.value_or(r.created_at));
     if (now - alive_at > stale_after_s) {
       r.stale = true;
-      r.effective_status = "failed";
+      r.effective_status = RunStatus::kFailed;
     }
   }
   return r;
@@ -171,8 +173,9 @@ Series Reader::GetSeries(int64_t run_id, const std::string& key, int64_t step_mi
         fmt::format("unknown series key '{}' (known: {})", key, fmt::join(SeriesKeys(), ", ")));
   }
   Statement st = db_.Prepare(fmt::format(
-      "SELECT step, {} FROM {} WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
-      source->column, source->table));
+      "SELECT step, {} FROM {} WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3{} ORDER BY step",
+      source->column, source->table,
+      source->optional ? fmt::format(" AND {} IS NOT NULL", source->column) : ""));
   st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
   Series out;
   while (st.Step()) {

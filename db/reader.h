@@ -25,7 +25,7 @@ class Reader {
   explicit Reader(const std::string& path);
 
   // Every run with its summary, oldest first. A running run whose heartbeat is older than
-  // stale_after_s is reported with effective_status "failed" and stale = true.
+  // stale_after_s is reported with effective_status kFailed and stale = true.
   std::vector<RunRow> ListRuns(double stale_after_s = 30.0);
   std::optional<RunRow> GetRun(int64_t run_id, double stale_after_s = 30.0);
   std::string RunConfigJson(int64_t run_id);

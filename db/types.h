@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/run_status.h"
+
 namespace moelab::db {
 
 // Shapes of the per-step matrices and the model size figures recorded with a run.
@@ -26,8 +28,8 @@ struct RunRow {
   std::string name;
   std::optional<int64_t> sweep_id;
   std::string config_hash;
-  std::string status;            // as stored
-  std::string effective_status;  // "failed" for a running run whose heartbeat is stale
+  RunStatus status = RunStatus::kQueued;            // as stored
+  RunStatus effective_status = RunStatus::kQueued;  // kFailed for a running run gone stale
   bool stale = false;
   std::optional<int64_t> pid;
   std::string host;

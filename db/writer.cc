@@ -22,11 +22,6 @@ static_assert(std::endian::native == std::endian::little, "moelab db blobs are l
 
 namespace {
 
-bool IsKnownStatus(const std::string& s) {
-  return s == "queued" || s == "running" || s == "done" || s == "failed" || s == "diverged" ||
-         s == "stopped";
-}
-
 // Runs f inside BEGIN IMMEDIATE ... COMMIT. busy_timeout already waits for the lock; this
 // retries the whole transaction when even that was not enough (a long checkpoint, many
 // writers), because giving up would lose a flush.
@@ -112,7 +107,7 @@ struct RunWriter::EvalRow {
 
 struct RunWriter::Batch {
   struct End {
-    std::string status;
+    RunStatus status = RunStatus::kFailed;
     std::string error;
     std::optional<int64_t> diverged_step;
   };
@@ -152,14 +147,12 @@ void RunWriter::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
-int64_t RunWriter::CreateRun(const std::string& path, const RunInfo& info,
-                             const std::string& status) {
-  if (!IsKnownStatus(status)) throw std::invalid_argument("unknown run status '" + status + "'");
+int64_t RunWriter::CreateRun(const std::string& path, const RunInfo& info, RunStatus status) {
   Connection db = OpenForWrite(path);
   int64_t id = 0;
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     const double now = UnixNow();
-    const bool running = status == "running";
+    const bool running = status == RunStatus::kRunning;
     const RunShape& s = info.shape;
     db.Prepare(R"sql(
 INSERT INTO runs (name, sweep_id, config_json, config_hash, status, pid, host, created_at,
@@ -170,7 +163,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?1
         .Bind(2, info.sweep_id)
         .Bind(3, info.config_json)
         .Bind(4, info.config_hash)
-        .Bind(5, status)
+        .Bind(5, ToString(status))
         .Bind(6, running ? std::optional<int64_t>(info.pid ? info.pid : getpid()) : std::nullopt)
         .Bind(7, running ? std::optional<std::string>(info.host.empty() ? HostName() : info.host)
                          : std::nullopt)
@@ -196,7 +189,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?1
 
 std::unique_ptr<RunWriter> RunWriter::Create(const std::string& path, const RunInfo& info,
                                              const WriterOptions& options) {
-  const int64_t id = CreateRun(path, info, "running");
+  const int64_t id = CreateRun(path, info, RunStatus::kRunning);
   std::unique_ptr<RunWriter> w(
       new RunWriter(OpenForWrite(path, options.busy_timeout_s), id, options));
   w->Start();
@@ -279,8 +272,9 @@ RunWriter::~RunWriter() {
     // A writer dropped without OnEnd means the trainer unwound on an error it did not report;
     // say so now rather than leave the run "running" until its heartbeat goes stale.
     if (!ended_) {
-      pending_->end = Batch::End{"failed", "the trainer closed its recorder without ending the run",
-                                 std::nullopt};
+      pending_->end =
+          Batch::End{RunStatus::kFailed, "the trainer closed its recorder without ending the run",
+                     std::nullopt};
       ended_ = true;
     }
     stop_ = true;
@@ -358,7 +352,7 @@ void RunWriter::SetDivergedStep(int64_t step) {
 void RunWriter::OnEnd(RunStatus status, const std::string& error) {
   {
     std::lock_guard lk(mu_);
-    Batch::End end{RunStatusName(status), error, std::nullopt};
+    Batch::End end{status, error, std::nullopt};
     if (status == RunStatus::kDiverged)
       end.diverged_step = diverged_step_.value_or(last_step_seen_);
     pending_->end = std::move(end);
@@ -451,8 +445,8 @@ void RunWriter::WriteBatch(const Batch& b) {
     if (!b.steps.empty()) {
       Statement st = db_.Prepare(R"sql(
 INSERT OR REPLACE INTO steps (run_id, step, loss, aux_loss, lr, grad_norm, tokens, flops,
-                              step_time_s, tokens_per_s, wall_time)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))sql");
+                              step_time_s, tokens_per_s, wall_time, norm_gain_rms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
       Statement ml = db_.Prepare(
           "INSERT OR REPLACE INTO max_logits (run_id, step, max_logit, max_logit_raw) "
           "VALUES (?1, ?2, ?3, ?4)");
@@ -472,8 +466,13 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))sql");
             .Bind(8, r.flops)
             .Bind(9, r.step_time_s)
             .Bind(10, r.tokens_per_s)
-            .Bind(11, row.wall_time)
-            .Run();
+            .Bind(11, row.wall_time);
+        if (std::isfinite(r.norm_gain_rms)) {
+          st.Bind(12, r.norm_gain_rms);
+        } else {
+          st.BindNull(12);
+        }
+        st.Run();
         if (!row.max_logit.empty()) {
           ml.Bind(1, run_id_).Bind(2, r.step);
           ml.BindBlob(3, row.max_logit.data(), row.max_logit.size() * sizeof(float));
@@ -565,7 +564,7 @@ WHERE run_id = ?1)sql")
 UPDATE runs SET status = ?2, ended_at = ?3, error = NULLIF(?4, ''), diverged_step = ?5
 WHERE id = ?1)sql")
           .Bind(1, run_id_)
-          .Bind(2, b.end->status)
+          .Bind(2, ToString(b.end->status))
           .Bind(3, now)
           .Bind(4, b.end->error)
           .Bind(5, b.end->diverged_step)
@@ -585,19 +584,18 @@ std::vector<int64_t> RunWriter::FindRunsByHash(const std::string& path, const st
   return ids;
 }
 
-void RunWriter::SetRunStatus(const std::string& path, int64_t run_id, const std::string& status,
+void RunWriter::SetRunStatus(const std::string& path, int64_t run_id, RunStatus status,
                              const std::string& error) {
-  if (!IsKnownStatus(status)) throw std::invalid_argument("unknown run status '" + status + "'");
   Connection db = OpenForWrite(path);
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     CheckRunExists(db, run_id);
-    const bool terminal = status != "queued" && status != "running";
+    const bool terminal = IsTerminal(status);
     db.Prepare(R"sql(
 UPDATE runs SET status = ?2, error = NULLIF(?3, ''),
   ended_at = CASE WHEN ?4 THEN ?5 ELSE NULL END
 WHERE id = ?1)sql")
         .Bind(1, run_id)
-        .Bind(2, status)
+        .Bind(2, ToString(status))
         .Bind(3, error)
         .Bind(4, terminal ? 1 : 0)
         .Bind(5, UnixNow())
@@ -618,8 +616,7 @@ void RunWriter::SetRunVar(const std::string& path, int64_t run_id, const std::st
   });
 }
 
-void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp,
-                             int ep) {
+void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep) {
   Connection db = OpenForWrite(path);
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     CheckRunExists(db, run_id);

@@ -80,16 +80,12 @@ class RunWriter : public moelab::MetricsSink {
 
   // Inserts a run without recording into it (the sweep engine's queued runs); returns its id.
   static int64_t CreateRun(const std::string& path, const RunInfo& info,
-                           const std::string& status = "queued");
+                           RunStatus status = RunStatus::kQueued);
   // Ids of the runs with this config hash, oldest first.
   static std::vector<int64_t> FindRunsByHash(const std::string& path, const std::string& hash);
-  // status: queued, running, done, failed, diverged or stopped. Terminal statuses set ended_at.
-  static void SetRunStatus(const std::string& path, int64_t run_id, const std::string& status,
-                           const std::string& error = "");
+  // Terminal statuses (IsTerminal) set ended_at; queued and running clear it.
   static void SetRunStatus(const std::string& path, int64_t run_id, RunStatus status,
-                           const std::string& error = "") {
-    SetRunStatus(path, run_id, RunStatusName(status), error);
-  }
+                           const std::string& error = "");
   static void SetRunVar(const std::string& path, int64_t run_id, const std::string& key,
                         const std::string& value);
   // Records the layout a run trains with (ranks = dp × ep); rank 0 calls it for the whole run.

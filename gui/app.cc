@@ -407,7 +407,8 @@ void App::StatusLine() {
     return;
   }
   int running = 0;
-  for (const auto& r : runs_->runs) running += r->row.effective_status == "running" ? 1 : 0;
+  for (const auto& r : runs_->runs)
+    running += r->row.effective_status == RunStatus::kRunning ? 1 : 0;
   const int pending = store_->Pending();
   ImGui::TextDisabled("%s  |  %d runs, %d running  |  %zu selected%s", store_->path().c_str(),
                       static_cast<int>(runs_->runs.size()), running, selection_.size(),

@@ -141,7 +141,7 @@ void DataStore::PollOnce(db::Reader* reader) {
     }
     entry->keys.id = row.id;
     entry->keys.name = row.name;
-    entry->keys.status = row.effective_status;
+    entry->keys.status = ToString(row.effective_status);
     if (auto it = vars.find(row.id); it != vars.end()) entry->keys.vars = it->second;
     if (row.sweep_id) {
       auto it = sweeps.find(*row.sweep_id);

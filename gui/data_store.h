@@ -100,8 +100,8 @@ class DataStore {
   struct Item {
     std::shared_ptr<const void> data;
     uint64_t want_order = 0;
-    double fetched_updated_at = -1;  // run summary's updated_at when last fetched
-    std::string fetched_status;
+    double fetched_updated_at = -1;           // run summary's updated_at when last fetched
+    std::optional<RunStatus> fetched_status;  // nullopt before the first fetch
   };
 
   std::shared_ptr<const void> Want(const Key& key);

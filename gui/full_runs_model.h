@@ -13,13 +13,15 @@
 #include <thread>
 #include <vector>
 
+#include "core/run_status.h"
 #include "db/promotions.h"
 
 namespace moelab::gui {
 
 struct RunCurve {
   int64_t run = 0;
-  std::string name, status;
+  std::string name;
+  RunStatus status = RunStatus::kQueued;
   std::vector<double> flops, loss;  // validation loss vs cumulative training FLOPs
 };
 

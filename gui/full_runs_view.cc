@@ -84,7 +84,7 @@ void FullRunsView::Draw(const std::string& db_path, bool* settled) {
 
   const RunCurve& run = data->promoted;
   ImGui::Text("run %lld '%s' %s", static_cast<long long>(run.run), run.name.c_str(),
-              run.status.c_str());
+              ToString(run.status));
   ImGui::SameLine();
   if (run.loss.empty()) {
     ImGui::TextDisabled("  no evaluation yet");
@@ -93,7 +93,7 @@ void FullRunsView::Draw(const std::string& db_path, bool* settled) {
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(data->outside ? kOutsideColor : kInsideColor),
                        "  last val loss %.4f at %.3g FLOPs: %+.2f band units%s", run.loss.back(),
                        run.flops.back(), d, data->outside ? "  OUTSIDE THE BAND" : "  (inside)");
-    if (run.status == "running" || run.status == "queued") {
+    if (run.status == RunStatus::kRunning || run.status == RunStatus::kQueued) {
       ImGui::SameLine();
       ImGui::TextDisabled("(the law is the frontier: a run reaches it only as its schedule ends)");
     }

@@ -113,7 +113,9 @@ void ScriptRunner::Step(App* app) {
     start_wait(120);
     size_t have = 0;
     for (const RunEntry* r : sweep_runs()) {
-      have += ("," + statuses + ",").find("," + r->row.effective_status + ",") != std::string::npos;
+      have +=
+          ("," + statuses + ",").find(std::string(",") + ToString(r->row.effective_status) + ",") !=
+          std::string::npos;
     }
     if (have < n) {
       if (timed_out()) Fail(app, "timed out with " + std::to_string(have) + " such runs");
@@ -125,7 +127,8 @@ void ScriptRunner::Step(App* app) {
     start_wait(120);
     bool reached = false;
     for (const RunEntry* r : sweep_runs()) {
-      reached = reached || (r->row.effective_status == "running" && r->row.last_step >= step);
+      reached =
+          reached || (r->row.effective_status == RunStatus::kRunning && r->row.last_step >= step);
     }
     if (!reached) {
       if (timed_out()) Fail(app, "timed out");

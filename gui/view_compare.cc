@@ -87,7 +87,7 @@ void App::CompareView() {
         ImGui::TextUnformatted(fn(runs_->Find(runs[i])->row).c_str());
       }
     };
-    row("status", [](const db::RunRow& r) { return r.effective_status; });
+    row("status", [](const db::RunRow& r) { return std::string(ToString(r.effective_status)); });
     row("steps", [](const db::RunRow& r) { return std::to_string(r.last_step); });
     row("last loss", [](const db::RunRow& r) { return Opt(r.last_loss); });
     row("best val loss", [](const db::RunRow& r) { return Opt(r.best_val_loss); });

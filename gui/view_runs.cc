@@ -108,7 +108,7 @@ void App::RunsView() {
   auto cell_key = [&](const RunEntry* r, int col) -> std::pair<double, std::string> {
     if (col == 0) return {kNaN, r->sweep_name};
     if (col == 1) return {kNaN, r->row.name};
-    if (col == 2) return {kNaN, r->row.effective_status};
+    if (col == 2) return {kNaN, ToString(r->row.effective_status)};
     if (col < fixed_before + static_cast<int>(cols.size())) {
       return {kNaN, LookupKey(r->keys, cols[col - fixed_before])};
     }
@@ -221,8 +221,8 @@ void App::RunsView() {
         ImGui::SetTooltip("%s", r->row.error.c_str());
       }
       ImGui::TableSetColumnIndex(2);
-      const std::string& st = r->row.effective_status;
-      if (st == "running" && r->row.shape.total_steps > 0) {
+      const RunStatus st = r->row.effective_status;
+      if (st == RunStatus::kRunning && r->row.shape.total_steps > 0) {
         const float frac = std::clamp(
             static_cast<float>(r->row.last_step) / static_cast<float>(r->row.shape.total_steps),
             0.0f, 1.0f);
@@ -233,7 +233,7 @@ void App::RunsView() {
         ImGui::PopStyleColor();
       } else {
         ImGui::PushStyleColor(ImGuiCol_Text, StatusColor(st));
-        ImGui::TextUnformatted(r->row.stale ? "failed (stale)" : st.c_str());
+        ImGui::TextUnformatted(r->row.stale ? "failed (stale)" : ToString(st));
         ImGui::PopStyleColor();
       }
       for (size_t c = 0; c < cols.size(); ++c) {

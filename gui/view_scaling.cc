@@ -177,7 +177,9 @@ void App::ScalingView() {
   double newest_run = 0;
   for (const auto& r : rs.runs) {
     if (scaling_.sweep >= 0 && r->row.sweep_id != scaling_.sweep) continue;
-    if (r->row.effective_status != "done" && r->row.effective_status != "diverged") continue;
+    if (r->row.effective_status != RunStatus::kDone &&
+        r->row.effective_status != RunStatus::kDiverged)
+      continue;
     data.Add(r->row.id).Add(r->row.updated_at.value_or(0));
     newest_run = std::max(newest_run, r->row.ended_at.value_or(r->row.updated_at.value_or(0)));
   }

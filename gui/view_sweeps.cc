@@ -175,7 +175,7 @@ bool App::ResumeSweep(const std::string& name) {
 
 bool App::StopRun(int64_t run) {
   const RunEntry* e = runs_ ? runs_->Find(run) : nullptr;
-  if (!e || e->row.status != "running" || !e->row.pid) {
+  if (!e || e->row.status != RunStatus::kRunning || !e->row.pid) {
     Report(false, "run " + std::to_string(run) + " is not running");
     return false;
   }
@@ -198,9 +198,9 @@ bool App::StopRun(int64_t run) {
 bool App::ResumeRun(int64_t run) {
   const RunEntry* e = runs_ ? runs_->Find(run) : nullptr;
   if (!store_ || !e) return false;
-  const std::string& st = e->row.effective_status;
-  if (st == "running" || st == "done") {
-    Report(false, "run " + std::to_string(run) + " is " + st);
+  const RunStatus st = e->row.effective_status;
+  if (st == RunStatus::kRunning || st == RunStatus::kDone) {
+    Report(false, "run " + std::to_string(run) + " is " + ToString(st));
     return false;
   }
   // `moelab train --resume --run-id` continues the run from its last checkpoint and keeps
@@ -269,7 +269,7 @@ void App::SweepsView() {
         }
         ImGui::TableSetColumnIndex(1);
         std::map<std::string, int> by_status;
-        for (const RunEntry* r : members[name]) ++by_status[r->row.effective_status];
+        for (const RunEntry* r : members[name]) ++by_status[ToString(r->row.effective_status)];
         std::string counts;
         for (const auto& [s, n] : by_status) {
           counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + s;
@@ -278,7 +278,7 @@ void App::SweepsView() {
         ImGui::TableSetColumnIndex(2);
         const int pid = SweepRunnerPid(db, name);
         if (pid > 0) {
-          ImGui::TextColored(ImColor(StatusColor("running")), "pid %d", pid);
+          ImGui::TextColored(ImColor(StatusColor(RunStatus::kRunning)), "pid %d", pid);
         } else {
           ImGui::TextDisabled("idle");
         }
@@ -327,17 +327,17 @@ void App::SweepsView() {
           ImGui::Text("#%lld %s", static_cast<long long>(r->row.id), r->row.name.c_str());
           ImGui::TableSetColumnIndex(1);
           ImGui::TextColored(ImColor(StatusColor(r->row.effective_status)), "%s",
-                             r->row.effective_status.c_str());
+                             ToString(r->row.effective_status));
           ImGui::TableSetColumnIndex(2);
           ImGui::Text("%lld / %lld", static_cast<long long>(r->row.last_step),
                       static_cast<long long>(r->row.shape.total_steps));
           ImGui::TableSetColumnIndex(3);
-          const bool running = r->row.effective_status == "running";
+          const bool running = r->row.effective_status == RunStatus::kRunning;
           ImGui::BeginDisabled(!running);
           if (ImGui::SmallButton("Stop")) StopRun(r->row.id);
           ImGui::EndDisabled();
           ImGui::SameLine();
-          ImGui::BeginDisabled(running || r->row.effective_status == "done");
+          ImGui::BeginDisabled(running || r->row.effective_status == RunStatus::kDone);
           if (ImGui::SmallButton("Resume")) ResumeRun(r->row.id);
           ImGui::EndDisabled();
           ImGui::PopID();
@@ -387,8 +387,9 @@ void App::SweepsView() {
     }
     ImGui::PopStyleColor();
   } else if (c && c->ok) {
-    ImGui::TextColored(ImColor(StatusColor("done")), "valid: sweep '%s', %d runs (%d unique)",
-                       c->name.c_str(), c->runs, c->unique);
+    ImGui::TextColored(ImColor(StatusColor(RunStatus::kDone)),
+                       "valid: sweep '%s', %d runs (%d unique)", c->name.c_str(), c->runs,
+                       c->unique);
     for (const auto& w : c->warnings) ImGui::TextDisabled("warning: %s", w.c_str());
   }
   ImGui::SetNextItemWidth(100);

@@ -4,11 +4,20 @@
 
 namespace moelab::gui {
 
-ImU32 StatusColor(const std::string& s) {
-  if (s == "running") return IM_COL32(90, 180, 255, 255);
-  if (s == "done") return IM_COL32(110, 200, 110, 255);
-  if (s == "failed" || s == "diverged") return IM_COL32(235, 90, 80, 255);
-  if (s == "queued") return IM_COL32(170, 170, 170, 255);
+ImU32 StatusColor(RunStatus s) {
+  switch (s) {
+    case RunStatus::kRunning:
+      return IM_COL32(90, 180, 255, 255);
+    case RunStatus::kDone:
+      return IM_COL32(110, 200, 110, 255);
+    case RunStatus::kFailed:
+    case RunStatus::kDiverged:
+      return IM_COL32(235, 90, 80, 255);
+    case RunStatus::kQueued:
+      return IM_COL32(170, 170, 170, 255);
+    case RunStatus::kStopped:
+      break;
+  }
   return IM_COL32(220, 190, 90, 255);
 }
 

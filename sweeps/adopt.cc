@@ -34,7 +34,7 @@ std::vector<Adopted> AdoptRuns(const std::string& db_path, const std::string& sw
       const std::vector<db::RunRow>& rows = by_hash[run->hash];
       const db::RunRow* pick = &rows.back();
       for (const db::RunRow& r : rows)
-        if (r.status == "done") pick = &r;
+        if (r.status == RunStatus::kDone) pick = &r;
       store.Link(row.id, pick->id, run->index, "");
       store.connection()
           .Prepare("UPDATE runs SET sweep_id = ?2 WHERE id = ?1 AND sweep_id IS NULL")

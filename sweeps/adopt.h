@@ -7,13 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "core/run_status.h"
+
 namespace moelab::sweeps {
 
 struct Adopted {
   std::string sweep;
   int64_t run_id = 0;
   int idx = 0;  // the run's index in the sweep's expansion
-  std::string status;
+  RunStatus status = RunStatus::kQueued;
 };
 
 // For each sweep of the database (or only `sweep_name`), re-expands its stored spec and links

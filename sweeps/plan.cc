@@ -135,7 +135,7 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   if (!options.db_path.empty() && fs::exists(options.db_path)) {
     db::Reader reader(options.db_path);
     for (const db::RunRow& r : reader.ListRuns())
-      if (r.status == "done") done[r.config_hash] = fmt::format("done (run {})", r.id);
+      if (r.status == RunStatus::kDone) done[r.config_hash] = fmt::format("done (run {})", r.id);
   }
 
   fmt::print(out, "sweep {}: {} runs ({} unique)\n", sweep.name, sweep.runs.size(), unique.size());

@@ -86,24 +86,31 @@ double TrainingFlops(const RunConfig& c) {
 
 enum class State { kQueued, kRunning, kAdopted, kDone, kFailed, kDiverged, kStopped };
 
-const char* StateName(State s) {
+// The database status a scheduler state stands for: an adopted trainer is a running run that
+// another process started.
+RunStatus DbStatusOf(State s) {
   switch (s) {
     case State::kQueued:
-      return "queued";
+      return RunStatus::kQueued;
     case State::kRunning:
-      return "running";
     case State::kAdopted:
-      return "running*";
+      return RunStatus::kRunning;
     case State::kDone:
-      return "done";
+      return RunStatus::kDone;
     case State::kFailed:
-      return "failed";
+      return RunStatus::kFailed;
     case State::kDiverged:
-      return "diverged";
+      return RunStatus::kDiverged;
     case State::kStopped:
-      return "stopped";
+      return RunStatus::kStopped;
   }
-  return "?";
+  return RunStatus::kFailed;
+}
+
+// The live view's name: the database's spelling, with adopted trainers marked "running*".
+std::string StateName(State s) {
+  const std::string name = ToString(DbStatusOf(s));
+  return s == State::kAdopted ? name + "*" : name;
 }
 
 struct Job {
@@ -203,8 +210,9 @@ class Scheduler {
       // 2) Otherwise a done run anywhere in the database is reused.
       const RunRow* done = nullptr;
       for (const RunRow& r : same)
-        if (r.status == "done") done = &r;
-      if (opt_.rerun && mine && mine->status == "done" && !rerun_created_.count(run->hash)) {
+        if (r.status == RunStatus::kDone) done = &r;
+      if (opt_.rerun && mine && mine->status == RunStatus::kDone &&
+          !rerun_created_.count(run->hash)) {
         mine = nullptr;  // --rerun: a fresh run next to the done one
       }
       if (!mine && done && !opt_.rerun) {
@@ -218,16 +226,16 @@ class Scheduler {
         job.failures = m.failures;
         job.retryable = m.retryable;
         job.ckpt_dir = m.checkpoint_dir;
-        if (mine->status == "done") {
+        if (mine->status == RunStatus::kDone) {
           job.state = State::kDone;
           job.reused = true;
-        } else if (mine->status == "diverged") {
+        } else if (mine->status == RunStatus::kDiverged) {
           job.state = State::kDiverged;
           job.reused = true;
-        } else if (mine->status == "failed") {
+        } else if (mine->status == RunStatus::kFailed) {
           job.state =
               job.retryable && job.failures <= opt_.max_retries ? State::kQueued : State::kFailed;
-        } else if (mine->status == "running") {
+        } else if (mine->status == RunStatus::kRunning) {
           // A live trainer (its sweep process was killed, or it was started by another sweep
           // invocation) is adopted and waited for, never started twice.
           const bool alive = mine->pid && mine->host == host && !mine->stale &&
@@ -249,7 +257,7 @@ class Scheduler {
         info.sweep_id = sweep_id_;
         info.shape = RunShapeOf(run->config);
         info.host = host;
-        job.run_id = db::RunWriter::CreateRun(opt_.db_path, info, "queued");
+        job.run_id = db::RunWriter::CreateRun(opt_.db_path, info, RunStatus::kQueued);
         for (auto it = run->vars.begin(); it != run->vars.end(); ++it) {
           db::RunWriter::SetRunVar(opt_.db_path, job.run_id, it.key(), ShortValue(it.value()));
         }
@@ -391,14 +399,15 @@ class Scheduler {
     job.pid = -1;
     const auto row = reader.GetRun(job.run_id, kStaleAfterS);
     const int code = WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : -1;
-    const std::string recorded = row ? row->status : "";
-    if (code == kExitDone && recorded == "done") {
+    const std::optional<RunStatus> recorded =
+        row ? std::optional<RunStatus>(row->status) : std::nullopt;
+    if (code == kExitDone && recorded == RunStatus::kDone) {
       job.state = State::kDone;
       Event(fmt::format("done   #{:<3} run {:<5} {} loss {:.4f}", job.run->index, job.run_id,
                         job.run->name, row->last_loss.value_or(NAN)));
       return;
     }
-    if (code == kExitDiverged || recorded == "diverged") {
+    if (code == kExitDiverged || recorded == RunStatus::kDiverged) {
       job.state = State::kDiverged;
       Event(fmt::format("DIVERGED #{} run {} {}: {}", job.run->index, job.run_id, job.run->name,
                         row ? row->error : ""));
@@ -414,15 +423,15 @@ class Scheduler {
     if (WIFSIGNALED(wait_status)) {
       error = fmt::format("trainer process killed by signal {} ({})", WTERMSIG(wait_status),
                           strsignal(WTERMSIG(wait_status)));
-    } else if (recorded == "failed" && row && !row->error.empty()) {
+    } else if (recorded == RunStatus::kFailed && row && !row->error.empty()) {
       error = row->error;
     } else {
       error = fmt::format("trainer exited with code {}: {}", code, LastLine(job.log));
     }
     // A config error (exit 2) fails the same way every time: retrying it only wastes time.
     const bool retryable = code != kExitConfig;
-    if (recorded != "failed" || (row && row->error.empty())) {
-      db::RunWriter::SetRunStatus(opt_.db_path, job.run_id, "failed", error);
+    if (recorded != RunStatus::kFailed || (row && row->error.empty())) {
+      db::RunWriter::SetRunStatus(opt_.db_path, job.run_id, RunStatus::kFailed, error);
     }
     store_.RecordFailure(sweep_id_, job.run_id, error, retryable);
     ++job.failures;
@@ -462,16 +471,17 @@ class Scheduler {
       for (Job& job : jobs_) {
         if (job.state != State::kAdopted) continue;
         const auto row = reader.GetRun(job.run_id, kStaleAfterS);
-        const std::string s = row ? row->status : "";
+        const std::optional<RunStatus> s =
+            row ? std::optional<RunStatus>(row->status) : std::nullopt;
         // Over when the process is gone, or when it has recorded its end (it may linger a
         // moment after), or when its heartbeat went stale (hung).
-        if (ProcessAlive(job.pid) && s == "running" && !(row && row->stale)) continue;
+        if (ProcessAlive(job.pid) && s == RunStatus::kRunning && !(row && row->stale)) continue;
         // A hung trainer must not write beside the one that continues its run.
         if (row && row->stale && ProcessAlive(job.pid)) ::kill(job.pid, SIGKILL);
         job.pid = -1;
-        job.state = s == "done"       ? State::kDone
-                    : s == "diverged" ? State::kDiverged
-                    : s == "failed" && (job.failures > opt_.max_retries || !job.retryable)
+        job.state = s == RunStatus::kDone       ? State::kDone
+                    : s == RunStatus::kDiverged ? State::kDiverged
+                    : s == RunStatus::kFailed && (job.failures > opt_.max_retries || !job.retryable)
                         ? State::kFailed
                         : State::kQueued;
       }
@@ -677,7 +687,7 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
     const std::vector<Member> members = store.Members(s.id);
     std::map<std::string, int> counts;
     for (const Member& m : members)
-      counts[rows.count(m.run_id) ? rows[m.run_id].effective_status : "?"]++;
+      counts[rows.count(m.run_id) ? ToString(rows[m.run_id].effective_status) : "?"]++;
     std::string summary;
     for (const auto& [k, v] : counts)
       summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", v, k);
@@ -699,7 +709,7 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
         if (note.empty() && r.stale) note = "heartbeat stale: the trainer is gone";
         fmt::print(out,
                    "  {:>4} {:>5} {:<40} {:<9} {:>6}/{:<6} {:>8.4f} {:>8.4f} {:>5} {:>5}  {}\n",
-                   m.idx, r.id, r.name.substr(0, 40), r.effective_status, r.last_step,
+                   m.idx, r.id, r.name.substr(0, 40), ToString(r.effective_status), r.last_step,
                    r.shape.total_steps, r.last_loss.value_or(NAN), r.last_val_loss.value_or(NAN),
                    r.ranks, m.failures, note.substr(0, 100));
       }

@@ -86,7 +86,7 @@ TEST_F(CliTest, TrainsAndRecords) {
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].name, "t1");
-  EXPECT_EQ(runs[0].effective_status, "done");
+  EXPECT_EQ(runs[0].effective_status, RunStatus::kDone);
   EXPECT_EQ(runs[0].last_step, 20);
   EXPECT_EQ(reader.GetSeries(runs[0].id, "loss").steps.size(), 20u);
   EXPECT_EQ(reader.GetSeries(runs[0].id, "val_loss").steps.size(), 2u);
@@ -100,6 +100,27 @@ TEST_F(CliTest, TrainsAndRecords) {
   EXPECT_EQ(db::Reader(db_).ListRuns().size(), 1u);
 }
 
+// A database of an older schema: readers refuse it and name the command that upgrades it, and
+// that command exists and works (the message once named a command that did not).
+TEST_F(CliTest, OlderSchemaIsRefusedByReadersAndMigratedOnRequest) {
+  ASSERT_EQ(Wait(Spawn({"train", WriteConfig(4), "--db", db_}, Log())), 0) << Slurp(Log());
+  {  // Roll the file back to schema 5 (before steps.norm_gain_rms).
+    db::Connection c(db_, SQLITE_OPEN_READWRITE);
+    c.Exec("ALTER TABLE steps DROP COLUMN norm_gain_rms");
+    c.Exec("PRAGMA user_version = 5");
+  }
+  EXPECT_NE(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0);
+  EXPECT_NE(Slurp(Log()).find("`moelab db migrate --db"), std::string::npos) << Slurp(Log());
+  ASSERT_EQ(Wait(Spawn({"db", "migrate", "--db", db_}, Log())), 0) << Slurp(Log());
+  EXPECT_NE(Slurp(Log()).find("schema version 5 -> " + std::to_string(db::SchemaVersion())),
+            std::string::npos)
+      << Slurp(Log());
+  ASSERT_EQ(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0) << Slurp(Log());
+  db::Reader reader(db_);
+  EXPECT_EQ(reader.ListRuns().size(), 1u);
+  EXPECT_EQ(reader.GetSeries(reader.ListRuns()[0].id, "loss").steps.size(), 4u);
+}
+
 TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
   const std::string cfg =
       WriteConfig(300, {{"optimizer", {{"lr", 1e6}, {"grad_clip", 0}}},
@@ -108,7 +129,7 @@ TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
   EXPECT_NE(Slurp(Log()).find("DIVERGED"), std::string::npos);
   const auto runs = db::Reader(db_).ListRuns();
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].status, "diverged");
+  EXPECT_EQ(runs[0].status, RunStatus::kDiverged);
   ASSERT_TRUE(runs[0].diverged_step.has_value());
   EXPECT_LT(*runs[0].diverged_step, 300);
 }
@@ -143,8 +164,8 @@ TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
     db::Reader reader(db_);
     const auto runs = reader.ListRuns(/*stale_after_s=*/1.0);
     ASSERT_EQ(runs.size(), 1u);
-    EXPECT_EQ(runs[0].status, "running");
-    EXPECT_EQ(runs[0].effective_status, "failed");
+    EXPECT_EQ(runs[0].status, RunStatus::kRunning);
+    EXPECT_EQ(runs[0].effective_status, RunStatus::kFailed);
     EXPECT_TRUE(runs[0].stale);
   }
   ASSERT_EQ(Wait(Spawn({"train", cfg, "--db", db_, "--resume", "--no-progress"}, Log())), 0)
@@ -153,7 +174,7 @@ TEST_F(CliTest, KillNineLeavesIntactDatabaseAndResumes) {
   db::Reader reader(db_);
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].effective_status, "done");
+  EXPECT_EQ(runs[0].effective_status, RunStatus::kDone);
   const db::Series loss = reader.GetSeries(runs[0].id, "loss");
   ASSERT_EQ(loss.steps.size(), 3000u);
   for (size_t i = 0; i < loss.steps.size(); ++i) EXPECT_EQ(loss.steps[i], int64_t(i + 1));

@@ -51,6 +51,7 @@ StepRecord Record(int64_t step, double loss) {
   r.flops = step * 64 * 6.0e3;
   r.step_time_s = 0.01;
   r.tokens_per_s = 6400;
+  if (step % 2 == 0) r.norm_gain_rms = 1.0 + 0.01 * step;  // odd steps: not computed (NULL)
   return r;
 }
 
@@ -159,8 +160,8 @@ TEST_F(DbTest, RoundTripOfEveryRecordKind) {
   const auto run = r.GetRun(id);
   ASSERT_TRUE(run);
   EXPECT_EQ(run->name, "round-trip");
-  EXPECT_EQ(run->status, "done");
-  EXPECT_EQ(run->effective_status, "done");
+  EXPECT_EQ(run->status, RunStatus::kDone);
+  EXPECT_EQ(run->effective_status, RunStatus::kDone);
   EXPECT_EQ(run->pid, getpid());
   EXPECT_TRUE(run->ended_at);
   EXPECT_EQ(run->checkpoint_step, 10);
@@ -186,6 +187,10 @@ TEST_F(DbTest, RoundTripOfEveryRecordKind) {
   const Series val = r.GetSeries(id, "val_loss");
   EXPECT_EQ(val.steps, (std::vector<int64_t>{5, 10}));
   EXPECT_EQ(r.GetSeries(id, "eval_tokens").values, (std::vector<double>{320, 640}));
+  // An optional per-step metric: steps that did not compute it are left out, not read as 0.
+  const Series gains = r.GetSeries(id, "norm_gain_rms");
+  EXPECT_EQ(gains.steps, (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  EXPECT_DOUBLE_EQ(gains.values[2], 1.06);
   for (const std::string& key : Reader::SeriesKeys()) EXPECT_NO_THROW(r.GetSeries(id, key));
   EXPECT_THROW(r.GetSeries(id, "loss; DROP TABLE runs"), std::invalid_argument);
 
@@ -254,7 +259,7 @@ TEST_F(DbTest, BackgroundThreadFlushesWithoutBeingAsked) {
   }
   EXPECT_EQ(r.GetSeries(w->run_id(), "loss").steps.size(), 5u);
   EXPECT_EQ(r.GetRun(w->run_id())->last_step, 5);
-  EXPECT_EQ(r.GetRun(w->run_id())->status, "running");
+  EXPECT_EQ(r.GetRun(w->run_id())->status, RunStatus::kRunning);
 }
 
 TEST_F(DbTest, DivergedRunRecordsTheStep) {
@@ -264,7 +269,7 @@ TEST_F(DbTest, DivergedRunRecordsTheStep) {
   w->OnEnd(RunStatus::kDiverged, "loss is NaN at step 2");
   Reader r(path_);
   const auto run = r.GetRun(w->run_id());
-  EXPECT_EQ(run->status, "diverged");
+  EXPECT_EQ(run->status, RunStatus::kDiverged);
   EXPECT_EQ(run->diverged_step, 2);
   EXPECT_EQ(run->error, "loss is NaN at step 2");
   const Series loss = r.GetSeries(w->run_id(), "loss");
@@ -289,7 +294,7 @@ TEST_F(DbTest, ResumeTruncatesLaterRowsAndReplacesThem) {
     {
       Reader r(path_);
       const auto run = r.GetRun(id);
-      EXPECT_EQ(run->status, "running");
+      EXPECT_EQ(run->status, RunStatus::kRunning);
       EXPECT_FALSE(run->ended_at);
       EXPECT_EQ(run->last_step, 10);
       EXPECT_DOUBLE_EQ(*run->best_val_loss, 2.0);
@@ -312,7 +317,7 @@ TEST_F(DbTest, ResumeTruncatesLaterRowsAndReplacesThem) {
   EXPECT_EQ(CountRows(path_, "max_logits", id), 25);
   EXPECT_EQ(CountRows(path_, "expert_counts", id), 25);
   const auto run = r.GetRun(id);
-  EXPECT_EQ(run->status, "done");
+  EXPECT_EQ(run->status, RunStatus::kDone);
   EXPECT_EQ(run->last_step, 25);
   EXPECT_DOUBLE_EQ(*run->last_loss, 3.0);
   EXPECT_DOUBLE_EQ(*run->last_val_loss, 1.8);
@@ -344,7 +349,7 @@ TEST_F(DbTest, LifecycleHelpers) {
   EXPECT_TRUE(RunWriter::FindRunsByHash(path_, "nope").empty());
   {
     Reader r(path_);
-    EXPECT_EQ(r.GetRun(queued)->status, "queued");
+    EXPECT_EQ(r.GetRun(queued)->status, RunStatus::kQueued);
     EXPECT_EQ(r.RunVars(queued).at("sparsity"), "16");
     EXPECT_EQ(r.AllRunVars().at(queued).at("sparsity"), "16");
     EXPECT_EQ(r.AllRunVars().count(other), 0u);
@@ -356,34 +361,49 @@ TEST_F(DbTest, LifecycleHelpers) {
   w->OnStep(Record(1, 1.0), Stats(1));
   w->OnEnd(RunStatus::kDone, "");
   RunWriter::SetRunStatus(path_, other, RunStatus::kFailed, "out of memory");
-  EXPECT_THROW(RunWriter::SetRunStatus(path_, other, "exploded"), std::invalid_argument);
   EXPECT_THROW(RunWriter::Attach(path_, 12345, 0), std::runtime_error);
   Reader r(path_);
-  EXPECT_EQ(r.GetRun(queued)->status, "done");
+  EXPECT_EQ(r.GetRun(queued)->status, RunStatus::kDone);
   EXPECT_EQ(r.GetRun(queued)->shape.total_steps, 7);
-  EXPECT_EQ(r.GetRun(other)->status, "failed");
+  EXPECT_EQ(r.GetRun(other)->status, RunStatus::kFailed);
   EXPECT_EQ(r.GetRun(other)->error, "out of memory");
   EXPECT_FALSE(r.GetRun(999));
 }
 
+// Every status the writer stores reads back as the same enum; the column keeps its strings.
+TEST_F(DbTest, EveryRunStatusRoundTripsThroughTheRunsTable) {
+  const int64_t id = RunWriter::CreateRun(path_, TestRun("s"));
+  for (RunStatus s : kAllRunStatuses) {
+    RunWriter::SetRunStatus(path_, id, s);
+    Reader r(path_);
+    EXPECT_EQ(r.GetRun(id)->status, s);
+    EXPECT_EQ(r.GetRun(id)->ended_at.has_value(), IsTerminal(s)) << s;
+    Connection db = OpenForRead(path_);
+    Statement st = db.Prepare("SELECT status FROM runs WHERE id = ?1");
+    st.Bind(1, id);
+    ASSERT_TRUE(st.Step());
+    EXPECT_EQ(st.Text(0), ToString(s));
+  }
+}
+
 TEST_F(DbTest, StaleRunningRunsAreReportedAndMarkedFailed) {
-  const int64_t id = RunWriter::CreateRun(path_, TestRun("stale"), "running");
+  const int64_t id = RunWriter::CreateRun(path_, TestRun("stale"), RunStatus::kRunning);
   {
     Reader r(path_);
-    EXPECT_EQ(r.ListRuns(30.0)[0].effective_status, "running");
+    EXPECT_EQ(r.ListRuns(30.0)[0].effective_status, RunStatus::kRunning);
   }
   std::this_thread::sleep_for(300ms);
   {
     Reader r(path_);
     const RunRow row = r.ListRuns(0.2)[0];
-    EXPECT_EQ(row.status, "running");
-    EXPECT_EQ(row.effective_status, "failed");
+    EXPECT_EQ(row.status, RunStatus::kRunning);
+    EXPECT_EQ(row.effective_status, RunStatus::kFailed);
     EXPECT_TRUE(row.stale);
   }
   EXPECT_EQ(MarkStaleRunsFailed(path_, 30.0), 0);
   EXPECT_EQ(MarkStaleRunsFailed(path_, 0.2), 1);
   Reader r(path_);
-  EXPECT_EQ(r.GetRun(id)->status, "failed");
+  EXPECT_EQ(r.GetRun(id)->status, RunStatus::kFailed);
   EXPECT_NE(r.GetRun(id)->error.find("heartbeat"), std::string::npos);
 }
 
@@ -424,7 +444,7 @@ TEST_F(DbTest, MergeImportsNewRunsByConfigHashOnce) {
   const auto run = r.GetRun(id);
   ASSERT_TRUE(run);
   EXPECT_EQ(run->name, "new");
-  EXPECT_EQ(run->status, "done");
+  EXPECT_EQ(run->status, RunStatus::kDone);
   EXPECT_EQ(run->last_step, 30);
   EXPECT_TRUE(run->sweep_id);
   EXPECT_EQ(r.GetSeries(id, "loss").steps.size(), 30u);
@@ -490,7 +510,7 @@ TEST_F(DbTest, ReaderPollsWhileAnotherProcessWrites) {
   EXPECT_GT(distinct, 2) << "the reader never saw the run grow (polls: " << polls << ")";
   // The loop may end on a poll that raced the child's exit; re-read after it.
   EXPECT_EQ(r.GetSeries(run_id, "loss").steps.size(), static_cast<size_t>(kSteps));
-  EXPECT_EQ(r.GetRun(run_id)->status, "done");
+  EXPECT_EQ(r.GetRun(run_id)->status, RunStatus::kDone);
   EXPECT_EQ(r.GetRun(run_id)->last_step, kSteps);
   EXPECT_LE(last_step, kSteps);
   EXPECT_EQ(IntegrityCheck(path_), "ok");
@@ -524,7 +544,7 @@ TEST_F(DbTest, ManyWriterProcessesShareOneFile) {
   const auto runs = r.ListRuns();
   ASSERT_EQ(runs.size(), static_cast<size_t>(kProcs));
   for (const RunRow& run : runs) {
-    EXPECT_EQ(run.status, "done") << run.name;
+    EXPECT_EQ(run.status, RunStatus::kDone) << run.name;
     EXPECT_EQ(run.last_step, kSteps);
     EXPECT_EQ(CountRows(path_, "steps", run.id), kSteps);
     EXPECT_EQ(CountRows(path_, "expert_counts", run.id), kSteps);
@@ -575,12 +595,13 @@ TEST_F(DbTest, KillDashNineLeavesAnIntactDatabaseAndAFailedRun) {
     ASSERT_EQ(loss.steps[i], static_cast<int64_t>(i) + 1);  // a prefix, no holes
   }
   const auto run = r.GetRun(run_id);
-  EXPECT_EQ(run->status, "running");                                   // nobody said otherwise...
+  EXPECT_EQ(run->status, RunStatus::kRunning);                         // nobody said otherwise...
   EXPECT_EQ(run->last_step, static_cast<int64_t>(loss.steps.size()));  // summary is transactional
   std::this_thread::sleep_for(1100ms);
-  EXPECT_EQ(r.GetRun(run_id, 1.0)->effective_status, "failed");  // ...but its heartbeat is stale
+  // ...but its heartbeat is stale.
+  EXPECT_EQ(r.GetRun(run_id, 1.0)->effective_status, RunStatus::kFailed);
   EXPECT_EQ(MarkStaleRunsFailed(path_, 1.0), 1);
-  EXPECT_EQ(Reader(path_).GetRun(run_id)->status, "failed");
+  EXPECT_EQ(Reader(path_).GetRun(run_id)->status, RunStatus::kFailed);
   EXPECT_EQ(IntegrityCheck(path_), "ok");
 }
 

@@ -118,7 +118,7 @@ class DistTrainTest : public ::testing::Test {
       const std::string tag = "np" + std::to_string(np);
       ASSERT_EQ(Train(np, cfg, tag), 0) << Slurp(Log(tag));
       const db::RunRow r = OnlyRun(tag);
-      EXPECT_EQ(r.status, "done");
+      EXPECT_EQ(r.status, RunStatus::kDone);
       EXPECT_EQ(r.ranks, np);
       EXPECT_EQ(r.dp_size, np);
       EXPECT_EQ(r.ep_size, 1);
@@ -170,10 +170,10 @@ TEST_F(DistTrainTest, ResumeAtOtherRankCounts) {
   for (auto [first, second] : {std::pair{1, 2}, std::pair{2, 1}}) {
     const std::string tag = "r" + std::to_string(first) + std::to_string(second);
     ASSERT_EQ(Train(first, cfg, tag, "--stop-at-step 20"), 4) << Slurp(Log(tag));
-    EXPECT_EQ(OnlyRun(tag).status, "stopped");
+    EXPECT_EQ(OnlyRun(tag).status, RunStatus::kStopped);
     ASSERT_EQ(Train(second, cfg, tag, "--resume"), 0) << Slurp(Log(tag));
     const db::RunRow r = OnlyRun(tag);
-    EXPECT_EQ(r.status, "done");
+    EXPECT_EQ(r.status, RunStatus::kDone);
     EXPECT_EQ(r.ranks, second);
     const db::Series s = Series(tag, "loss");
     const double d = MaxDiff(ref, s);
@@ -219,7 +219,7 @@ TEST_F(DistTrainTest, CorruptNewestCheckpointFallsBackToNewestValid) {
   ASSERT_EQ(s.steps.size(), 30u);
   for (size_t i = 0; i < s.steps.size(); ++i) EXPECT_EQ(s.steps[i], static_cast<int64_t>(i + 1));
   for (size_t i = 0; i < 20; ++i) EXPECT_EQ(s.values[i], before.values[i]) << "step " << i + 1;
-  EXPECT_EQ(OnlyRun("c").status, "done");
+  EXPECT_EQ(OnlyRun("c").status, RunStatus::kDone);
 }
 
 // The pid of the rank-`rank` process started by mpirun (its child with OMPI_COMM_WORLD_RANK).
@@ -284,17 +284,17 @@ TEST_F(DistTrainTest, KillOneRankThenResume) {
   // Rank 0 died with the job before it could record an end: the stale heartbeat marks it failed.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const db::RunRow dead = db::Reader(Db("k")).ListRuns(/*stale_after_s=*/1.0).at(0);
-  EXPECT_EQ(dead.status, "running");
-  EXPECT_EQ(dead.effective_status, "failed");
+  EXPECT_EQ(dead.status, RunStatus::kRunning);
+  EXPECT_EQ(dead.effective_status, RunStatus::kFailed);
   ASSERT_EQ(Shell(BinDir() + "/moelab db mark-stale --db " + Db("k") + " --max-age 1 > /dev/null"),
             0);
-  EXPECT_EQ(OnlyRun("k").status, "failed");
+  EXPECT_EQ(OnlyRun("k").status, RunStatus::kFailed);
 
   const int64_t until = seen + 30;
   ASSERT_EQ(Train(2, cfg, "k", "--resume --stop-at-step " + std::to_string(until)), 4)
       << Slurp(Log("k"));
   const db::RunRow r = OnlyRun("k");
-  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.status, RunStatus::kStopped);
   EXPECT_EQ(r.last_step, until);
   const db::Series s = Series("k", "loss");
   ASSERT_EQ(s.steps.size(), static_cast<size_t>(until));
@@ -319,7 +319,7 @@ TEST_F(DistTrainTest, ExpertParallelSameLossesAsOneProcess) {
         << Slurp(Log(tag));
     EXPECT_NE(Slurp(Log(tag)).find("expert parallel: "), std::string::npos) << Slurp(Log(tag));
     const db::RunRow r = OnlyRun(tag);
-    EXPECT_EQ(r.status, "done");
+    EXPECT_EQ(r.status, RunStatus::kDone);
     EXPECT_EQ(r.ranks, np);
     EXPECT_EQ(r.dp_size, np / 2);
     EXPECT_EQ(r.ep_size, 2);
@@ -342,7 +342,7 @@ TEST_F(DistTrainTest, ExpertParallelSameLossesAsOneProcess) {
   ASSERT_EQ(Train(2, cfg, "r", "--set dist.expert_parallel=2 --stop-at-step 20"), 4)
       << Slurp(Log("r"));
   ASSERT_EQ(Train(1, cfg, "r", "--resume"), 0) << Slurp(Log("r"));
-  EXPECT_EQ(OnlyRun("r").status, "done");
+  EXPECT_EQ(OnlyRun("r").status, RunStatus::kDone);
   const double d = MaxDiff(ref, Series("r", "loss"));
   std::printf("EP 2 np=2 -> np=1 resume: max |loss diff| vs np=1 %.3g\n", d);
   EXPECT_LT(d, kLossTolerance);

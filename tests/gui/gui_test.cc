@@ -328,7 +328,7 @@ TEST_F(GuiDb, StoreListsRunsWithVarsSweepAndTau) {
   ASSERT_TRUE(r3->tau.has_value());
   EXPECT_EQ(*r3->tau, testing::kTau);
   EXPECT_FALSE(runs->Find(1)->tau.has_value());
-  EXPECT_EQ(runs->Find(5)->row.effective_status, "running");
+  EXPECT_EQ(runs->Find(5)->row.effective_status, RunStatus::kRunning);
   EXPECT_EQ(runs->var_keys, (std::vector<std::string>{"optimizer", "sparsity"}));
   EXPECT_TRUE(store.error().empty());
 }

@@ -190,7 +190,7 @@ TEST(SweepsScreenshot, LaunchStopResumeFromTheGuiRecordsEveryStepOnce) {
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 2u);
   for (const auto& r : runs) {
-    EXPECT_EQ(r.status, "done") << r.name << ": " << r.error;
+    EXPECT_EQ(r.status, RunStatus::kDone) << r.name << ": " << r.error;
     const db::Series loss = reader.GetSeries(r.id, "loss");
     ASSERT_EQ(static_cast<int64_t>(loss.steps.size()), r.shape.total_steps) << r.name;
     for (size_t i = 0; i < loss.steps.size(); ++i) {

@@ -291,7 +291,7 @@ TEST_F(LaunchRunTest, SweepStartsMultiRankRunsThroughMpirun) {
   db::Reader reader(db_);
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 2u);
-  for (const auto& r : runs) EXPECT_EQ(r.status, "done") << r.name << r.error;
+  for (const auto& r : runs) EXPECT_EQ(r.status, RunStatus::kDone) << r.name << r.error;
 
   // --ranks on resume overrides the spec: a new seed now starts with 4 ranks, oversubscribed
   // on a machine with fewer cores; the done runs are reused.

@@ -35,7 +35,7 @@ TEST_F(LaunchRunTest, TwoRankSweepRunsAndDedupesAgainstAnEarlierRun) {
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 2u);
   for (const auto& r : runs) {
-    EXPECT_EQ(r.status, "done") << r.name << r.error;
+    EXPECT_EQ(r.status, RunStatus::kDone) << r.name << r.error;
     const db::Series loss = reader.GetSeries(r.id, "loss");
     EXPECT_EQ(static_cast<int64_t>(loss.steps.size()), r.shape.total_steps) << r.name;
   }

@@ -146,11 +146,11 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   EXPECT_EQ(db::PromotionOfRun(path, *p.run_id)->id, p.id);
 
   // Wait for the launched run (a few seconds of CPU).
-  std::string status;
+  RunStatus status = RunStatus::kQueued;
   for (int i = 0; i < 1200; ++i) {
     db::Reader reader(path);
     status = reader.GetRun(*p.run_id)->status;
-    if (status == "done" || status == "failed" || status == "diverged") break;
+    if (IsTerminal(status) && status != RunStatus::kStopped) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::string log;
@@ -158,7 +158,7 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
     std::ifstream f(pdir / "train.log");
     log.assign(std::istreambuf_iterator<char>(f), {});
   }
-  ASSERT_EQ(status, "done") << log;
+  ASSERT_EQ(status, RunStatus::kDone) << log;
   db::Reader reader(path);
   const db::Series val = reader.GetSeries(*p.run_id, "val_loss");
   const db::Series flops = reader.GetSeries(*p.run_id, "eval_flops");

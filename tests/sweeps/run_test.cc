@@ -69,7 +69,7 @@ class SweepRunTest : public ::testing::Test {
     ASSERT_EQ(runs.size(), expected_runs);
     std::set<std::string> hashes;
     for (const auto& r : runs) {
-      EXPECT_EQ(r.status, "done") << r.name << ": " << r.error;
+      EXPECT_EQ(r.status, RunStatus::kDone) << r.name << ": " << r.error;
       EXPECT_TRUE(hashes.insert(r.config_hash).second) << "duplicate run of " << r.name;
       const db::Series loss = reader.GetSeries(r.id, "loss");
       ASSERT_EQ(static_cast<int64_t>(loss.steps.size()), r.shape.total_steps) << r.name;
@@ -86,7 +86,7 @@ class SweepRunTest : public ::testing::Test {
         try {
           db::Reader reader(db_);
           for (const auto& r : reader.ListRuns())
-            if (r.status == "running" && r.last_step >= step && r.pid) return r;
+            if (r.status == RunStatus::kRunning && r.last_step >= step && r.pid) return r;
         } catch (const std::exception&) {
           // The file may be mid-creation.
         }
@@ -209,7 +209,7 @@ TEST_F(SweepRunTest, CtrlCStopsGracefullyAndResumeFinishes) {
   {
     db::Reader reader(db_);
     int stopped = 0;
-    for (const auto& r : reader.ListRuns()) stopped += r.status == "stopped";
+    for (const auto& r : reader.ListRuns()) stopped += r.status == RunStatus::kStopped;
     EXPECT_GE(stopped, 1);
   }
   ASSERT_EQ(Sweep({"resume", path, "--db", db_, "-j", "2", "-t", "1"}), 0) << Slurp(Log());
@@ -268,9 +268,9 @@ TEST_F(SweepRunTest, DivergedRunIsRecordedAndTheSweepGoesOn) {
   db::Reader reader(db_);
   const auto runs = reader.ListRuns();
   ASSERT_EQ(runs.size(), 2u);
-  EXPECT_EQ(runs[0].status, "diverged");
+  EXPECT_EQ(runs[0].status, RunStatus::kDiverged);
   EXPECT_TRUE(runs[0].diverged_step.has_value());
-  EXPECT_EQ(runs[1].status, "done");
+  EXPECT_EQ(runs[1].status, RunStatus::kDone);
   EXPECT_NE(Slurp(Log()).find("DIVERGED"), std::string::npos);
   // A diverged run is an outcome: not retried, not rerun by resume.
   EXPECT_EQ(SqlInt("SELECT SUM(failures) FROM sweep_runs"), 0);
