@@ -111,6 +111,7 @@ class App {
     int panels_left = 0;
     double reserve_ms = 0;
     size_t refine_turn[5] = {0, 0, 0, 0, 0};
+    double last_x_lo = 0, last_x_hi = 0;  // the x range of the last frame
   };
   struct CompareViewState {
     AxisState x, y[2];
