@@ -373,13 +373,27 @@ void LineCanvas::Span(int x, int y0, int y1, ImU32 color) {
   // span is touched. 100 noisy series drawn over the same band then write each pixel about once.
   int& lo = cov_lo_[x];
   int& hi = cov_hi_[x];
+  const bool opaque = (color >> 24) == 0xFF;
+  uint32_t* column = px_.data() + static_cast<size_t>(x) * h_;
   auto fill = [&](int a, int b) {
-    for (int y = a; y <= b; ++y) Blend(x, y, color, 1.0f);
+    if (!opaque) {
+      for (int y = a; y <= b; ++y) Blend(x, y, color, 1.0f);
+      return;
+    }
+    // Opaque under: an empty pixel takes the colour, a partly covered one the rest of it.
+    for (int y = a; y <= b; ++y) {
+      uint32_t& d = column[y];
+      if (d == 0) {
+        d = color;
+      } else if ((d >> 24) != 255) {
+        d = AddScaled(d, color, 255 - (d >> 24));
+      }
+    }
   };
   if (hi < lo || y1 < lo - 1 || y0 > hi + 1) {
     fill(y0, y1);
     // Disjoint from the known covered run: keep the longer one if this span is opaque.
-    if ((color >> 24) == 0xFF && (hi < lo || y1 - y0 > hi - lo)) {
+    if (opaque && (hi < lo || y1 - y0 > hi - lo)) {
       lo = y0;
       hi = y1;
     }
@@ -387,7 +401,7 @@ void LineCanvas::Span(int x, int y0, int y1, ImU32 color) {
   }
   fill(y0, lo - 1);
   fill(hi + 1, y1);
-  if ((color >> 24) == 0xFF) {
+  if (opaque) {
     lo = std::min(lo, y0);
     hi = std::max(hi, y1);
   }
