@@ -20,6 +20,7 @@
 
 #include "analysis/promote.h"
 #include "core/flops.h"
+#include "core/run_shape.h"
 #include "db/promotions.h"
 #include "db/reader.h"
 #include "db/schema.h"
@@ -144,6 +145,19 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   const json plan = json::parse(p.plan_json);
   EXPECT_GE(plan["curve"].size(), 2u);
   EXPECT_EQ(db::PromotionOfRun(path, *p.run_id)->id, p.id);
+  // The run row carries the full shape (expert matrices too), the same as `moelab train` records.
+  {
+    const RunShape want = RunShapeOf(ConfigFromJson(json::parse(p.config_json)));
+    const RunShape got = db::Reader(path).GetRun(*p.run_id)->shape;
+    EXPECT_EQ(got.moe_layers, want.moe_layers);
+    EXPECT_GT(got.moe_layers, 0);
+    EXPECT_EQ(got.experts, want.experts);
+    EXPECT_EQ(got.layers, want.layers);
+    EXPECT_EQ(got.heads, want.heads);
+    EXPECT_EQ(got.params_total, want.params_total);
+    EXPECT_EQ(got.params_active, want.params_active);
+    EXPECT_EQ(got.flops_per_token, want.flops_per_token);
+  }
 
   // Wait for the launched run (a few seconds of CPU).
   RunStatus status = RunStatus::kQueued;
