@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct StepRecord {
   double flops = 0;      // cumulative training FLOPs
   double step_time_s = 0;
   double tokens_per_s = 0;
+  // RMS of the attention-path norm gains after the step (core/model/norm_gain_rms.h); NaN
+  // (stored as NULL) where the trainer does not compute it.
+  double norm_gain_rms = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct ClipEvent {

@@ -15,6 +15,7 @@ struct SeriesSource {
   const char* key;
   const char* table;
   const char* column;
+  bool optional = false;  // NULL where not recorded: those steps are left out of the series
 };
 
 // Whitelist: keys become SQL identifiers, so only these ever reach a query string.
@@ -28,6 +29,7 @@ constexpr SeriesSource kSeriesSources[] = {
     {"step_time_s", "steps", "step_time_s"},
     {"tokens_per_s", "steps", "tokens_per_s"},
     {"wall_time", "steps", "wall_time"},
+    {"norm_gain_rms", "steps", "norm_gain_rms", true},
     {"val_loss", "evals", "val_loss"},
     {"eval_tokens", "evals", "tokens"},
     {"eval_flops", "evals", "flops"},
@@ -171,8 +173,9 @@ Series Reader::GetSeries(int64_t run_id, const std::string& key, int64_t step_mi
         fmt::format("unknown series key '{}' (known: {})", key, fmt::join(SeriesKeys(), ", ")));
   }
   Statement st = db_.Prepare(fmt::format(
-      "SELECT step, {} FROM {} WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 ORDER BY step",
-      source->column, source->table));
+      "SELECT step, {} FROM {} WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3{} ORDER BY step",
+      source->column, source->table,
+      source->optional ? fmt::format(" AND {} IS NOT NULL", source->column) : ""));
   st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
   Series out;
   while (st.Step()) {

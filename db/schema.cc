@@ -186,6 +186,11 @@ CREATE TABLE promotions (
 );
 CREATE INDEX promotions_run ON promotions(run_id);
 )sql",
+    // 6: the RMS of the attention-path norm gains per step (issue 13, QK-Clip: the gains scale
+    // q and k together). NULL where a trainer does not compute it.
+    R"sql(
+ALTER TABLE steps ADD COLUMN norm_gain_rms REAL;
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
@@ -279,9 +284,9 @@ Connection OpenForRead(const std::string& path, double busy_timeout_s) {
   }
   if (version < kNumMigrations) {
     throw std::runtime_error(fmt::format(
-        "database '{}' has the older schema version {} (this build: {}); open it once with a "
-        "writer (e.g. `moelab db migrate`) to upgrade it",
-        path, version, kNumMigrations));
+        "database '{}' has the older schema version {} (this build: {}); upgrade it with "
+        "`moelab db migrate --db {}`",
+        path, version, kNumMigrations, path));
   }
   return db;
 }

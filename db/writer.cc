@@ -445,8 +445,8 @@ void RunWriter::WriteBatch(const Batch& b) {
     if (!b.steps.empty()) {
       Statement st = db_.Prepare(R"sql(
 INSERT OR REPLACE INTO steps (run_id, step, loss, aux_loss, lr, grad_norm, tokens, flops,
-                              step_time_s, tokens_per_s, wall_time)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))sql");
+                              step_time_s, tokens_per_s, wall_time, norm_gain_rms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
       Statement ml = db_.Prepare(
           "INSERT OR REPLACE INTO max_logits (run_id, step, max_logit, max_logit_raw) "
           "VALUES (?1, ?2, ?3, ?4)");
@@ -466,8 +466,13 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11))sql");
             .Bind(8, r.flops)
             .Bind(9, r.step_time_s)
             .Bind(10, r.tokens_per_s)
-            .Bind(11, row.wall_time)
-            .Run();
+            .Bind(11, row.wall_time);
+        if (std::isfinite(r.norm_gain_rms)) {
+          st.Bind(12, r.norm_gain_rms);
+        } else {
+          st.BindNull(12);
+        }
+        st.Run();
         if (!row.max_logit.empty()) {
           ml.Bind(1, run_id_).Bind(2, r.step);
           ml.BindBlob(3, row.max_logit.data(), row.max_logit.size() * sizeof(float));

@@ -220,12 +220,16 @@ LineCanvas& App::Canvas(const std::string& id) {
 // ---- Frame ----------------------------------------------------------------------------------
 
 void App::Frame() {
+  // The script sees the last frame's state (wait-settled asks whether it was settled).
+  if (script_) script_->Step(this);
   frame_settled_ = true;
   profile_ = {};
-  if (script_) script_->Step(this);
   frame_view_ = View::kCount;
-  downsample_deadline_ = Clock::now() + std::chrono::milliseconds(kDownsampleBudgetMs);
-  canvas_deadline_ = Clock::now() + std::chrono::milliseconds(kCanvasBudgetMs);
+  const double budget_ms =
+      options_.refine_budget_ms >= 0 ? options_.refine_budget_ms : kRefineBudgetMs;
+  const auto start = Clock::now();
+  downsample_deadline_ = start + std::chrono::microseconds(static_cast<int64_t>(budget_ms * 500));
+  canvas_deadline_ = start + std::chrono::microseconds(static_cast<int64_t>(budget_ms * 1000));
   runs_ = store_ ? store_->Runs() : std::make_shared<RunsSnapshot>();
   // Before the first listing no view knows what to ask for: not settled yet.
   if (store_ && runs_->version == 0 && store_->error().empty()) frame_settled_ = false;

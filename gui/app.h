@@ -19,6 +19,7 @@
 namespace moelab::gui {
 
 class FitJob;        // gui/fits.h
+struct FitResult;    // gui/fits.h
 struct SpecCheck;    // gui/sweep_control.h
 class ScriptRunner;  // gui/script.h
 class PromotePanel;  // gui/promote_panel.h
@@ -46,6 +47,9 @@ struct AppOptions {
   bool headless = false;      // screenshot / bench: no settings are read or written
   std::string settings_path;  // gui.json; "" = defaults, nothing saved
   std::string script_path;    // --script: scripted actions (gui/script.h), for tests and demos
+  // Per-frame budget for refining plots after a zoom (ms); < 0: the default (app_internal.h).
+  // 0 refines one series per panel and about every other canvas per frame (tests).
+  double refine_budget_ms = -1;
 };
 
 class App {
@@ -74,6 +78,9 @@ class App {
   struct FrameProfile {
     double downsample_ms = 0, raster_ms = 0;
     int downsamples = 0, rasters = 0;
+    // Refinement left for later frames: panels with series still on an older decimation,
+    // canvases showing their previous picture moved to the new ranges.
+    int stale_panels = 0, deferred_canvases = 0;
   };
   const FrameProfile& frame_profile() const { return profile_; }
   // --script: the exit status once the script ended (0 ok, 1 a step failed), -1 while running.
@@ -97,6 +104,12 @@ class App {
     AxisState x;
     AxisState y[5];
     std::map<std::pair<int64_t, int>, std::unique_ptr<CurveCache>> caches;
+    // Per-frame refinement scheduling (gui/view_curves.cc): panels still to draw this frame,
+    // the time the overdue canvases still to draw will take, and per panel the series where
+    // the last frame's decimation budget ran out.
+    int panels_left = 0;
+    double reserve_ms = 0;
+    size_t refine_turn[5] = {0, 0, 0, 0, 0};
   };
   struct CompareViewState {
     AxisState x, y[2];
@@ -139,6 +152,10 @@ class App {
     // refit runs only when asked or when finished runs changed since the newest of them.
     std::vector<db::FitRecord> stored;
     uint64_t stored_key = 0;
+    // The newest stored power-law fit as a FitResult (curves, points, its multiplier table),
+    // drawn while it is current; stored_error says why it cannot be.
+    std::shared_ptr<const FitResult> stored_result;
+    std::string stored_error;
     bool fit_requested = false;
   };
 

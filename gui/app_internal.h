@@ -37,10 +37,11 @@ inline const char* const kXEvalKeys[4] = {"", "eval_tokens", "eval_flops", "eval
 
 inline const ImU32 kTauColor = IM_COL32(235, 80, 70, 255);
 inline constexpr size_t kMaxRawRuns = 20;
-// Per-frame budgets: past them, plots show their previous downsample / picture moved to the
-// new ranges and refine over the next frames, so zooming 100 runs never stalls the UI.
-inline constexpr int kDownsampleBudgetMs = 12;
-inline constexpr int kCanvasBudgetMs = 20;
+// The per-frame budget (wall time from the frame's start) for refining plots: decimation may
+// run until half of it, rasterising canvases until all of it. Past them, plots show their
+// previous decimation / picture moved to the new ranges and refine over the next frames, so
+// zooming 100 runs never stalls the UI. AppOptions::refine_budget_ms overrides it (tests).
+inline constexpr double kRefineBudgetMs = 10;
 
 // CPU time of the calling thread in ms: profile numbers that a loaded machine's preemption does
 // not inflate (wall time there is mostly waiting for a core).
@@ -71,6 +72,10 @@ struct App::CurveCache {
   int v_cols = 0;
   std::vector<double> ds_x, ds_y, raw_x, raw_y;
   uint64_t ds_gen = 0;  // bumped on every downsample, for the canvas signature
+  // ds in axis coordinates (log10 on log axes) for the canvas, as of t_gen and the log flags.
+  std::vector<double> ds_tx, ds_ty;
+  uint64_t t_gen = ~uint64_t{0};
+  bool t_log_x = false, t_log_y = false;
   // The y range of ds inside the x range last asked for (auto-fit reads it every frame).
   uint64_t fit_gen = ~uint64_t{0};
   double fit_x_lo = kNaN, fit_x_hi = kNaN;

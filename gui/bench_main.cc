@@ -262,6 +262,7 @@ int main(int argc, char** argv) {
       double build = 0, downsample = 0, raster = 0, gl = 0, present = 0, cpu = 0;
       double build_cpu = 0, ui_cpu = 0;  // UI-thread CPU: app.Frame(), the whole frame
       int vertices = 0, downsamples = 0, rasters = 0;
+      int stale_panels = 0, deferred = 0;  // refinement left for later frames
     };
     Split last;
     std::vector<Split> splits;
@@ -284,6 +285,8 @@ int main(int argc, char** argv) {
       last.raster = app.frame_profile().raster_ms;
       last.downsamples = app.frame_profile().downsamples;
       last.rasters = app.frame_profile().rasters;
+      last.stale_panels = app.frame_profile().stale_panels;
+      last.deferred = app.frame_profile().deferred_canvases;
       last.gl = Seconds(b, c) * 1e3;
       last.present = Seconds(c, d) * 1e3;
       last.vertices = ImGui::GetDrawData() ? ImGui::GetDrawData()->TotalVtxCount : 0;
@@ -304,13 +307,15 @@ int main(int argc, char** argv) {
         m.build_cpu += s.build_cpu / n, m.ui_cpu += s.ui_cpu / n;
         m.vertices = std::max(m.vertices, s.vertices);
         m.downsamples += s.downsamples, m.rasters += s.rasters;
+        m.stale_panels += s.stale_panels, m.deferred += s.deferred;
       }
       std::printf(
           "%-44s wall: build %.2f ms, gl %.2f, present %.2f | CPU: UI thread %.2f ms (build "
           "%.2f = downsample %.2f x%d + raster %.2f x%d + widgets %.2f), all threads %.2f ms | "
-          "<= %d vertices\n",
+          "<= %d vertices | left for later frames: %d panels' decimation, %d canvases\n",
           "", m.build, m.gl, m.present, m.ui_cpu, m.build_cpu, m.downsample, m.downsamples,
-          m.raster, m.rasters, m.build_cpu - m.downsample - m.raster, m.cpu, m.vertices);
+          m.raster, m.rasters, m.build_cpu - m.downsample - m.raster, m.cpu, m.vertices,
+          m.stale_panels, m.deferred);
     };
     const double first_ms = frame();
     const auto t_first = Clock::now();
@@ -343,6 +348,15 @@ int main(int argc, char** argv) {
     }
     Print("curves, all runs, zooming (re-downsample)", Summarize(zoom), zoom.size());
     breakdown(mark);
+    // The zoom stops: frames until every plot shows the full-quality picture of the last range
+    // (the refinement spread over frames during the zoom, finished).
+    std::vector<double> settle;
+    const auto t_settle = Clock::now();
+    while (!app.Settled() && settle.size() < 1000) settle.push_back(frame());
+    std::printf("curves, refined %zu frames (%.0f ms) after the zoom stopped\n", settle.size(),
+                Seconds(t_settle, Clock::now()) * 1e3);
+    if (!settle.empty())
+      Print("curves, frames refining after the zoom", Summarize(settle), settle.size());
 
     app.Select({1, 2});
     app.SetView(View::kLogits);

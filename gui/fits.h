@@ -12,9 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "analysis/observations.h"
 #include "analysis/ablation.h"
+#include "analysis/observations.h"
 #include "analysis/scaling.h"
+#include "db/fits.h"
 
 namespace moelab::gui {
 
@@ -31,10 +32,16 @@ struct FitRequest {
 struct FitBand {
   std::string family;
   std::vector<double> flops, loss, lo, hi;  // fitted curve and its bootstrap percentile band
+  bool has_band() const { return !lo.empty() && lo.size() == flops.size(); }
 };
 
 struct FitResult {
   FitRequest request;
+  // > 0: built from this stored `moelab fit` row (FitResultFromStored), not fitted here. Such a
+  // row holds no bootstrap draws: `bands` carry the curves only, and multipliers are known
+  // only at the row's own L* (stored_multipliers).
+  int64_t stored_fit = 0;
+  std::optional<analysis::MultiplierTable> stored_multipliers;
   analysis::ObservationSet observations;
   std::optional<analysis::FamilyFits> fits;
   std::vector<FitBand> bands;  // one per fitted family
@@ -71,5 +78,17 @@ class FitJob {
 
 // The fit work itself (also called directly by tests).
 FitResult ComputeFits(const FitRequest& request);
+
+// A power-law fit `moelab fit` stored ({"fits": {"families": [...]}, "multipliers": {...}}, or
+// the families at the top level as older rows have them) as the view's FitResult: each
+// family's parameters, frontier and ranges, its curve (no band: the draws are not stored), the
+// observations it was fitted on (inputs_json) and the stored multiplier table. nullopt, with
+// the reason in *why, when the row holds no family the curve can be drawn from.
+std::optional<FitResult> FitResultFromStored(const db::FitRecord& record, std::string* why);
+
+// The fitted curve of one family over its measured compute range (3x beyond each end, the
+// multiplier's own extrapolation limit) and, when the fit has bootstrap draws, its 5-95 %
+// band (lo/hi empty otherwise).
+FitBand CurveAndBand(const analysis::PowerLawFit& fit);
 
 }  // namespace moelab::gui

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
   cli.add_option("--screenshot", screenshot, "render headless, write this PNG and exit");
   cli.add_option("--script", app_options.script_path,
                  "run scripted actions (gui/script.h), then exit with their status");
+  cli.add_option("--refine-budget-ms", app_options.refine_budget_ms,
+                 "per-frame time for refining plots after a zoom (default 10; 0: the least, "
+                 "to exercise progressive refinement in tests)");
   cli.add_option("--frames", frames, "settled frames before the screenshot")
       ->check(CLI::PositiveNumber);
   cli.add_option("--size", size, "window size WxH")->check([](const std::string& s) {

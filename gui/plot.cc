@@ -4,7 +4,9 @@
 #include <imgui_internal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <limits>
 
 namespace moelab::gui {
 
@@ -285,11 +287,12 @@ bool LineCanvas::Begin(const Plot& plot, uint64_t identity, uint64_t content, bo
   Signature sig;
   sig.Add(identity).Add(content).Add(w).Add(h).Add(tx0).Add(tx1).Add(ty0).Add(ty1);
   deferred_ = false;
-  if (sig.h == signature_ && w == w_ && h == h_ && tex_.width() == w) return false;
+  if (sig.h == signature_ && w == w_ && h == h_ && tex_.width() == h && tex_.height() == w)
+    return false;
   // A picture deferred a few frames in a row is redrawn whatever the budget, so plots drawn
   // later in the frame are not starved by the earlier ones.
-  if (may_defer && deferred_frames_ < 3 && identity == identity_ && w == w_ && h == h_ &&
-      tex_.width() == w) {
+  if (may_defer && !overdue() && identity == identity_ && w == w_ && h == h_ && tex_.width() == h &&
+      tex_.height() == w) {
     deferred_ = true;
     ++deferred_frames_;
     return false;
@@ -305,43 +308,89 @@ bool LineCanvas::Begin(const Plot& plot, uint64_t identity, uint64_t content, bo
   h_ = h;
   px_.assign(static_cast<size_t>(w) * h, 0u);
   dirty_ = true;
+  under_ = false;
+  raster_start_ = std::chrono::steady_clock::now();
   return true;
 }
 
-void LineCanvas::Blend(int x, int y, ImU32 color, float coverage) {
+namespace {
+
+uint32_t Mul255(uint32_t v, uint32_t f) {  // v * f / 255, rounded (exact for v or f = 255)
+  const uint32_t t = v * f + 128;
+  return (t + (t >> 8)) >> 8;
+}
+
+// d + s * f / 255 per channel of premultiplied RGBA.
+uint32_t AddScaled(uint32_t d, uint32_t s, uint32_t f) {
+  return ((d & 0xFF) + Mul255(s & 0xFF, f)) | (((d >> 8 & 0xFF) + Mul255(s >> 8 & 0xFF, f)) << 8) |
+         (((d >> 16 & 0xFF) + Mul255(s >> 16 & 0xFF, f)) << 16) |
+         (((d >> 24) + Mul255(s >> 24, f)) << 24);
+}
+
+}  // namespace
+
+void LineCanvas::FrontToBack() {
+  under_ = true;
+  cov_lo_.assign(w_, 0);
+  cov_hi_.assign(w_, -1);
+}
+
+inline void LineCanvas::Blend(int x, int y, ImU32 color, float coverage) {
   if (x < 0 || y < 0 || x >= w_ || y >= h_ || coverage <= 0) return;
-  // The buffer is premultiplied ("over" is then one multiply-add per channel, no division);
-  // End() converts to the straight alpha ImGui's backend blends with.
+  // The buffer is premultiplied ("over" and "under" are then one multiply-add per channel, no
+  // division); End() converts to the straight alpha ImGui's backend blends with.
   const uint32_t a =
       static_cast<uint32_t>(((color >> 24) & 0xFF) * std::min(coverage, 1.0f) + 0.5f);
   if (a == 0) return;
-  uint32_t& d = px_[static_cast<size_t>(y) * w_ + x];
-  auto mul = [](uint32_t v, uint32_t f) {  // v * f / 255, rounded
-    const uint32_t t = v * f + 128;
-    return (t + (t >> 8)) >> 8;
-  };
-  const uint32_t r = mul(color & 0xFF, a), g = mul((color >> 8) & 0xFF, a),
-                 b = mul((color >> 16) & 0xFF, a);
-  if (a == 255 || d == 0) {
-    d = r | (g << 8) | (b << 16) | (a << 24);
-    return;
+  uint32_t& d = px_[static_cast<size_t>(x) * h_ + y];
+  if (under_ && (d >> 24) == 255) return;  // already covered by something in front
+  const uint32_t src = Mul255(color & 0xFF, a) | (Mul255((color >> 8) & 0xFF, a) << 8) |
+                       (Mul255((color >> 16) & 0xFF, a) << 16) | (a << 24);
+  if (d == 0 || (!under_ && a == 255)) {
+    d = src;
+  } else if (under_) {
+    d = AddScaled(d, src, 255 - (d >> 24));  // src under d
+  } else {
+    d = AddScaled(src, d, 255 - a);  // src over d
   }
-  const uint32_t k = 255 - a;
-  d = (r + mul(d & 0xFF, k)) | ((g + mul((d >> 8) & 0xFF, k)) << 8) |
-      ((b + mul((d >> 16) & 0xFF, k)) << 16) | ((a + mul(d >> 24, k)) << 24);
 }
 
 void LineCanvas::Span(int x, int y0, int y1, ImU32 color) {
   if (x < 0 || x >= w_) return;
   y0 = std::max(y0, 0);
   y1 = std::min(y1, h_ - 1);
-  if ((color >> 24) == 0xFF) {
-    // Opaque (every smoothed curve): premultiplied equals straight, no read of the pixel.
-    uint32_t* p = px_.data() + static_cast<size_t>(y0) * w_ + x;
-    for (int y = y0; y <= y1; ++y, p += w_) *p = color;
+  if (y1 < y0) return;
+  if (!under_) {
+    if ((color >> 24) == 0xFF) {
+      // Opaque (every smoothed curve): premultiplied equals straight, no read of the pixel.
+      std::fill_n(px_.data() + static_cast<size_t>(x) * h_ + y0, y1 - y0 + 1, color);
+      return;
+    }
+    for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
     return;
   }
-  for (int y = y0; y <= y1; ++y) Blend(x, y, color, 1.0f);
+  // Front to back: [cov_lo_, cov_hi_] of the column is opaque already; only the rest of the
+  // span is touched. 100 noisy series drawn over the same band then write each pixel about once.
+  int& lo = cov_lo_[x];
+  int& hi = cov_hi_[x];
+  auto fill = [&](int a, int b) {
+    for (int y = a; y <= b; ++y) Blend(x, y, color, 1.0f);
+  };
+  if (hi < lo || y1 < lo - 1 || y0 > hi + 1) {
+    fill(y0, y1);
+    // Disjoint from the known covered run: keep the longer one if this span is opaque.
+    if ((color >> 24) == 0xFF && (hi < lo || y1 - y0 > hi - lo)) {
+      lo = y0;
+      hi = y1;
+    }
+    return;
+  }
+  fill(y0, lo - 1);
+  fill(hi + 1, y1);
+  if ((color >> 24) == 0xFF) {
+    lo = std::min(lo, y0);
+    hi = std::max(hi, y1);
+  }
 }
 
 void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, float thickness) {
@@ -389,40 +438,62 @@ void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, fl
 
 void LineCanvas::Line(const Plot& plot, const std::vector<double>& xs,
                       const std::vector<double>& ys, ImU32 color, float thickness) {
+  std::vector<double> txs(xs.size()), tys(ys.size());
+  for (size_t i = 0; i < xs.size(); ++i) txs[i] = ToAxis(plot.x_axis(), xs[i]);
+  for (size_t i = 0; i < ys.size(); ++i) tys[i] = ToAxis(plot.y_axis(), ys[i]);
+  LineT(plot, txs, tys, color, thickness);
+}
+
+void LineCanvas::LineT(const Plot& plot, std::span<const double> xs, std::span<const double> ys,
+                       ImU32 color, float thickness) {
   const ImVec2 o = plot.inner().Min;
   const size_t n = std::min(xs.size(), ys.size());
+  // Dense stretches (consecutive points at most one pixel column apart: M4 output) are drawn
+  // Tracy-style as one solid vertical span per pixel column covering the column's points and
+  // the join from the previous column. That is the pixel set of the polyline, each pixel
+  // written once per series (no double blending of translucent lines), and it costs a few
+  // pixel writes per column where anti-aliased segments cost three times as many blends.
+  const float pad = std::max(0.0f, (thickness - 1.0f) / 2);
+  int col = std::numeric_limits<int>::min();
+  float col_lo = 0, col_hi = 0;
+  auto flush = [&]() {
+    if (col == std::numeric_limits<int>::min()) return;
+    Span(col, static_cast<int>(std::floor(col_lo - pad)),
+         static_cast<int>(std::floor(col_hi + pad)), color);
+    col = std::numeric_limits<int>::min();
+  };
   bool have = false;
   ImVec2 prev;
   for (size_t i = 0; i < n; ++i) {
-    ImVec2 p = plot.ToPixel(xs[i], ys[i]);
+    ImVec2 p = plot.ToPixelT(xs[i], ys[i]);
     if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
+      flush();
       have = false;
       continue;
     }
     p = ImVec2(std::clamp(p.x - o.x, -4.0f * w_, 5.0f * w_),
                std::clamp(p.y - o.y, -4.0f * h_, 5.0f * h_));
-    if (have) {
-      if (std::abs(p.x - prev.x) < 0.3f && std::abs(p.y - prev.y) < 0.3f) continue;
-      if (std::abs(p.x - prev.x) < 1.0f && std::abs(p.y - prev.y) > 1.0f) {
-        // Within one pixel column (M4's min/max of a dense series): a solid vertical span, as
-        // Tracy draws it; an anti-aliased segment would cost three times the pixels for the
-        // same picture.
-        const int x = static_cast<int>(std::floor((p.x + prev.x) / 2));
-        const int y0 = static_cast<int>(std::floor(std::min(p.y, prev.y)));
-        const int y1 = static_cast<int>(std::floor(std::max(p.y, prev.y)));
-        Span(x, y0, y1, color);
-        prev = p;
-        continue;
+    if (have && std::abs(p.x - prev.x) <= 1.0f) {
+      const int x = static_cast<int>(std::floor(p.x));
+      if (x != col) {
+        flush();
+        col = x;
+        col_lo = col_hi = prev.y;
       }
+      col_lo = std::min(col_lo, p.y);
+      col_hi = std::max(col_hi, p.y);
+    } else {
+      flush();
       // Skip segments wholly outside the canvas (they come from the off-screen neighbours).
-      if (!((p.x < 0 && prev.x < 0) || (p.x >= w_ && prev.x >= w_) || (p.y < 0 && prev.y < 0) ||
-            (p.y >= h_ && prev.y >= h_))) {
+      if (have && !((p.x < 0 && prev.x < 0) || (p.x >= w_ && prev.x >= w_) ||
+                    (p.y < 0 && prev.y < 0) || (p.y >= h_ && prev.y >= h_))) {
         Segment(prev.x, prev.y, p.x, p.y, color, thickness);
       }
     }
     prev = p;
     have = true;
   }
+  flush();
 }
 
 void LineCanvas::Band(const Plot& plot, const std::vector<double>& xs,
@@ -441,12 +512,28 @@ void LineCanvas::Band(const Plot& plot, const std::vector<double>& xs,
 void LineCanvas::Dot(const Plot& plot, double x, double y, ImU32 color, float radius) {
   const ImVec2 p = plot.ToPixel(x, y);
   if (!std::isfinite(p.x) || !std::isfinite(p.y)) return;
-  const float cx = p.x - plot.inner().Min.x, cy = p.y - plot.inner().Min.y;
-  for (int py = static_cast<int>(cy - radius - 1); py <= static_cast<int>(cy + radius + 1); ++py) {
-    for (int px = static_cast<int>(cx - radius - 1); px <= static_cast<int>(cx + radius + 1);
-         ++px) {
-      const float d = std::hypot(px + 0.5f - cx, py + 0.5f - cy);
-      Blend(px, py, color, radius + 0.5f - d);
+  // The disc is centred on the nearest pixel centre and its coverage comes from a stamp built
+  // once per radius: a hypot per pixel made the 10k evaluation dots of 100 runs the most
+  // expensive part of a validation-loss panel.
+  if (radius != stamp_radius_) {
+    stamp_radius_ = radius;
+    stamp_r_ = static_cast<int>(std::ceil(radius + 0.5f));
+    const int side = 2 * stamp_r_ + 1;
+    stamp_.assign(static_cast<size_t>(side) * side, 0.0f);
+    for (int dy = -stamp_r_; dy <= stamp_r_; ++dy) {
+      for (int dx = -stamp_r_; dx <= stamp_r_; ++dx) {
+        const float d = std::hypot(static_cast<float>(dx), static_cast<float>(dy));
+        stamp_[(dy + stamp_r_) * side + dx + stamp_r_] = std::clamp(radius + 0.5f - d, 0.0f, 1.0f);
+      }
+    }
+  }
+  const int cx = static_cast<int>(std::floor(p.x - plot.inner().Min.x)),
+            cy = static_cast<int>(std::floor(p.y - plot.inner().Min.y));
+  if (cx < -stamp_r_ || cy < -stamp_r_ || cx >= w_ + stamp_r_ || cy >= h_ + stamp_r_) return;
+  const int side = 2 * stamp_r_ + 1;
+  for (int dy = -stamp_r_; dy <= stamp_r_; ++dy) {
+    for (int dx = -stamp_r_; dx <= stamp_r_; ++dx) {
+      Blend(cx + dx, cy + dy, color, stamp_[(dy + stamp_r_) * side + dx + stamp_r_]);
     }
   }
 }
@@ -481,16 +568,24 @@ void LineCanvas::End(const Plot& plot) {
       auto un = [a](uint32_t v) { return std::min<uint32_t>(255, (v * 255 + a / 2) / a); };
       p = un(p & 0xFF) | (un((p >> 8) & 0xFF) << 8) | (un((p >> 16) & 0xFF) << 16) | (a << 24);
     }
-    tex_.Upload(w_, h_, px_.data());
+    tex_.Upload(h_, w_, px_.data());  // transposed: a texture row per canvas column
     dirty_ = false;
+    cost_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - raster_start_)
+            .count();
   }
+  // The texture is the canvas transposed: u runs down the canvas, v across it.
+  auto draw = [&](ImVec2 a, ImVec2 b) {
+    plot.draw_list()->AddImageQuad(tex_.id(), a, ImVec2(b.x, a.y), b, ImVec2(a.x, b.y),
+                                   ImVec2(0, 0), ImVec2(0, 1), ImVec2(1, 1), ImVec2(1, 0));
+  };
   if (deferred_) {
     // The old picture where its axis ranges lie now (the plot's clip rect trims it).
-    plot.draw_list()->AddImage(tex_.id(), plot.ToPixelT(tx0_, ty1_), plot.ToPixelT(tx1_, ty0_));
+    draw(plot.ToPixelT(tx0_, ty1_), plot.ToPixelT(tx1_, ty0_));
     return;
   }
   const ImVec2 o = plot.inner().Min;
-  plot.draw_list()->AddImage(tex_.id(), o, ImVec2(o.x + w_, o.y + h_));
+  draw(o, ImVec2(o.x + w_, o.y + h_));
 }
 
 void ColorBar(float width, float height, double vmin, double vmax) {

@@ -6,8 +6,10 @@
 #include <imgui.h>
 #include <imgui_internal.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,11 @@ struct PlotBounds {
   void AddX(double x);
   void AddY(double y);
 };
+
+// A value in an axis' drawing coordinate: log10 on log axes (NaN for values <= 0).
+inline double ToAxis(const AxisMap& m, double v) {
+  return m.log ? (v > 0 ? std::log10(v) : NAN) : v;
+}
 
 class Plot {
  public:
@@ -102,10 +109,24 @@ class LineCanvas {
   // when the cached picture is current, or when only content or ranges changed and may_defer
   // is set (the frame's drawing budget is spent): End() then draws the old picture moved and
   // scaled to the new ranges, and deferred() tells the caller to redraw next frame.
+  // A picture is deferred at most kMaxDeferredFrames frames in a row; then it is overdue and
+  // redrawn whatever the budget, so plots drawn later in the frame are not starved.
   bool Begin(const Plot& plot, uint64_t identity, uint64_t content, bool may_defer = false);
   bool deferred() const { return deferred_; }
+  // After Begin() returned true: the caller draws front to back (topmost first). Pixels an
+  // opaque line already covers are then never written again, which bounds the work of many
+  // overlapping dense series by the canvas area. The picture equals the back-to-front one.
+  void FrontToBack();
+  bool overdue() const { return deferred_frames_ >= kMaxDeferredFrames; }
+  // Wall time of the last redraw (rasterising and upload), for the caller's frame budget.
+  double cost_ms() const { return cost_ms_; }
+  static constexpr int kMaxDeferredFrames = 2;
   void Line(const Plot& plot, const std::vector<double>& xs, const std::vector<double>& ys,
             ImU32 color, float thickness = 1.5f);
+  // The same from axis coordinates (ToAxis: log10 of the value on log axes), for callers that
+  // keep them with their decimation instead of taking a log10 of every point every redraw.
+  void LineT(const Plot& plot, std::span<const double> xs, std::span<const double> ys, ImU32 color,
+             float thickness = 1.5f);
   // Vertical bars from lo to hi per point (a min/max band drawn per pixel column).
   void Band(const Plot& plot, const std::vector<double>& xs, const std::vector<double>& lo,
             const std::vector<double>& hi, ImU32 color);
@@ -122,12 +143,24 @@ class LineCanvas {
   // of dense series. Opaque colours are written without blending.
   void Span(int x, int y0, int y1, ImU32 color);
   void Blend(int x, int y, ImU32 color, float coverage);
+  // Column-major (pixel (x, y) at x * h_ + y): the per-column spans of dense series, most of
+  // the pixels written, are then contiguous. A noisy series' column span is tens of pixels,
+  // and 100 of them per column cost 16 ms a canvas row-major (a cache line per pixel).
   std::vector<uint32_t> px_;
+  bool under_ = false;  // FrontToBack(): composite "under" what is drawn
+  // Per column, a run of rows [cov_lo_, cov_hi_] known to be opaque (FrontToBack mode).
+  std::vector<int> cov_lo_, cov_hi_;
+  // Dot's coverage stamp for stamp_radius_: (2 stamp_r_ + 1)^2 values, centre at the middle.
+  std::vector<float> stamp_;
+  float stamp_radius_ = -1;
+  int stamp_r_ = 0;
   int w_ = 0, h_ = 0;
   uint64_t identity_ = 0, signature_ = 0;
   double tx0_ = 0, tx1_ = 1, ty0_ = 0, ty1_ = 1;  // axis ranges (log10 on log axes) drawn
   bool dirty_ = false, deferred_ = false;
   int deferred_frames_ = 0;
+  double cost_ms_ = 0;
+  std::chrono::steady_clock::time_point raster_start_;
   Texture tex_;
 };
 

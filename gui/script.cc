@@ -150,6 +150,21 @@ void ScriptRunner::Step(App* app) {
     start_wait(0);
     // `sleep S`: the timeout is the duration.
     if (!timed_out()) return;
+  } else if (cmd == "xrange") {
+    double lo = 0, hi = 0;
+    if (!(in >> lo >> hi) || !(hi > lo)) return (void)Fail(app, "expected: xrange LO HI");
+    app->SetCurveXRange(lo, hi);
+  } else if (cmd == "wait-settled") {
+    // Frames until the view shows everything at full quality (data loaded, every plot
+    // refined): the count tells tests that refinement was spread over frames.
+    if (!waiting_) settle_frames_ = 0;
+    start_wait(60);
+    if (!app->Settled()) {
+      ++settle_frames_;
+      if (timed_out()) Fail(app, "not settled");
+      return;
+    }
+    std::fprintf(stderr, "moelab-gui: settled after %d frames\n", settle_frames_ + 1);
   } else if (cmd == "screenshot") {
     in >> app->screenshot_request_;
   } else if (cmd == "quit") {

@@ -10,6 +10,9 @@
 //   wait-runs N STATUS[,STATUS...] [TIMEOUT_S]   until N runs of the sweep have such a status
 //   wait-step N [TIMEOUT_S]   until a run of the sweep is running at step >= N
 //   wait-idle [TIMEOUT_S]     until no runner holds the sweep's lock
+//   xrange LO HI              zoom the curves' x axis to [LO, HI] (as the mouse wheel does)
+//   wait-settled [TIMEOUT_S]  until the view's data is loaded and every plot is refined;
+//                             prints "settled after N frames"
 //   view NAME | sleep S | screenshot OUT.png | quit
 //
 // A failed action or a wait that times out ends the script with status 1 (the app quits).
@@ -37,6 +40,7 @@ class ScriptRunner {
   size_t next_ = 0;
   int status_ = -1;
   bool waiting_ = false;
+  int settle_frames_ = 0;
   std::chrono::steady_clock::time_point deadline_;
 };
 

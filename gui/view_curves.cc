@@ -90,41 +90,68 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
   fit.AddX(xa.hi);
   // Beyond a few runs the faint raw lines are a grey blur that doubles the drawing cost.
   const bool raw = settings_.show_raw && smoothing > 0 && !m.eval && shown.size() <= kMaxRawRuns;
-  for (auto& s : shown) {
-    CurveCache& c = *s.cache;
+  // Refinement over frames: this panel's share of the frame's decimation budget (what earlier
+  // panels left, split over the panels still to draw), spent round robin from where the last
+  // frame stopped, so during a long zoom every series is refined in turn. Past the budget a
+  // series keeps its previous decimation (right place, coarser detail). At least one series
+  // is refined per panel and frame, so refinement always ends.
+  const Clock::time_point panel_start = Clock::now();
+  const Clock::time_point ds_deadline =
+      panel_start + std::max(Clock::duration::zero(), downsample_deadline_ - panel_start) /
+                        std::max(1, curves_view_.panels_left);
+  curves_view_.panels_left = std::max(0, curves_view_.panels_left - 1);
+  size_t& turn = curves_view_.refine_turn[metric];
+  int refined = 0;
+  bool stopped = false;
+  for (size_t k = 0; k < shown.size(); ++k) {
+    const size_t idx = (turn + k) % shown.size();
+    CurveCache& c = *shown[idx].cache;
     const bool stale = c.v_cols != cols || c.v_lo != xa.lo || c.v_hi != xa.hi || c.v_log != log_x ||
                        c.v_raw != raw;
-    // Over the frame's budget, keep drawing the previous downsample (right place, coarser
-    // detail) and refine next frame: a zoom over 100 runs x 100k points never stalls a frame.
-    if (stale && Clock::now() > downsample_deadline_ && !c.ds_x.empty()) {
+    if (!stale) continue;
+    if (refined > 0 && !c.ds_x.empty() && (stopped || Clock::now() > ds_deadline)) {
+      if (!stopped) turn = idx;
+      stopped = true;
       frame_settled_ = false;
-    } else if (stale) {
-      const double t0 = ThreadCpuMs();
-      ++profile_.downsamples;
-      DownsampleM4Pyramid(c.xs, c.smooth, c.pyramid, xa, cols, &c.ds_x, &c.ds_y);
-      if (raw) {
-        const std::span<const double> values(c.y_src->values.data(), c.xs.size());
-        if (c.raw_pyramid.size() != values.size()) c.raw_pyramid.Build(values);
-        DownsampleM4Pyramid(c.xs, values, c.raw_pyramid, xa, cols, &c.raw_x, &c.raw_y);
-      } else {
-        c.raw_x.clear();
-        c.raw_y.clear();
-      }
-      c.v_cols = cols;
-      c.v_lo = xa.lo;
-      c.v_hi = xa.hi;
-      c.v_log = log_x;
-      c.v_raw = raw;
-      ++c.ds_gen;
-      profile_.downsample_ms += ThreadCpuMs() - t0;
+      continue;
     }
+    const double t0 = ThreadCpuMs();
+    ++profile_.downsamples;
+    ++refined;
+    DownsampleM4Pyramid(c.xs, c.smooth, c.pyramid, xa, cols, &c.ds_x, &c.ds_y);
+    if (raw) {
+      const std::span<const double> values(c.y_src->values.data(), c.xs.size());
+      if (c.raw_pyramid.size() != values.size()) c.raw_pyramid.Build(values);
+      DownsampleM4Pyramid(c.xs, values, c.raw_pyramid, xa, cols, &c.raw_x, &c.raw_y);
+    } else {
+      c.raw_x.clear();
+      c.raw_y.clear();
+    }
+    c.v_cols = cols;
+    c.v_lo = xa.lo;
+    c.v_hi = xa.hi;
+    c.v_log = log_x;
+    c.v_raw = raw;
+    ++c.ds_gen;
+    profile_.downsample_ms += ThreadCpuMs() - t0;
+  }
+  if (stopped) ++profile_.stale_panels;
+  for (auto& s : shown) {
+    CurveCache& c = *s.cache;
     if (c.fit_gen != c.ds_gen || c.fit_x_lo != xa.lo || c.fit_x_hi != xa.hi || c.fit_log != log_y) {
       c.fit_y = PlotBounds{};
+      // Every series, every zoom frame: a tight loop (NaN fails both comparisons).
+      double lo = INFINITY, hi = -INFINITY;
+      const double floor_y = log_y ? 0.0 : -INFINITY;
       for (size_t i = 0; i < c.ds_x.size(); ++i) {
-        if (c.ds_x[i] >= xa.lo && c.ds_x[i] <= xa.hi && (!log_y || c.ds_y[i] > 0)) {
-          c.fit_y.AddY(c.ds_y[i]);
+        const double x = c.ds_x[i], y = c.ds_y[i];
+        if (x >= xa.lo && x <= xa.hi && y > floor_y && y < INFINITY) {
+          lo = std::min(lo, y);
+          hi = std::max(hi, y);
         }
       }
+      c.fit_y.AddY(lo);
+      c.fit_y.AddY(hi);
       c.fit_gen = c.ds_gen;
       c.fit_x_lo = xa.lo;
       c.fit_x_hi = xa.hi;
@@ -151,27 +178,53 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
   }
   LineCanvas& canvas = Canvas(id);
   const double raster0 = ThreadCpuMs();
-  if (canvas.Begin(plot, ident.h, content.h, Clock::now() > canvas_deadline_)) {
+  // An overdue picture is redrawn whatever the budget; the others only while the budget
+  // minus what the overdue ones still to come will cost (reserve_ms) lasts.
+  const bool overdue = canvas.overdue();
+  const double overdue_cost = canvas.cost_ms();
+  const bool may_defer = Clock::now() + std::chrono::microseconds(
+                                            static_cast<int64_t>(1000 * curves_view_.reserve_ms)) >
+                         canvas_deadline_;
+  if (canvas.Begin(plot, ident.h, content.h, may_defer)) {
     ++profile_.rasters;
-    for (auto& s : shown) {
-      if (!s.cache->raw_x.empty()) {
-        canvas.Line(plot, s.cache->raw_x, s.cache->raw_y,
-                    (colors_[s.run] & 0x00FFFFFF) | 0x50000000, 1.0f);
-      }
-    }
-    for (auto& s : shown) {
-      canvas.Line(plot, s.cache->ds_x, s.cache->ds_y, colors_[s.run], m.eval ? 2.0f : 1.6f);
+    // Front to back (topmost first): the last run's dots and line, ..., the first run's, then
+    // the faint raw lines behind them all.
+    canvas.FrontToBack();
+    for (auto it = shown.rbegin(); it != shown.rend(); ++it) {
+      CurveCache& c = *it->cache;
+      const ImU32 color = colors_[it->run];
       // Evaluations are sparse: mark each point so a single evaluation is visible.
-      if (m.eval && s.cache->ds_x.size() < 200) {
-        for (size_t i = 0; i < s.cache->ds_x.size(); ++i) {
-          canvas.Dot(plot, s.cache->ds_x[i], s.cache->ds_y[i], colors_[s.run], 2.6f);
-        }
+      if (m.eval && c.ds_x.size() < 200) {
+        for (size_t i = 0; i < c.ds_x.size(); ++i)
+          canvas.Dot(plot, c.ds_x[i], c.ds_y[i], color, 2.6f);
+      }
+      if (c.t_gen != c.ds_gen || c.t_log_x != log_x || c.t_log_y != log_y) {
+        // Axis coordinates once per decimation, not a log10 per point per redraw.
+        const AxisMap &xm = plot.x_axis(), &ym = plot.y_axis();
+        c.ds_tx.resize(c.ds_x.size());
+        c.ds_ty.resize(c.ds_y.size());
+        for (size_t i = 0; i < c.ds_x.size(); ++i) c.ds_tx[i] = ToAxis(xm, c.ds_x[i]);
+        for (size_t i = 0; i < c.ds_y.size(); ++i) c.ds_ty[i] = ToAxis(ym, c.ds_y[i]);
+        c.t_gen = c.ds_gen;
+        c.t_log_x = log_x;
+        c.t_log_y = log_y;
+      }
+      canvas.LineT(plot, c.ds_tx, c.ds_ty, color, m.eval ? 2.0f : 1.6f);
+    }
+    for (auto it = shown.rbegin(); it != shown.rend(); ++it) {
+      if (!it->cache->raw_x.empty()) {
+        canvas.Line(plot, it->cache->raw_x, it->cache->raw_y,
+                    (colors_[it->run] & 0x00FFFFFF) | 0x50000000, 1.0f);
       }
     }
   }
   canvas.End(plot);
   profile_.raster_ms += ThreadCpuMs() - raster0;
-  if (canvas.deferred()) frame_settled_ = false;
+  if (overdue) curves_view_.reserve_ms = std::max(0.0, curves_view_.reserve_ms - overdue_cost);
+  if (canvas.deferred()) {
+    frame_settled_ = false;
+    ++profile_.deferred_canvases;
+  }
   if (plot.hovered()) {
     // Readout of every visible run at the cursor, highest value first.
     struct Row {
@@ -261,6 +314,12 @@ void App::CurvesView() {
   const ImVec2 size(
       (avail.x - sp * (ncol - 1)) / ncol,
       std::max(120.0f, (avail.y - ImGui::GetStyle().ItemSpacing.y * (nrow - 1)) / nrow));
+  curves_view_.panels_left = static_cast<int>(panels.size());
+  curves_view_.reserve_ms = 0;
+  for (int p : panels) {
+    const LineCanvas& c = Canvas(kMetrics[p].key);
+    if (c.overdue()) curves_view_.reserve_ms += c.cost_ms();
+  }
   for (size_t i = 0; i < panels.size(); ++i) {
     if (i % ncol != 0) ImGui::SameLine();
     CurvePanel(kMetrics[panels[i]].key, panels[i], runs, size, &curves_view_.x,

@@ -63,6 +63,18 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
     } catch (const std::exception&) {
       // An older database without the fits table: nothing stored.
     }
+    scaling_.stored_result.reset();
+    scaling_.stored_error.clear();
+    for (const db::FitRecord& f : scaling_.stored) {
+      if (f.form != "power") continue;
+      std::string why;
+      if (auto r = FitResultFromStored(f, &why)) {
+        scaling_.stored_result = std::make_shared<const FitResult>(std::move(*r));
+      } else {
+        scaling_.stored_error = "stored fit #" + std::to_string(f.id) + ": " + why;
+      }
+      break;  // the newest power-law fit only
+    }
   }
   const bool current = !scaling_.stored.empty() && scaling_.stored.front().created_at >= newest_run;
   if (!scaling_.stored.empty() &&
@@ -110,6 +122,14 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
     ImGui::TextDisabled("The newest stored fit is newer than every finished run in scope.");
     ImGui::SameLine();
     if (ImGui::Button("Fit now (bootstrap, in the background)")) scaling_.fit_requested = true;
+    if (scaling_.stored_result) {
+      ImGui::TextDisabled(
+          "Curves from stored fit #%lld. No bands: `moelab fit` stores each parameter's interval "
+          "but not the bootstrap draws a band needs; Fit now draws them.",
+          static_cast<long long>(scaling_.stored_result->stored_fit));
+    } else if (!scaling_.stored_error.empty()) {
+      ImGui::TextDisabled("No curves: %s.", scaling_.stored_error.c_str());
+    }
     return false;
   }
   return true;
@@ -163,7 +183,8 @@ void App::ScalingView() {
     data.Add(r->row.id).Add(r->row.updated_at.value_or(0));
     newest_run = std::max(newest_run, r->row.ended_at.value_or(r->row.updated_at.value_or(0)));
   }
-  if (!StoredFits(data.h, newest_run)) return;
+  // A current stored fit is drawn as stored (no refit); otherwise analysis/ fits here.
+  const bool use_stored = !StoredFits(data.h, newest_run);
   FitRequest req;
   req.db_path = store_->path();
   if (scaling_.sweep >= 0) req.sweep_id = scaling_.sweep;
@@ -172,23 +193,35 @@ void App::ScalingView() {
   req.heads_base = scaling_.heads_base;
   req.heads_treatment = scaling_.heads_treatment;
   req.data_version = data.h;
-  scaling_.fit_job->Submit(req);
-  auto res = scaling_.fit_job->Result();
-  const bool busy = scaling_.fit_job->Busy();
-  if (busy || !res || !(res->request == req)) frame_settled_ = false;
-  if (busy) {
+  std::shared_ptr<const FitResult> res;
+  if (use_stored) {
+    res = scaling_.stored_result;
+    if (!res) return;
+    if (res->stored_multipliers && res->stored_multipliers->target_loss > 0 &&
+        scaling_.target_family_key != req.family_key) {
+      // L* where the stored multipliers were computed.
+      scaling_.target_family_key = req.family_key;
+      scaling_.target_loss = res->stored_multipliers->target_loss;
+    }
+  } else {
+    scaling_.fit_job->Submit(req);
+    res = scaling_.fit_job->Result();
+    const bool busy = scaling_.fit_job->Busy();
+    if (busy || !res || !(res->request == req)) frame_settled_ = false;
+    if (busy) {
+      ImGui::SameLine();
+      ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "fitting...");
+    }
+    if (!res) return;
+    if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id) {
+      ImGui::TextDisabled("fitting %s ...", req.family_key.c_str());
+      return;
+    }
     ImGui::SameLine();
-    ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "fitting...");
+    ImGui::TextDisabled("%d runs, %zu points, %zu skipped, fitted in %.1f s",
+                        res->observations.runs_used, res->observations.points.size(),
+                        res->observations.skipped.size(), res->seconds);
   }
-  if (!res) return;
-  if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id) {
-    ImGui::TextDisabled("fitting %s ...", req.family_key.c_str());
-    return;
-  }
-  ImGui::SameLine();
-  ImGui::TextDisabled("%d runs, %zu points, %zu skipped, fitted in %.1f s",
-                      res->observations.runs_used, res->observations.points.size(),
-                      res->observations.skipped.size(), res->seconds);
   if (ImGui::IsItemHovered() && !res->observations.skipped.empty()) {
     ImGui::BeginTooltip();
     for (size_t i = 0; i < res->observations.skipped.size() && i < 30; ++i) {
@@ -237,7 +270,8 @@ void App::ScalingView() {
   }
   // Dragging the target line must not pan the plot.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
-  const bool near_target = std::abs(mouse.y - scaling_.target_px) < 6 &&
+  // A stored fit has multipliers at its own L* only: the line stays there.
+  const bool near_target = !use_stored && std::abs(mouse.y - scaling_.target_px) < 6 &&
                            mouse.x > scaling_.plot_rect.Min.x && mouse.x < scaling_.plot_rect.Max.x;
   if (near_target && ImGui::IsMouseClicked(ImGuiMouseButton_Left)) scaling_.dragging_target = true;
   if (!ImGui::IsMouseDown(ImGuiMouseButton_Left)) scaling_.dragging_target = false;
@@ -251,9 +285,11 @@ void App::ScalingView() {
     sig.Add(res.get()).Add(ordered);
     LineCanvas& canvas = Canvas("scaling");
     if (canvas.Begin(plot, sig.h, sig.h)) {
-      for (const auto& b : res->bands)
+      for (const auto& b : res->bands) {
+        if (!b.has_band()) continue;  // a stored fit: no draws
         canvas.FillBetween(plot, b.flops, b.lo, b.hi,
                            (fam_color[b.family] & 0x00FFFFFF) | 0x38000000);
+      }
       for (const auto& p : res->observations.points) {
         canvas.Dot(plot, p.flops, p.loss, (fam_color[p.family] & 0x00FFFFFF) | 0x60000000, 1.6f);
       }
@@ -271,7 +307,8 @@ void App::ScalingView() {
     canvas.End(plot);
     plot.HLine(scaling_.target_loss, IM_COL32(240, 240, 240, 200), true, nullptr);
     scaling_.target_px = plot.ToPixel(plot.x_axis().lo, scaling_.target_loss).y;
-    const std::string t = "L* = " + FormatValue(scaling_.target_loss) + " (drag)";
+    const std::string t =
+        "L* = " + FormatValue(scaling_.target_loss) + (use_stored ? " (stored)" : " (drag)");
     plot.draw_list()->AddText(
         ImVec2(plot.inner().Min.x + 6, scaling_.target_px - ImGui::GetFontSize() - 2),
         IM_COL32(240, 240, 240, 230), t.c_str());
@@ -297,23 +334,36 @@ void App::ScalingView() {
 
   // Right: multiplier table, fit parameters, heads ablation.
   ImGui::BeginChild("fit tables", ImVec2(0, 0), false);
-  ImGui::SetNextItemWidth(140);
-  if (ImGui::BeginCombo("reference", scaling_.fit_reference.c_str())) {
-    for (const auto& f : families) {
-      if (ImGui::Selectable(f.c_str(), f == scaling_.fit_reference)) scaling_.fit_reference = f;
+  const analysis::MultiplierTable* stored_table =
+      use_stored && res->stored_multipliers ? &*res->stored_multipliers : nullptr;
+  if (stored_table) {
+    scaling_.fit_reference = stored_table->reference;
+    ImGui::TextWrapped(
+        "FLOPs to reach L* = %s relative to %s = %s as `moelab fit` stored them (C_family / "
+        "C_reference, bootstrap interval; Fit now for another L* or reference):",
+        FormatValue(stored_table->target_loss).c_str(), req.family_key.c_str(),
+        stored_table->reference.c_str());
+  } else {
+    ImGui::SetNextItemWidth(140);
+    if (ImGui::BeginCombo("reference", scaling_.fit_reference.c_str())) {
+      for (const auto& f : families) {
+        if (ImGui::Selectable(f.c_str(), f == scaling_.fit_reference)) scaling_.fit_reference = f;
+      }
+      ImGui::EndCombo();
     }
-    ImGui::EndCombo();
+    ImGui::TextWrapped(
+        "FLOPs to reach L* = %s relative to %s = %s (C_family / C_reference, 90%% "
+        "bootstrap interval):",
+        FormatValue(scaling_.target_loss).c_str(), req.family_key.c_str(),
+        scaling_.fit_reference.c_str());
   }
-  ImGui::TextWrapped(
-      "FLOPs to reach L* = %s relative to %s = %s (C_family / C_reference, 90%% "
-      "bootstrap interval):",
-      FormatValue(scaling_.target_loss).c_str(), req.family_key.c_str(),
-      scaling_.fit_reference.c_str());
   const ImGuiTableFlags tflags =
       ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
   try {
     analysis::MultiplierTable table =
-        analysis::ComputeMultiplierTable(fits, scaling_.fit_reference, scaling_.target_loss);
+        stored_table
+            ? *stored_table
+            : analysis::ComputeMultiplierTable(fits, scaling_.fit_reference, scaling_.target_loss);
     if (ImGui::BeginTable("multipliers", 3, tflags)) {
       ImGui::TableSetupColumn("family");
       ImGui::TableSetupColumn("multiplier");

@@ -17,6 +17,7 @@
 #include "core/dist/zero.h"
 #include "core/flops.h"
 #include "core/model/model.h"
+#include "core/model/norm_gain_rms.h"
 #include "core/model/moe.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip.h"
@@ -399,6 +400,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.flops = flops;
       r.step_time_s = dt;
       r.tokens_per_s = static_cast<double>(B) * S / dt;
+      r.norm_gain_rms = AttentionNormGainRms(model.param_infos(), model.params());
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 

@@ -24,8 +24,11 @@ def main():
     runs = db.execute("SELECT id, name, config_json FROM runs WHERE status = 'done' ORDER BY id")
     runs = [(rid, name, json.loads(cfg)) for rid, name, cfg in runs]
     print("| run | τ | scope | peak S_max | clip events | clipping steps | heads per clipping "
-          "step | events on heads below τ | mean γ | last clip step | min Πγ (head) | final val loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "step | events on heads below τ | mean γ | last clip step | min Πγ (head) | "
+          "norm-gain RMS step 1 / max / final | final val loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cols = [r[1] for r in db.execute("PRAGMA table_info(steps)")]
+    finals = {}  # (lr, seed, tau, scope) -> final val loss
     per_run = {}
     for rid, name, cfg in runs:
         opt = cfg["optimizer"]
@@ -53,10 +56,35 @@ def main():
                          (rid,)).fetchone()
         min_prod = math.exp(min(shrink.values())) if shrink else 1.0
         n_cs = len(clip_steps)
+        gains = "not logged"
+        if "norm_gain_rms" in cols:  # schema 6 and later (earlier runs: not logged)
+            g = [v for (v,) in db.execute("SELECT norm_gain_rms FROM steps WHERE run_id = ? AND "
+                                          "norm_gain_rms IS NOT NULL ORDER BY step", (rid,))]
+            if g:
+                gains = f"{g[0]:.3f} / {max(g):.3f} / {g[-1]:.3f}"
+        final = val[0] if val else float("nan")
         print(f"| {name} | {tau:g} | {scope} | {peak:.1f} | {len(ev)} | {n_cs} | "
               f"{(len(ev) / n_cs if n_cs else 0):.2f} | {below} | {mean_g:.3f} | {max(clip_steps) if clip_steps else '—'} | "
-              f"{min_prod:.3f} | {val[0] if val else float('nan'):.4f} |")
+              f"{min_prod:.3f} | {gains} | {final:.4f} |")
+        finals[(opt["lr"], cfg["train"]["seed"], tau, scope)] = final
         per_run[name] = (steps, nheads, ml, ev)
+
+    # Loss cost of clipping: each clipped run against its unclipped twin (same lr and seed).
+    print("\nFinal validation loss, clipped minus unclipped twin (same Muon lr and seed), per "
+          "seed and mean:\n")
+    print("| Muon lr | τ | scope | Δ per seed | mean Δ |")
+    print("|---|---|---|---|---|")
+    arms = sorted({(lr, tau, scope) for (lr, _, tau, scope) in finals if tau > 0})
+    for lr, tau, scope in arms:
+        deltas = []
+        for (lr2, seed, tau2, scope2), v in sorted(finals.items()):
+            twin = finals.get((lr, seed, 0, "—"))
+            if (lr2, tau2, scope2) == (lr, tau, scope) and twin is not None:
+                deltas.append((seed, v - twin))
+        if deltas:
+            mean = sum(d for _, d in deltas) / len(deltas)
+            cells = ", ".join(f"s{sd}: {d:+.4f}" for sd, d in deltas)
+            print(f"| {lr:g} | {tau:g} | {scope} | {cells} | {mean:+.4f} |")
 
     print(f"\nFraction of (step, head) pairs clipped per {window}-step window "
           "(max logit at the window's last step in brackets: the largest head):\n")

@@ -4,13 +4,21 @@
 # (≈ 0.6 × the unclipped peak), then at lr 0.03 unclipped and clipped at τ = 80 (≈ 0.6 × its
 # peak), each with per-head and with global (per-layer) clipping, into runs/qk-clip.db.
 # Run from the repository root after data/default exists (scripts/run-demo.sh prepares it).
-# Resumable: finished runs are skipped.
+# Resumable: finished runs are skipped. SEED=2 trains the same six runs with seed 2 (run names
+# get a "-seed2" suffix; seed 1 keeps the original names).
 set -euo pipefail
 B=${MOELAB_BIN:-build/bin/moelab}
 DB=${1:-runs/qk-clip.db}
 CFG=experiments/qk-clip/base.json
 TAU=${TAU:-300}
-run() { "$B" train "$CFG" --db "$DB" --resume --no-progress "$@"; }
+SEED=${SEED:-1}
+SUFFIX=$([ "$SEED" = 1 ] || echo "-seed$SEED")
+run() {
+  local name=$2
+  shift 2
+  "$B" train "$CFG" --db "$DB" --resume --no-progress --name "$name$SUFFIX" \
+    --set train.seed="$SEED" "$@"
+}
 # Arm A: Muon lr 0.1 (far above Muon's best lr here), τ = 300.
 run --name muon-noclip &
 run --name "muonclip-tau$TAU-per_head" --set optimizer.qk_clip_tau="$TAU" \

@@ -100,6 +100,27 @@ TEST_F(CliTest, TrainsAndRecords) {
   EXPECT_EQ(db::Reader(db_).ListRuns().size(), 1u);
 }
 
+// A database of an older schema: readers refuse it and name the command that upgrades it, and
+// that command exists and works (the message once named a command that did not).
+TEST_F(CliTest, OlderSchemaIsRefusedByReadersAndMigratedOnRequest) {
+  ASSERT_EQ(Wait(Spawn({"train", WriteConfig(4), "--db", db_}, Log())), 0) << Slurp(Log());
+  {  // Roll the file back to schema 5 (before steps.norm_gain_rms).
+    db::Connection c(db_, SQLITE_OPEN_READWRITE);
+    c.Exec("ALTER TABLE steps DROP COLUMN norm_gain_rms");
+    c.Exec("PRAGMA user_version = 5");
+  }
+  EXPECT_NE(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0);
+  EXPECT_NE(Slurp(Log()).find("`moelab db migrate --db"), std::string::npos) << Slurp(Log());
+  ASSERT_EQ(Wait(Spawn({"db", "migrate", "--db", db_}, Log())), 0) << Slurp(Log());
+  EXPECT_NE(Slurp(Log()).find("schema version 5 -> " + std::to_string(db::SchemaVersion())),
+            std::string::npos)
+      << Slurp(Log());
+  ASSERT_EQ(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0) << Slurp(Log());
+  db::Reader reader(db_);
+  EXPECT_EQ(reader.ListRuns().size(), 1u);
+  EXPECT_EQ(reader.GetSeries(reader.ListRuns()[0].id, "loss").steps.size(), 4u);
+}
+
 TEST_F(CliTest, DivergenceExitsThreeAndIsRecorded) {
   const std::string cfg =
       WriteConfig(300, {{"optimizer", {{"lr", 1e6}, {"grad_clip", 0}}},

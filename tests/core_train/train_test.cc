@@ -1,13 +1,11 @@
-#include "core/train/trainer.h"
-
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "core/train/checkpoint.h"
-
-#include <gtest/gtest.h>
+#include "core/train/trainer.h"
 
 namespace moelab {
 namespace {
@@ -107,6 +105,10 @@ TEST_F(TrainTest, LearnsAndReportsEverything) {
   EXPECT_EQ(assigned, 4 * 32 * 2);  // every token picks top-2
   EXPECT_GE(sink.heartbeats, 1);
   EXPECT_EQ(sink.status, RunStatus::kDone);
+  // The attention norm gains start at 1 and AdamW moves them a little every step.
+  for (const StepRecord& s : sink.steps) ASSERT_TRUE(std::isfinite(s.norm_gain_rms));
+  EXPECT_NEAR(sink.steps.front().norm_gain_rms, 1.0, 0.01);
+  EXPECT_GT(std::fabs(sink.steps.back().norm_gain_rms - 1.0), 1e-4);
 }
 
 TEST_F(TrainTest, SameSeedSameThreadsGivesIdenticalLosses) {

@@ -51,6 +51,7 @@ StepRecord Record(int64_t step, double loss) {
   r.flops = step * 64 * 6.0e3;
   r.step_time_s = 0.01;
   r.tokens_per_s = 6400;
+  if (step % 2 == 0) r.norm_gain_rms = 1.0 + 0.01 * step;  // odd steps: not computed (NULL)
   return r;
 }
 
@@ -186,6 +187,10 @@ TEST_F(DbTest, RoundTripOfEveryRecordKind) {
   const Series val = r.GetSeries(id, "val_loss");
   EXPECT_EQ(val.steps, (std::vector<int64_t>{5, 10}));
   EXPECT_EQ(r.GetSeries(id, "eval_tokens").values, (std::vector<double>{320, 640}));
+  // An optional per-step metric: steps that did not compute it are left out, not read as 0.
+  const Series gains = r.GetSeries(id, "norm_gain_rms");
+  EXPECT_EQ(gains.steps, (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  EXPECT_DOUBLE_EQ(gains.values[2], 1.06);
   for (const std::string& key : Reader::SeriesKeys()) EXPECT_NO_THROW(r.GetSeries(id, key));
   EXPECT_THROW(r.GetSeries(id, "loss; DROP TABLE runs"), std::invalid_argument);
 

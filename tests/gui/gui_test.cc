@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "db/fits.h"
+#include "db/schema.h"
 #include "gui/data_store.h"
 #include "gui/fits.h"
 #include "gui/settings.h"
@@ -589,23 +590,60 @@ TEST_F(GuiScreenshot, ScalingViewShowsFamiliesFitsAndTable) {
             300);
 }
 
+// Pixels of `color` at `alpha` over the plot background (the most common colour of
+// [x0, x1) x [y0, y1)): a translucent fill such as a fit band.
+int CountBlended(const Image& img, const Rgba& color, int alpha, int x0, int y0, int x1, int y1) {
+  std::map<uint32_t, int> hist;
+  for (int y = y0; y < y1; ++y) {
+    for (int x = x0; x < x1; ++x) {
+      const unsigned char* p = img.at(x, y);
+      ++hist[p[0] << 16 | p[1] << 8 | p[2]];
+    }
+  }
+  uint32_t bg = 0;
+  int most = 0;
+  for (const auto& [c, n] : hist) {
+    if (n > most) most = n, bg = c;
+  }
+  auto mix = [&](double c, int shift) {
+    const double b = (bg >> shift) & 0xFF;
+    return static_cast<int>(std::lround(b + (c * 255 - b) * alpha / 255.0));
+  };
+  return CountNear(img, mix(color.r, 16), mix(color.g, 8), mix(color.b, 0), 3, x0, y0, x1, y1);
+}
+
 TEST_F(GuiScreenshot, ScalingViewShowsAStoredFitWithoutRefitting) {
-  // A `moelab fit` stored after the last run finished is current: the view lists it and fits
-  // nothing until asked (no fitted family curves are drawn).
+  // A `moelab fit` stored after the last run finished is current: the view draws it as stored
+  // (its families' curves, frontiers and points) and fits nothing until asked, so no bootstrap
+  // bands appear (the stored row holds no draws; a refit would draw them).
   const std::string path = (dir_ / "scaling_stored.db").string();
   testing::BuildScalingFixture(path);
-  db::FitRecord f;
-  f.family_key = "heads";
-  f.form = "power";
-  f.result_json = R"({"families": [{"family": "8", "params": [{"name": "alpha",
-      "value": {"estimate": 0.3, "lo": 0.25, "hi": 0.35}}]}]})";
-  db::SaveFit(path, f);
-  Image img = Shoot(path, "--view scaling", Out("scaling_stored"));
-  ASSERT_EQ(img.w, 1280);
-  const Rgba top = GroupColor(1, 2, true);
-  EXPECT_LT(CountNear(img, int(top.r * 255), int(top.g * 255), int(top.b * 255), 14, 0, 80, 780),
-            50)
-      << "refitted although the stored fit is current";
+  const std::string fit = test::BinPath("moelab") + " fit --db '" + path +
+                          "' --sweep heads --by heads --resamples 100 > /dev/null 2>&1";
+  ASSERT_EQ(std::system(fit.c_str()), 0) << fit;
+  Image stored = Shoot(path, "--view scaling", Out("scaling_stored"));
+  ASSERT_EQ(stored.w, 1280);
+  const Rgba top = GroupColor(1, 2, true), low = GroupColor(0, 2, true);
+  EXPECT_GT(CountNear(stored, int(top.r * 255), int(top.g * 255), int(top.b * 255), 14, 0, 80, 780),
+            300)
+      << "the stored fit's curve of heads = 8 is not drawn";
+  EXPECT_GT(CountNear(stored, int(low.r * 255), int(low.g * 255), int(low.b * 255), 14, 0, 80, 780),
+            100)
+      << "the stored fit's curve of heads = 4 is not drawn";
+  auto bands = [&](const Image& img) {
+    return CountBlended(img, top, 0x38, 80, 250, 757, 690) +
+           CountBlended(img, low, 0x38, 80, 250, 757, 690);
+  };
+  // (Anti-aliased edges of the points and curves match the blend here and there: a few hundred.)
+  EXPECT_LT(bands(stored), 600) << "a band is drawn: refitted although the stored fit is current";
+  // The same view refitted (the stored row deleted) draws the bands the check looks for.
+  {
+    db::Connection c = db::OpenForWrite(path);
+    c.Exec("DELETE FROM fits");
+  }
+  Image fitted = Shoot(path, "--view scaling", Out("scaling_refitted"));
+  ASSERT_EQ(fitted.w, 1280);
+  EXPECT_GT(bands(fitted), 2000);
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+#include "core/model/norm_gain_rms.h"
+
+#include <cmath>
+#include <limits>
+
+namespace moelab {
+
+bool IsAttentionNormGain(const ParamInfo& info) {
+  if (info.kind != ParamKind::kNorm || info.layer < 0) return false;
+  const std::string& n = info.name;
+  const auto ends_with = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends_with("attn_norm") || n.find(".attn.") != std::string::npos;
+}
+
+template <typename T>
+double AttentionNormGainRms(const std::vector<ParamInfo>& infos, const T* params) {
+  double sum = 0;
+  size_t count = 0;
+  for (const ParamInfo& p : infos) {
+    if (!IsAttentionNormGain(p)) continue;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double g = static_cast<double>(params[p.offset + i]);
+      sum += g * g;
+    }
+    count += p.size();
+  }
+  if (count == 0) return std::numeric_limits<double>::quiet_NaN();
+  return std::sqrt(sum / static_cast<double>(count));
+}
+
+template double AttentionNormGainRms<float>(const std::vector<ParamInfo>&, const float*);
+template double AttentionNormGainRms<double>(const std::vector<ParamInfo>&, const double*);
+
+}  // namespace moelab
