@@ -12,6 +12,7 @@
 #include <random>
 
 #include "analysis/bootstrap.h"
+#include "core/flops.h"
 
 namespace moelab::analysis {
 namespace {
@@ -310,39 +311,27 @@ InferenceFlops InferenceFlopsPerToken(const ModelConfig& m, const MoEConfig& moe
   // Keys attended per token: all of them when decoding at `context`; on average half of them
   // (the causal triangle) over a prefill of `context` tokens.
   const double keys = opt.mode == "decode" ? double(context) : 0.5 * (double(context) + 1);
-  const double d = m.d_model, h = m.heads, L = m.layers;
-  double proj = 0, scores = 0;  // multiply-accumulates per token per layer
-  if (m.attention == "mla") {
-    const double nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, v = m.v_head_dim;
-    const double r_kv = m.kv_lora_rank, r_q = m.q_lora_rank;
-    proj += r_q > 0 ? d * r_q + r_q * h * (nope + rope) : d * h * (nope + rope);
-    proj += d * (r_kv + rope);  // latent c_kv and the shared rotary key
-    proj += h * v * d;          // output projection
-    if (opt.mla_absorbed) {
-      // W_uk folded into the query and W_uv into the output: attention runs on the latent.
-      proj += h * nope * r_kv + h * r_kv * v;
-      scores = keys * h * ((r_kv + rope) + r_kv);
-    } else {
-      proj += r_kv * h * (nope + v);  // up-project this token's k_nope and v (cached per head)
-      scores = keys * h * ((nope + rope) + v);
-    }
-  } else {
-    const double g = m.kv_heads_effective(), dh = m.head_dim_effective();
-    proj = d * h * dh + 2 * d * g * dh + h * dh * d;
-    scores = keys * h * dh * 2;
+  const double d = m.d_model, L = m.layers;
+  // The projections and the as-trained scores are core's (the same count as the training
+  // FLOPs). Absorbing W_uk into the query and W_uv into the output moves the per-head
+  // up-projections (h·nope·r_kv + h·r_kv·v, the same multiply-adds) and makes attention run
+  // on the latent, which changes only the scores.
+  const AttentionMacs attn = AttentionMacsPerToken(m, keys);
+  double scores = attn.scores;
+  if (m.attention == "mla" && opt.mla_absorbed) {
+    const double h = m.heads, r_kv = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+    scores = keys * h * ((r_kv + rope) + r_kv);
   }
   InferenceFlops f;
-  f.attention_projections = 2 * L * proj;
+  f.attention_projections = 2 * L * attn.proj;
   f.attention_scores = 2 * L * scores;
   const double swiglu = 3;  // gate, up, down
+  const double sparse = MoeLayers(m, moe), dense = L - sparse;
+  f.dense_ffn = 2 * dense * swiglu * d * m.ffn_hidden;
   if (moe.enabled()) {
-    const double dense = std::min<double>(moe.dense_layers, L), sparse = L - dense;
-    f.dense_ffn = 2 * dense * swiglu * d * m.ffn_hidden;
     f.routed_experts = 2 * sparse * moe.experts_active * swiglu * d * moe.expert_hidden;
     f.shared_experts = 2 * sparse * moe.shared_experts * swiglu * d * moe.expert_hidden;
     f.router = 2 * sparse * d * moe.experts_total;
-  } else {
-    f.dense_ffn = 2 * L * swiglu * d * m.ffn_hidden;
   }
   f.lm_head = 2 * d * m.vocab_size;
   f.total = f.attention_projections + f.attention_scores + f.dense_ffn + f.routed_experts +

@@ -23,10 +23,10 @@ CommShape CommShapeOf(const RunConfig& c) {
   s.layers = c.model.layers;
   s.heads = c.model.heads;
   s.d_model = c.model.d_model;
-  s.tokens_per_step = static_cast<int64_t>(c.train.batch_size) * c.model.seq_len;
+  s.tokens_per_step = TokensPerStep(c);
   s.muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
   if (c.moe.enabled()) {
-    s.moe_layers = c.model.layers - c.moe.dense_layers;
+    s.moe_layers = MoeLayers(c.model, c.moe);
     s.experts = c.moe.experts_total;
     s.top_k = c.moe.experts_active;
     // SwiGLU experts: gate and up (d × h) and down (h × d).

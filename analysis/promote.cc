@@ -83,7 +83,7 @@ void Finish(PromotionPlan& p, double budget, const PromoteOptions& o) {
   RunConfig& c = p.config;
   p.flops_per_token = ForwardFlopsPerToken(c).training();
   p.batch = c.train.batch_size;
-  const double per_step = static_cast<double>(p.batch) * c.model.seq_len;
+  const double per_step = static_cast<double>(TokensPerStep(c));
   const double steps = std::round(budget / p.flops_per_token / per_step);
   if (steps > 2e9)
     throw PromotionRefused(fmt::format(

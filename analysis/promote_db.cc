@@ -14,7 +14,7 @@
 
 #include "analysis/compute_optimal.h"
 #include "analysis/observations.h"
-#include "core/flops.h"
+#include "core/run_shape.h"
 #include "db/promotions.h"
 #include "db/reader.h"
 #include "db/writer.h"
@@ -179,13 +179,7 @@ RecordedPromotion RecordPromotion(const PromoteRequest& a, const PreparedPromoti
   db::RunInfo info;
   info.config_json = ConfigToJson(plan.config).dump();
   info.config_hash = hash;
-  const ParamCounts pc = CountParams(plan.config);
-  info.shape.layers = plan.config.model.layers;
-  info.shape.heads = plan.config.model.heads;
-  info.shape.params_total = pc.total;
-  info.shape.params_active = pc.active;
-  info.shape.flops_per_token = plan.flops_per_token;
-  info.shape.total_steps = plan.steps;
+  info.shape = RunShapeOf(plan.config);
   db::PromotionRecord rec;
   rec.sweep_id = p.sweep_id;
   rec.fit_id = p.fit.id;

@@ -28,8 +28,7 @@ size_t NonHiddenParams(const RunConfig& c) {
   } else if (m.qk_norm) {
     n += L * 2 * m.head_dim_effective();
   }
-  if (c.moe.enabled())
-    n += std::max(0, m.layers - c.moe.dense_layers) * size_t(c.moe.experts_total) * d;
+  n += size_t(MoeLayers(m, c.moe)) * size_t(c.moe.experts_total) * d;
   return n;
 }
 
@@ -61,7 +60,7 @@ size_t ActivationElements(const RunConfig& c, int batch, int threads) {
                dr = m.qk_rope_head_dim, dvh = m.v_head_dim, dqk = dn + dr;
   const size_t qdim = H * hd, kvdim = KVH * hd, qkv_dim = qdim + 2 * kvdim;
   const size_t odim = mla ? H * dvh : qdim;
-  const int dense_layers = c.moe.enabled() ? std::min(m.layers, c.moe.dense_layers) : m.layers;
+  const int dense_layers = m.layers - MoeLayers(m, c.moe);
 
   size_t total = 0;
   auto take = [&](size_t count) { total += count ? Pad(count) : 0; };
@@ -136,7 +135,7 @@ size_t ActivationElements(const RunConfig& c, int batch, int threads) {
     size_t per = 2 * n * E + 5 * nk + 3 * nk * d + 3 * nk * EH + 3 * sh * n * EH +
                  (sh > 1 ? (sh - 1) * n * d : 0) + (nk + sh * n) * 2 * EH +
                  (chunks > 1 ? sh * chunks * 3 * EH * d : 0) + 2 * (2 * E + 1);
-    total += per * std::max(0, m.layers - c.moe.dense_layers);
+    total += per * MoeLayers(m, c.moe);
   }
   return total;
 }
@@ -150,7 +149,7 @@ MemoryEstimate EstimateMemory(const RunConfig& c, const PromoteLayout& layout) {
   if (ep > 1 && c.moe.enabled()) {
     // Routed experts are split over the EP group; the rest is replicated.
     const double experts = 3.0 * c.moe.experts_total * c.moe.expert_hidden * c.model.d_model *
-                           std::max(0, c.model.layers - c.moe.dense_layers);
+                           MoeLayers(c.model, c.moe);
     const double frac = (params - experts + experts / ep) / params;
     params *= frac;
     state *= frac;

@@ -14,11 +14,11 @@
 #include "core/dist/layout.h"
 #include "core/flops.h"
 #include "core/host.h"
+#include "core/run_shape.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
-#include "sweeps/run_shape.h"
 
 namespace moelab::cli {
 
@@ -104,7 +104,7 @@ void AddTrainCommand(CLI::App& app) {
     const std::string name =
         args->name.empty() ? std::filesystem::path(args->config).stem().string() : args->name;
 
-    const db::RunShape shape = sweeps::RunShapeOf(config);
+    const db::RunShape shape = RunShapeOf(config);
     const ParamCounts pc = CountParams(config);
 
     const std::string latest = args->resume ? LatestCheckpoint(ckpt_dir) : "";

@@ -459,9 +459,17 @@ void Canonical(const json& j, std::string* out) {
 
 }  // namespace
 
+int MoeLayers(const ModelConfig& model, const MoEConfig& moe) {
+  return moe.enabled() ? std::max(0, model.layers - moe.dense_layers) : 0;
+}
+
+int64_t TokensPerStep(const RunConfig& config) {
+  return static_cast<int64_t>(config.train.batch_size) * config.model.seq_len;
+}
+
 int RunConfig::total_steps() const {
   if (train.tokens > 0) {
-    const int64_t per_step = static_cast<int64_t>(train.batch_size) * model.seq_len;
+    const int64_t per_step = TokensPerStep(*this);
     return static_cast<int>((train.tokens + per_step - 1) / per_step);
   }
   return train.steps;

@@ -153,6 +153,13 @@ struct RunConfig {
   int total_steps() const;
 };
 
+// Run arithmetic, computed here once so trainers, planners and the database agree.
+// MoE layers: every layer after the first moe.dense_layers; none in a dense model.
+int MoeLayers(const ModelConfig& model, const MoEConfig& moe);
+// Tokens one optimizer step trains on: train.batch_size (the global batch, summed over the
+// data-parallel ranks) × model.seq_len.
+int64_t TokensPerStep(const RunConfig& config);
+
 // Thrown for any invalid configuration; the message names the JSON path and the reason.
 class ConfigError : public std::runtime_error {
  public:

@@ -2,40 +2,35 @@
 
 namespace moelab {
 
-namespace {
-
-// Multiply-adds per token of one attention block's projections and of its scores at `keys`
-// average keys per token.
-void AttentionMacs(const ModelConfig& m, double keys, double* proj, double* scores) {
+AttentionMacs AttentionMacsPerToken(const ModelConfig& m, double keys) {
   const double d = m.d_model, h = m.heads;
+  AttentionMacs a;
   if (m.attention == "mla") {
     const double qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
     const double q = m.q_lora_rank > 0 ? d * m.q_lora_rank + m.q_lora_rank * h * qk : d * h * qk;
     const double kv_down = d * (m.kv_lora_rank + m.qk_rope_head_dim);
     const double kv_up = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim);
-    *proj = q + kv_down + kv_up + h * m.v_head_dim * d;
-    *scores = keys * h * (qk + m.v_head_dim);
-    return;
+    a.proj = q + kv_down + kv_up + h * m.v_head_dim * d;
+    a.scores = keys * h * (qk + m.v_head_dim);
+    return a;
   }
   const double hd = m.head_dim_effective(), kv = m.kv_heads_effective();
-  *proj = d * h * hd + 2 * d * kv * hd + h * hd * d;
-  *scores = keys * h * hd * 2;
+  a.proj = d * h * hd + 2 * d * kv * hd + h * hd * d;
+  a.scores = keys * h * hd * 2;
+  return a;
 }
-
-}  // namespace
 
 FlopsBreakdown ForwardFlopsPerToken(const RunConfig& c) {
   const ModelConfig& m = c.model;
   const MoEConfig& e = c.moe;
   const double keys = (m.seq_len + 1) / 2.0;
-  double proj = 0, scores = 0;
-  AttentionMacs(m, keys, &proj, &scores);
-  const int moe_layers = e.enabled() ? m.layers - e.dense_layers : 0;
+  const AttentionMacs attn = AttentionMacsPerToken(m, keys);
+  const int moe_layers = MoeLayers(m, e);
   const int dense_layers = m.layers - moe_layers;
   const double d = m.d_model;
   FlopsBreakdown f;
-  f.attn_proj = 2 * m.layers * proj;
-  f.attn_scores = 2 * m.layers * scores;
+  f.attn_proj = 2 * m.layers * attn.proj;
+  f.attn_scores = 2 * m.layers * attn.scores;
   f.dense_ffn = 2 * dense_layers * 3 * d * m.ffn_hidden;
   if (moe_layers > 0) {
     f.router = 2.0 * moe_layers * d * e.experts_total;
@@ -63,7 +58,7 @@ ParamCounts CountParams(const RunConfig& c) {
   }
   if (m.qk_norm) attn += 2 * m.head_dim_effective();
   const int64_t norms = 2 * d;
-  const int moe_layers = e.enabled() ? m.layers - e.dense_layers : 0;
+  const int moe_layers = MoeLayers(m, e);
   const int dense_layers = m.layers - moe_layers;
   const int64_t expert = 3 * d * e.expert_hidden;
   ParamCounts p;

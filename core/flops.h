@@ -27,6 +27,15 @@ struct FlopsBreakdown {
 };
 FlopsBreakdown ForwardFlopsPerToken(const RunConfig& config);
 
+// Multiply-adds per token of one attention block: its projections, and its scores (q·kᵀ and
+// P·V) when a token attends to `keys` keys. MLA as trained: k and v up-projected per head.
+// ForwardFlopsPerToken and the inference FLOPs (analysis/ablation.h) both count from this.
+struct AttentionMacs {
+  double proj = 0;
+  double scores = 0;
+};
+AttentionMacs AttentionMacsPerToken(const ModelConfig& model, double keys);
+
 struct ParamCounts {
   int64_t total = 0;      // every trainable parameter
   int64_t active = 0;     // used per token: routed experts counted top-k times, not E times

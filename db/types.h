@@ -6,21 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "core/run_shape.h"
 #include "core/run_status.h"
 
 namespace moelab::db {
 
-// Shapes of the per-step matrices and the model size figures recorded with a run.
-struct RunShape {
-  int layers = 0;      // max-logit matrix rows
-  int heads = 0;       // max-logit matrix columns
-  int moe_layers = 0;  // expert-count matrix rows
-  int experts = 0;     // expert-count matrix columns (routed experts)
-  int64_t params_total = 0;
-  int64_t params_active = 0;
-  double flops_per_token = 0;  // training FLOPs per token (analytic)
-  int64_t total_steps = 0;     // planned length, for progress and ETA
-};
+// Shapes of the per-step matrices and the model size figures recorded with a run (computed by
+// moelab::RunShapeOf, which db/ never calls: it stores what it is given).
+using RunShape = ::moelab::RunShape;
 
 // One run as listed: the runs row joined with its run_summary row.
 struct RunRow {

@@ -89,7 +89,7 @@ Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps
   Throughput t;
   t.threads = threads;
   const size_t n = sink.times.size() > 1 ? sink.times.size() - 1 : 0;
-  const double tokens = static_cast<double>(c.train.batch_size) * c.model.seq_len * n;
+  const double tokens = static_cast<double>(TokensPerStep(c)) * n;
   t.flops_per_s =
       sink.measured > 0 ? ForwardFlopsPerToken(c).training() * tokens / sink.measured : 0;
   t.how = fmt::format(
@@ -166,8 +166,7 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
   for (const SweepRun& r : sweep.runs) {
     const ParamCounts pc = CountParams(r.config);
-    const double tokens_per_step =
-        static_cast<double>(r.config.train.batch_size) * r.config.model.seq_len;
+    const double tokens_per_step = static_cast<double>(TokensPerStep(r.config));
     const double tokens = r.config.total_steps() * tokens_per_step;
     const BranchPlan& branch = branches[r.index];
     // A WSD branch trains only its decay; its stable phase is the parent's.

@@ -20,12 +20,12 @@
 
 #include "core/flops.h"
 #include "core/host.h"
+#include "core/run_shape.h"
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
 #include "sweeps/launch.h"
-#include "sweeps/run_shape.h"
 #include "sweeps/slurm.h"
 #include "sweeps/store.h"
 

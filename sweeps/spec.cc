@@ -296,7 +296,7 @@ double Evaluate(const Derived& d, const json& config, const std::map<std::string
     values["params_total"] = static_cast<double>(pc.total);
     values["params_embedding"] = static_cast<double>(pc.embedding);
     values["flops_per_token"] = ForwardFlopsPerToken(c).training();
-    values["tokens_per_step"] = static_cast<double>(c.train.batch_size) * c.model.seq_len;
+    values["tokens_per_step"] = static_cast<double>(TokensPerStep(c));
     values["total_steps"] = c.total_steps();
   } catch (const ConfigError& e) {
     model_error = e.what();

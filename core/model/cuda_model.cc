@@ -223,7 +223,7 @@ struct CudaModel::Impl {
     }
     if (moe.enabled()) {
       E = moe.experts_total;
-      num_moe = std::max(0, L - moe.dense_layers);
+      num_moe = MoeLayers(m, moe);
     }
     std::map<std::string, size_t> at;
     for (const ParamInfo& p : host.param_infos()) at[p.name] = p.offset;

@@ -256,7 +256,7 @@ Model<T>::Impl::Impl(const RunConfig& config) : cfg(config), m(config.model), mo
   if (moe.enabled()) {
     E = moe.experts_total;
     EH = moe.expert_hidden;
-    num_moe = std::max(0, L - moe.dense_layers);
+    num_moe = MoeLayers(m, moe);
   }
 
   embedding = AddParam("embedding", ParamKind::kEmbedding, -1, 1, V, d);

@@ -13,6 +13,7 @@
 #include "analysis/ablation.h"
 #include "analysis/bootstrap.h"
 #include "analysis/scaling.h"
+#include "core/flops.h"
 
 namespace moelab::analysis {
 namespace {
@@ -778,6 +779,42 @@ TEST(InferenceFlops, SmallDenseMhaByHand) {
   EXPECT_DOUBLE_EQ(InferenceFlopsPerToken(m, dense, 100, prefill).attention_scores,
                    2 * 4 * (2 * 50.5 * 256.0));
   EXPECT_THROW(InferenceFlopsPerToken(m, dense, 0), AnalysisError);
+}
+
+// Inference prefill at context seq_len is the training forward's count (causal half), so the
+// two must agree exactly: both count attention through core/flops.
+TEST(InferenceFlops, PrefillAtSeqLenEqualsCoreTrainingForward) {
+  for (int variant = 0; variant < 5; ++variant) {
+    RunConfig c;
+    c.model.d_model = 512;
+    c.model.layers = 6;
+    c.model.heads = 8;
+    c.model.seq_len = 256;
+    if (variant == 1) c.model.kv_heads = 2;
+    if (variant == 2) c.model.attention = "mla";
+    if (variant == 3) {
+      c.model.attention = "mla";
+      c.model.q_lora_rank = 96;
+    }
+    if (variant == 4) {
+      c.moe.experts_total = 16;
+      c.moe.shared_experts = 1;
+      c.moe.dense_layers = 2;
+    }
+    InferenceFlopsOptions prefill;
+    prefill.mode = "prefill";
+    const InferenceFlops f = InferenceFlopsPerToken(c.model, c.moe, c.model.seq_len, prefill);
+    const FlopsBreakdown core = ForwardFlopsPerToken(c);
+    SCOPED_TRACE(variant);
+    EXPECT_EQ(f.attention_projections, core.attn_proj);
+    EXPECT_EQ(f.attention_scores, core.attn_scores);
+    EXPECT_EQ(f.dense_ffn, core.dense_ffn);
+    EXPECT_EQ(f.routed_experts, core.routed_experts);
+    EXPECT_EQ(f.shared_experts, core.shared_experts);
+    EXPECT_EQ(f.router, core.router);
+    EXPECT_EQ(f.lm_head, core.lm_head);
+    EXPECT_EQ(f.total, core.forward());
+  }
 }
 
 // ---- JSON ----------------------------------------------------------------------------------

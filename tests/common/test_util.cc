@@ -96,6 +96,7 @@ TempDir::TempDir(const std::string& prefix) {
 TempDir::~TempDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (info && info->result()->Failed()) return;
+  if (std::getenv("MOELAB_KEEP_TEST_DIR")) return;
   std::error_code ec;
   fs::remove_all(path_, ec);
 }

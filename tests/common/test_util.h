@@ -34,7 +34,7 @@ int Run(const std::vector<std::string>& argv, const std::string& log = "");
 std::string Slurp(const std::string& path);
 
 // A fresh folder <tmp>/moelab_<prefix>_<pid>_<test name>, removed at destruction unless the
-// test failed (so its logs and databases stay for a look).
+// test failed or $MOELAB_KEEP_TEST_DIR is set (so its logs and databases stay for a look).
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "test");

@@ -1,15 +1,16 @@
 // Helpers of the distributed tests: run moelab (or a worker) under mpirun --oversubscribe.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <string>
 
+#include "tests/common/test_util.h"
+
 namespace moelab::disttest {
 
-inline std::string BinDir() {
-  const char* dir = std::getenv("MOELAB_BIN_DIR");
-  return dir ? dir : MOELAB_BIN_DIR_DEFAULT;
-}
+using test::BinDir;
 
 inline bool HaveMpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 

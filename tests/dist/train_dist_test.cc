@@ -32,10 +32,7 @@ using nlohmann::json;
 
 constexpr double kLossTolerance = 2e-5;
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::Slurp;
 
 class DistTrainTest : public ::testing::Test {
  protected:
@@ -44,14 +41,6 @@ class DistTrainTest : public ::testing::Test {
     GTEST_SKIP() << "built without MPI";
 #endif
     if (!HaveMpirun()) GTEST_SKIP() << "mpirun not found";
-    dir_ = fs::temp_directory_path() /
-           ("moelab_dist_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
 
   // Dense or MoE MuonClip config (tiny, 1 thread per rank); extra is merged in.
@@ -155,7 +144,8 @@ class DistTrainTest : public ::testing::Test {
     EXPECT_FALSE(reader.ClipEvents(OnlyRun("np2").id).empty());
   }
 
-  fs::path dir_;
+  test::TempDir tmp_{"dist"};  // kept when the test fails
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(DistTrainTest, DenseMuonClipSameLossesAtOneTwoFourRanks) { SameLossesAtOneTwoFour(false); }
@@ -251,12 +241,11 @@ TEST_F(DistTrainTest, KillOneRankThenResume) {
   const std::string cmd = Mpirun(2) + BinDir() + "/moelab train " + cfg + " --db " + Db("k") +
                           " --checkpoint-dir " + Ckpt("k") + " --no-progress > " + Log("k") +
                           " 2>&1";
-  const pid_t mpirun = fork();
-  if (mpirun == 0) {
+  const pid_t mpirun = test::SpawnFunction([&] {
     setpgid(0, 0);
     execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+    return 127;
+  });
   ASSERT_GT(mpirun, 0);
   // Wait until rank 0 has recorded past the first checkpoints.
   int64_t seen = 0;
@@ -277,9 +266,7 @@ TEST_F(DistTrainTest, KillOneRankThenResume) {
   const pid_t victim = RankPid(mpirun, 1);
   ASSERT_GT(victim, 0) << "rank 1 of mpirun " << mpirun << " not found";
   ASSERT_EQ(kill(victim, SIGKILL), 0);
-  int status = 0;
-  waitpid(mpirun, &status, 0);
-  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Slurp(Log("k"));
+  EXPECT_NE(test::Wait(mpirun), 0) << Slurp(Log("k"));
 
   // Rank 0 died with the job before it could record an end: the stale heartbeat marks it failed.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));

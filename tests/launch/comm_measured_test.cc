@@ -2,6 +2,7 @@
 // train` records rank 0's bytes per timed step (dist.comm_bytes_per_step); the model predicts
 // them from the config and the layout.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <thread>
@@ -25,26 +26,12 @@ class CommMeasuredTest : public LaunchRunTest {
     const std::vector<std::string> args =
         MpirunCommand(ranks, {Bin(), "train", cfg, "--db", db, "--no-progress"},
                       static_cast<int>(std::thread::hardware_concurrency()), ::geteuid() == 0);
+    // env(1) sets the variables for the child only and finds mpirun on PATH.
+    std::vector<std::string> argv = {"/usr/bin/env", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"};
+    for (const auto& [k, v] : MpirunEnvironment(::geteuid() == 0)) argv.push_back(k + "=" + v);
+    argv.insert(argv.end(), args.begin(), args.end());
     std::fflush(stdout);  // or the child repeats the parent's unwritten output
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("OMP_NUM_THREADS", "1", 1);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      for (const auto& [k, v] : MpirunEnvironment(::geteuid() == 0))
-        setenv(k.c_str(), v.c_str(), 1);
-      FILE* f = std::freopen(log.c_str(), "w", stdout);
-      (void)f;
-      dup2(fileno(stdout), fileno(stderr));
-      std::vector<std::string> copy = args;
-      std::vector<char*> argv;
-      for (auto& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execvp(argv[0], argv.data());
-      _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Slurp(log);
+    EXPECT_EQ(test::Run(argv, log), 0) << Slurp(log);
     db::Reader reader(db);
     const auto runs = reader.ListRuns();
     if (runs.size() != 1) {

@@ -3,8 +3,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "sweeps/spec.h"
+#include "tests/common/test_util.h"
 
 namespace moelab::sweeps {
 
@@ -42,63 +41,35 @@ inline ojson Spec(const std::string& extra) {
   return s;
 }
 
-inline std::string Bin() {
-  const char* dir = std::getenv("MOELAB_BIN_DIR");
-  return std::string(dir ? dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
-}
+using test::Slurp;
 
-inline std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+inline std::string Bin() { return test::BinPath("moelab"); }
 
 class LaunchRunTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_launch_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "bin");
-    db_ = (dir_ / "runs.db").string();
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  void SetUp() override { fs::create_directories(dir_ / "bin"); }
   // An executable script in dir_/bin (first on the PATH of Moelab()).
   void Tool(const std::string& name, const std::string& body) {
     const fs::path p = dir_ / "bin" / name;
     std::ofstream(p) << "#!/bin/bash\n" << body;
     fs::permissions(p, fs::perms::owner_all);
   }
-  // Runs the moelab binary with PATH starting at dir_/bin; returns the exit code.
+  // Runs the moelab binary with PATH starting at dir_/bin (env(1) sets it for the child only),
+  // output to `log`; returns the exit code (test::Wait's convention).
   int Moelab(const std::vector<std::string>& args, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const std::string path = (dir_ / "bin").string() + ":" + std::getenv("PATH");
-      setenv("PATH", path.c_str(), 1);
-      FILE* f = std::freopen(log.c_str(), "w", stdout);
-      (void)f;
-      dup2(fileno(stdout), fileno(stderr));
-      std::vector<std::string> copy = args;
-      std::string bin = Bin();
-      std::vector<char*> argv = {bin.data()};
-      for (auto& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::vector<std::string> argv = {
+        "/usr/bin/env", "PATH=" + (dir_ / "bin").string() + ":" + std::getenv("PATH"), Bin()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return test::Run(argv, log);
   }
   std::string WriteSpec(const ojson& spec) {
     const std::string p = (dir_ / "spec.json").string();
     std::ofstream(p) << spec.dump(2);
     return p;
   }
-  fs::path dir_;
-  std::string db_;
+  test::TempDir tmp_{"launch"};  // kept when the test fails
+  const fs::path dir_ = tmp_.path();
+  const std::string db_ = (dir_ / "runs.db").string();
 };
 
 }  // namespace moelab::sweeps

@@ -2,15 +2,12 @@
 // stored fit, the refusals, and a promoted run launched on CPU that finishes linked to its
 // promotion.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,10 +17,12 @@
 
 #include "analysis/promote.h"
 #include "core/flops.h"
+#include "core/run_shape.h"
 #include "db/promotions.h"
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -31,20 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string Capture(const std::string& cmd, int* code) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-std::string Bin() {
-  const char* dir = std::getenv("MOELAB_BIN_DIR");
-  return std::string(dir ? dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
-}
+std::string Bin() { return test::BinPath("moelab"); }
 
 RunConfig Tiny(int d) {
   RunConfig c;
@@ -70,9 +56,14 @@ RunConfig Tiny(int d) {
 }
 
 TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
-  const fs::path dir = fs::temp_directory_path() / ("moelab_promote_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test::TempDir tmp("promote");  // kept when the test fails (or MOELAB_KEEP_TEST_DIR is set)
+  const fs::path& dir = tmp.path();
+  // The output (stdout and stderr) of a shell command line, and its exit code.
+  const auto Capture = [&dir](const std::string& cmd, int* code) {
+    const std::string log = (dir / "capture.log").string();
+    *code = test::Run({"/bin/sh", "-c", cmd}, log);
+    return test::Slurp(log);
+  };
   const std::string path = (dir / "p.db").string();
   int64_t sweep_id = 0;
   {
@@ -144,6 +135,19 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   const json plan = json::parse(p.plan_json);
   EXPECT_GE(plan["curve"].size(), 2u);
   EXPECT_EQ(db::PromotionOfRun(path, *p.run_id)->id, p.id);
+  // The run row carries the full shape (expert matrices too), the same as `moelab train` records.
+  {
+    const RunShape want = RunShapeOf(ConfigFromJson(json::parse(p.config_json)));
+    const RunShape got = db::Reader(path).GetRun(*p.run_id)->shape;
+    EXPECT_EQ(got.moe_layers, want.moe_layers);
+    EXPECT_GT(got.moe_layers, 0);
+    EXPECT_EQ(got.experts, want.experts);
+    EXPECT_EQ(got.layers, want.layers);
+    EXPECT_EQ(got.heads, want.heads);
+    EXPECT_EQ(got.params_total, want.params_total);
+    EXPECT_EQ(got.params_active, want.params_active);
+    EXPECT_EQ(got.flops_per_token, want.flops_per_token);
+  }
 
   // Wait for the launched run (a few seconds of CPU).
   RunStatus status = RunStatus::kQueued;
@@ -153,12 +157,7 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
     if (IsTerminal(status) && status != RunStatus::kStopped) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::string log;
-  {
-    std::ifstream f(pdir / "train.log");
-    log.assign(std::istreambuf_iterator<char>(f), {});
-  }
-  ASSERT_EQ(status, RunStatus::kDone) << log;
+  ASSERT_EQ(status, RunStatus::kDone) << test::Slurp((pdir / "train.log").string());
   db::Reader reader(path);
   const db::Series val = reader.GetSeries(*p.run_id, "val_loss");
   const db::Series flops = reader.GetSeries(*p.run_id, "eval_flops");
@@ -194,7 +193,6 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
                     fs::copy_options::overwrite_existing);
   }
 #endif
-  if (!std::getenv("MOELAB_KEEP_TEST_DIR")) fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,14 +1,14 @@
-#include "sweeps/run_shape.h"
+#include "core/run_shape.h"
 
 #include "core/flops.h"
 
-namespace moelab::sweeps {
+namespace moelab {
 
-db::RunShape RunShapeOf(const RunConfig& c) {
-  db::RunShape s;
+RunShape RunShapeOf(const RunConfig& c) {
+  RunShape s;
   s.layers = c.model.layers;
   s.heads = c.model.heads;
-  s.moe_layers = c.moe.enabled() ? c.model.layers - c.moe.dense_layers : 0;
+  s.moe_layers = MoeLayers(c.model, c.moe);
   s.experts = c.moe.experts_total;
   const ParamCounts pc = CountParams(c);
   s.params_total = pc.total;
@@ -18,4 +18,4 @@ db::RunShape RunShapeOf(const RunConfig& c) {
   return s;
 }
 
-}  // namespace moelab::sweeps
+}  // namespace moelab
