@@ -17,6 +17,7 @@
 #include "gui/app_internal.h"
 #include "gui/fits.h"
 #include "gui/full_runs_view.h"
+#include "gui/plan_calibration.h"
 #include "gui/promote_panel.h"
 #include "gui/script.h"
 #include "gui/sweep_control.h"

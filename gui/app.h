@@ -18,12 +18,13 @@
 
 namespace moelab::gui {
 
-class FitJob;        // gui/fits.h
-struct FitResult;    // gui/fits.h
-struct SpecCheck;    // gui/sweep_control.h
-class ScriptRunner;  // gui/script.h
-class PromotePanel;  // gui/promote_panel.h
-class FullRunsView;  // gui/full_runs_view.h
+class FitJob;          // gui/fits.h
+struct FitResult;      // gui/fits.h
+struct SpecCheck;      // gui/sweep_control.h
+class PlanCalibrator;  // gui/plan_calibration.h
+class ScriptRunner;    // gui/script.h
+class PromotePanel;    // gui/promote_panel.h
+class FullRunsView;    // gui/full_runs_view.h
 
 enum class View {
   kRuns,
@@ -110,6 +111,7 @@ class App {
     int panels_left = 0;
     double reserve_ms = 0;
     size_t refine_turn[5] = {0, 0, 0, 0, 0};
+    double last_x_lo = 0, last_x_hi = 0;  // the x range of the last frame
   };
   struct CompareViewState {
     AxisState x, y[2];
@@ -136,6 +138,7 @@ class App {
     std::string selected_sweep;
     std::string message;  // the last action's outcome
     bool message_error = false;
+    std::unique_ptr<PlanCalibrator> calibrator;  // the plan's time estimate, in the background
   };
   struct ScalingViewState {
     std::unique_ptr<FitJob> fit_job;

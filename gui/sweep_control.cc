@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gui/plan_calibration.h"
 #include "sweeps/plan.h"
 #include "sweeps/runner.h"
 #include "sweeps/spec.h"
@@ -64,7 +65,7 @@ void SplitSpecError(const std::string& message, std::string* path, std::string* 
 }
 
 SpecCheck CheckSpecText(const std::string& text, const std::string& path,
-                        const std::string& db_path) {
+                        const std::string& db_path, int parallel, PlanCalibrator* calibrator) {
   SpecCheck c;
   try {
     const sweeps::ojson spec = sweeps::ParseSpecText(text, path);
@@ -77,8 +78,17 @@ SpecCheck CheckSpecText(const std::string& text, const std::string& path,
     c.unique = static_cast<int>(sweep.Unique().size());
     c.warnings = sweep.warnings;
     sweeps::PlanOptions po;
-    po.calibrate = false;
+    po.calibrate = false;  // never here, on the UI thread: the calibrator measures
     po.db_path = db_path;
+    po.parallel = c.parallel = std::max(1, parallel);
+    po.threads_per_run = sweeps::ThreadsPerRun(po.parallel);
+    if (calibrator) {
+      if (const sweeps::SweepRun* largest = sweeps::CalibrationRun(sweep)) {
+        po.throughput = calibrator->Rate(largest->hash, po.threads_per_run, largest->config);
+        c.calibrating = !po.throughput.has_value();
+        if (po.throughput) c.time_estimate = po.throughput->how;
+      }
+    }
     char* buf = nullptr;
     size_t len = 0;
     if (std::FILE* f = open_memstream(&buf, &len)) {

@@ -23,13 +23,23 @@ struct SpecCheck {
   int line = 0, column = 0;  // JSON syntax errors: where the parser stopped (1-based)
   int runs = 0, unique = 0;
   std::vector<std::string> warnings;
-  std::string plan;  // `moelab sweep plan --no-calibrate`'s table
+  std::string plan;  // `moelab sweep plan`'s table (with times once the rate is measured)
+  int parallel = 1;  // the plan's runs at once
+  // The time estimate: calibrating (measured in the background, times not shown yet), or how
+  // the rate was measured ("" without a calibrator).
+  bool calibrating = false;
+  std::string time_estimate;
 };
 
+class PlanCalibrator;  // gui/plan_calibration.h
+
 // Parses and expands `text` as the spec file `path` would be (a relative "base" is read next to
-// it). db_path (optional): mark runs already done there in the plan.
+// it). db_path (optional): mark runs already done there in the plan. With a calibrator the plan
+// has the estimated times of `moelab sweep plan --parallel N` once the calibrator has measured
+// the sweep's largest run (in the background; until then the plan has none and `calibrating`).
 SpecCheck CheckSpecText(const std::string& text, const std::string& path,
-                        const std::string& db_path = "");
+                        const std::string& db_path = "", int parallel = 1,
+                        PlanCalibrator* calibrator = nullptr);
 // Splits a SpecError message into (path, reason); exposed for tests.
 void SplitSpecError(const std::string& message, std::string* path, std::string* reason);
 

@@ -314,6 +314,13 @@ void App::CurvesView() {
   const ImVec2 size(
       (avail.x - sp * (ncol - 1)) / ncol,
       std::max(120.0f, (avail.y - ImGui::GetStyle().ItemSpacing.y * (nrow - 1)) / nrow));
+  // Once the axes rest (the zoom stopped), the plots show older pictures until refined and
+  // every new decimation means a redraw anyway: decimation may use the whole budget.
+  const bool resting =
+      curves_view_.x.lo == curves_view_.last_x_lo && curves_view_.x.hi == curves_view_.last_x_hi;
+  curves_view_.last_x_lo = curves_view_.x.lo;
+  curves_view_.last_x_hi = curves_view_.x.hi;
+  if (resting) downsample_deadline_ = std::max(downsample_deadline_, canvas_deadline_);
   curves_view_.panels_left = static_cast<int>(panels.size());
   curves_view_.reserve_ms = 0;
   for (int p : panels) {

@@ -17,6 +17,7 @@
 #include "db/reader.h"
 #include "gui/app.h"
 #include "gui/app_internal.h"
+#include "gui/plan_calibration.h"
 #include "gui/sweep_control.h"
 #include "gui/widgets.h"
 #include "sweeps/runner.h"
@@ -57,7 +58,9 @@ void App::Report(bool ok, const std::string& message) {
 void App::CheckSpecNow() {
   const std::string db = store_ ? store_->path() : "";
   const std::string path = sweeps_.spec_path.empty() ? "untitled.json" : sweeps_.spec_path;
-  sweeps_.check = std::make_unique<SpecCheck>(CheckSpecText(sweeps_.text, path, db));
+  if (!sweeps_.calibrator) sweeps_.calibrator = std::make_unique<PlanCalibrator>();
+  sweeps_.check = std::make_unique<SpecCheck>(
+      CheckSpecText(sweeps_.text, path, db, sweeps_.parallel, sweeps_.calibrator.get()));
   sweeps_.checked_text = sweeps_.text;
 }
 
@@ -377,6 +380,13 @@ void App::SweepsView() {
       Clock::now() - sweeps_.edited_at > std::chrono::milliseconds(150)) {
     CheckSpecNow();
   }
+  // Check again when the rate arrives (the plan then has times) or the runs at once change.
+  if (sweeps_.check && sweeps_.check->ok &&
+      ((sweeps_.check->calibrating && !sweeps_.calibrator->Busy()) ||
+       sweeps_.check->parallel != sweeps_.parallel)) {
+    CheckSpecNow();
+  }
+  if (sweeps_.check && sweeps_.check->calibrating) frame_settled_ = false;
   const SpecCheck* c = sweeps_.check.get();
   if (c && !c->ok) {
     ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(240, 110, 100, 255));
@@ -410,7 +420,26 @@ void App::SweepsView() {
     ImGui::PopStyleColor();
   }
   if (c && c->ok) {
-    ImGui::TextDisabled("Plan (moelab sweep plan --no-calibrate)");
+    if (c->calibrating) {
+      ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+      ImGui::TextWrapped(
+          "Plan (moelab sweep plan --parallel %d). Estimated times follow: measuring this "
+          "machine's training rate in the background (a few seconds of the largest run)...",
+          c->parallel);
+      ImGui::PopStyleColor();
+    } else {
+      ImGui::TextDisabled("Plan (moelab sweep plan --parallel %d)%s", c->parallel,
+                          c->time_estimate.empty()
+                              ? ""
+                              : ", times from a rate measured in the background (cached)");
+      if (!c->time_estimate.empty()) {
+        ImGui::SameLine();
+        HelpMarker(("Estimated times from a rate measured once in the background this session "
+                    "and cached for the largest run's config and threads per run: " +
+                    c->time_estimate)
+                       .c_str());
+      }
+    }
     ImGui::BeginChild("plan", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
     ImGui::TextUnformatted(c->plan.c_str());
     ImGui::EndChild();

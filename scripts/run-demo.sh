@@ -27,7 +27,7 @@ echo "== fitting L(C) = E + A·C^-alpha per sparsity, FLOPs multipliers against 
 # The main job ends in this fit: set -e stops the script if it cannot be made.
 "$BIN/moelab" fit --db "$DB" --sweep demo --by sparsity
 if [ -n "${DISPLAY:-}" ] && [ -x "$BIN/moelab-gui" ]; then
-  echo "== opening moelab-gui on $DB, Scaling laws view (the same fit, with its bands)"
+  echo "== opening moelab-gui on $DB, Scaling laws view (the stored fit above; Fit now adds its bands)"
   exec "$BIN/moelab-gui" --db "$DB" --view scaling --family var:sparsity
 fi
 if command -v xvfb-run >/dev/null && [ -x "$BIN/moelab-gui" ]; then

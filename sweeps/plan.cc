@@ -99,6 +99,19 @@ Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps
   return t;
 }
 
+const SweepRun* CalibrationRun(const Sweep& sweep) {
+  const auto unique = sweep.Unique();
+  if (unique.empty()) return nullptr;
+  return *std::max_element(unique.begin(), unique.end(), [](const SweepRun* a, const SweepRun* b) {
+    return ForwardFlopsPerToken(a->config).training() < ForwardFlopsPerToken(b->config).training();
+  });
+}
+
+int ThreadsPerRun(int parallel) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, parallel));
+}
+
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   const auto unique = sweep.Unique();
   // The fields that differ between runs are the table's columns.
@@ -114,19 +127,15 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
     for (const SweepRun& r : sweep.runs) values.insert(r.vars.contains(k) ? r.vars[k].dump() : "-");
     if (values.size() > 1) varying.push_back(k);
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int parallel = std::max(1, options.parallel);
   const int threads =
-      options.threads_per_run > 0 ? options.threads_per_run : std::max(1, cores / parallel);
+      options.threads_per_run > 0 ? options.threads_per_run : ThreadsPerRun(parallel);
   Throughput tp;
-  if (options.calibrate && !unique.empty()) {
-    const SweepRun* biggest =
-        *std::max_element(unique.begin(), unique.end(), [](const SweepRun* a, const SweepRun* b) {
-          return ForwardFlopsPerToken(a->config).training() <
-                 ForwardFlopsPerToken(b->config).training();
-        });
+  if (options.throughput) {
+    tp = *options.throughput;
+  } else if (options.calibrate && !unique.empty()) {
     try {
-      tp = MeasureThroughput(biggest->config, threads);
+      tp = MeasureThroughput(CalibrationRun(sweep)->config, threads);
     } catch (const std::exception& e) {
       tp.how = fmt::format("calibration failed: {}", e.what());
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "sweeps/spec.h"
@@ -22,11 +23,21 @@ struct Throughput {
 Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps = 3,
                              double min_seconds = 2.0);
 
+// The run the time estimate is calibrated on: the sweep's largest unique run (training FLOPs
+// per token); nullptr for an empty sweep.
+const SweepRun* CalibrationRun(const Sweep& sweep);
+
+// Threads per run when `parallel` runs share this machine's cores (PlanOptions' default).
+int ThreadsPerRun(int parallel);
+
 struct PlanOptions {
   int parallel = 1;
-  int threads_per_run = 0;  // 0: cores / parallel
+  int threads_per_run = 0;  // 0: ThreadsPerRun(parallel)
   bool calibrate = true;    // false: no time estimates
-  std::string db_path;      // when set and present: show which runs are already done there
+  // A rate measured before (MeasureThroughput of CalibrationRun, e.g. by the GUI in the
+  // background): used for the time estimates instead of calibrating now.
+  std::optional<Throughput> throughput;
+  std::string db_path;  // when set and present: show which runs are already done there
 };
 
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out);

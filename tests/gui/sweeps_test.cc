@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "db/reader.h"
+#include "gui/plan_calibration.h"
 #include "gui/sweep_control.h"
 #include "tests/common/test_util.h"
 
@@ -40,6 +41,40 @@ TEST(SpecCheck, ValidSpecGivesRunsAndThePlanTable) {
   EXPECT_EQ(c.runs, 2);
   EXPECT_EQ(c.unique, 2);
   EXPECT_NE(c.plan.find("train FLOPs"), std::string::npos) << c.plan;
+}
+
+TEST(SpecCheck, PlanShowsTheEstimatedTimeMeasuredInTheBackground) {
+  // `moelab sweep plan` trains the largest run for >= 2 s before printing its time estimate;
+  // the editor's check returns at once and the calibrator measures in the background.
+  test::TempDir dir("gui_spec");
+  const json spec = {
+      {"name", "ok"}, {"base", Base(dir.path(), 10)}, {"grid", {{"moe.experts_total", {4, 8}}}}};
+  PlanCalibrator calibrator;
+  const auto t0 = std::chrono::steady_clock::now();
+  SpecCheck c = CheckSpecText(spec.dump(2), dir / "ok.json", "", 2, &calibrator);
+  const double check_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(c.ok) << c.error;
+  EXPECT_TRUE(c.calibrating);
+  EXPECT_LT(check_s, 1.5) << "the check waited for the calibration";
+  EXPECT_EQ(c.plan.find("wall with --parallel"), std::string::npos) << c.plan;
+
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (calibrator.Busy() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(calibrator.Busy());
+  c = CheckSpecText(spec.dump(2), dir / "ok.json", "", 2, &calibrator);
+  EXPECT_FALSE(c.calibrating);
+  EXPECT_EQ(c.parallel, 2);
+  EXPECT_EQ(c.time_estimate.rfind("measured: ", 0), 0u) << c.time_estimate;
+  // sweeps::PrintPlan's own estimate lines, from the measured rate.
+  EXPECT_NE(c.plan.find("wall with --parallel 2"), std::string::npos) << c.plan;
+  EXPECT_NE(c.plan.find("time estimate: " + c.time_estimate), std::string::npos) << c.plan;
+  // Cached: an edit that keeps the largest run measures nothing again.
+  c = CheckSpecText(spec.dump(4), dir / "ok.json", "", 2, &calibrator);
+  EXPECT_FALSE(c.calibrating);
+  EXPECT_FALSE(calibrator.Busy());
 }
 
 TEST(SpecCheck, ErrorsCarryTheirJsonPath) {
