@@ -207,13 +207,14 @@ std::unique_ptr<RunWriter> RunWriter::Attach(const std::string& path, int64_t ru
     CheckRunExists(db, run_id);
     const double now = UnixNow();
     db.Prepare(R"sql(
-UPDATE runs SET status = 'running', pid = ?2, host = ?3, started_at = COALESCE(started_at, ?4),
+UPDATE runs SET status = ?5, pid = ?2, host = ?3, started_at = COALESCE(started_at, ?4),
   heartbeat_at = ?4, ended_at = NULL, error = NULL, diverged_step = NULL
 WHERE id = ?1)sql")
         .Bind(1, run_id)
         .Bind(2, static_cast<int64_t>(getpid()))
         .Bind(3, HostName())
         .Bind(4, now)
+        .Bind(5, ToString(RunStatus::kRunning))
         .Run();
     if (shape) {
       db.Prepare(R"sql(
@@ -642,13 +643,15 @@ int MarkStaleRunsFailed(const std::string& path, double max_age_s) {
   int changed = 0;
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     db.Prepare(R"sql(
-UPDATE runs SET status = 'failed',
+UPDATE runs SET status = ?3,
   ended_at = COALESCE(heartbeat_at, started_at, created_at),
   error = printf('no heartbeat for %.0f s (the trainer was killed or hung)',
                  ?1 - COALESCE(heartbeat_at, started_at, created_at))
-WHERE status = 'running' AND COALESCE(heartbeat_at, started_at, created_at) < ?1 - ?2)sql")
+WHERE status = ?4 AND COALESCE(heartbeat_at, started_at, created_at) < ?1 - ?2)sql")
         .Bind(1, UnixNow())
         .Bind(2, max_age_s)
+        .Bind(3, ToString(RunStatus::kFailed))
+        .Bind(4, ToString(RunStatus::kRunning))
         .Run();
     changed = db.changes();
   });
