@@ -81,7 +81,7 @@ std::string FormatDuration(double s) {
 
 double TrainingFlops(const RunConfig& c) {
   return ForwardFlopsPerToken(c).training() * static_cast<double>(c.total_steps()) *
-         c.train.batch_size * c.model.seq_len;
+         static_cast<double>(TokensPerStep(c));
 }
 
 enum class State { kQueued, kRunning, kAdopted, kDone, kFailed, kDiverged, kStopped };

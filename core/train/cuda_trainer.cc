@@ -103,6 +103,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
   const int B = c.train.batch_size, S = c.model.seq_len;
+  const int64_t tokens_per_step = TokensPerStep(c);
   const double flops_per_token = ForwardFlopsPerToken(c).training();
 
   try {
@@ -216,8 +217,8 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       model.ParamsChanged();
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
-      tokens_seen += static_cast<int64_t>(B) * S;  // B is the global batch
-      flops += flops_per_token * B * S;
+      tokens_seen += tokens_per_step;
+      flops += flops_per_token * static_cast<double>(tokens_per_step);
       const double dt = Seconds(t0, Clock::now());
       ++steps_timed;
       time_in_steps += dt;
@@ -230,7 +231,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       r.tokens = tokens_seen;
       r.flops = flops;
       r.step_time_s = dt;
-      r.tokens_per_s = B * S / dt;
+      r.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 
@@ -249,7 +250,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
         sink->OnHeartbeat();
         last_heartbeat = Clock::now();
       }
-      result.tokens_per_s = steps_timed * static_cast<double>(B) * S / time_in_steps;
+      result.tokens_per_s = steps_timed * static_cast<double>(tokens_per_step) / time_in_steps;
       bar.Update(step, fmt::format("loss {:.4f} | {} tok/s", stats.loss,
                                    ProgressBar::FormatCount(result.tokens_per_s)));
     }

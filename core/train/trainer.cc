@@ -110,6 +110,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
   const int B = c.train.batch_size, S = c.model.seq_len;  // B: the global batch
+  const int64_t tokens_per_step = TokensPerStep(c);
   const double flops_per_token = ForwardFlopsPerToken(c).training();
 
   omp_set_num_threads(c.train.threads);
@@ -375,8 +376,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
-      tokens_seen += static_cast<int64_t>(B) * S;
-      flops += flops_per_token * B * S;
+      tokens_seen += tokens_per_step;
+      flops += flops_per_token * static_cast<double>(tokens_per_step);
       const auto t1 = Clock::now();
       const double dt = Seconds(t0, t1);
       step_comm_bytes += comm->stats().bytes - comm_before.bytes;
@@ -399,7 +400,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.tokens = tokens_seen;
       r.flops = flops;
       r.step_time_s = dt;
-      r.tokens_per_s = static_cast<double>(B) * S / dt;
+      r.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
       r.norm_gain_rms = AttentionNormGainRms(model.param_infos(), model.params());
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
@@ -418,7 +419,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         sink->OnHeartbeat();
         last_heartbeat = Clock::now();
       }
-      result.tokens_per_s = steps_timed * static_cast<double>(B) * S / time_in_steps;
+      result.tokens_per_s = steps_timed * static_cast<double>(tokens_per_step) / time_in_steps;
       bar.Update(step, fmt::format("loss {:.4f}{} | {} tok/s", stats.loss,
                                    std::isnan(result.last_val_loss)
                                        ? ""
