@@ -26,6 +26,7 @@
 #include "db/reader.h"
 #include "db/writer.h"
 #include "sweeps/launch.h"
+#include "sweeps/plan.h"
 #include "sweeps/slurm.h"
 #include "sweeps/store.h"
 
@@ -139,7 +140,8 @@ class Scheduler {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     cores_ = cores;
     opt_.parallel = std::max(1, opt_.parallel);
-    threads_ = opt_.threads_per_run > 0 ? opt_.threads_per_run : std::max(1, cores / opt_.parallel);
+    // The same default `sweep plan` estimates with, so its times are for these runs.
+    threads_ = opt_.threads_per_run > 0 ? opt_.threads_per_run : ThreadsPerRun(opt_.parallel);
     if (opt_.parallel * threads_ > cores) {
       fmt::print(opt_.out,
                  "moelab sweep: note: {} parallel runs × {} threads = {} threads on {} cores "
