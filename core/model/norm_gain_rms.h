@@ -4,7 +4,6 @@
 // `steps.norm_gain_rms` column) so a QK-Clip comparison can show whether they moved.
 #pragma once
 
-#include <span>
 #include <vector>
 
 #include "core/model/model.h"
