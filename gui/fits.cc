@@ -96,6 +96,12 @@ std::string Str(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// A point's run label: the stored string, or the JSON text of whatever else is stored there.
+std::string RunLabel(const json& p) {
+  return p.contains("run") && p["run"].is_string() ? p["run"].get<std::string>()
+                                                   : p.value("run", json()).dump();
+}
+
 // One stored family (analysis/json.cc's to_json(PowerLawFit)); false if it lacks E, alpha or A.
 bool ParseFamily(const json& j, analysis::PowerLawFit* f) {
   if (!j.is_object()) return false;
@@ -145,8 +151,7 @@ bool ParseFamily(const json& j, analysis::PowerLawFit* f) {
   for (const json& p : j.value("frontier", json::array())) {
     if (!p.is_object()) continue;
     analysis::FrontierPoint fp;
-    fp.run = p.contains("run") && p["run"].is_string() ? p["run"].get<std::string>()
-                                                       : p.value("run", json()).dump();
+    fp.run = RunLabel(p);
     fp.flops = Num(p, "flops");
     fp.loss = Num(p, "loss");
     f->frontier.push_back(fp);
@@ -207,8 +212,7 @@ std::optional<FitResult> ParseStored(const db::FitRecord& record, Fail fail) {
     for (const json& p : inputs) {
       if (!p.is_object()) continue;
       analysis::Observation o;
-      o.run = p.contains("run") && p["run"].is_string() ? p["run"].get<std::string>()
-                                                        : p.value("run", json()).dump();
+      o.run = RunLabel(p);
       o.family = Str(p, "family");
       o.flops = Num(p, "flops");
       o.tokens = Num(p, "tokens");
