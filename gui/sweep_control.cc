@@ -87,6 +87,7 @@ SpecCheck CheckSpecText(const std::string& text, const std::string& path,
         po.throughput = calibrator->Rate(largest->hash, po.threads_per_run, largest->config);
         c.calibrating = !po.throughput.has_value();
         if (po.throughput) c.time_estimate = po.throughput->how;
+        po.uncalibrated = "measuring the rate in the background";
       }
     }
     char* buf = nullptr;
@@ -96,15 +97,6 @@ SpecCheck CheckSpecText(const std::string& text, const std::string& path,
       std::fclose(f);
       c.plan.assign(buf, len);
       std::free(buf);
-    }
-    if (c.calibrating) {
-      // sweeps::PrintPlan says why it has no times in `sweep plan`'s words; here the reason is
-      // that the rate is being measured.
-      const std::string cli = "time estimate: not calibrated (--no-calibrate)";
-      const size_t at = c.plan.find(cli);
-      if (at != std::string::npos) {
-        c.plan.replace(at, cli.size(), "time estimate: measuring the rate in the background");
-      }
     }
     c.ok = true;
   } catch (const std::exception& e) {

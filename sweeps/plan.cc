@@ -212,8 +212,7 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                "training FLOPs (already left out of the FLOPs and times above)\n",
                Si(saved_flops));
   }
-  fmt::print(out, "time estimate: {}\n",
-             tp.how.empty() ? "not calibrated (--no-calibrate)" : tp.how);
+  fmt::print(out, "time estimate: {}\n", tp.how.empty() ? options.uncalibrated : tp.how);
   if (tp.flops_per_s > 0) {
     fmt::print(out,
                "  (one rate for all runs: smaller models run at a lower rate, so small runs take "

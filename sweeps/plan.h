@@ -37,6 +37,8 @@ struct PlanOptions {
   // A rate measured before (MeasureThroughput of CalibrationRun, e.g. by the GUI in the
   // background): used for the time estimates instead of calibrating now.
   std::optional<Throughput> throughput;
+  // What the plan says instead of a rate when it has none (the GUI: measuring in the background).
+  std::string uncalibrated = "not calibrated (--no-calibrate)";
   std::string db_path;  // when set and present: show which runs are already done there
 };
 
