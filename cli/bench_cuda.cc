@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "core/config.h"
@@ -169,7 +170,43 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
 
 }  // namespace
 
+std::vector<std::string> GpuCaseNames() {
+  std::vector<std::string> names;
+  for (const GpuCase& gc : GpuCases()) names.push_back(gc.name);
+  return names;
+}
+
+std::vector<std::string> SelectCases(const std::vector<std::string>& all, const std::string& only) {
+  if (only.empty()) return all;
+  std::set<std::string> wanted;
+  for (size_t at = 0; at <= only.size();) {  // every piece, the empty ones of "a,,b" or "a," too
+    const size_t comma = std::min(only.find(',', at), only.size());
+    const std::string name = only.substr(at, comma - at);
+    at = comma + 1;
+    if (std::find(all.begin(), all.end(), name) == all.end()) {
+      std::string valid;
+      for (const std::string& a : all) valid += (valid.empty() ? "" : ", ") + a;
+      throw std::invalid_argument(fmt::format(
+          "--only: no config named \"{}\" (exact names, comma-separated: {})", name, valid));
+    }
+    wanted.insert(name);
+  }
+  std::vector<std::string> out;
+  for (const std::string& a : all) {
+    if (wanted.count(a)) out.push_back(a);
+  }
+  return out;
+}
+
 int RunCudaBench(const CudaBenchOptions& o) {
+  // Before the device check: a misspelt name is an error on any machine.
+  std::vector<std::string> selected;
+  try {
+    selected = SelectCases(GpuCaseNames(), o.only);
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "moelab bench: {}\n", e.what());
+    return kExitConfig;
+  }
   TrainConfig t;
   t.device = "cuda";
   try {
@@ -194,14 +231,24 @@ int RunCudaBench(const CudaBenchOptions& o) {
     fmt::print("{:<20} {:>11} {:>11} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config", "params",
                "active", "fwd+bwd ms", "optim ms", "tokens/s", "TFLOP/s", "util");
   }
+  std::string broken;  // a sticky CUDA error: no later case can run in this process
   for (const GpuCase& gc : GpuCases()) {
-    if (!o.only.empty() && gc.name.find(o.only) == std::string::npos) continue;
+    if (std::find(selected.begin(), selected.end(), gc.name) == selected.end()) continue;
     CaseResult r;
-    try {
-      r = RunGpuCase(gc, o, gemm);
-    } catch (const std::exception& e) {  // e.g. out of memory on a smaller GPU
+    if (!broken.empty()) {
       r.name = gc.name;
-      r.skipped = std::string("failed: ") + e.what();
+      r.skipped = "an earlier case left the CUDA context unusable (" + broken + ")";
+    } else {
+      try {
+        r = RunGpuCase(gc, o, gemm);
+      } catch (const std::exception& e) {  // e.g. out of memory
+        r.name = gc.name;
+        r.skipped = std::string("failed: ") + e.what();
+#if MOELAB_HAVE_CUDA
+        // The case's buffers are freed by now; clear the error so the next case starts clean.
+        broken = cudautil::RecoverAfterError();
+#endif
+      }
     }
     nlohmann::json j = {{"name", r.name},
                         {"params", r.params},

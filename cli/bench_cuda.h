@@ -3,7 +3,9 @@
 // and optimizer timed separately with CUDA events, and a per-op-class breakdown.
 #pragma once
 
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace moelab::cli {
 
@@ -12,8 +14,16 @@ struct CudaBenchOptions {
   int steps = 10;
   int warmup = 2;
   int gemm_n = 8192;
-  std::string only;
+  std::string only;  // "" = every case; else exact names, comma-separated (SelectCases)
 };
+
+// The names of the GPU cases, in the order the bench runs them.
+std::vector<std::string> GpuCaseNames();
+
+// The entries of `all` that `only` names, in the order of `all`: `only` is "" (all of them) or a
+// comma-separated list of exact names ("gpu-dense" does not select "gpu-dense-muonclip").
+// Throws std::invalid_argument naming an unknown entry and the valid ones.
+std::vector<std::string> SelectCases(const std::vector<std::string>& all, const std::string& only);
 
 // Returns the process exit code (2 when no GPU is usable).
 int RunCudaBench(const CudaBenchOptions& options);

@@ -15,5 +15,13 @@ cublasHandle_t CublasHandle() {
   return holder.h;
 }
 
+std::string RecoverAfterError() {
+  cudaGetLastError();
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
+
 }  // namespace moelab::cudautil
 #endif

@@ -14,14 +14,18 @@
 
 namespace moelab::cudautil {
 
+// Both Check()s clear the thread's last CUDA error before throwing (see kernels/cuda/device.cu:
+// otherwise the next launch check reports the old failure).
 inline void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
+    cudaGetLastError();
     throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) +
                              " (" + cudaGetErrorString(e) + ")");
   }
 }
 inline void Check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
+    cudaGetLastError();
     throw std::runtime_error(std::string("cuBLAS error in ") + what + ": status " +
                              std::to_string(static_cast<int>(s)));
   }
@@ -106,5 +110,10 @@ class EventTimer {
 
 // One cuBLAS handle per thread, created on first use.
 cublasHandle_t CublasHandle();
+
+// After a caught CUDA failure: clears the thread's last error and waits for the device. Returns
+// "" when the context still works (e.g. after an out-of-memory), else the sticky error's name and
+// text (a faulting kernel: nothing on this device works again in this process).
+std::string RecoverAfterError();
 
 }  // namespace moelab::cudautil

@@ -38,7 +38,9 @@ bool IsDevicePointer(const void* p) {
 
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;   // NCCL's own, non-blocking: no implicit order with others
+  cudaStream_t compute = nullptr;  // where the data is written (legacy default stream)
+  cudaEvent_t written = nullptr;   // recorded on `compute` before every collective
   int rank = 0, size = 1, device = 0;
   cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
 
@@ -47,9 +49,19 @@ struct NcclCommunicator::Impl {
     return staging.data();
   }
 
+  // Makes the NCCL stream wait for everything queued on the compute stream so far. Without it
+  // the all-reduce of the gradients could start while the backward's last kernels (queued
+  // asynchronously on the default stream) are still writing them: a non-blocking stream does not
+  // synchronise with the legacy default stream.
+  void AfterCompute() {
+    MOELAB_CUDA(cudaEventRecord(written, compute));
+    MOELAB_CUDA(cudaStreamWaitEvent(stream, written, 0));
+  }
+
   // In-place all-reduce of n elements of `type` at p (device or host memory).
   void AllReduce(void* p, size_t n, size_t elem, ncclDataType_t type, ncclRedOp_t op) {
     if (n == 0) return;
+    AfterCompute();
     if (IsDevicePointer(p)) {
       MOELAB_NCCL(ncclAllReduce(p, p, n, type, op, comm, stream));
       MOELAB_CUDA(cudaStreamSynchronize(stream));
@@ -93,6 +105,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
   I.device = local_rank % devices;
   MOELAB_CUDA(cudaSetDevice(I.device));
   MOELAB_CUDA(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
+  MOELAB_CUDA(cudaEventCreateWithFlags(&I.written, cudaEventDisableTiming));
   ncclUniqueId id;
   if (I.rank == 0) MOELAB_NCCL(ncclGetUniqueId(&id));
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
@@ -102,8 +115,11 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
 
 NcclCommunicator::~NcclCommunicator() {
   if (impl_->comm) ncclCommDestroy(impl_->comm);
+  if (impl_->written) cudaEventDestroy(impl_->written);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
+
+void NcclCommunicator::SetComputeStream(CUstream_st* stream) { impl_->compute = stream; }
 
 int NcclCommunicator::rank() const { return impl_->rank; }
 int NcclCommunicator::world_size() const { return impl_->size; }
@@ -131,6 +147,7 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
     throw std::invalid_argument("NcclCommunicator::AllToAllV needs device pointers");
   }
   size_t so = 0, ro = 0;
+  I.AfterCompute();
   MOELAB_NCCL(ncclGroupStart());
   for (int r = 0; r < I.size; ++r) {
     if (send_counts[r])
@@ -180,6 +197,7 @@ void NcclCommunicator::AllReduceMax(float*, size_t) {}
 void NcclCommunicator::AllToAllV(const float*, const size_t*, float*, const size_t*) {}
 void NcclCommunicator::Barrier() {}
 void NcclCommunicator::Abort(int) {}
+void NcclCommunicator::SetComputeStream(CUstream_st*) {}
 
 #endif
 

@@ -1,14 +1,17 @@
 // Communicator over NCCL for train.device "cuda" (docs/cuda.md): one process per GPU, started by
 // mpirun; MPI only bootstraps (rank 0's ncclUniqueId is broadcast over MPI_COMM_WORLD) and
 // provides the barrier. Collectives take device pointers (gradients stay on the GPU); host
-// pointers (the per-step statistics) are staged through a device buffer. Compiled when NCCL and
-// MPI are both found (MOELAB_HAVE_NCCL); otherwise Create() throws with the reason.
+// pointers (the per-step statistics) are staged through a device buffer. Every collective is
+// ordered after the work queued so far on the compute stream (SetComputeStream). Compiled when NCCL
+// and MPI are both found (MOELAB_HAVE_NCCL); otherwise Create() throws with the reason.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "core/dist/communicator.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers (this header builds without them)
 
 namespace moelab {
 
@@ -34,6 +37,10 @@ class NcclCommunicator : public Communicator {
   void Abort(int exit_code) override;  // MPI_Abort
   std::string kind() const override { return "nccl"; }
   int device() const;  // the CUDA device this rank uses
+  // The stream whose work every collective waits for (an event recorded on it, waited on by
+  // the NCCL stream), so a collective never reads data still being written. Default: the
+  // legacy default stream (nullptr), where CudaModel and the device optimizers queue all work.
+  void SetComputeStream(CUstream_st* stream);
 
  private:
   NcclCommunicator();

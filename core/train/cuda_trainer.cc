@@ -177,7 +177,9 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       model.ForwardBackward(local_tokens, local_batch, &stats);
       float* grads = model.grads();
       if (layout.world > 1) {
-        comm->AllReduceSum(grads, n);  // device pointer: NCCL all-reduce in place
+        // In place on the device. NcclCommunicator orders it after the backward's kernels (an
+        // event on the default stream that its non-blocking stream waits for).
+        comm->AllReduceSum(grads, n);
         DeviceScale(grads, n, 1.0f / comm->world_size());
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
         comm->AllReduceMax(stats.max_logit_raw.data(), stats.max_logit_raw.size());

@@ -27,6 +27,10 @@ bool CudaAvailable(std::string* reason) {
 
 void Check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
+    // The failed call also set the thread's last error; left there, the next CheckLaunch (a
+    // kernel that launched fine) would throw it again. Sticky errors (a faulting kernel) stay
+    // whatever this does: the context is lost until the process ends.
+    cudaGetLastError();
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
                              cudaGetErrorString(err) + ")");
   }
@@ -34,6 +38,7 @@ void Check(cudaError_t err, const char* what) {
 
 void CheckCublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
+    cudaGetLastError();  // a failed workspace allocation inside cuBLAS sets it too
     throw std::runtime_error(std::string(what) + ": " + cublasGetStatusName(status) + " (" +
                              cublasGetStatusString(status) + ")");
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_util.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
 namespace moelab::cuda {
@@ -50,6 +51,22 @@ TEST(CudaDevice, BufferRoundTripAndBf16Cast) {
   CastToFloat(b.data(), back.data(), host.size());
   const std::vector<float> got = back.Download();
   for (size_t i = 0; i < host.size(); ++i) EXPECT_NEAR(got[i], host[i], std::abs(host[i]) / 128);
+}
+
+// A failed call (here: an allocation larger than any GPU) must not leave its error for the next
+// launch check to report: before the fix, Fill's CheckLaunch threw the old out-of-memory.
+TEST(CudaDevice, FailedCallLeavesNoErrorForTheNextLaunch) {
+  MOELAB_REQUIRE_GPU();
+  constexpr size_t kHuge = size_t{1} << 50;  // 1 PiB
+  EXPECT_THROW(DeviceBuffer<char> too_big(kHuge), std::runtime_error);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  DeviceBuffer<float> x(8);
+  EXPECT_NO_THROW(Fill(x.data(), 8, 2.0f));
+  EXPECT_EQ(x.Download(), std::vector<float>(8, 2.0f));
+  // The core/ helpers (the trainer's and the bench's buffers) behave the same.
+  EXPECT_THROW(cudautil::DeviceBuffer<char> too_big(kHuge), std::runtime_error);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  EXPECT_EQ(cudautil::RecoverAfterError(), "");
 }
 
 }  // namespace

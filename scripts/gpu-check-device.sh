@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# The GPU check as it runs on the lent machine: scripts/gpu-check.sh copies this file to
+# .gpu/run.sh beside payload.tar.xz (the binaries and the Debian libraries they need) and
+# torch_peer.py. docs/cuda.md says how to run it. In the repo root of the device's copy:
+#
+#   .gpu/run.sh                 every stage (about 7 minutes at most: MOELAB_GPU_BUDGET_S=420)
+#   .gpu/run.sh --dry-run       unpack, resolve and check libraries, print the plan; run nothing
+#                               on a GPU (scripts/gpu-check.sh --dry-run runs it here)
+#
+# Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
+# the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
+# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process; (4) the
+# PyTorch peer, eager; (5) the peer under torch.compile. Every stage appends its line to
+# $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
+# time-out loses nothing already measured. Files in $OUT (the device tool returns at most 8):
+# summary.txt, env.txt, tests.log, tests-xml.tar, bench.log, peer.log. The summary table is
+# printed last.
+#
+# Environment: our binaries get LD_LIBRARY_PATH = the payload's lib/ + the venv's nvidia/*/lib
+# (cuBLAS/cudart in cu13/lib, NCCL, cuDNN) + the driver's folder, passed per command (never
+# exported: python and the system tools keep the machine's own libraries). The peer runs with
+# the venv's python, named explicitly.
+set -uo pipefail
+
+PACK=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$PACK/.." && pwd)
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+OUTD=${OUT:-$PACK/out}
+mkdir -p "$OUTD"
+BUDGET=${MOELAB_GPU_BUDGET_S:-420}
+STAGES=${MOELAB_GPU_STAGES:-env,tests,bench,peer,compile}
+VENV=${MOELAB_GPU_VENV:-/opt/torch/.venv}
+PY=$VENV/bin/python
+[ -x "$PY" ] || PY=$VENV/bin/python3
+WORK=${MOELAB_GPU_DIR:-/tmp/moelab-gpu}
+T0=$SECONDS
+SUMMARY=$OUTD/summary.txt
+ENVLOG=$OUTD/env.txt
+: >"$SUMMARY"
+ROWS=()
+
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
+left() { echo $((BUDGET - (SECONDS - T0))); }
+# record STAGE STATUS SECONDS DETAIL: one summary line, written at once.
+record() {
+  local line
+  line=$(printf '%-28s %-8s %5ss  %s' "$1" "$2" "$3" "$4")
+  echo "$line" >>"$SUMMARY"
+  ROWS+=("$line")
+}
+# stage NAME LIMIT LOG CMD...: runs CMD under timeout min(LIMIT, budget left), appending its
+# output to LOG. Sets STAGE_RC (124: timed out, 125: not started).
+stage() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local rem=$(($(left) - 3))
+  STAGE_RC=125
+  if ((rem < 5)); then
+    record "$name" SKIP 0 "the ${BUDGET}s budget is spent"
+    return
+  fi
+  ((limit > rem)) && limit=$rem
+  echo "=== $name: limit ${limit}s, $(date -u +%FT%TZ), budget left $(left)s" >>"$log"
+  echo "=== $name (limit ${limit}s)" >&2
+  local t=$SECONDS
+  timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+  STAGE_RC=$?
+  STAGE_S=$((SECONDS - t))
+  echo "=== $name: exit $STAGE_RC after ${STAGE_S}s" >>"$log"
+}
+status_of() {
+  case $1 in
+    0) echo ok ;;
+    124 | 137) echo TIMEOUT ;;
+    *) echo "FAIL($1)" ;;
+  esac
+}
+finish() {
+  record total "" $((SECONDS - T0)) "budget ${BUDGET}s; files in ${OUT:-$OUTD}"
+  echo
+  echo "== moelab GPU check, $(date -u +%FT%TZ), $(cat "$WORK/commit" 2>/dev/null)"
+  printf '%s\n' "${ROWS[@]}"
+  exit "$1"
+}
+
+# ---- Unpack ------------------------------------------------------------------------------
+rm -rf "$WORK" && mkdir -p "$WORK" || exit 3
+# tar needs the xz program, which a minimal image may lack; Python's tarfile has lzma built in.
+if ! { command -v xz >/dev/null && tar -C "$WORK" -xJf "$PACK/payload.tar.xz"; } &&
+  ! "$PY" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="tar")
+    except TypeError:  # Python before 3.11.4: no filter argument
+        t.extractall(sys.argv[2])' \
+    "$PACK/payload.tar.xz" "$WORK"; then
+  record unpack FAIL 0 "cannot unpack $PACK/payload.tar.xz (no xz, and $PY failed)"
+  finish 3
+fi
+BINS=()
+for b in "$WORK"/bin/*; do BINS+=("$b"); done
+TESTS=()
+for b in "$WORK"/bin/*_test; do [ -x "$b" ] && TESTS+=("$b"); done
+
+# ---- Library folders for our binaries ----------------------------------------------------
+LIBDIRS=("$WORK/lib")
+for d in "$VENV"/lib/python3*/site-packages/nvidia/*/lib; do
+  [ -d "$d" ] && LIBDIRS+=("$d")
+done
+# The driver's libcuda.so.1 (cudart loads it at run time; ldd does not list it).
+DRIVER=""
+if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  DRIVER="in the loader cache"
+else
+  IFS=: read -ra inherited <<<"${LD_LIBRARY_PATH:-}"
+  for d in "${inherited[@]}"; do
+    [ -n "$d" ] && [ -e "$d/libcuda.so.1" ] && DRIVER="$d (inherited LD_LIBRARY_PATH)" && break
+  done
+fi
+if [ -z "$DRIVER" ]; then
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 \
+    /usr/local/cuda/compat /usr/local/cuda/lib64; do
+    if [ -e "$d/libcuda.so.1" ]; then
+      DRIVER=$d
+      LIBDIRS+=("$d")
+      break
+    fi
+  done
+fi
+LIBPATH=$(
+  IFS=:
+  echo "${LIBDIRS[*]}"
+)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+RUN=(env LD_LIBRARY_PATH="$LIBPATH" MOELAB_BIN_DIR="$WORK/bin" MOELAB_SOURCE_DIR="$REPO"
+  OMP_NUM_THREADS=8)
+
+# ---- Stage 1: device, environment, ldd -------------------------------------------------------
+{
+  echo "== $(date -u +%FT%TZ) payload $(cat "$WORK/commit" 2>/dev/null)"
+  echo "== host: $(uname -srm); $(ldd --version 2>&1 | head -1)"
+  if ((DRY)); then
+    echo "== dry run: nvidia-smi not called"
+  else
+    timeout 20 nvidia-smi 2>&1
+    timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm \
+      --format=csv 2>&1
+  fi
+  echo "== python: $PY ($("$PY" --version 2>&1))"
+  echo "== library path for our binaries (not exported):"
+  printf '   %s\n' "${LIBDIRS[@]}"
+  echo "== libcuda.so.1: ${DRIVER:-NOT FOUND (cudart will report an insufficient driver)}"
+} >"$ENVLOG" 2>&1
+cat "$ENVLOG" >&2
+if ((DRY)); then
+  record env ok 0 "dry run: no GPU asked for; python $("$PY" --version 2>&1)"
+else
+  gpu=$(timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)
+  record env "$([ -n "$DRIVER" ] && echo ok || echo WARN)" 0 \
+    "${gpu:-no nvidia-smi}; libcuda.so.1: ${DRIVER:-NOT FOUND}; $("$PY" --version 2>&1)"
+fi
+
+# Every binary's libraries must resolve. In the strict mode of the dry run each must also come
+# from the payload, the venv or glibc: a Debian library found on this machine would be missing
+# on the device.
+LDD_BAD=()
+GLIBC_TOO_OLD=0
+for b in "${BINS[@]}"; do
+  out=$(env LD_LIBRARY_PATH="$LIBPATH" ldd "$b" 2>&1)
+  echo "== ldd $(basename "$b")" >>"$ENVLOG"
+  echo "$out" >>"$ENVLOG"
+  while read -r lib; do LDD_BAD+=("$(basename "$b"): $lib not found"); done \
+    < <(awk '/not found/ && $2 == "=>" {print $1}' <<<"$out")
+  grep -q "version \`GLIBC_" <<<"$out" && GLIBC_TOO_OLD=1
+  while read -r v; do LDD_BAD+=("$(basename "$b"): $v"); done \
+    < <(grep -o "version \`GLIBCXX[^']*' not found[^)]*" <<<"$out" | sort -u)
+  if [ "${MOELAB_GPU_STRICT:-0}" = 1 ]; then
+    while read -r path; do
+      case $path in
+        "$WORK"/lib/* | "$VENV"/*) ;;
+        */ld-linux* | */libc.so.* | */libm.so.* | */libpthread.so.* | */libdl.so.* | */librt.so.* | \
+          */libresolv.so.*) ;;
+        *) LDD_BAD+=("$(basename "$b"): $(basename "$path") resolved outside payload/venv: $path") ;;
+      esac
+    done < <(awk '$2 == "=>" && $3 ~ /^\// {print $3}' <<<"$out")
+  fi
+done
+# A host glibc older than this build's: start our binaries through the payload's own loader.
+LAUNCH=()
+if ((GLIBC_TOO_OLD)); then
+  LAUNCH=("$WORK/lib/glibc/ld.so" --library-path "$WORK/lib/glibc:$LIBPATH")
+  echo "== host glibc too old: using the payload's loader" | tee -a "$ENVLOG" >&2
+  for b in "${BINS[@]}"; do
+    "${LAUNCH[@]}" --list "$b" 2>&1 | awk -v b="$(basename "$b")" '/not found/ {print b ": " $1 " not found"}' \
+      >>"$WORK/ldd-missing"
+  done
+  while read -r l; do LDD_BAD+=("$l"); done <"$WORK/ldd-missing" 2>/dev/null
+fi
+if ((${#LDD_BAD[@]})); then
+  printf 'ldd: %s\n' "${LDD_BAD[@]}" | sort -u | tee -a "$ENVLOG" >&2
+  record ldd FAIL 0 "$(printf '%s; ' "${LDD_BAD[@]}" | head -c 600)"
+  finish 3
+fi
+record ldd ok 0 "${#BINS[@]} binaries resolve (payload lib/ + ${#LIBDIRS[@]} folders)${LAUNCH:+, payload loader}"
+# Unresolved symbols (an older cuBLAS than the one linked here, say): reported, not fatal.
+for b in "${BINS[@]}"; do
+  n=$(env LD_LIBRARY_PATH="$LIBPATH" ldd -r "$b" 2>&1 | grep -c 'undefined symbol')
+  ((n > 0)) && record "ldd -r $(basename "$b")" WARN 0 "$n undefined symbols (see env.txt)" &&
+    env LD_LIBRARY_PATH="$LIBPATH" ldd -r "$b" 2>&1 | grep 'undefined symbol' | head -20 >>"$ENVLOG"
+done
+
+if ((DRY)); then
+  # The binaries start with the payload's libraries (no GPU here: the bench refuses with exit 2).
+  for t in "${TESTS[@]}"; do
+    n=$("${RUN[@]}" "${LAUNCH[@]}" "$t" --gtest_list_tests 2>>"$ENVLOG" | grep -c '^  ')
+    record "start $(basename "$t")" "$([ "$n" -gt 0 ] && echo ok || echo FAIL)" 0 "$n tests listed"
+  done
+  out=$("${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda --only gpu-dense 2>&1)
+  rc=$?
+  record "start moelab" "$([ $rc = 2 ] && echo ok || echo "FAIL($rc)")" 0 "bench --device cuda: exit $rc: ${out:0:120}"
+fi
+
+# ---- The plan ---------------------------------------------------------------------------------
+BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
+BENCH_ARGS=(--steps 5 --warmup 2)
+{
+  echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
+  for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
+  echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
+  for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
+  echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
+  echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
+} | tee -a "$ENVLOG" >&2
+if ((DRY)); then finish 0; fi
+
+# ---- Stage 2: CUDA tests ------------------------------------------------------------------------
+TESTLOG=$OUTD/tests.log
+if want tests; then
+  mkdir -p "$WORK/xml"
+  for t in "${TESTS[@]}"; do
+    name=$(basename "$t")
+    limit=120
+    [[ $name == *kernels* ]] && limit=60
+    stage "test $name" $limit "$TESTLOG" "${RUN[@]}" "${LAUNCH[@]}" "$t" \
+      --gtest_output="xml:$WORK/xml/$name.xml" --gtest_color=no
+    [ $STAGE_RC = 125 ] && continue
+    seg=$(awk -v n="=== test $name: limit" 'index($0, n) == 1 {p = 1; s = ""} p {s = s $0 "\n"} END {printf "%s", s}' "$TESTLOG")
+    run=$(grep -c '^\[ RUN      \]' <<<"$seg")
+    ok=$(grep -c '^\[       OK \]' <<<"$seg")
+    failed=$(grep '^\[  FAILED  \] [A-Za-z]' <<<"$seg" | grep -v ' tests\?, listed below' | awk '{print $4}' | sort -u)
+    skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u | grep -c .)
+    nogpu=$(grep -c 'no CUDA device' <<<"$seg")
+    detail="$run run, $ok passed, $(grep -c . <<<"$failed") failed, $skipped skipped"
+    ((nogpu)) && detail="$detail; $nogpu lines say 'no CUDA device': THE GPU WAS NOT USED"
+    [ -n "$failed" ] && detail="$detail; failed: $(tr '\n' ' ' <<<"$failed" | head -c 400)"
+    ((STAGE_RC == 124 || STAGE_RC == 137)) &&
+      detail="$detail; running at the time-out: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
+    record "test $name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
+  done
+  (cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
+fi
+
+# ---- Stage 3: bench, one shape per process -----------------------------------------------------
+BENCHLOG=$OUTD/bench.log
+if want bench; then
+  stage "bench --plan" 20 "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda --plan
+  [ $STAGE_RC != 125 ] && record "bench --plan" "$(status_of $STAGE_RC)" "$STAGE_S" \
+    "$(grep -iE 'GiB|fits|micro' "$BENCHLOG" | tail -3 | tr -s ' \n' ' ' | head -c 300)"
+  for s in "${BENCH_SHAPES[@]}"; do
+    limit=75
+    stage "bench $s" $limit "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda \
+      --only "$s" "${BENCH_ARGS[@]}"
+    [ $STAGE_RC = 125 ] && continue
+    row=$(grep -E "^$s " "$BENCHLOG" | tail -1 | tr -s ' ')
+    gemm=$(grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' "$BENCHLOG" | tail -1)
+    record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" "${row:-no result row} | $gemm"
+  done
+fi
+
+# ---- Stages 4 and 5: the PyTorch peer, eager then torch.compile ------------------------------
+PEERLOG=$OUTD/peer.log
+peer() {  # MODE LIMIT
+  stage "peer $1" "$2" "$PEERLOG" env PYTHONUNBUFFERED=1 "$PY" "$PACK/torch_peer.py" --mode "$1" \
+    --steps 5 --warmup 2
+  [ $STAGE_RC = 125 ] && return
+  local rows
+  rows=$(awk -v n="=== peer $1: limit" 'index($0, n) == 1 {p = 1} p && (/^gpu-/ || /^torch /)' "$PEERLOG" |
+    tr -s ' ' | paste -sd'|' | head -c 500)
+  record "peer $1" "$(status_of $STAGE_RC)" "$STAGE_S" "${rows:-no result}"
+}
+want peer && peer eager 90
+want compile && peer compile 600
+
+finish 0

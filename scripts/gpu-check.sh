@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Builds the GPU check's payload here, for one run on a lent GPU machine (docs/cuda.md):
+#
+#   scripts/gpu-check.sh            build build-gpu/ and pack .gpu/ (git-ignored)
+#   scripts/gpu-check.sh --dry-run  the same, then check .gpu/ against a simulated device venv
+#                                   and print the size and the planned stages
+#
+# Then the device tool: carry [".gpu"], command ".gpu/run.sh" (scripts/gpu-check-device.sh).
+#
+# The payload: only the GPU binaries (moelab and every cuda_*_test), built portably in build-gpu/
+# (MOELAB_NATIVE=OFF: no -march=native; CUDA for sm_90, the lent H100; no MPI, so no NCCL: one
+# GPU has nothing to all-reduce with), stripped, plus the Debian libraries they load, which the
+# device lacks (openblas, sqlite, sentencepiece, fmt, ceres and its solvers, libgomp,
+# libstdc++, ...), compressed with xz. Not carried: the CUDA libraries (cudart, cuBLAS, cuDNN,
+# NCCL): the device's PyTorch venv has them in nvidia/{cu13,cudnn,nccl}/lib, where run.sh finds
+# them. glibc travels only as a fallback (lib/glibc), used when the device's is older.
+#
+# Environment: MOELAB_GPU_BUILD_DIR (default build-gpu), MOELAB_GPU_ARCH (default 90).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+BUILD=${MOELAB_GPU_BUILD_DIR:-build-gpu}
+ARCH=${MOELAB_GPU_ARCH:-90}
+PACK=.gpu
+LIMIT=$((64 * 1024 * 1024))
+say() { echo "gpu-check: $*"; }
+die() {
+  echo "gpu-check: $*" >&2
+  exit 1
+}
+
+[ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "no CUDA toolkit (nvcc) here"
+
+# ---- Build -------------------------------------------------------------------------------------
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  # shellcheck disable=SC2086  # MOELAB_CMAKE_ARGS is a list of flags (ccache launchers)
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${MOELAB_CMAKE_ARGS:-} -DMOELAB_NATIVE=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DMOELAB_WITH_MPI=OFF -DMOELAB_WITH_GUI=OFF \
+    -DMOELAB_BUILD_BENCH=OFF -DCMAKE_SKIP_RPATH=ON >/dev/null
+fi
+grep -q '^MOELAB_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || die "$BUILD is not a portable build"
+TARGETS=(moelab)
+while read -r t; do TARGETS+=("$t"); done < <(cmake --build "$BUILD" --target help |
+  sed -n 's/^\.\.\. \(cuda_[a-z_]*test\)$/\1/p')
+((${#TARGETS[@]} > 1)) || die "no cuda_*_test target in $BUILD (was CUDA found?)"
+say "building ${TARGETS[*]} in $BUILD (sm_$ARCH, no -march=native)"
+cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
+if grep -q 'march=native' "$BUILD/compile_commands.json"; then
+  die "-march=native in $BUILD/compile_commands.json"
+fi
+
+# ---- Pack --------------------------------------------------------------------------------------
+rm -rf "$PACK"
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin" "$STAGE/lib/glibc"
+for t in "${TARGETS[@]}"; do
+  cp "$BUILD/bin/$t" "$STAGE/bin/"
+  strip --strip-unneeded "$STAGE/bin/$t"
+done
+# AVX-512 (zmm registers) in our own code would stop a host without it on an illegal
+# instruction. (Debian's openblas picks its kernels at run time: not counted.)
+ZMM=""
+for t in "${TARGETS[@]}"; do
+  n=$(objdump -d --no-show-raw-insn "$STAGE/bin/$t" | grep -c zmm || true)
+  ZMM="$ZMM $t=$n"
+  [ "$n" = 0 ] || die "$t has $n AVX-512 (zmm) instructions: not a portable build"
+done
+# Libraries: what ldd resolves, minus the kernel's vdso, the driver and everything the CUDA
+# toolkit provides (the venv has those), with glibc set apart.
+declare -A seen=()
+CUDA_FROM_VENV=()
+for t in "${TARGETS[@]}"; do
+  while read -r name path; do
+    [ -n "${seen[$name]:-}" ] && continue
+    seen[$name]=1
+    real=$(readlink -f "$path")
+    case "$name:$real" in
+      libcuda.so* | libnvidia*) ;;
+      *:/usr/local/cuda*) CUDA_FROM_VENV+=("$name") ;;
+      ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libresolv.so*)
+        cp -L "$path" "$STAGE/lib/glibc/$name" ;;
+      *) cp -L "$path" "$STAGE/lib/$name" ;;
+    esac
+  done < <(ldd "$BUILD/bin/$t" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}
+                                       $1 ~ /^\/.*ld-linux/ {n = $1; sub(/.*\//, "", n); print n, $1}')
+done
+loader=$(find "$STAGE/lib/glibc" -name 'ld-linux*' | head -1)
+[ -n "$loader" ] && cp "$loader" "$STAGE/lib/glibc/ld.so"
+chmod -R u+w "$STAGE/lib"
+strip --strip-unneeded "$STAGE"/lib/*.so* 2>/dev/null || true
+COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.gpu' || echo '+changes') built $(date -u +%FT%TZ)"
+echo "$COMMIT" >"$STAGE/commit"
+mkdir -p "$PACK"
+XZ_OPT=${XZ_OPT:--6 -T2} tar -C "$STAGE" -cJf "$PACK/payload.tar.xz" bin lib commit
+cp scripts/gpu-check-device.sh "$PACK/run.sh"
+cp bench/peers/torch_peer.py "$PACK/torch_peer.py"
+chmod +x "$PACK/run.sh"
+{
+  echo "commit: $COMMIT"
+  echo "binaries (stripped bytes):"
+  for t in "${TARGETS[@]}"; do echo "  $t $(stat -c %s "$STAGE/bin/$t")"; done
+  echo "AVX-512 (zmm) instructions:$ZMM"
+  echo "libraries carried: $(find "$STAGE/lib" -maxdepth 1 -name '*.so*' -printf '%f ' | sort)"
+  echo "glibc fallback: $(find "$STAGE/lib/glibc" -name '*.so*' -printf '%f ')"
+  echo "from the device venv: ${CUDA_FROM_VENV[*]}"
+  echo "unpacked: $(du -sb "$STAGE" | cut -f1) bytes"
+} >"$PACK/manifest.txt"
+cat "$PACK/manifest.txt"
+
+size=$(du -sb "$PACK" | cut -f1)
+tree=$(git ls-files -z | du --files0-from=- -cb 2>/dev/null | tail -1 | cut -f1)
+say "payload $PACK: $((size / 1024 / 1024)) MiB ($size bytes); tracked files $((tree / 1024 / 1024)) MiB; \
+together $(((size + tree) / 1024 / 1024)) MiB of the 64 MiB that travel"
+((size + tree < LIMIT)) || die "over the 64 MiB that can travel"
+
+if ((DRY)); then
+  # A device venv as the wheels lay it out (the RECORDs of this machine's CUDA wheels, whose
+  # files /usr/local/cuda/lib holds): nvidia/cu13/lib, nvidia/cudnn/lib, nvidia/nccl/lib.
+  SIM=$(mktemp -d)
+  trap 'rm -rf "$STAGE" "$SIM"' EXIT
+  site=$SIM/lib/python3.12/site-packages
+  for rec in /usr/local/cuda/dist-info/*/RECORD; do
+    while IFS=, read -r rel _; do
+      src=/usr/local/cuda/lib/$(basename "$rel")
+      [ -e "$src" ] || continue
+      mkdir -p "$site/$(dirname "$rel")"
+      ln -sf "$src" "$site/$rel"
+    done < <(grep -E '^nvidia/[^/]+/lib/[^/]+\.so' "$rec")
+  done
+  mkdir -p "$SIM/bin"
+  ln -s "$(command -v python3)" "$SIM/bin/python"
+  say "simulated venv: $(cd "$site" && find nvidia -maxdepth 2 -name lib | sort | tr '\n' ' ')"
+  python3 -m py_compile "$PACK/torch_peer.py" && say "torch_peer.py compiles"
+  rm -rf "$PACK/__pycache__"
+  # run.sh itself, in its dry-run mode, on that layout; LD_LIBRARY_PATH cleared so nothing of
+  # this machine's own setup helps it.
+  env -u LD_LIBRARY_PATH MOELAB_GPU_VENV="$SIM" MOELAB_GPU_STRICT=1 OUT="$SIM/out" \
+    MOELAB_GPU_DIR="$SIM/unpacked" "$PACK/run.sh" --dry-run
+fi
+say "ready: device tool with carry [\".gpu\"] and command \".gpu/run.sh\""

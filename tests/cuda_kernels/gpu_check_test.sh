@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The device side of the GPU check (scripts/gpu-check-device.sh, shipped as .gpu/run.sh) on fake
+# payloads, in a few seconds and without a GPU:
+#  1. a binary whose library is missing: run.sh stops at the ldd check, exit 3, naming it;
+#  2. fake binaries and a fake venv python: every stage runs under its limit, the summary counts
+#     and names the failed test, says the GPU was not used when a test skipped for "no CUDA
+#     device", records the bench row, a bench shape that hangs times out, the stages after it
+#     are skipped once the budget is spent, and every summary line is already in $OUT.
+# (scripts/gpu-check.sh --dry-run, which builds the real payload, takes minutes: docs/cuda.md.)
+set -uo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0 passes=0
+check() {  # check DESCRIPTION COMMAND...
+  if "${@:2}"; then
+    echo "ok: $1"
+    passes=$((passes + 1))
+  else
+    echo "FAILED: $1"
+    fails=$((fails + 1))
+  fi
+}
+has() { grep -q -- "$2" "$1"; }
+
+pack() {  # pack DIR: DIR/stage/{bin,lib} -> DIR/.gpu with run.sh
+  mkdir -p "$1/.gpu" "$1/stage/lib"
+  echo "fake-commit" >"$1/stage/commit"
+  tar -C "$1/stage" -cJf "$1/.gpu/payload.tar.xz" bin lib commit
+  cp "$SRC/scripts/gpu-check-device.sh" "$1/.gpu/run.sh"
+  echo "# fake peer" >"$1/.gpu/torch_peer.py"
+}
+venv() {  # venv DIR: a python that prints peer rows
+  mkdir -p "$1/bin" "$1/lib/python3.12/site-packages/nvidia/cu13/lib"
+  cat >"$1/bin/python" <<'EOF'
+#!/usr/bin/env bash
+[ "${1:-}" = --version ] && { echo "Python 3.12.3"; exit 0; }
+mode=$(sed -n 's/.*--mode \([a-z]*\).*/\1/p' <<<"$*")
+echo "torch 2.11.0, fake; bf16 GEMM 8192^3: 790.0 TFLOP/s"
+echo "gpu-dense  $mode   32  32  100.0  327680  500.0  63.3%  40.0  1.0  10.400"
+EOF
+  chmod +x "$1/bin/python"
+}
+
+# ---- 1. A missing library stops everything at the ldd check ----------------------------------
+A=$T/missing
+mkdir -p "$A/stage/bin" "$A/build"
+echo 'int moelab_fake(void) { return 0; }' >"$A/build/fake.c"
+echo 'int moelab_fake(void); int main(void) { return moelab_fake(); }' >"$A/build/main.c"
+cc -shared -fPIC -o "$A/build/libmoelabfake.so" "$A/build/fake.c" &&
+  cc -o "$A/stage/bin/cuda_needs_test" "$A/build/main.c" -L"$A/build" -lmoelabfake ||
+  { echo "FAILED: cannot build the fake binary"; exit 1; }
+pack "$A"
+venv "$A/venv"
+(cd "$A" && OUT="$A/out" MOELAB_GPU_VENV="$A/venv" MOELAB_GPU_DIR="$A/work" .gpu/run.sh \
+  >"$A/stdout" 2>&1)
+rc=$?
+check "missing library: exit 3 (got $rc)" test "$rc" = 3
+check "missing library: named in the summary" has "$A/out/summary.txt" \
+  "ldd .*FAIL.*cuda_needs_test: libmoelabfake.so not found"
+check "missing library: no test ran" test ! -e "$A/out/tests.log"
+check "missing library: the table is printed last" has "$A/stdout" "^total "
+
+# ---- 2. Every stage, with limits and the budget -------------------------------------------------
+B=$T/stages
+mkdir -p "$B/stage/bin"
+cat >"$B/stage/bin/cuda_fake_test" <<'EOF'
+#!/usr/bin/env bash
+[ "${1:-}" = --gtest_list_tests ] && { printf 'Fake.\n  A\n'; exit 0; }
+cat <<'OUT'
+[==========] Running 3 tests from 1 test suite.
+[ RUN      ] Fake.Passes
+[       OK ] Fake.Passes (1 ms)
+[ RUN      ] Fake.Fails
+fake_test.cc:1: Failure
+[  FAILED  ] Fake.Fails (2 ms)
+[ RUN      ] Fake.NeedsGpu
+fake_test.cc:2: Skipped
+CUDA test skipped: no CUDA device: cudaErrorInsufficientDriver
+[  SKIPPED ] Fake.NeedsGpu (0 ms)
+[==========] 3 tests from 1 test suite ran. (3 ms total)
+[  PASSED  ] 1 test.
+[  SKIPPED ] 1 test, listed below:
+[  SKIPPED ] Fake.NeedsGpu
+[  FAILED  ] 1 test, listed below:
+[  FAILED  ] Fake.Fails
+
+ 1 FAILED TEST
+OUT
+exit 1
+EOF
+cat >"$B/stage/bin/moelab" <<'EOF'
+#!/usr/bin/env bash
+case "$*" in
+  *--plan*) echo "gpu-dense: 41.0 GiB at micro-batch 32: fits" ;;
+  *"--only gpu-moe"*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"; exec sleep 60 ;;
+  *"--only gpu-dense "*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"
+    echo "gpu-dense  272000000  272000000  400.0  20.0  78000  120.0  15.2%" ;;
+  *) exit 9 ;;
+esac
+EOF
+chmod +x "$B"/stage/bin/*
+pack "$B"
+venv "$B/venv"
+start=$SECONDS
+(cd "$B" && OUT="$B/out" MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
+  MOELAB_GPU_BUDGET_S=12 .gpu/run.sh >"$B/stdout" 2>&1)
+rc=$?
+took=$((SECONDS - start))
+S=$B/out/summary.txt
+check "stages: exit 0 (got $rc)" test "$rc" = 0
+check "stages: within the budget (${took}s)" test "$took" -le 16
+check "tests: counted, failure named" has "$S" \
+  "test cuda_fake_test .*FAIL(1).*3 run, 1 passed, 1 failed, 1 skipped"
+check "tests: failure named" has "$S" "failed: Fake.Fails"
+check "tests: no-GPU skip flagged" has "$S" "THE GPU WAS NOT USED"
+check "tests: log in OUT" has "$B/out/tests.log" "Fake.NeedsGpu"
+check "tests: xml tar in OUT" test -s "$B/out/tests-xml.tar"
+check "bench: plan recorded" has "$S" "bench --plan .*ok.*41.0 GiB"
+check "bench: row recorded" has "$S" "bench gpu-dense .*ok.*gpu-dense 272000000 .*15.2%.*790.0 TFLOP/s"
+check "bench: a hang times out" has "$S" "bench gpu-moe .*TIMEOUT"
+check "budget: later stages skipped" has "$S" "bench gpu-dense-muonclip .*SKIP.*budget is spent"
+check "budget: peer skipped" has "$S" "peer eager .*SKIP"
+check "env: written" has "$B/out/env.txt" "library path for our binaries"
+check "table last on stdout" has <(tail -n 12 "$B/stdout") "^total "
+
+# ---- 3. The peer stages, given time ---------------------------------------------------------------
+(cd "$B" && OUT="$B/out2" MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
+  MOELAB_GPU_STAGES=peer,compile .gpu/run.sh >"$B/stdout2" 2>&1)
+check "peer: eager row" has "$B/out2/summary.txt" "peer eager .*ok.*gpu-dense eager 32 32 100.0"
+check "peer: compile row" has "$B/out2/summary.txt" "peer compile .*ok.*gpu-dense compile"
+check "peer: no test or bench stage" test ! -e "$B/out2/tests.log" -a ! -e "$B/out2/bench.log"
+
+echo "$passes passed, $fails failed"
+exit $((fails > 0))
