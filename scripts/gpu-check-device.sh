@@ -69,6 +69,13 @@ stage() {
   STAGE_S=$((SECONDS - t))
   echo "=== $name: exit $STAGE_RC after ${STAGE_S}s" >>"$log"
 }
+# segment NAME LOG: what stage NAME wrote to LOG (between its === lines).
+segment() {
+  awk -v h="=== $1: limit" -v e="=== $1: exit" 'index($0, h) == 1 {p = 1; next}
+    index($0, e) == 1 {p = 0} p' "$2"
+}
+# last_words NAME LOG: the stage's last line of output, for a summary without a result.
+last_words() { segment "$1" "$2" | grep -v '^[[:space:]]*$' | tail -1 | tr -s ' ' | head -c 200; }
 status_of() {
   case $1 in
     0) echo ok ;;
@@ -244,7 +251,7 @@ if want tests; then
     stage "test $name" $limit "$TESTLOG" "${RUN[@]}" "${LAUNCH[@]}" "$t" \
       --gtest_output="xml:$WORK/xml/$name.xml" --gtest_color=no
     [ $STAGE_RC = 125 ] && continue
-    seg=$(awk -v n="=== test $name: limit" 'index($0, n) == 1 {p = 1; s = ""} p {s = s $0 "\n"} END {printf "%s", s}' "$TESTLOG")
+    seg=$(segment "test $name" "$TESTLOG")
     run=$(grep -c '^\[ RUN      \]' <<<"$seg")
     ok=$(grep -c '^\[       OK \]' <<<"$seg")
     failed=$(grep '^\[  FAILED  \] [A-Za-z]' <<<"$seg" | grep -v ' tests\?, listed below' | awk '{print $4}' | sort -u)
@@ -264,16 +271,20 @@ fi
 BENCHLOG=$OUTD/bench.log
 if want bench; then
   stage "bench --plan" 20 "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda --plan
-  [ $STAGE_RC != 125 ] && record "bench --plan" "$(status_of $STAGE_RC)" "$STAGE_S" \
-    "$(grep -iE 'GiB|fits|micro' "$BENCHLOG" | tail -3 | tr -s ' \n' ' ' | head -c 300)"
+  if [ $STAGE_RC != 125 ]; then
+    plan=$(segment "bench --plan" "$BENCHLOG" | grep -iE 'GiB|fits|micro' | tail -3 | tr -s ' \n' ' ')
+    record "bench --plan" "$(status_of $STAGE_RC)" "$STAGE_S" \
+      "${plan:-$(last_words "bench --plan" "$BENCHLOG")}"
+  fi
   for s in "${BENCH_SHAPES[@]}"; do
     limit=75
     stage "bench $s" $limit "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda \
       --only "$s" "${BENCH_ARGS[@]}"
     [ $STAGE_RC = 125 ] && continue
-    row=$(grep -E "^$s " "$BENCHLOG" | tail -1 | tr -s ' ')
-    gemm=$(grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' "$BENCHLOG" | tail -1)
-    record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" "${row:-no result row} | $gemm"
+    row=$(segment "bench $s" "$BENCHLOG" | grep -E "^$s " | tail -1 | tr -s ' ')
+    gemm=$(segment "bench $s" "$BENCHLOG" | grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' | tail -1)
+    record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
+      "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
   done
 fi
 
@@ -284,9 +295,10 @@ peer() {  # MODE LIMIT
     --steps 5 --warmup 2
   [ $STAGE_RC = 125 ] && return
   local rows
-  rows=$(awk -v n="=== peer $1: limit" 'index($0, n) == 1 {p = 1} p && (/^gpu-/ || /^torch /)' "$PEERLOG" |
-    tr -s ' ' | paste -sd'|' | head -c 500)
-  record "peer $1" "$(status_of $STAGE_RC)" "$STAGE_S" "${rows:-no result}"
+  rows=$(segment "peer $1" "$PEERLOG" | grep -E '^(gpu-|torch )' | tr -s ' ' | paste -sd'|' |
+    head -c 500)
+  record "peer $1" "$(status_of $STAGE_RC)" "$STAGE_S" \
+    "${rows:-no result: $(last_words "peer $1" "$PEERLOG")}"
 }
 want peer && peer eager 90
 want compile && peer compile 600

@@ -4,6 +4,8 @@
 #   scripts/gpu-check.sh            build build-gpu/ and pack .gpu/ (git-ignored)
 #   scripts/gpu-check.sh --dry-run  the same, then check .gpu/ against a simulated device venv
 #                                   and print the size and the planned stages
+#   scripts/gpu-check.sh --rehearse the same, then every stage of run.sh here, on that venv (no
+#                                   GPU: the GPU tests skip, the bench and the peer exit 2)
 #
 # Then the device tool: carry [".gpu"], command ".gpu/run.sh" (scripts/gpu-check-device.sh).
 #
@@ -18,8 +20,11 @@
 # Environment: MOELAB_GPU_BUILD_DIR (default build-gpu), MOELAB_GPU_ARCH (default 90).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+MODE=${1:-}
+case $MODE in
+  "" | --dry-run | --rehearse) ;;
+  *) echo "usage: scripts/gpu-check.sh [--dry-run | --rehearse]" >&2 && exit 2 ;;
+esac
 BUILD=${MOELAB_GPU_BUILD_DIR:-build-gpu}
 ARCH=${MOELAB_GPU_ARCH:-90}
 PACK=.gpu
@@ -115,7 +120,7 @@ say "payload $PACK: $((size / 1024 / 1024)) MiB ($size bytes); tracked files $((
 together $(((size + tree) / 1024 / 1024)) MiB of the 64 MiB that travel"
 ((size + tree < LIMIT)) || die "over the 64 MiB that can travel"
 
-if ((DRY)); then
+if [ -n "$MODE" ]; then
   # A device venv as the wheels lay it out (the RECORDs of this machine's CUDA wheels, whose
   # files /usr/local/cuda/lib holds): nvidia/cu13/lib, nvidia/cudnn/lib, nvidia/nccl/lib.
   SIM=$(mktemp -d)
@@ -136,7 +141,12 @@ if ((DRY)); then
   rm -rf "$PACK/__pycache__"
   # run.sh itself, in its dry-run mode, on that layout; LD_LIBRARY_PATH cleared so nothing of
   # this machine's own setup helps it.
-  env -u LD_LIBRARY_PATH MOELAB_GPU_VENV="$SIM" MOELAB_GPU_STRICT=1 OUT="$SIM/out" \
-    MOELAB_GPU_DIR="$SIM/unpacked" "$PACK/run.sh" --dry-run
+  if [ "$MODE" = --rehearse ]; then
+    mkdir -p "$BUILD/rehearsal"
+    say "rehearsal: run.sh's files go to $BUILD/rehearsal"
+  fi
+  env -u LD_LIBRARY_PATH MOELAB_GPU_VENV="$SIM" MOELAB_GPU_STRICT=1 MOELAB_GPU_DIR="$SIM/unpacked" \
+    OUT="$([ "$MODE" = --rehearse ] && echo "$BUILD/rehearsal" || echo "$SIM/out")" \
+    "$PACK/run.sh" "$([ "$MODE" = --dry-run ] && echo --dry-run)"
 fi
 say "ready: device tool with carry [\".gpu\"] and command \".gpu/run.sh\""

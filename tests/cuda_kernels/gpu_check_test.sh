@@ -21,6 +21,7 @@ check() {  # check DESCRIPTION COMMAND...
     fails=$((fails + 1))
   fi
 }
+# shellcheck disable=SC2317  # called through check
 has() { grep -q -- "$2" "$1"; }
 
 pack() {  # pack DIR: DIR/stage/{bin,lib} -> DIR/.gpu with run.sh
@@ -47,9 +48,11 @@ A=$T/missing
 mkdir -p "$A/stage/bin" "$A/build"
 echo 'int moelab_fake(void) { return 0; }' >"$A/build/fake.c"
 echo 'int moelab_fake(void); int main(void) { return moelab_fake(); }' >"$A/build/main.c"
-cc -shared -fPIC -o "$A/build/libmoelabfake.so" "$A/build/fake.c" &&
-  cc -o "$A/stage/bin/cuda_needs_test" "$A/build/main.c" -L"$A/build" -lmoelabfake ||
-  { echo "FAILED: cannot build the fake binary"; exit 1; }
+if ! cc -shared -fPIC -o "$A/build/libmoelabfake.so" "$A/build/fake.c" ||
+  ! cc -o "$A/stage/bin/cuda_needs_test" "$A/build/main.c" -L"$A/build" -lmoelabfake; then
+  echo "FAILED: cannot build the fake binary"
+  exit 1
+fi
 pack "$A"
 venv "$A/venv"
 (cd "$A" && OUT="$A/out" MOELAB_GPU_VENV="$A/venv" MOELAB_GPU_DIR="$A/work" .gpu/run.sh \
@@ -93,10 +96,12 @@ cat >"$B/stage/bin/moelab" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in
   *--plan*) echo "gpu-dense: 41.0 GiB at micro-batch 32: fits" ;;
-  *"--only gpu-moe"*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"; exec sleep 60 ;;
+  *"--only gpu-moe"*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"
+    [ -n "${FAKE_HANG:-}" ] && exec sleep 60
+    echo "fake: out of memory"; exit 1 ;;
   *"--only gpu-dense "*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"
     echo "gpu-dense  272000000  272000000  400.0  20.0  78000  120.0  15.2%" ;;
-  *) exit 9 ;;
+  *) echo "fake moelab: unexpected $*"; exit 9 ;;
 esac
 EOF
 chmod +x "$B"/stage/bin/*
@@ -104,7 +109,7 @@ pack "$B"
 venv "$B/venv"
 start=$SECONDS
 (cd "$B" && OUT="$B/out" MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
-  MOELAB_GPU_BUDGET_S=12 .gpu/run.sh >"$B/stdout" 2>&1)
+  MOELAB_GPU_BUDGET_S=12 FAKE_HANG=1 .gpu/run.sh >"$B/stdout" 2>&1)
 rc=$?
 took=$((SECONDS - start))
 S=$B/out/summary.txt
@@ -124,12 +129,16 @@ check "budget: peer skipped" has "$S" "peer eager .*SKIP"
 check "env: written" has "$B/out/env.txt" "library path for our binaries"
 check "table last on stdout" has <(tail -n 12 "$B/stdout") "^total "
 
-# ---- 3. The peer stages, given time ---------------------------------------------------------------
+# ---- 3. Bench failures and the peer stages, given time -----------------------------------------
 (cd "$B" && OUT="$B/out2" MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
-  MOELAB_GPU_STAGES=peer,compile .gpu/run.sh >"$B/stdout2" 2>&1)
+  MOELAB_GPU_STAGES=bench,peer,compile .gpu/run.sh >"$B/stdout2" 2>&1)
+check "bench: a failure shows its last words" has "$B/out2/summary.txt" \
+  "bench gpu-moe .*FAIL(1).*no result row: fake: out of memory | GEMM 8192^3"
+check "bench: an unknown case shows its last words" has "$B/out2/summary.txt" \
+  "bench gpu-dense-muonclip .*FAIL(9).*fake moelab: unexpected bench"
 check "peer: eager row" has "$B/out2/summary.txt" "peer eager .*ok.*gpu-dense eager 32 32 100.0"
 check "peer: compile row" has "$B/out2/summary.txt" "peer compile .*ok.*gpu-dense compile"
-check "peer: no test or bench stage" test ! -e "$B/out2/tests.log" -a ! -e "$B/out2/bench.log"
+check "peer: no test stage" test ! -e "$B/out2/tests.log"
 
 echo "$passes passed, $fails failed"
 exit $((fails > 0))
