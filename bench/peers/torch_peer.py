@@ -103,7 +103,8 @@ if torch is not None:
         def forward(self, x, cos, sin):
             b, s, d = x.shape
             q, k, v = self.wqkv(x).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            # The fp32 tables promote q and k: back to v's dtype (bf16 under autocast).
+            q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.wo(y.transpose(1, 2).reshape(b, s, d))
 
