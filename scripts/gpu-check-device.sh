@@ -10,7 +10,8 @@
 # Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
 # the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
 # binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process; (4) the
-# PyTorch peer, eager; (5) the peer under torch.compile. Every stage appends its line to
+# PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
+# process; (5) the peer under torch.compile. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
 # time-out loses nothing already measured. Files in $OUT (the device tool returns at most 8):
 # summary.txt, env.txt, tests.log, tests-xml.tar, bench.log, peer.log. The summary table is
@@ -27,7 +28,7 @@ REPO=$(cd "$PACK/.." && pwd)
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 OUTD=${OUT:-$PACK/out}
-mkdir -p "$OUTD"
+mkdir -p "$OUTD" && OUTD=$(cd "$OUTD" && pwd) || exit 3
 BUDGET=${MOELAB_GPU_BUDGET_S:-420}
 STAGES=${MOELAB_GPU_STAGES:-env,tests,bench,peer,compile}
 VENV=${MOELAB_GPU_VENV:-/opt/torch/.venv}
@@ -37,7 +38,8 @@ WORK=${MOELAB_GPU_DIR:-/tmp/moelab-gpu}
 T0=$SECONDS
 SUMMARY=$OUTD/summary.txt
 ENVLOG=$OUTD/env.txt
-: >"$SUMMARY"
+# Fresh files (the device empties $OUT; a rehearsal here reuses its folder).
+rm -f "$OUTD"/{summary.txt,env.txt,tests.log,tests-xml.tar,bench.log,peer.log}
 ROWS=()
 
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -45,7 +47,7 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 # record STAGE STATUS SECONDS DETAIL: one summary line, written at once.
 record() {
   local line
-  line=$(printf '%-28s %-8s %5ss  %s' "$1" "$2" "$3" "$4")
+  line=$(printf '%-28s %-10s %5ss  %s' "$1" "$2" "$3" "$4")
   echo "$line" >>"$SUMMARY"
   ROWS+=("$line")
 }
@@ -80,6 +82,7 @@ status_of() {
   case $1 in
     0) echo ok ;;
     124 | 137) echo TIMEOUT ;;
+    1[3-9][0-9]) echo "CRASH($1)" ;;
     *) echo "FAIL($1)" ;;
   esac
 }
@@ -242,6 +245,15 @@ if ((DRY)); then finish 0; fi
 
 # ---- Stage 2: CUDA tests ------------------------------------------------------------------------
 TESTLOG=$OUTD/tests.log
+# list_tests BINARY: every test's full name.
+list_tests() {
+  "${RUN[@]}" "${LAUNCH[@]}" "$1" --gtest_list_tests 2>/dev/null |
+    awk '/^[^ ]/ {suite = $1; next} /^  [^ ]/ {print suite $1}'
+}
+# Tests to rerun one per process (isolate, after the peer): the failed ones and, after a crash
+# or a time-out, those that never finished. A sticky CUDA error (a faulting kernel) fails every
+# later test of its process; alone, each test says whether it fails by itself.
+declare -A REDO=()
 if want tests; then
   mkdir -p "$WORK/xml"
   for t in "${TESTS[@]}"; do
@@ -260,8 +272,12 @@ if want tests; then
     detail="$run run, $ok passed, $(grep -c . <<<"$failed") failed, $skipped skipped"
     ((nogpu)) && detail="$detail; $nogpu lines say 'no CUDA device': THE GPU WAS NOT USED"
     [ -n "$failed" ] && detail="$detail; failed: $(tr '\n' ' ' <<<"$failed" | head -c 400)"
-    ((STAGE_RC == 124 || STAGE_RC == 137)) &&
-      detail="$detail; running at the time-out: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
+    if ((STAGE_RC != 0 && STAGE_RC != 1)); then
+      detail="$detail; last started: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
+      finished=$(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u)
+      failed=$(printf '%s\n%s\n' "$failed" "$(comm -23 <(list_tests "$t" | sort -u) <(echo "$finished"))")
+    fi
+    REDO[$t]=$(grep . <<<"$failed" | sort -u | head -40)
     record "test $name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
   done
   (cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
@@ -300,7 +316,36 @@ peer() {  # MODE LIMIT
   record "peer $1" "$(status_of $STAGE_RC)" "$STAGE_S" \
     "${rows:-no result: $(last_words "peer $1" "$PEERLOG")}"
 }
+isolate() {
+  local t name tn rc n pass t0
+  local -a still
+  for t in "${TESTS[@]}"; do
+    [ -n "${REDO[$t]:-}" ] || continue
+    name=$(basename "$t") n=0 pass=0 t0=$SECONDS still=()
+    while read -r tn; do
+      if (($(left) < 20 || SECONDS - t0 > 60)); then
+        still+=("$tn(not rerun: no time)")
+        continue
+      fi
+      n=$((n + 1))
+      echo "=== alone $tn" >>"$TESTLOG"
+      timeout -k 5 20 "${RUN[@]}" "${LAUNCH[@]}" "$t" --gtest_filter="$tn" --gtest_color=no \
+        >>"$TESTLOG" 2>&1
+      rc=$?
+      echo "=== alone $tn: exit $rc" >>"$TESTLOG"
+      if ((rc == 0)); then pass=$((pass + 1)); else still+=("$tn($(status_of $rc))"); fi
+    done <<<"${REDO[$t]}"
+    if ((n == 0)); then
+      record "alone $name" SKIP 0 "no time left to rerun ${#still[@]} tests one per process"
+    else
+      record "alone $name" "$([ ${#still[@]} = 0 ] && echo ok || echo FAIL)" $((SECONDS - t0)) \
+        "$pass of $n pass when run alone; still failing: ${still[*]:-none}"
+    fi
+  done
+}
+
 want peer && peer eager 90
+want tests && isolate
 want compile && peer compile 600
 
 finish 0

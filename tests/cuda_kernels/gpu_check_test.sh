@@ -69,9 +69,14 @@ B=$T/stages
 mkdir -p "$B/stage/bin"
 cat >"$B/stage/bin/cuda_fake_test" <<'EOF'
 #!/usr/bin/env bash
-[ "${1:-}" = --gtest_list_tests ] && { printf 'Fake.\n  A\n'; exit 0; }
+# Passes, fails, skips for want of a GPU, then crashes: Fake.Crashes and Fake.NeverRan pass alone.
+case "${1:-}" in
+  --gtest_list_tests) printf 'Fake.\n  Passes\n  Fails\n  NeedsGpu\n  Crashes\n  NeverRan\n'; exit 0 ;;
+  --gtest_filter=Fake.Fails) echo "[  FAILED  ] Fake.Fails (1 ms)"; exit 1 ;;
+  --gtest_filter=*) echo "[       OK ] ${1#--gtest_filter=} (1 ms)"; exit 0 ;;
+esac
 cat <<'OUT'
-[==========] Running 3 tests from 1 test suite.
+[==========] Running 5 tests from 1 test suite.
 [ RUN      ] Fake.Passes
 [       OK ] Fake.Passes (1 ms)
 [ RUN      ] Fake.Fails
@@ -81,16 +86,9 @@ fake_test.cc:1: Failure
 fake_test.cc:2: Skipped
 CUDA test skipped: no CUDA device: cudaErrorInsufficientDriver
 [  SKIPPED ] Fake.NeedsGpu (0 ms)
-[==========] 3 tests from 1 test suite ran. (3 ms total)
-[  PASSED  ] 1 test.
-[  SKIPPED ] 1 test, listed below:
-[  SKIPPED ] Fake.NeedsGpu
-[  FAILED  ] 1 test, listed below:
-[  FAILED  ] Fake.Fails
-
- 1 FAILED TEST
+[ RUN      ] Fake.Crashes
 OUT
-exit 1
+kill -SEGV $$
 EOF
 cat >"$B/stage/bin/moelab" <<'EOF'
 #!/usr/bin/env bash
@@ -115,8 +113,9 @@ took=$((SECONDS - start))
 S=$B/out/summary.txt
 check "stages: exit 0 (got $rc)" test "$rc" = 0
 check "stages: within the budget (${took}s)" test "$took" -le 16
-check "tests: counted, failure named" has "$S" \
-  "test cuda_fake_test .*FAIL(1).*3 run, 1 passed, 1 failed, 1 skipped"
+check "tests: counted" has "$S" \
+  "test cuda_fake_test .*CRASH(139).*4 run, 1 passed, 1 failed, 1 skipped"
+check "tests: the crash named" has "$S" "last started: Fake.Crashes"
 check "tests: failure named" has "$S" "failed: Fake.Fails"
 check "tests: no-GPU skip flagged" has "$S" "THE GPU WAS NOT USED"
 check "tests: log in OUT" has "$B/out/tests.log" "Fake.NeedsGpu"
@@ -126,19 +125,29 @@ check "bench: row recorded" has "$S" "bench gpu-dense .*ok.*gpu-dense 272000000 
 check "bench: a hang times out" has "$S" "bench gpu-moe .*TIMEOUT"
 check "budget: later stages skipped" has "$S" "bench gpu-dense-muonclip .*SKIP.*budget is spent"
 check "budget: peer skipped" has "$S" "peer eager .*SKIP"
+check "budget: no reruns" has "$S" "alone cuda_fake_test .*SKIP.*no time left to rerun 3 tests"
 check "env: written" has "$B/out/env.txt" "library path for our binaries"
 check "table last on stdout" has <(tail -n 12 "$B/stdout") "^total "
 
-# ---- 3. Bench failures and the peer stages, given time -----------------------------------------
-(cd "$B" && OUT="$B/out2" MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
-  MOELAB_GPU_STAGES=bench,peer,compile .gpu/run.sh >"$B/stdout2" 2>&1)
+# ---- 3. Given time: bench failures, the peer, the failed tests alone -----------------------------
+# Twice into one relative folder: the second run starts its files afresh.
+for _ in 1 2; do
+  (cd "$B" && OUT=out2 MOELAB_GPU_VENV="$B/venv" MOELAB_GPU_DIR="$B/work" \
+    MOELAB_GPU_STAGES=tests,bench,peer,compile .gpu/run.sh >"$B/stdout2" 2>&1)
+done
+check "rerun: logs start afresh" test "$(grep -c '^=== test cuda_fake_test: limit' "$B/out2/tests.log")" = 1
+check "rerun: xml tar with a relative OUT" test -s "$B/out2/tests-xml.tar"
 check "bench: a failure shows its last words" has "$B/out2/summary.txt" \
   "bench gpu-moe .*FAIL(1).*no result row: fake: out of memory | GEMM 8192^3"
 check "bench: an unknown case shows its last words" has "$B/out2/summary.txt" \
   "bench gpu-dense-muonclip .*FAIL(9).*fake moelab: unexpected bench"
 check "peer: eager row" has "$B/out2/summary.txt" "peer eager .*ok.*gpu-dense eager 32 32 100.0"
 check "peer: compile row" has "$B/out2/summary.txt" "peer compile .*ok.*gpu-dense compile"
-check "peer: no test stage" test ! -e "$B/out2/tests.log"
+check "alone: failed and unfinished tests rerun one per process" has "$B/out2/summary.txt" \
+  "alone cuda_fake_test .*FAIL.*2 of 3 pass when run alone; still failing: Fake.Fails(FAIL(1))"
+check "alone: after the eager peer, before compile" has \
+  <(cut -c1-22 "$B/out2/summary.txt" | sed 's/ *$//' | paste -sd,) \
+  "peer eager,alone cuda_fake_test,peer compile"
 
 echo "$passes passed, $fails failed"
 exit $((fails > 0))
