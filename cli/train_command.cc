@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/data/data.h"
 #include "core/device.h"
+#include "core/model/cuda_model.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"
@@ -92,6 +93,13 @@ void AddTrainCommand(CLI::App& app) {
         RequireDevice(config.train);  // train.device "cuda" without a GPU: exit 2, no run row
       } catch (const DeviceError& e) {
         throw ConfigError("train.device", e.what());
+      }
+      if (config.train.device == "cuda") {
+        try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
+          RequireCudaMemory(config, layout.local_batch, leader);
+        } catch (const DeviceError& e) {
+          throw ConfigError("train.micro_batch", e.what());
+        }
       }
     } catch (const ConfigError& e) {
       // Every rank sees the same config and world size, so all of them stop here.

@@ -181,6 +181,10 @@ const std::vector<Field>& Fields() {
       // train
       {"train.batch_size", FieldType::kInt, Ref(&C::train, &TrainConfig::batch_size),
        "Sequences per optimizer step."},
+      {"train.micro_batch", FieldType::kInt, Ref(&C::train, &TrainConfig::micro_batch),
+       "Sequences per forward/backward on each rank (gradient accumulation); 0 = the whole "
+       "local batch. Equal to the unsplit step up to float rounding.",
+       {}, false},
       {"train.steps", FieldType::kInt, Ref(&C::train, &TrainConfig::steps),
        "Optimizer steps (ignored when train.tokens > 0)."},
       {"train.tokens", FieldType::kInt64, Ref(&C::train, &TrainConfig::tokens),
@@ -599,6 +603,9 @@ void ValidateConfig(const RunConfig& c) {
 
   const TrainConfig& t = c.train;
   Require(t.batch_size >= 1, "train.batch_size", "must be positive");
+  Require(t.micro_batch >= 0 && t.micro_batch <= t.batch_size, "train.micro_batch",
+          fmt::format("must be between 0 (the whole local batch) and train.batch_size ({})",
+                      t.batch_size));
   Require(t.tokens >= 0, "train.tokens", "must be >= 0");
   if (t.tokens == 0) Require(t.steps >= 1, "train.steps", "must be positive (or set train.tokens)");
   Require(t.threads >= 1 && t.threads <= 1024, "train.threads", "must be between 1 and 1024");

@@ -101,6 +101,9 @@ struct DataConfig {
 
 struct TrainConfig {
   int batch_size = 8;
+  // Sequences per forward/backward on each rank (gradient accumulation); 0 = the whole local
+  // batch. Not hashed: the step equals the unsplit one up to float rounding.
+  int micro_batch = 0;
   int steps = 200;
   int64_t tokens = 0;  // if > 0, steps = ceil(tokens / (batch_size * seq_len))
   uint64_t seed = 1;

@@ -18,6 +18,7 @@
 #include "core/optim/cuda_optimizer.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
+#include "core/train/micro_batch.h"
 #include "core/train/progress.h"
 
 namespace moelab {
@@ -38,8 +39,9 @@ double Evaluate(CudaModel& model, TokenSource& data, const RunConfig& c,
   const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
-                  layout.local_batch, &stats);
+    ForwardMicroBatched(model,
+                        tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                        c.model.seq_len, PlanMicroBatches(c, layout.local_batch), &stats);
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
@@ -108,6 +110,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
 
   try {
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
+    RequireCudaMemory(c, local_batch, false);  // refuses what cannot fit (the CLI printed it)
     CudaModel model(c);
     model.Init(c.train.seed);
     std::unique_ptr<CudaOptimizer> optimizer =
@@ -156,6 +159,8 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     const int32_t* local_tokens =
         tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
+    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
+    DeviceGradAccumulator accumulator(n);
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     auto last_heartbeat = Clock::now();
@@ -174,7 +179,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       if (stop) break;
       const auto t0 = Clock::now();
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
-      model.ForwardBackward(local_tokens, local_batch, &stats);
+      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator);
       float* grads = model.grads();
       if (layout.world > 1) {
         comm->AllReduceSum(grads, n);  // device pointer: NCCL all-reduce in place

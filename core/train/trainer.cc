@@ -23,6 +23,7 @@
 #include "core/optim/qk_clip.h"
 #include "core/train/checkpoint.h"
 #include "core/train/cuda_trainer.h"
+#include "core/train/micro_batch.h"
 #include "core/train/progress.h"
 
 namespace moelab {
@@ -67,8 +68,9 @@ double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
   const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
-                  layout.local_batch, &stats);
+    ForwardMicroBatched(model,
+                        tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                        c.model.seq_len, PlanMicroBatches(c, layout.local_batch), &stats);
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
@@ -281,6 +283,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const int32_t* local_tokens =
         tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
+    // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
+    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
+    HostGradAccumulator accumulator(model.num_params());
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     const auto t_start = Clock::now();
@@ -307,7 +312,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
       const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
-      model.ForwardBackward(local_tokens, local_batch, &stats);
+      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator);
       const size_t n = model.num_params();
       float* grads = model.grads();
       if (layout.world > 1) {
