@@ -101,6 +101,7 @@ std::string SlurmTrainStep(const std::string& srun_command) {
       "# trainer as SIGTERM: it checkpoints and exits 4. After USR1 the job requeues itself and\n"
       "# continues from that checkpoint (the command trains or continues).\n"
       "requeue=0\n"
+      "step=\n"
       "trap 'requeue=1; kill -TERM \"$step\" 2>/dev/null || true' USR1\n"
       "trap 'kill -TERM \"$step\" 2>/dev/null || true' TERM\n"
       "{} &\n"

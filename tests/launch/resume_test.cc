@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "db/reader.h"
+#include "db/sqlite.h"
 #include "tests/launch/fixture.h"
 
 namespace moelab::sweeps {
@@ -80,6 +81,17 @@ TEST_F(ResumeTest, RunsOfOneConfigInOneDatabaseKeepTheirOwnCheckpoints) {
   EXPECT_HAS(done, "already done at step 40: loss ");
   EXPECT_EQ(done.find("0.0000"), std::string::npos) << done;
   EXPECT_EQ(done.find("nan"), std::string::npos) << done;
+  // Killed between its final checkpoint and marking itself done: the resume trains nothing and
+  // reports the recorded losses (it printed "loss 0.0000, val loss nan").
+  db::Connection(db_, SQLITE_OPEN_READWRITE)
+      .Exec("UPDATE runs SET status = 'stopped' WHERE id = 1");
+  ASSERT_EQ(Train({"--resume", "a"}, db_), 0) << Slurp(Log());
+  const std::string again = Slurp(Log());
+  EXPECT_HAS(again, "resuming run 1 'a' from step 40");
+  EXPECT_HAS(again, "done: 40 steps (nothing left to train), loss ");
+  EXPECT_EQ(again.find("0.0000"), std::string::npos) << again;
+  EXPECT_EQ(again.find("nan"), std::string::npos) << again;
+  EXPECT_EQ(Run(db_, 1).status, RunStatus::kDone);
 }
 
 // Path 2: the same config trained into two databases from one folder (default layout, and one
