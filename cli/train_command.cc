@@ -247,6 +247,9 @@ void AddTrainCommand(CLI::App& app) {
           uuid = r.uuid;
           folder = FindResumeFolder(r, config, args->ckpt_dir);
           ckpt_dir = folder.dir;
+          if (!folder.warning.empty()) {
+            fmt::print(stderr, "moelab train: warning: run {}: {}\n", r.id, folder.warning);
+          }
           if (!folder.from.empty()) start_step = folder.start_step;
           writer = db::RunWriter::Attach(args->db, r.id, start_step, shape);
           if (folder.from.empty()) {

@@ -222,14 +222,21 @@ ResumeFolder FindResumeFolder(const db::RunRow& run, const RunConfig& config,
     f.from = candidates.front();
     f.start_step = ReadCheckpointHeader(f.from).step;
   } else if (run.checkpoint_step.value_or(0) > 0 && ResumeCandidates(f.dir, own, nullptr).empty()) {
-    throw TrainRefused(
-        kExitConfig,
-        fmt::format("run {} '{}' recorded a checkpoint at step {} ({}), but {} holds none of its "
-                    "checkpoints (run {}): if the folder moved (another machine or path), pass "
-                    "it with --checkpoint-dir FOLDER; to train the config from scratch, start a "
-                    "new run (without --resume)",
-                    run.id, run.name, *run.checkpoint_step, run.checkpoint_path, f.dir,
-                    run.uuid.substr(0, 8)));
+    const fs::path recorded_dir = fs::path(run.checkpoint_path).parent_path();
+    if (run.checkpoint_path.empty() || !fs::is_directory(recorded_dir, ec)) {
+      throw TrainRefused(
+          kExitConfig,
+          fmt::format("run {} '{}' recorded a checkpoint at step {} ({}), but {} holds none of its "
+                      "checkpoints (run {}): if the folder moved (another machine or path), pass "
+                      "it with --checkpoint-dir FOLDER; to train the config from scratch, start "
+                      "a new run (without --resume)",
+                      run.id, run.name, *run.checkpoint_step, run.checkpoint_path, f.dir,
+                      run.uuid.substr(0, 8)));
+    }
+    // The folder is there, the file is not: deleted (or, before run UUIDs, pruned by another
+    // run of the config). Nothing to continue from: the run trains again from step 0.
+    f.warning = fmt::format("its last checkpoint {} (step {}) is gone", run.checkpoint_path,
+                            *run.checkpoint_step);
   }
   return f;
 }

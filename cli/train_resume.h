@@ -56,12 +56,14 @@ struct ResumeFolder {
   std::string legacy_checkpoint;  // a pre-UUID checkpoint the run recorded (adopted as its own)
   int64_t start_step = 0;         // the step resume will start from (0: from scratch)
   std::string from;               // the checkpoint it starts from ("" = none)
+  std::string warning;            // why there is none although the run recorded one
 };
 
 // The folder: --checkpoint-dir when given; else the folder of the run's recorded checkpoint when
 // that file is still there and is the run's own; else DefaultCheckpointDir(config, uuid). Throws
-// TrainRefused (exit 2) when the run recorded a checkpoint but the folder holds none of its
-// checkpoints (moved to another machine or path): the message says to pass --checkpoint-dir.
+// TrainRefused (exit 2) when the run recorded a checkpoint but neither that folder exists nor
+// the chosen one holds any of its checkpoints (moved to another machine or path): the message
+// says to pass --checkpoint-dir. When only the recorded file is gone, `warning` says so.
 ResumeFolder FindResumeFolder(const db::RunRow& run, const RunConfig& config,
                               const std::string& explicit_dir);
 

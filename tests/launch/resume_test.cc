@@ -4,6 +4,7 @@
 // a resumed run records every step exactly once and follows its own trajectory.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -192,6 +193,61 @@ TEST_F(ResumeTest, AMovedCheckpointFolderIsFoundWithCheckpointDir) {
   const std::string ref = (dir_ / "ref.db").string();
   ASSERT_EQ(Train({cfg}, ref), 0) << Slurp(Log());
   EXPECT_EQ(Losses(ref, 1, 30), resumed);
+}
+
+// Rewrites a checkpoint in format 1, as moelab wrote it before runs had UUIDs.
+void ToFormat1(const fs::path& from, const fs::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  std::string b((std::istreambuf_iterator<char>(in)), {});
+  size_t pos = 8;
+  uint64_t n = 0;
+  for (int i = 0; i < 2; ++i) {  // config hash, branch hash
+    std::memcpy(&n, b.data() + pos, 8);
+    pos += 8 + n;
+  }
+  std::memcpy(&n, b.data() + pos, 8);
+  b.erase(pos, 8 + n);  // the run's UUID
+  b[7] = '1';
+  b.resize(b.size() - 8);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : b) h = (h ^ c) * 1099511628211ull;
+  b.append(reinterpret_cast<const char*>(&h), 8);
+  std::ofstream(to, std::ios::binary) << b;
+}
+
+// Checkpoints from before run UUIDs (format 1, one folder per config shared by its runs): a run
+// adopts the legacy checkpoint its row recorded and continues its exact trajectory in its own
+// new folder; another run of the config, which did not record it, passes it over and says so.
+TEST_F(ResumeTest, ALegacyCheckpointIsAdoptedOnlyByTheRunThatRecordedIt) {
+  const std::string cfg = Config(30, dir_ / "ckpt");
+  ASSERT_EQ(Train({cfg, "--name", "old", "--stop-at-step", "12"}, db_), 4) << Slurp(Log());
+  ASSERT_EQ(Train({cfg, "--name", "other", "--stop-at-step", "6"}, db_), 4) << Slurp(Log());
+  // Both rows as an upgraded database has them: the old layout, the files without UUIDs.
+  const auto legacy = [&](int id, const std::string& file) {
+    const db::RunRow r = Run(db_, id);
+    const fs::path own = fs::path(r.checkpoint_path).parent_path();
+    const fs::path old = own.parent_path() / file;
+    ToFormat1(r.checkpoint_path, old);
+    fs::remove_all(own);
+    db::Connection(db_, SQLITE_OPEN_READWRITE)
+        .Prepare("UPDATE runs SET checkpoint_path = ?2 WHERE id = ?1")
+        .Bind(1, int64_t{id})
+        .Bind(2, old.string())
+        .Run();
+    return old;
+  };
+  const fs::path old12 = legacy(1, "step_000000012.ckpt");
+  fs::remove(legacy(2, "step_000000006.ckpt"));  // pruned by run 1, as the old code did
+  // In the shared folder (the sweep engine and the GUI pass a run's recorded folder).
+  ASSERT_EQ(Train({"--resume", "other", "--checkpoint-dir", old12.parent_path().string()}, db_), 0)
+      << Slurp(Log());
+  EXPECT_HAS(Slurp(Log()), "step_000000006.ckpt (step 6) is gone");
+  EXPECT_HAS(Slurp(Log()), "skipping legacy checkpoint " + old12.string());
+  EXPECT_HAS(Slurp(Log()), "resuming run 2 'other' from step 0");
+  ASSERT_EQ(Train({"--resume", "old"}, db_), 0) << Slurp(Log());
+  EXPECT_HAS(Slurp(Log()), "resuming run 1 'old' from step 12 (" + old12.string() + ")");
+  EXPECT_EQ(Losses(db_, 1, 30), Losses(db_, 2, 30));
+  EXPECT_TRUE(fs::exists(old12));  // never pruned by the new format
 }
 
 }  // namespace
