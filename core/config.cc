@@ -208,7 +208,7 @@ const std::vector<Field>& Fields() {
       {"checkpoint.every", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::every),
        "Checkpoint every N steps (and at the end); 0 = only at the end.", {}, false},
       {"checkpoint.dir", FieldType::kString, Ref(&C::checkpoint, &CheckpointConfig::dir),
-       "Folder for checkpoints (a sub-folder per run, named by config hash).", {}, false},
+       "Folder for checkpoints (one sub-folder `<config hash16>/<run uuid>` per run).", {}, false},
       {"checkpoint.keep", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::keep),
        "How many recent checkpoints to keep per run.", {}, false},
       // dist (docs/dist-core.md)

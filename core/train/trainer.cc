@@ -88,9 +88,16 @@ void AllReduceGradients(Communicator& comm, float* g, size_t n, double bucket_mb
 
 }  // namespace
 
-std::string DefaultCheckpointDir(const RunConfig& config) {
-  return config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
+std::string DefaultCheckpointDir(const RunConfig& config, const std::string& run_uuid) {
+  const std::string base = config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
+  return run_uuid.empty() ? base : base + "/" + run_uuid;
 }
+
+ResumeIdentity ResumeIdentityOf(const TrainOptions& options, const std::string& config_hash) {
+  return {options.run_uuid, config_hash, options.legacy_checkpoint, options.max_resume_step};
+}
+
+void WarnResume(const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); }
 
 std::string BranchCheckpointDir(const std::string& checkpoint_dir) {
   return checkpoint_dir + "/branches";
@@ -106,8 +113,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   NullSink null_sink;
   const bool leader = comm->rank() == 0;
   if (!leader) sink = &null_sink;
-  const std::string ckpt_dir =
-      options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
+  const std::string ckpt_dir = options.checkpoint_dir.empty()
+                                   ? DefaultCheckpointDir(c, options.run_uuid)
+                                   : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
@@ -185,8 +193,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       try {
         if (options.resume) {
           from = ReadNewestValidCheckpoint(
-              ckpt_dir, hash, params, bias, resume_state, &h,
-              [](const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); });
+              ResumeCandidates(ckpt_dir, ResumeIdentityOf(options, hash), WarnResume), hash, params,
+              bias, resume_state, &h, WarnResume);
         }
         if (from.empty() && !options.init_from.empty()) {
           from = options.init_from;
@@ -263,7 +271,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       std::vector<std::vector<float>> storage;
       const std::vector<StateBuffer> state = checkpoint_state(storage, true);
       if (!leader) return "";
-      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
+      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops, options.run_uuid};
       return WriteCheckpoint(dir, h, params, bias, state, keep);
     };
     auto checkpoint = [&](int64_t at) {
@@ -451,10 +459,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     if (step < total) {
       // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
       // Rank 0 decides (it alone sees the folder); with ZeRO-1 every rank joins the gather.
-      float need = leader && (result.checkpoint.empty() || step != result.start_step) &&
-                           CheckpointAtStep(ckpt_dir, step).empty()
-                       ? 1.0f
-                       : 0.0f;
+      float need = leader && CheckpointStepOf(result.checkpoint) != step ? 1.0f : 0.0f;
       if (layout.world > 1) comm->Broadcast(&need, 1, 0);
       if (need > 0) checkpoint(step);
       result.status = RunStatus::kStopped;

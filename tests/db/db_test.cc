@@ -110,6 +110,36 @@ TEST_F(DbTest, MigrationsCreateSchemaAndAreIdempotent) {
   EXPECT_EQ(IntegrityCheck(path_), "ok");
 }
 
+// Migration 7 (issue 19): every run has a UUID. Rows recorded before it get distinct random
+// ones; new rows get one from the writer; no two runs share one.
+TEST_F(DbTest, EveryRunHasItsOwnUuidAfterMigrationSeven) {
+  const int64_t old1 = RunWriter::CreateRun(path_, TestRun("old1"));
+  const int64_t old2 = RunWriter::CreateRun(path_, TestRun("old2"));
+  {  // Roll the file back to schema 6: the runs of an older database have no uuid column.
+    Connection c(path_, SQLITE_OPEN_READWRITE);
+    c.Exec("DROP INDEX runs_uuid");
+    c.Exec("ALTER TABLE runs DROP COLUMN uuid");
+    c.Exec("PRAGMA user_version = 6");
+  }
+  const int64_t fresh = RunWriter::CreateRun(path_, TestRun("new"));  // migrates first
+  Reader reader(path_);
+  const std::string u1 = reader.GetRun(old1)->uuid, u2 = reader.GetRun(old2)->uuid,
+                    u3 = reader.GetRun(fresh)->uuid;
+  for (const std::string& u : {u1, u2, u3}) {
+    ASSERT_EQ(u.size(), 36u) << u;
+    EXPECT_EQ(u[8], '-');
+    EXPECT_EQ(u[14], '4') << u;  // version 4
+    EXPECT_NE(std::string("89ab").find(u[19]), std::string::npos) << u;
+    EXPECT_EQ(u.find_first_not_of("0123456789abcdef-"), std::string::npos) << u;
+  }
+  EXPECT_NE(u1, u2);
+  EXPECT_NE(u1, u3);
+  EXPECT_NE(NewRunUuid(), NewRunUuid());
+  Connection c(path_, SQLITE_OPEN_READWRITE);
+  EXPECT_THROW(c.Exec("UPDATE runs SET uuid = '" + u1 + "' WHERE id = " + std::to_string(old2)),
+               SqliteError);
+}
+
 TEST_F(DbTest, ReaderRejectsMissingForeignAndNewerFiles) {
   EXPECT_THROW(
       {
