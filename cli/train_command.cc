@@ -363,6 +363,8 @@ void AddTrainCommand(CLI::App& app) {
                                  fmt::format("{:.6f}", result.comm_time_share));
         db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.optimizer_state_bytes",
                                  fmt::format("{}", result.optimizer_state_bytes));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.param_bytes",
+                                 fmt::format("{}", result.param_bytes));
       } catch (const std::exception& e) {
         fmt::print(stderr,
                    "moelab train: warning: could not record the communication counters: "

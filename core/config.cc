@@ -98,8 +98,9 @@ const std::vector<Field>& Fields() {
       {"moe.route_scale", FieldType::kDouble, Ref(&C::moe, &MoEConfig::route_scale),
        "Multiplier of the gates after renormalisation over the chosen experts."},
       {"moe.balance", FieldType::kString, Ref(&C::moe, &MoEConfig::balance),
-       "Load balancing: Switch aux loss, DeepSeek-V3 aux-loss-free bias, or none.",
-       {"aux_loss", "aux_free", "none"}},
+       "Load balancing: the aux-loss-free selection bias of DeepSeek-V3 and Kimi K2, the Switch "
+       "aux loss (on global-batch statistics), or none (docs/model.md).",
+       {"aux_free", "aux_loss", "none"}},
       {"moe.aux_loss_coef", FieldType::kDouble, Ref(&C::moe, &MoEConfig::aux_loss_coef),
        "Coefficient of the aux loss coef·E·Σ f_i·P_i (balance = aux_loss)."},
       {"moe.bias_update_rate", FieldType::kDouble, Ref(&C::moe, &MoEConfig::bias_update_rate),
@@ -692,6 +693,10 @@ std::string ConfigHash(const RunConfig& c) {
   // under AdamW, so AdamW configs hash with the old value and keep their hashes; Muon runs with
   // plain momentum are a different experiment and hash differently, as they should.
   if (c.optimizer.name == "adamw") j["optimizer"]["muon_nesterov"] = true;
+  // moe.balance changed its default (aux_loss -> aux_free, issue 23). It does nothing in a dense
+  // model, so dense configs hash with the old value and keep their hashes; an MoE config that
+  // leaves it unset is now a different experiment and hashes differently, as it should.
+  if (!c.moe.enabled()) j["moe"]["balance"] = "aux_loss";
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");

@@ -59,6 +59,7 @@ struct TrainResult {
   double comm_bytes_per_step = 0;
   double comm_time_share = 0;
   size_t optimizer_state_bytes = 0;
+  size_t param_bytes = 0;  // parameters + gradients held by this rank (issue 23)
 };
 
 // Exit codes of `moelab train`, distinct so a sweep scheduler can tell outcomes apart.

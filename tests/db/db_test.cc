@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "db/merge.h"
+#include "db/promotions.h"
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
@@ -484,6 +485,83 @@ TEST_F(DbTest, MergeImportsNewRunsByConfigHashOnce) {
   EXPECT_EQ(r.ClipEvents(id).size(), 1u);
   EXPECT_EQ(r.RunVars(id).at("sparsity"), "8");
   EXPECT_THROW(MergeDatabase(path_, dir_ + "/missing.db"), std::runtime_error);
+  EXPECT_EQ(IntegrityCheck(path_), "ok");
+}
+
+// Promotions travel with their runs: the launched run and the source run are re-linked to the
+// destination's runs of the same config hash (imported now, or already there), the sweep by
+// name, the fit (not merged) dropped; a second merge copies nothing twice.
+TEST_F(DbTest, MergeCopiesPromotionsWithTheirRuns) {
+  const std::string other = dir_ + "/promoted.db";
+  {
+    auto w = RunWriter::Create(path_, TestRun("source here too", "source-hash"));
+    w->OnEnd(RunStatus::kDone, "");
+  }
+  int64_t src_source = 0, src_launched = 0;
+  {
+    Connection db = OpenForWrite(other);
+    db.Exec("INSERT INTO sweeps (name, created_at) VALUES ('family', 0)");
+    const int64_t sweep = db.last_insert_rowid();
+    RunInfo source = TestRun("source", "source-hash");
+    source.sweep_id = sweep;
+    auto s = RunWriter::Create(other, source);
+    src_source = s->run_id();
+    s->OnEnd(RunStatus::kDone, "");
+    auto l = RunWriter::Create(other, TestRun("promoted", "promoted-hash"));
+    src_launched = l->run_id();
+    l->OnEnd(RunStatus::kDone, "");
+    db.Exec(
+        "INSERT INTO fits (created_at, family_key, form, options_json, inputs_json, result_json, "
+        "bootstrap_seed) VALUES (0, '', 'power', '{}', '{}', '{}', 1)");
+    PromotionRecord p;
+    p.sweep_id = sweep;
+    p.fit_id = db.last_insert_rowid();
+    p.law = "power";
+    p.source_run_id = src_source;
+    p.target_json = R"({"target_loss": 3})";
+    p.plan_json = R"({"steps": 100})";
+    p.config_json = R"({"train": {"steps": 100}})";
+    p.predicted_loss = 3.0;
+    const int64_t pid = SavePromotion(other, p);
+    LinkPromotionRun(other, pid, src_launched);
+    PromotionRecord unlaunched = p;
+    unlaunched.plan_json = R"({"steps": 50})";
+    unlaunched.source_run_id.reset();
+    SavePromotion(other, unlaunched);
+  }
+  const MergeResult first = MergeDatabase(path_, other);
+  EXPECT_EQ(first.imported, 1);  // the source run was here already
+  EXPECT_EQ(first.promotions_imported, 2);
+  EXPECT_EQ(first.promotions_skipped, 0);
+  ASSERT_EQ(first.id_map.size(), 1u);
+  EXPECT_EQ(first.id_map[0].first, src_launched);
+  const int64_t launched = first.id_map[0].second;
+  const std::vector<PromotionRecord> got = ListPromotions(path_);
+  ASSERT_EQ(got.size(), 2u);
+  const bool first_linked = got[0].plan_json == R"({"steps": 100})";
+  const PromotionRecord& linked = first_linked ? got[0] : got[1];
+  const PromotionRecord& plain = first_linked ? got[1] : got[0];
+  EXPECT_EQ(linked.run_id, launched);
+  EXPECT_EQ(linked.source_run_id, std::optional<int64_t>(1));  // this file's run of that hash
+  EXPECT_FALSE(linked.fit_id);
+  ASSERT_TRUE(linked.sweep_id);
+  EXPECT_EQ(linked.plan_json, R"({"steps": 100})");
+  EXPECT_EQ(linked.predicted_loss, 3.0);
+  EXPECT_FALSE(plain.run_id);
+  EXPECT_FALSE(plain.source_run_id);
+  ASSERT_TRUE(PromotionOfRun(path_, launched));
+  EXPECT_EQ(PromotionOfRun(path_, launched)->id, linked.id);
+  {
+    Connection db = OpenForRead(path_);
+    Statement st = db.Prepare("SELECT name FROM sweeps WHERE id = ?1");
+    st.Bind(1, *linked.sweep_id);
+    ASSERT_TRUE(st.Step());
+    EXPECT_EQ(st.Text(0), "family");
+  }
+  const MergeResult again = MergeDatabase(path_, other);
+  EXPECT_EQ(again.promotions_imported, 0);
+  EXPECT_EQ(again.promotions_skipped, 2);
+  EXPECT_EQ(ListPromotions(path_).size(), 2u);
   EXPECT_EQ(IntegrityCheck(path_), "ok");
 }
 
