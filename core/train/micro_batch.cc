@@ -55,4 +55,40 @@ void HostGradAccumulator::Finish(float* g, double w) {
   for (long i = 0; i < n; ++i) g[i] = a[i] + wf * g[i];
 }
 
+MoeBatchStatsHook StepAuxStats::Recorder() {
+  layers_.clear();
+  return [this](int layer, MoeBatchStats& s) {
+    if (static_cast<size_t>(layer) >= layers_.size()) layers_.resize(layer + 1);
+    Layer& l = layers_[layer];
+    l.counts.resize(s.experts, 0);
+    l.score_sums.resize(s.experts, 0.0);
+    for (int e = 0; e < s.experts; ++e) {
+      l.counts[e] += s.counts[e];
+      l.score_sums[e] += s.score_sums[e];
+    }
+    l.tokens += *s.tokens;
+  };
+}
+
+void StepAuxStats::Combine() {
+  if (!ranks_) return;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    MoeBatchStats s{static_cast<int>(l.counts.size()), l.counts.data(), l.score_sums.data(),
+                    &l.tokens};
+    ranks_(static_cast<int>(i), s);
+  }
+}
+
+MoeBatchStatsHook StepAuxStats::Replayer() {
+  return [this](int layer, MoeBatchStats& s) {
+    const Layer& l = layers_.at(layer);
+    for (int e = 0; e < s.experts; ++e) {
+      s.counts[e] = l.counts[e];
+      s.score_sums[e] = l.score_sums[e];
+    }
+    *s.tokens = l.tokens;
+  };
+}
+
 }  // namespace moelab

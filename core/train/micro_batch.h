@@ -4,15 +4,18 @@
 //
 // The step equals the unsplit one up to float rounding: each micro-batch's mean loss and
 // gradient are weighted by its share of the rows, S_max is the maximum over micro-batches, and
-// expert counts add up. The Switch aux loss is not linear in the batch (f_i·P_i); its global
-// assignment fractions come from MoeCountsPrepass below.
+// expert counts add up. The Switch aux loss is not linear in the batch (f_i·P_i): StepAuxStats
+// below gives every micro-batch the step's statistics.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include <vector>
+
 #include "core/config.h"
+#include "core/model/moe.h"
 #include "core/model/step_stats.h"
 
 namespace moelab {
@@ -67,6 +70,9 @@ double ForwardBackwardMicroBatched(ModelT& model, const int32_t* tokens, int seq
       acc.Finish(model.grads(), w);
     }
     AccumulateStats(part, w, i == 0, stats);
+  }
+  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
+    if (aux) model.SetMoeBatchStatsHook(aux->ranks());
   }
   return objective;
 }

@@ -387,6 +387,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
     const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
     HostGradAccumulator accumulator(model.num_params());
+    // The Switch aux loss over micro-batches takes the step's statistics (one extra forward).
+    std::unique_ptr<StepAuxStats> step_aux;
+    if (micro.count() > 1 && c.moe.enabled() && c.moe.balance == "aux_loss") {
+      step_aux = std::make_unique<StepAuxStats>(
+          layout.world > 1 ? AllReduceBatchStatsHook(*comm) : MoeBatchStatsHook{});
+    }
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     const auto t_start = Clock::now();
@@ -413,7 +419,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
       const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
-      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator);
+      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator,
+                                  step_aux.get());
       const size_t n = model.num_params();
       float* grads = model.grads();
       if (layout.world > 1) {

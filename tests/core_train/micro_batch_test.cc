@@ -66,8 +66,10 @@ void ExpectStepMatches(const RunConfig& c, int micro) {
   const MicroBatchPlan plan = PlanMicroBatches(cm, c.train.batch_size);
   ASSERT_GT(plan.count(), 1);
   HostGradAccumulator acc(split.num_params());
-  const double os =
-      ForwardBackwardMicroBatched(split, tokens.data(), c.model.seq_len, plan, &ss, acc);
+  StepAuxStats aux{MoeBatchStatsHook{}};
+  const bool switch_loss = c.moe.enabled() && c.moe.balance == "aux_loss";
+  const double os = ForwardBackwardMicroBatched(split, tokens.data(), c.model.seq_len, plan, &ss,
+                                                acc, switch_loss ? &aux : nullptr);
   EXPECT_NEAR(os, ow, 1e-5 * std::abs(ow));
   EXPECT_NEAR(ss.loss, sw.loss, 1e-5 * sw.loss);
   EXPECT_NEAR(ss.z_loss, sw.z_loss, 1e-5 * std::abs(sw.z_loss) + 1e-12);
@@ -96,6 +98,12 @@ TEST(MicroBatch, PlanCoversTheRowsOnce) {
 }
 
 TEST(MicroBatch, StepEqualsUnsplitAuxFree) { ExpectStepMatches(MicroMoe("aux_free"), 2); }
+TEST(MicroBatch, StepEqualsUnsplitSwitchAuxLoss) { ExpectStepMatches(MicroMoe("aux_loss"), 2); }
+TEST(MicroBatch, StepEqualsUnsplitSwitchAuxLossUneven) {
+  RunConfig c = MicroMoe("aux_loss");
+  c.moe.router = "sigmoid";
+  ExpectStepMatches(c, 3);
+}
 TEST(MicroBatch, StepEqualsUnsplitUnevenSplit) { ExpectStepMatches(MicroMoe("none"), 3); }
 TEST(MicroBatch, StepEqualsUnsplitDense) {
   RunConfig c = MicroMoe("none");
@@ -103,8 +111,10 @@ TEST(MicroBatch, StepEqualsUnsplitDense) {
   ExpectStepMatches(c, 1);
 }
 
-TEST(MicroBatch, RunFollowsTheUnsplitTrajectory) {
-  RunConfig c = MicroMoe("aux_free");
+class MicroBatchRun : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MicroBatchRun, FollowsTheUnsplitTrajectory) {
+  RunConfig c = MicroMoe(GetParam());
   c.train.steps = 6;
   c.eval.every = 3;
   c.checkpoint.every = 0;
@@ -118,7 +128,8 @@ TEST(MicroBatch, RunFollowsTheUnsplitTrajectory) {
   auto run = [&](int micro) {
     RunConfig cc = c;
     cc.train.micro_batch = micro;
-    cc.checkpoint.dir = ::testing::TempDir() + "/micro_" + std::to_string(micro);
+    cc.checkpoint.dir =
+        ::testing::TempDir() + "/micro_" + GetParam() + "_" + std::to_string(micro);
     Losses sink;
     TrainOptions o;
     o.progress = false;
@@ -127,6 +138,7 @@ TEST(MicroBatch, RunFollowsTheUnsplitTrajectory) {
     return sink;
   };
   const Losses whole = run(0), split = run(2);
+  EXPECT_GT(whole.loss.front(), 0);
   ASSERT_EQ(whole.loss.size(), 6u);
   ASSERT_EQ(split.loss.size(), 6u);
   for (size_t i = 0; i < whole.loss.size(); ++i)
@@ -135,6 +147,8 @@ TEST(MicroBatch, RunFollowsTheUnsplitTrajectory) {
   for (size_t i = 0; i < whole.val.size(); ++i)
     EXPECT_NEAR(split.val[i], whole.val[i], 1e-4 * whole.val[i]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Balance, MicroBatchRun, ::testing::Values("aux_free", "aux_loss"));
 
 }  // namespace
 }  // namespace moelab
