@@ -4,12 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/flops.h"
 #include "sweeps/launch.h"
 #include "sweeps/runner.h"
 #include "sweeps/store.h"
@@ -71,6 +73,27 @@ double UnixNow() {
 
 }  // namespace
 
+std::string SlurmWsdNote(const Sweep& sweep) {
+  const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
+  double full = 0, saved = 0;
+  int branched = 0;
+  for (const SweepRun* r : sweep.Unique()) {
+    const double per_step =
+        ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
+    full += per_step * r->config.total_steps();
+    if (branches[r->index].parent >= 0) {
+      ++branched;
+      saved += per_step * branches[r->index].step;
+    }
+  }
+  if (branched == 0) return "";
+  return fmt::format(
+      "WSD branching is not done on Slurm: {} shorter run(s) train from scratch instead of "
+      "branching from their family's longest run, {:.3g} training FLOPs instead of the {:.3g} "
+      "`sweep run` plans ({:.2f}x); run the sweep with `moelab sweep run` to branch",
+      branched, full, full - saved, full / std::max(1.0, full - saved));
+}
+
 std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOptions& o) {
   if (o.db_path.empty()) throw SpecError("slurm: a database path (--db) is required");
   const auto all = sweep.Unique();
@@ -91,6 +114,11 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
   fs::create_directories(dir / "configs");
   fs::create_directories(dir / "logs");
   const std::string safe = Safe(sweep.name);
+  const std::string workdir =
+      fs::absolute(o.workdir.empty() ? fs::current_path() : fs::path(o.workdir))
+          .lexically_normal()
+          .string();
+  const std::string wsd_note = SlurmWsdNote(sweep);
   std::vector<SlurmScript> out;
   for (const auto& [ranks, runs] : groups) {
     std::string configs, names;
@@ -110,6 +138,7 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     s += "# Submit: sbatch " + script.filename().string() +
          "   (or: moelab sweep slurm ... --submit)\n";
     s += "# Merge back: moelab db merge <cluster db> --db <your db>   (docs/distributed.md)\n";
+    if (!wsd_note.empty()) s += "# Note: " + wsd_note + ".\n";
     s += fmt::format("#SBATCH --job-name={}\n", stem);
     s += fmt::format("#SBATCH --array=0-{}{}\n", runs.size() - 1,
                      o.max_parallel > 0 ? fmt::format("%{}", o.max_parallel) : "");
@@ -125,6 +154,9 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     s += "#SBATCH --signal=B:TERM@120\n";
     if (!o.extra.empty()) s += o.extra + (o.extra.back() == '\n' ? "" : "\n");
     s += "set -euo pipefail\n";
+    // Relative data.path and checkpoint.dir resolve as for `sweep run` where this was written,
+    // wherever the job is submitted from.
+    s += fmt::format("WORKDIR=${{MOELAB_WORKDIR:-{}}}\ncd \"$WORKDIR\"\n", Quote(workdir));
     s += fmt::format("MOELAB=${{MOELAB:-{}}}\n", Quote(o.moelab_bin));
     s += fmt::format("DB_TEMPLATE=${{MOELAB_DB:-{}}}\n", Quote(o.db_path));
     s += "TASK=${SLURM_ARRAY_TASK_ID:?run me with sbatch (or set SLURM_ARRAY_TASK_ID)}\n";

@@ -25,7 +25,17 @@ struct SlurmOptions {
   int ranks = 0;            // > 0: every run on this many ranks (overrides the spec)
   int ntasks_per_node = 0;  // > 0: #SBATCH --ntasks-per-node
   std::string srun_mpi;     // srun --mpi=<plugin> (e.g. pmix); "": the cluster's default
+  // The folder every task `cd`s into before training, so relative paths in the configs
+  // (data.path, checkpoint.dir) mean what they mean to `sweep run` here. "": the current folder
+  // when the scripts are written (absolute).
+  std::string workdir;
 };
+
+// What Slurm does not do that `sweep run` would: WSD branching (every run trains from scratch,
+// so the shorter runs of a WSD family repeat the longest run's stable phase). "" when the sweep
+// has no branches; else one sentence with the FLOPs the scripts will cost against the plan's.
+// The CLI prints it as a warning and WriteSlurmScripts puts it in the script's header.
+std::string SlurmWsdNote(const Sweep& sweep);
 
 // One array script: the runs that share a rank count.
 struct SlurmScript {
