@@ -145,10 +145,10 @@ PreparedPromotion PreparePromotion(const PromoteRequest& a) {
     if (rate > 0) {
       plan.time_s = plan.flops / (rate * layout.ranks);
       plan.time_basis = fmt::format(
-          "{:.3g} FLOP/s per rank measured on the {} config at {} threads ({}); load average "
-          "{:.1f} on {} cores{}",
-          rate, own ? "promoted" : "source", layout.threads, how, load[0],
-          std::thread::hardware_concurrency(),
+          "{:.3g} FLOP/s per rank on the {} config ({}); load average {:.1f} on {} cores{}. The "
+          "time is the FLOPs over a rate timed for a few seconds now: on a shared machine two "
+          "measurements differ as much as its load does (compare their load averages)",
+          rate, own ? "promoted" : "source", how, load[0], std::thread::hardware_concurrency(),
           layout.ranks > 1 ? fmt::format(", × {} ranks (ideal scaling)", layout.ranks) : "");
     }
   }

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "core/did_you_mean.h"
+
 namespace moelab {
 
 using nlohmann::json;
@@ -463,6 +465,16 @@ void Canonical(const json& j, std::string* out) {
 }
 
 }  // namespace
+
+std::string ClosestName(const std::string& name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    const size_t d = EditDistance(name, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best_d <= std::max<size_t>(2, name.size() / 3) ? best : "";
+}
 
 int MoeLayers(const ModelConfig& model, const MoEConfig& moe) {
   return moe.enabled() ? std::max(0, model.layers - moe.dense_layers) : 0;

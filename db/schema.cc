@@ -275,8 +275,9 @@ Connection OpenForRead(const std::string& path, double busy_timeout_s) {
   if (::stat(path.c_str(), &st) != 0) {
     throw std::runtime_error(fmt::format("database '{}' does not exist", path));
   }
-  Connection db(path, SQLITE_OPEN_READONLY);
-  Configure(db, busy_timeout_s);
+  Connection db = OpenReadOnly(path);
+  // No PRAGMA that writes: foreign keys only matter to writers.
+  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout_s * 1000));
   int64_t version = 0;
   try {
     version = db.QueryInt("PRAGMA user_version");

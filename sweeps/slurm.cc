@@ -4,12 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/flops.h"
 #include "sweeps/launch.h"
 #include "sweeps/runner.h"
 #include "sweeps/store.h"
@@ -115,6 +117,25 @@ std::string SlurmTrainStep(const std::string& srun_command) {
       "fi\n"
       "exit \"$rc\"\n",
       srun_command);
+std::string SlurmWsdNote(const Sweep& sweep) {
+  const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
+  double full = 0, saved = 0;
+  int branched = 0;
+  for (const SweepRun* r : sweep.Unique()) {
+    const double per_step =
+        ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
+    full += per_step * r->config.total_steps();
+    if (branches[r->index].parent >= 0) {
+      ++branched;
+      saved += per_step * branches[r->index].step;
+    }
+  }
+  if (branched == 0) return "";
+  return fmt::format(
+      "WSD branching is not done on Slurm: {} shorter run(s) train from scratch instead of "
+      "branching from their family's longest run, {:.3g} training FLOPs instead of the {:.3g} "
+      "`sweep run` plans ({:.2f}x); run the sweep with `moelab sweep run` to branch",
+      branched, full, full - saved, full / std::max(1.0, full - saved));
 }
 
 std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOptions& o) {
@@ -138,6 +159,7 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
   fs::create_directories(dir / "configs");
   fs::create_directories(dir / "logs");
   const std::string safe = Safe(sweep.name);
+  const std::string wsd_note = SlurmWsdNote(sweep);
   std::vector<SlurmScript> out;
   for (const auto& [ranks, runs] : groups) {
     std::string configs, names;
@@ -159,6 +181,7 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     s += "# Merge back: moelab db merge <cluster db> --db <your db>   (docs/distributed.md)\n";
     s += "# Paths are relative to the submit folder (or $MOELAB_ROOT). Each task trains or\n"
          "# continues its run: running the script again never restarts a recorded run.\n";
+    if (!wsd_note.empty()) s += "# Note: " + wsd_note + ".\n";
     s += fmt::format("#SBATCH --job-name={}\n", stem);
     s += fmt::format("#SBATCH --array=0-{}{}\n", runs.size() - 1,
                      o.max_parallel > 0 ? fmt::format("%{}", o.max_parallel) : "");

@@ -48,6 +48,12 @@ struct SlurmOptions {
   std::string srun_mpi;      // srun --mpi=<plugin> (e.g. pmix); "": the cluster's default
 };
 
+// What Slurm does not do that `sweep run` would: WSD branching (every run trains from scratch,
+// so the shorter runs of a WSD family repeat the longest run's stable phase). "" when the sweep
+// has no branches; else one sentence with the FLOPs the scripts will cost against the plan's.
+// The CLI prints it as a warning and WriteSlurmScripts puts it in the script's header.
+std::string SlurmWsdNote(const Sweep& sweep);
+
 // One array script: the runs that share a rank count.
 struct SlurmScript {
   std::string path;
