@@ -15,9 +15,9 @@
 // dQ looping over the key tiles up to the diagonal. Both recompute P = exp(s' − LSE) from the
 // scores (7 tile products instead of FlashAttention-2's 5: the price of no atomics on dQ).
 //
-// Covered shapes (FlashAttentionSupported): (qk_dim, v_dim) ∈ {(32,32), (64,64), (128,128),
-// (48,32) (MLA's default 32+16 / 32), (96,64), (192,128) (DeepSeek's MLA 128+64 / 128)}, any
-// heads / kv_heads ratio (MHA, GQA, MQA), any seq ≥ 1, soft-cap or not; row strides and base
+// Covered shapes (FlashAttentionSupported): (qk_dim, v_dim) ∈ {(16,16), (32,32), (64,64),
+// (128,128), (48,32) (MLA's default 32+16 / 32), (96,64), (192,128) (DeepSeek's MLA 128+64 / 128)},
+// any heads / kv_heads ratio (MHA, GQA, MQA), any seq ≥ 1, soft-cap or not; row strides and base
 // pointers 16-byte aligned. Anything else: use kernels/cuda/attention.h (the reference path).
 #pragma once
 

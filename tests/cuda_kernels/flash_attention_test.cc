@@ -1,12 +1,13 @@
-// Fused (flash) attention against the CPU attention in double: output, log-sum-exp, raw S_max,
-// dQ/dK/dV, at shapes whose sequence is not a multiple of the 64-row tile, MHA/GQA/MQA, MLA's
-// unequal head dims, soft-cap, fused-QKV strides, bf16 and fp32 inputs; outputs poisoned with NaN
-// first; the backward bitwise reproducible; and a micro-benchmark against the reference path.
+// Fused (flash) attention against the CPU attention in double (tests/cuda_kernels/
+// flash_reference.h): output, log-sum-exp, raw S_max, dQ/dK/dV, at shapes whose sequence is not a
+// multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
+// strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
+// reproducible; and a micro-benchmark against the reference path. The same kernels also run on
+// the CPU emulation in flash_emulation_test.cc.
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,71 +17,16 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
+#include "tests/cuda_kernels/flash_reference.h"
 
 namespace moelab::cuda {
 namespace {
 
-using testing::ExpectNear;
+using testing::FlashCase;
+using testing::FlashReference;
 using testing::Random;
-
-struct Case {
-  std::string name;
-  int batch, seq, heads, kv_heads, qk_dim, v_dim;
-  double softcap;
-  bool fused;        // q, k, v as column slices of one buffer (and dq, dk, dv of one gradient)
-  bool bf16_inputs;  // T = bf16, else T = float (rounded to bf16 on load)
-};
-
-float RoundBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
-
-double MaxAbs(const std::vector<double>& x) {
-  double m = 0;
-  for (double v : x) m = std::max(m, std::abs(v));
-  return m;
-}
-
-std::vector<float> ToFloat(const std::vector<double>& x) { return {x.begin(), x.end()}; }
-
-// bf16 products with fp32 accumulation against the double reference: entries within 1e-2
-// relative, plus 1e-2 of the tensor's largest entry absolute (entries near 0 after cancellation
-// carry the rounding of their larger terms), plus 1e-5 for tensors that are 0 up to rounding
-// (dq and dk of a single-token sequence).
-void ExpectBf16Near(const std::vector<float>& got, const std::vector<double>& want,
-                    const std::string& what) {
-  ExpectNear(got, ToFloat(want), 1e-2 * MaxAbs(want) + 1e-5, 1e-2, what);
-}
-
-// log Σ_{j ≤ i} exp(s'_ij) per (b, h, i): the quantity the fused forward keeps, in double.
-std::vector<double> ReferenceLse(const AttentionDims& a, const std::vector<double>& q,
-                                 const std::vector<double>& k, long q_off, long k_off) {
-  const int S = a.seq, group = a.heads / a.kv_heads;
-  std::vector<double> lse(size_t(a.batch) * a.heads * S);
-  std::vector<double> s(S);
-  for (int b = 0; b < a.batch; ++b) {
-    for (int h = 0; h < a.heads; ++h) {
-      for (int i = 0; i < S; ++i) {
-        double m = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (int c = 0; c < a.qk_dim; ++c) {
-            dot += q[q_off + (long(b) * S + i) * a.ldq + h * a.qk_dim + c] *
-                   k[k_off + (long(b) * S + j) * a.ldk + (h / group) * a.qk_dim + c];
-          }
-          s[j] = dot * a.scale;
-          if (a.softcap > 0) s[j] = a.softcap * std::tanh(s[j] / a.softcap);
-          m = std::max(m, s[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
-        lse[(size_t(b) * a.heads + h) * S + i] = m + std::log(sum);
-      }
-    }
-  }
-  return lse;
-}
 
 template <typename T>
 std::vector<T> Convert(const std::vector<float>& x) {
@@ -107,93 +53,32 @@ void Poison(DeviceBuffer<T>& d) {
   d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
 }
 
-AttentionDims MakeDims(const Case& c) {
-  AttentionDims a;
-  a.batch = c.batch, a.seq = c.seq, a.heads = c.heads, a.kv_heads = c.kv_heads;
-  a.qk_dim = c.qk_dim, a.v_dim = c.v_dim;
-  a.scale = 1.0 / std::sqrt(double(c.qk_dim));
-  a.softcap = c.softcap;
-  const int qw = c.heads * c.qk_dim, kw = c.kv_heads * c.qk_dim, vw = c.kv_heads * c.v_dim;
-  a.ldq = c.fused ? qw + kw + vw : qw;
-  a.ldk = c.fused ? qw + kw + vw : kw;
-  a.ldv = c.fused ? qw + kw + vw : vw;
-  a.ldo = c.heads * c.v_dim;
-  return a;
-}
-
 template <typename T>
-void RunCase(const Case& c) {
+void RunCase(const FlashCase& c) {
   SCOPED_TRACE(c.name);
-  const AttentionDims a = MakeDims(c);
+  const FlashReference ref(c);
+  const AttentionDims& a = ref.a;
   std::string why;
   ASSERT_TRUE(FlashAttentionSupported(a, sizeof(T), &why)) << why;
-  const int qw = c.heads * c.qk_dim, kw = c.kv_heads * c.qk_dim, vw = c.kv_heads * c.v_dim;
-  const long rows = long(c.batch) * c.seq;
-  // q, k, v in one host buffer either way; separate layout: [rows·qw | rows·kw | rows·vw].
-  const long q_off = 0, k_off = c.fused ? qw : rows * qw,
-             v_off = c.fused ? qw + kw : rows * (qw + kw);
-  const size_t total = size_t(rows) * (qw + kw + vw);
-  // Logits of a few units (S_max well above the typical logit; the soft-cap bites), values
-  // exactly representable in bf16 so that the CPU sees what the GPU sees.
-  auto x = Random(total, 7 + c.seq, -2.0f, 2.0f);
-  for (float& v : x) v = RoundBf16(v);
-  auto dout = Random(size_t(rows) * a.ldo, 11 + c.seq);
-  for (float& v : dout) v = RoundBf16(v);
-  const std::vector<double> xd(x.begin(), x.end()), doutd(dout.begin(), dout.end());
-
-  const size_t pairs = size_t(c.batch) * c.heads, ss = size_t(c.seq) * c.seq;
-  std::vector<double> probs(pairs * ss), capped(pairs * ss), out(size_t(rows) * a.ldo), pmax(pairs),
-      dx(total, 0.0);
-  cpu::AttentionForward<double>(a, xd.data() + q_off, xd.data() + k_off, xd.data() + v_off,
-                                probs.data(), capped.data(), out.data(), pmax.data());
-  std::vector<double> scratch(cpu::AttentionScratchSize(a, 256));
-  cpu::AttentionBackward<double>(a, xd.data() + q_off, xd.data() + k_off, xd.data() + v_off,
-                                 probs.data(), capped.data(), doutd.data(), dx.data() + q_off,
-                                 dx.data() + k_off, dx.data() + v_off, scratch.data());
-  const auto lse = ReferenceLse(a, xd, xd, q_off, k_off);
-
-  auto gx = testing::ToDevice(Convert<T>(x));
-  auto gdout = testing::ToDevice(Convert<T>(dout));
-  DeviceBuffer<T> gout(out.size());
-  DeviceBuffer<float> glse(lse.size()), gpmax(pairs), gdx(total),
+  const long q_off = ref.q_off, k_off = ref.k_off, v_off = ref.v_off;
+  const size_t pairs = size_t(c.batch) * c.heads;
+  auto gx = testing::ToDevice(Convert<T>(ref.x));
+  auto gdout = testing::ToDevice(Convert<T>(ref.dout));
+  DeviceBuffer<T> gout(ref.out.size());
+  DeviceBuffer<float> glse(ref.lse.size()), gpmax(pairs), gdx(ref.total),
       gscratch(FlashAttentionScratchSize(a));
   Poison(gout), Poison(glse), Poison(gpmax), Poison(gdx), Poison(gscratch);
   FlashAttentionForward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout.data(),
                            glse.data(), gpmax.data());
-  const auto got_out = Download(gout);
-  ExpectBf16Near(got_out, out, "out");
-  // LSE and raw S_max: the same (exact) bf16 products summed by the tensor cores in fp32 vs in
-  // double: up to 192 terms of magnitude ≤ 4, so ~1e-5; a mask or index error moves them by ~0.1.
-  ExpectNear(Download(glse), ToFloat(lse), 2e-4, 2e-4, "lse");
-  ExpectNear(Download(gpmax), ToFloat(pmax), 1e-4, 1e-4, "S_max per (batch, head)");
-
   FlashAttentionBackward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout.data(),
                             glse.data(), gdout.data(), gdx.data() + q_off, gdx.data() + k_off,
                             gdx.data() + v_off, gscratch.data());
-  const auto got_dx = Download(gdx);
-  auto slice = [&](const std::vector<float>& all, long off, int width) {
-    std::vector<float> s;  // the columns [off, off + width) of each row (fused), or a block
-    for (long r = 0; r < rows; ++r) {
-      const long at = c.fused ? r * a.ldq + off : off + r * width;
-      s.insert(s.end(), all.begin() + at, all.begin() + at + width);
-    }
-    return s;
-  };
-  auto dslice = [&](const std::vector<double>& all, long off, int width) {
-    std::vector<double> s;
-    for (long r = 0; r < rows; ++r) {
-      const long at = c.fused ? r * a.ldq + off : off + r * width;
-      s.insert(s.end(), all.begin() + at, all.begin() + at + width);
-    }
-    return s;
-  };
-  ExpectBf16Near(slice(got_dx, q_off, qw), dslice(dx, q_off, qw), "dq");
-  ExpectBf16Near(slice(got_dx, k_off, kw), dslice(dx, k_off, kw), "dk");
-  ExpectBf16Near(slice(got_dx, v_off, vw), dslice(dx, v_off, vw), "dv");
+  const auto got_out = Download(gout), got_dx = Download(gdx);
+  ref.Expect(got_out, Download(glse), Download(gpmax), got_dx);
 
   // Deterministic: a second forward + backward into freshly poisoned buffers, bit for bit.
-  DeviceBuffer<T> gout2(out.size());
-  DeviceBuffer<float> glse2(lse.size()), gpmax2(pairs), gdx2(total);
+  DeviceBuffer<T> gout2(ref.out.size());
+  DeviceBuffer<float> glse2(ref.lse.size()), gpmax2(pairs), gdx2(ref.total);
   Poison(gout2), Poison(glse2), Poison(gpmax2), Poison(gdx2);
   FlashAttentionForward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout2.data(),
                            glse2.data(), gpmax2.data());
@@ -233,31 +118,31 @@ TEST(CudaFlashAttention, UnsupportedShapesAreRefusedWithTheReason) {
 
 TEST(CudaFlashAttention, Mha64OddLength) {
   MOELAB_REQUIRE_GPU();
-  RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false, true});
+  RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false});
 }
 
 TEST(CudaFlashAttention, Gqa128FusedQkvFp32Inputs) {
   MOELAB_REQUIRE_GPU();
-  RunCase<float>({"gqa 128 fused fp32, S=130", 1, 130, 4, 2, 128, 128, 0.0, true, false});
+  RunCase<float>({"gqa 128 fused fp32, S=130", 1, 130, 4, 2, 128, 128, 0.0, true});
 }
 
 TEST(CudaFlashAttention, MqaSoftCapKeepsRawSmax) {
   MOELAB_REQUIRE_GPU();
   // Logits up to ~8 against a cap of 3: the raw S_max lies well above what the softmax saw.
-  RunCase<bf16>({"mqa softcap 3, S=77", 2, 77, 4, 1, 64, 64, 3.0, false, true});
+  RunCase<bf16>({"mqa softcap 3, S=77", 2, 77, 4, 1, 64, 64, 3.0, false});
 }
 
 TEST(CudaFlashAttention, MlaUnequalHeadDims) {
   MOELAB_REQUIRE_GPU();
-  RunCase<bf16>({"mla 48/32, S=65", 2, 65, 2, 2, 48, 32, 0.0, false, true});
-  RunCase<float>({"mla 192/128 softcap, S=70", 1, 70, 2, 2, 192, 128, 5.0, false, false});
-  RunCase<bf16>({"96/64 gqa, S=64", 1, 64, 4, 2, 96, 64, 0.0, true, true});
+  RunCase<bf16>({"mla 48/32, S=65", 2, 65, 2, 2, 48, 32, 0.0, false});
+  RunCase<float>({"mla 192/128 softcap, S=70", 1, 70, 2, 2, 192, 128, 5.0, false});
+  RunCase<bf16>({"96/64 gqa, S=64", 1, 64, 4, 2, 96, 64, 0.0, true});
 }
 
 TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
   MOELAB_REQUIRE_GPU();
-  RunCase<bf16>({"32/32, S=1", 3, 1, 2, 1, 32, 32, 0.0, false, true});
-  RunCase<float>({"32/32, S=17", 2, 17, 2, 2, 32, 32, 2.0, false, false});
+  RunCase<bf16>({"32/32, S=1", 3, 1, 2, 1, 32, 32, 0.0, false});
+  RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
 }
 
 // Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, against
