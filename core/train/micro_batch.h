@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-
 #include <vector>
 
 #include "core/config.h"
@@ -51,13 +50,54 @@ class HostGradAccumulator {
   std::vector<float> buf_;
 };
 
+// The Switch aux loss coef·E·Σ_i f_i·P_i is a product of two means over the step's batch, so a
+// micro-batch's own statistics would give another objective. With balance "aux_loss" and
+// several micro-batches, a forward-only pass over every micro-batch first records each MoE
+// layer's top-k counts, score sums and tokens (the MoeBatchStatsHook of core/model/moe.h); their
+// sums, passed through `ranks` (the data-parallel all-reduce, core/dist/batch_stats.h; null in
+// one process), then replace each micro-batch's own in its forward/backward. It costs one extra
+// forward per step, only in that case.
+class StepAuxStats {
+ public:
+  explicit StepAuxStats(MoeBatchStatsHook ranks) : ranks_(std::move(ranks)) {}
+  // Clears the sums; then a hook that adds each call's local statistics to them.
+  MoeBatchStatsHook Recorder();
+  // The sums through `ranks` (once, after the recording pass).
+  void Combine();
+  // A hook that overwrites a layer's statistics with the step's.
+  MoeBatchStatsHook Replayer();
+  // What the model's hook was before (restored after the step).
+  const MoeBatchStatsHook& ranks() const { return ranks_; }
+
+ private:
+  struct Layer {
+    std::vector<int64_t> counts;
+    std::vector<double> score_sums;
+    int64_t tokens = 0;
+  };
+  std::vector<Layer> layers_;
+  MoeBatchStatsHook ranks_;
+};
+
 // tokens: the rank's rows [plan.rows, seq_len + 1]. Returns the step's objective; stats gets the
-// merged statistics and model.grads() the step's gradient.
+// merged statistics and model.grads() the step's gradient. aux: the step's aux-loss statistics
+// (balance "aux_loss" on a model with MoE batch hooks), or null.
 template <class ModelT, class Accumulator>
 double ForwardBackwardMicroBatched(ModelT& model, const int32_t* tokens, int seq_len,
-                                   const MicroBatchPlan& plan, StepStats* stats, Accumulator& acc) {
+                                   const MicroBatchPlan& plan, StepStats* stats, Accumulator& acc,
+                                   StepAuxStats* aux = nullptr) {
   if (plan.count() <= 1) return model.ForwardBackward(tokens, plan.rows, stats);
   const size_t row = static_cast<size_t>(seq_len) + 1;
+  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
+    if (aux) {
+      model.SetMoeBatchStatsHook(aux->Recorder());
+      for (int i = 0; i < plan.count(); ++i) {
+        model.Forward(tokens + plan.begin(i) * row, plan.size(i), nullptr);
+      }
+      aux->Combine();
+      model.SetMoeBatchStatsHook(aux->Replayer());
+    }
+  }
   StepStats part;
   double objective = 0;
   const int last = plan.count() - 1;
