@@ -117,6 +117,8 @@ std::string SlurmTrainStep(const std::string& srun_command) {
       "fi\n"
       "exit \"$rc\"\n",
       srun_command);
+}
+
 std::string SlurmWsdNote(const Sweep& sweep) {
   const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
   double full = 0, saved = 0;
