@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
+#include <string>
 
 #include "core/device.h"
 #include "core/flops.h"
@@ -22,6 +24,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
@@ -192,6 +195,7 @@ namespace {
 // memory plan need (no parameters, no GPU).
 struct CudaShape {
   bool use_bf16 = false, mla = false, qk_norm = false, softcap = false;
+  bool flash = false;  // attention through kernels/cuda/flash_attention.h (see ChooseFlash)
   int d = 0, L = 0, H = 0, KVH = 0, hd = 0, qdim = 0, kvdim = 0, qkv_dim = 0, F = 0, V = 0, S = 0;
   int E = 0, num_moe = 0, rq = 0, rkv = 0, dn = 0, dr = 0, dvh = 0, dqk = 0, odim = 0;
   int rot_dim = 0;
@@ -272,6 +276,30 @@ struct CudaShape {
     }
     dims.ldo = odim;
     dims.softcap = m.logit_softcap;
+    flash = ChooseFlash();
+  }
+
+  // The fused attention kernels (LSE kept, no [B,H,S,S] probabilities) in bf16 mode wherever they
+  // cover the shape; fp32 mode keeps the reference path, the one its CPU twin checks compare.
+  // MOELAB_ATTENTION=reference forces the reference path (for comparisons), =fused the fused one.
+  bool ChooseFlash() const {
+    const char* env = std::getenv("MOELAB_ATTENTION");
+    const std::string mode = env ? env : "";
+    if (!mode.empty() && mode != "reference" && mode != "fused") {
+      throw std::invalid_argument("MOELAB_ATTENTION must be \"reference\" or \"fused\", not \"" +
+                                  mode + "\"");
+    }
+    if (mode == "reference") return false;
+    // q, k and v are column slices of arena buffers (256-byte aligned): 16-byte aligned when
+    // their column offsets are multiples of 4 floats.
+    const bool aligned = mla ? (H * dn) % 4 == 0 : qdim % 4 == 0 && kvdim % 4 == 0;
+    std::string why = "q/k/v column offsets not 16-byte aligned";
+    const bool ok = aligned && cuda::FlashAttentionSupported(cuda::AttentionDims(dims), 4, &why);
+    if (mode == "fused" && !ok) {
+      throw std::invalid_argument(
+          "MOELAB_ATTENTION=fused: the fused kernels cannot run this model: " + why);
+    }
+    return ok && (use_bf16 || mode == "fused");
   }
 };
 
@@ -279,6 +307,7 @@ struct CudaShape {
 struct Acts {
   float *res, *ln1, *rstd1, *qkv, *qk_raw, *rstd_q, *rstd_k, *cq_raw, *cq, *rstd_cq, *qb, *kva,
       *ckv, *rstd_kv, *kvb, *qf, *kf, *probs, *capped, *att, *mid, *ln2, *rstd2, *h1, *h3, *act;
+  float* lse;  // fused attention: the log-sum-exp rows [B·H·S] (probs and capped stay null)
 };
 
 // The activation arena's views: per-layer activations, then the step's shared buffers.
@@ -331,8 +360,12 @@ size_t LayoutActivations(const CudaShape& s, int batch, float* base, ActViews* v
         a.rstd_k = take(n * KVH);
       }
     }
-    a.probs = take(att);
-    a.capped = s.softcap ? take(att) : nullptr;
+    if (s.flash) {
+      a.lse = take(static_cast<size_t>(batch) * H * s.S);
+    } else {
+      a.probs = take(att);
+      a.capped = s.softcap ? take(att) : nullptr;
+    }
     a.att = take(n * odim);
     a.mid = take(n * d);
     a.ln2 = take(n * d);
@@ -363,7 +396,8 @@ size_t LayoutActivations(const CudaShape& s, int batch, float* base, ActViews* v
   v->ffn_scratch = take(n * 2 * F);
   cpu::AttentionDims dims = s.dims;
   dims.batch = batch;
-  v->att_scratch = take(cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
+  v->att_scratch = take(s.flash ? cuda::FlashAttentionScratchSize(cuda::AttentionDims(dims))
+                                 : cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
   v->pair_max = take(static_cast<size_t>(batch) * H);
   v->head_max = take(static_cast<size_t>(s.L) * H);
   return total;
@@ -456,6 +490,26 @@ struct CudaModel::Impl : CudaShape, ActViews {
     rope_sin.Upload(sn);
   }
 
+  void AttendForward(Acts& a, const float* q, const float* k, const float* v) {
+    if (flash) {
+      cuda::FlashAttentionForward<float>(cuda::AttentionDims(dims), q, k, v, a.att, a.lse,
+                                         pair_max);
+    } else {
+      cuda::AttentionForward(cuda::AttentionDims(dims), q, k, v, a.probs, a.capped, a.att,
+                             pair_max);
+    }
+  }
+  void AttendBackward(Acts& a, const float* q, const float* k, const float* v, float* dq, float* dk,
+                      float* dv) {
+    if (flash) {
+      cuda::FlashAttentionBackward<float>(cuda::AttentionDims(dims), q, k, v, a.att, a.lse, datt,
+                                          dq, dk, dv, att_scratch);
+    } else {
+      cuda::AttentionBackward(cuda::AttentionDims(dims), q, k, v, a.probs, a.capped, datt, dq, dk,
+                              dv, att_scratch);
+    }
+  }
+
   void Reserve(int batch) {
     if (batch <= cap_batch) return;
     cap_batch = batch;
@@ -521,8 +575,7 @@ struct CudaModel::Impl : CudaShape, ActViews {
       }
       cuda::RopeApply(a.qkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, false);
       cuda::RopeApply(a.qkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, false);
-      cuda::AttentionForward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim,
-                             a.probs, a.capped, a.att, pair_max);
+      AttendForward(a, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim);
       return;
     }
     const float* qin = a.ln1;
@@ -547,8 +600,7 @@ struct CudaModel::Impl : CudaShape, ActViews {
     cudamodel::CopyHeads(a.kvb, ldb, dn, 0, a.kf, ldf, dqk, 0, n, H, dn, false);
     cudamodel::CopyHeads(a.kva, lda, 0, rkv, a.kf, ldf, dqk, dn, n, H, dr, false);
     cuda::RopeApply(a.qf, n, S, ldf, H, dqk, dn, dr, cs, sn, false);
-    cuda::AttentionForward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs, a.capped,
-                           a.att, pair_max);
+    AttendForward(a, a.qf, a.kf, a.kvb + H * dn);
   }
 
   void AttentionBackward(int l, int n) {
@@ -561,9 +613,8 @@ struct CudaModel::Impl : CudaShape, ActViews {
     if (!mla) {
       {
         ProfileScope ps(profiler, "attention");
-        cuda::AttentionBackward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim,
-                                a.qkv + qdim + kvdim, a.probs, a.capped, datt, dqkv, dqkv + qdim,
-                                dqkv + qdim + kvdim, att_scratch);
+        AttendBackward(a, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, dqkv, dqkv + qdim,
+                       dqkv + qdim + kvdim);
         cuda::RopeApply(dqkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, true);
         cuda::RopeApply(dqkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, true);
         if (qk_norm) {
@@ -580,8 +631,7 @@ struct CudaModel::Impl : CudaShape, ActViews {
     const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
     {
       ProfileScope ps(profiler, "attention");
-      cuda::AttentionBackward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs,
-                              a.capped, datt, dqf, dkf, dkvb + H * dn, att_scratch);
+      AttendBackward(a, a.qf, a.kf, a.kvb + H * dn, dqf, dkf, dkvb + H * dn);
       cuda::RopeApply(dqf, n, S, ldf, H, dqk, dn, dr, cs, sn, true);
       cudamodel::CopyHeads(dqf, ldf, dqk, 0, dqb, H * dqk, dn, 0, n, H, dn, false);
       cudamodel::CopyHeads(dqf, ldf, dqk, dn, dqb, H * dqk, dr, H * dn, n, H, dr, false);
