@@ -100,8 +100,8 @@ void AddTrainCommand(CLI::App& app) {
   CLI::Option* resume =
       cmd->add_option("--resume", args->resume_run,
                       "Continue a recorded run (id or name; without one: this config's newest "
-                      "unfinished run, or the only unfinished run) from its own newest "
-                      "checkpoint and its stored config")
+                      "unfinished run, else the only unfinished run; a new run of CONFIG when "
+                      "there is none) from its own newest checkpoint and its stored config")
           ->expected(0, 1);
   cmd->add_option("--checkpoint-dir", args->ckpt_dir,
                   "Checkpoint folder (default: checkpoint.dir/<config hash>/<run uuid>)");

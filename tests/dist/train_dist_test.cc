@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/train/checkpoint.h"
 #include "db/reader.h"
 #include "tests/dist/dist_util.h"
 
@@ -203,7 +204,8 @@ TEST_F(DistTrainTest, CorruptNewestCheckpointFallsBackToNewestValid) {
   ASSERT_EQ(Train(2, cfg, "c", "--stop-at-step 20"), 4) << Slurp(Log("c"));
   const db::Series before = Series("c", "loss");  // steps 1..20
   ASSERT_EQ(before.steps.size(), 20u);
-  const fs::path newest = fs::path(Ckpt("c")) / "step_000000020.ckpt";
+  const fs::path newest = OnlyRun("c").checkpoint_path;  // step_000000020.<run uuid8>.ckpt
+  ASSERT_EQ(CheckpointStepOf(newest.string()), 20);
   ASSERT_TRUE(fs::exists(newest));
   {
     std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
