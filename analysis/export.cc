@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "db/reader.h"
 
@@ -190,6 +191,158 @@ std::string ExportCsv(const json& e) {
                        p["final"].get<bool>() ? 1 : 0, p["frontier"].get<bool>() ? 1 : 0);
   }
   return out;
+}
+
+namespace {
+
+// A run's step-indexed data, lined up for row-by-row output.
+struct StepColumns {
+  std::vector<std::string> names;            // after the fixed columns
+  std::vector<std::vector<double>> by_step;  // [row][column], NaN = missing
+};
+
+// The per-head and per-expert column names of a shape.
+std::vector<std::string> WideNames(int layers, int heads, int moe_layers, int experts) {
+  std::vector<std::string> n;
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < heads; ++h) n.push_back(fmt::format("smax_l{}_h{}", l, h));
+  for (int l = 0; l < moe_layers; ++l)
+    for (int e = 0; e < experts; ++e) n.push_back(fmt::format("load_l{}_e{}", l, e));
+  return n;
+}
+
+const std::vector<std::string>& FixedNames() {
+  static const std::vector<std::string> n = {"tokens", "flops",     "loss",     "aux_loss",
+                                             "lr",     "grad_norm", "val_loss", "max_logit"};
+  return n;
+}
+
+// Rows of one run: steps ascending, values [fixed..., wide...] in the order of FixedNames() then
+// WideNames() of the run's own shape.
+void RunRows(db::Reader& reader, int64_t run_id, std::vector<int64_t>* steps,
+             std::vector<std::vector<double>>* rows, std::vector<std::string>* wide) {
+  const std::vector<std::string> keys = {"tokens", "flops", "loss", "aux_loss", "lr", "grad_norm"};
+  std::map<int64_t, size_t> row_of;
+  const db::Series first = reader.GetSeries(run_id, "loss");
+  for (int64_t s : first.steps) row_of.emplace(s, row_of.size());
+  const db::Series val = reader.GetSeries(run_id, "val_loss");
+  const db::MaxLogitTimeline ml = reader.GetMaxLogitTimeline(run_id);
+  const db::ExpertLoads el = reader.GetExpertLoads(run_id);
+  // Steps with only an evaluation or only a matrix still get a row.
+  for (int64_t s : val.steps) row_of.emplace(s, 0);
+  for (int64_t s : ml.steps) row_of.emplace(s, 0);
+  for (int64_t s : el.steps) row_of.emplace(s, 0);
+  steps->clear();
+  for (auto& [s, i] : row_of) {
+    i = steps->size();
+    steps->push_back(s);
+  }
+  *wide = WideNames(ml.layers, ml.heads, el.moe_layers, el.experts);
+  const size_t fixed = FixedNames().size(), cols = fixed + wide->size();
+  rows->assign(steps->size(), std::vector<double>(cols, NAN));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const db::Series s = keys[k] == "loss" ? first : reader.GetSeries(run_id, keys[k]);
+    for (size_t i = 0; i < s.steps.size(); ++i) (*rows)[row_of.at(s.steps[i])][k] = s.values[i];
+  }
+  for (size_t i = 0; i < val.steps.size(); ++i) (*rows)[row_of.at(val.steps[i])][6] = val.values[i];
+  const size_t cells = size_t(ml.layers) * ml.heads;
+  for (size_t i = 0; i < ml.steps.size(); ++i) {
+    std::vector<double>& r = (*rows)[row_of.at(ml.steps[i])];
+    double m = -INFINITY;
+    for (size_t c = 0; c < cells; ++c) {
+      const double v = ml.values[i * cells + c];
+      r[fixed + c] = v;
+      if (std::isfinite(v)) m = std::max(m, v);
+    }
+    if (std::isfinite(m)) r[7] = m;
+  }
+  const size_t per_layer = size_t(el.experts);
+  for (size_t i = 0; i < el.steps.size(); ++i) {
+    std::vector<double>& r = (*rows)[row_of.at(el.steps[i])];
+    for (int l = 0; l < el.moe_layers; ++l) {
+      const int64_t* c = &el.counts[(i * el.moe_layers + l) * per_layer];
+      double sum = 0;
+      for (size_t e = 0; e < per_layer; ++e) sum += double(c[e]);
+      for (size_t e = 0; e < per_layer; ++e) {
+        r[fixed + cells + l * per_layer + e] = sum > 0 ? double(c[e]) / sum : NAN;
+      }
+    }
+  }
+}
+
+// Integral values (tokens, FLOPs) without an exponent; the rest as the shortest text that reads
+// back to the same double, so CSV and JSON Lines hold identical numbers.
+std::string CsvValue(double v) {
+  if (!std::isfinite(v)) return "";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return fmt::format("{:.0f}", v);
+  return fmt::format("{}", v);
+}
+
+}  // namespace
+
+int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id, StepsFormat format,
+                    std::ostream& out) {
+  db::Reader reader(db_path);
+  std::vector<db::RunRow> runs;
+  for (const db::RunRow& run : reader.ListRuns()) {
+    if (!sweep_id || run.sweep_id == sweep_id) runs.push_back(run);
+  }
+  // CSV needs every column up front: the widest shape among the runs (read from one matrix each).
+  std::vector<std::string> header = FixedNames();
+  if (format == StepsFormat::kCsv) {
+    int layers = 0, heads = 0, moe_layers = 0, experts = 0;
+    for (const db::RunRow& run : runs) {
+      if (const auto m = reader.GetMaxLogitMatrix(run.id)) {
+        layers = std::max(layers, m->layers);
+        heads = std::max(heads, m->heads);
+      }
+      const db::ExpertLoads el = reader.GetExpertLoads(run.id, run.last_step, run.last_step);
+      moe_layers = std::max(moe_layers, el.moe_layers);
+      experts = std::max(experts, el.experts);
+    }
+    for (auto& n : WideNames(layers, heads, moe_layers, experts)) header.push_back(n);
+    out << "run_id,run_name,step";
+    for (const auto& n : header) out << ',' << n;
+    out << '\n';
+  }
+  int64_t count = 0;
+  std::vector<int64_t> steps;
+  std::vector<std::vector<double>> rows;
+  std::vector<std::string> wide;
+  for (const db::RunRow& run : runs) {
+    RunRows(reader, run.id, &steps, &rows, &wide);
+    std::vector<std::string> names = FixedNames();
+    names.insert(names.end(), wide.begin(), wide.end());
+    if (format == StepsFormat::kCsv) {
+      std::vector<int> col_of(names.size());
+      for (size_t c = 0; c < names.size(); ++c) {
+        col_of[c] =
+            static_cast<int>(std::find(header.begin(), header.end(), names[c]) - header.begin());
+      }
+      const std::string prefix = fmt::format("{},{},", run.id, CsvField(run.name));
+      std::vector<std::string> cells(header.size());
+      for (size_t i = 0; i < steps.size(); ++i) {
+        std::fill(cells.begin(), cells.end(), std::string());
+        for (size_t c = 0; c < names.size(); ++c) cells[col_of[c]] = CsvValue(rows[i][c]);
+        out << prefix << steps[i];
+        for (const auto& v : cells) out << ',' << v;
+        out << '\n';
+      }
+    } else {
+      for (size_t i = 0; i < steps.size(); ++i) {
+        // Ordered, so the keys come in the documented column order.
+        nlohmann::ordered_json row = {
+            {"run_id", run.id}, {"run_name", run.name}, {"step", steps[i]}};
+        for (size_t c = 0; c < names.size(); ++c) {
+          const double v = rows[i][c];
+          row[names[c]] = std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr;
+        }
+        out << row.dump() << '\n';
+      }
+    }
+    count += static_cast<int64_t>(steps.size());
+  }
+  return count;
 }
 
 }  // namespace moelab::analysis

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <string>
 
 #include "analysis/observations.h"
@@ -27,5 +28,16 @@ ObservationSet ObservationsFromExport(const nlohmann::json& exported,
 
 // One row per evaluation point: run columns, the run's variables, then the point.
 std::string ExportCsv(const nlohmann::json& exported);
+
+// Per-step metrics (`moelab db export --steps`): one row per (run, recorded step) with run_id,
+// run_name, step, tokens, flops, loss, aux_loss, lr, grad_norm, val_loss (empty off evaluation
+// steps), max_logit (over all heads), smax_l<L>_h<H> for every layer and head, and
+// load_l<L>_e<E> (the expert's share of its MoE layer's routed assignments at that step). CSV
+// has the union of the runs' columns (blank where a run has none); JSON Lines has one flat
+// object per row with the keys of its run (null for a missing value). Streams run by run, so a
+// large database never sits in memory. Returns the number of rows. See docs/database.md.
+enum class StepsFormat { kCsv, kJsonLines };
+int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id, StepsFormat format,
+                    std::ostream& out);
 
 }  // namespace moelab::analysis

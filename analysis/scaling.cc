@@ -285,7 +285,7 @@ void CheckFamily(const std::string& family, const std::vector<Observation>& obs,
 
 PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observation>& obs,
                          const FitOptions& opt, std::vector<std::string>* warnings) {
-  CheckFamily(family, obs, opt.min_runs, 4, opt.final_only);
+  CheckFamily(family, obs, opt.min_runs, kMinFrontierPoints, opt.final_only);
   PowerLawFit fit;
   fit.family = family;
   fit.flops_unit = opt.flops_unit;

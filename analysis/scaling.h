@@ -55,6 +55,9 @@ struct ParamEstimate {
       0;  // fraction of successful bootstrap fits with THIS param on a bound
 };
 
+// Points a family's loss-over-compute frontier needs before a power law is fitted to it.
+constexpr int kMinFrontierPoints = 4;
+
 struct FitOptions {
   // Huber threshold on log-loss residuals. Chinchilla/Epoch use 1e-3; with evaluation noise of
   // ~0.3–1% that makes the fit an L1 regression (less efficient, slow to converge), so the

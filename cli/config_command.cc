@@ -1,10 +1,11 @@
 // `moelab config docs|check|hash`
-#include <cstdio>
-
 #include <fmt/format.h>
+
+#include <cstdio>
 
 #include "cli/commands.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "core/flops.h"
 #include "core/train/trainer.h"
 
@@ -25,12 +26,16 @@ void AddConfigCommand(CLI::App& app) {
   check->callback([file, sets]() {
     try {
       const RunConfig c = LoadConfigFile(*file, *sets);
+      try {
+        RequireDevice(c.train);  // as `moelab train` would refuse it: before any run is planned
+      } catch (const DeviceError& e) {
+        throw ConfigError("train.device", e.what());
+      }
       const ParamCounts p = CountParams(c);
       fmt::print("{}\n", ConfigToJson(c).dump(2));
-      fmt::print(stderr,
-                 "ok: hash {}\n  {} steps, {} params ({} active), {:.3g} training FLOPs/token\n",
-                 ConfigHash(c), c.total_steps(), p.total, p.active,
-                 ForwardFlopsPerToken(c).training());
+      fmt::print(
+          stderr, "ok: hash {}\n  {} steps, {} params ({} active), {:.3g} training FLOPs/token\n",
+          ConfigHash(c), c.total_steps(), p.total, p.active, ForwardFlopsPerToken(c).training());
     } catch (const ConfigError& e) {
       fmt::print(stderr, "config error: {}\n", e.what());
       throw CLI::RuntimeError(kExitConfig);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -55,13 +56,25 @@ void AddDbCommand(CLI::App& app) {
       return;
     }
     // The name column fits the longest name (a cut name hides which budget a run is), capped so a
-    // long name cannot push the numbers off screen; a longer one ends in "~".
-    size_t name_width = 4;
-    for (const auto& r : rows) name_width = std::max(name_width, r.name.size());
-    name_width = std::min<size_t>(name_width, 60);
-    const auto shown_name = [name_width](const std::string& n) {
-      return n.size() <= name_width ? n : n.substr(0, name_width - 1) + "~";
+    // long name cannot push the numbers off screen; a longer one keeps its start and its end
+    // (where sweep names put the budget) around a "~". When two different names would still
+    // read the same, the column takes their full length: two runs never look identical.
+    size_t longest = 4;
+    for (const auto& r : rows) longest = std::max(longest, r.name.size());
+    size_t name_width = std::min<size_t>(longest, 60);
+    const auto cut = [](const std::string& n, size_t width) {
+      if (n.size() <= width) return n;
+      const size_t tail = (width - 1) / 2;
+      return n.substr(0, width - 1 - tail) + "~" + n.substr(n.size() - tail);
     };
+    {
+      std::map<std::string, std::string> seen;  // shown -> full
+      for (const auto& r : rows) {
+        auto [it, inserted] = seen.emplace(cut(r.name, name_width), r.name);
+        if (!inserted && it->second != r.name) name_width = longest;
+      }
+    }
+    const auto shown_name = [&](const std::string& n) { return cut(n, name_width); };
     fmt::print("{:>4}  {:<{}} {:<9} {:>11} {:>8} {:>9} {:>10} {:>10}  {}\n", "id", "name",
                name_width, "status", "step", "loss", "best val", "tokens", "tok/s", "config");
     for (const auto& r : rows) {
@@ -109,8 +122,9 @@ void AddDbCommand(CLI::App& app) {
   // columns; this applies the pending migrations, as any writer does when it opens the file.
   CLI::App* migrate = cmd->add_subcommand(
       "migrate", "Upgrade a database written by an older moelab to this build's schema");
-  migrate->add_option("--db", *path, "Database file")->capture_default_str()->check(
-      CLI::ExistingFile);
+  migrate->add_option("--db", *path, "Database file")
+      ->capture_default_str()
+      ->check(CLI::ExistingFile);
   migrate->callback([path]() {
     const int before = [&] {
       db::Connection raw(*path, SQLITE_OPEN_READONLY);
@@ -139,6 +153,10 @@ void AddDbCommand(CLI::App& app) {
   merge->callback([path, source]() {
     const db::MergeResult r = db::MergeDatabase(*path, *source);
     fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
+    if (r.promotions_imported + r.promotions_skipped > 0) {
+      fmt::print("imported {} promotion(s), skipped {} already present\n", r.promotions_imported,
+                 r.promotions_skipped);
+    }
     // Runs of a sweep trained elsewhere (a Slurm job's database) join it now, by config hash.
     for (const auto& a : sweeps::AdoptRuns(*path)) {
       fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, ToString(a.status), a.sweep,

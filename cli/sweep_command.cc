@@ -69,6 +69,7 @@ void Execute(const RunArgs& a, bool resume) {
   Guard(resume ? "resume" : "run", [&] {
     sweeps::ExpandOptions eo;
     eo.check_data = true;
+    eo.check_device = true;
     eo.max_runs = a.max_runs;
     sweep = sweeps::LoadSweepFromArg(a.spec, a.db, eo);
     if (a.ranks > 0) sweeps::OverrideRanks(&sweep, a.ranks);
@@ -85,7 +86,13 @@ void Execute(const RunArgs& a, bool resume) {
   ro.stop_flag = &g_sweep_stop;
   std::signal(SIGINT, OnSweepSignal);
   std::signal(SIGTERM, OnSweepSignal);
-  const sweeps::RunSummary s = sweeps::RunSweep(sweep, ro);
+  sweeps::RunSummary s;
+  try {
+    s = sweeps::RunSweep(sweep, ro);
+  } catch (const sweeps::SweepBusyError& e) {
+    fmt::print(stderr, "moelab sweep {}: {}\n", resume ? "resume" : "run", e.what());
+    throw CLI::RuntimeError(sweeps::kExitSweepBusy);
+  }
   if (s.exit_code != 0) throw CLI::RuntimeError(s.exit_code);
 }
 
@@ -121,6 +128,7 @@ void AddSweepCommand(CLI::App& app) {
       Guard("plan", [&] {
         sweeps::ExpandOptions eo;
         eo.check_data = true;
+        eo.check_device = true;
         eo.max_runs = a->max_runs;
         const sweeps::Sweep s = sweeps::LoadSweep(a->spec, eo);
         sweeps::PlanOptions po;
@@ -183,8 +191,11 @@ void AddSweepCommand(CLI::App& app) {
     cmd->add_option("--threads-per-run,-t", a->threads_per_run, "CPUs per task (per rank)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--max-parallel", a->max_parallel, "Array throttle (%N)");
-    cmd->add_option("--partition", a->partition, "Slurm partition");
-    cmd->add_option("--time", a->time_limit, "Time limit per task (HH:MM:SS)");
+    cmd->add_option("--partition", a->resources.partition, "Slurm partition");
+    cmd->add_option("--time", a->resources.time_limit, "Time limit per task (HH:MM:SS)");
+    cmd->add_option("--mem", a->resources.mem, "Memory per node (#SBATCH --mem, e.g. 8G)");
+    cmd->add_option("--account", a->resources.account, "Slurm account to charge");
+    cmd->add_option("--gres", a->resources.gres, "Generic resources (e.g. gpu:1)");
     cmd->add_option("--ranks", a->ranks, "Ranks (srun tasks) per run for every run")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--ntasks-per-node", a->ntasks_per_node, "#SBATCH --ntasks-per-node")
@@ -195,18 +206,25 @@ void AddSweepCommand(CLI::App& app) {
                   "Submit the scripts with sbatch and record the jobs for `sweep status`");
     cmd->add_option("--local-db", *local_db,
                     "Local database that records the sweep and its jobs (`db merge` into it "
-                    "joins the runs to the sweep)")
+                    "joins the runs to the sweep); written with --submit or when given")
         ->capture_default_str();
-    cmd->callback([a, spec, submit, local_db] {
+    cmd->callback([a, spec, submit, local_db, cmd] {
       Guard("slurm", [&] {
         const sweeps::Sweep s = sweeps::LoadSweep(*spec);
         const auto scripts = sweeps::WriteSlurmScripts(s, *a);
         for (const auto& sc : scripts) {
           fmt::print("wrote {} ({} array tasks of {} rank(s))\n", sc.path, sc.tasks, sc.ranks);
         }
-        // Known locally before its runs come back: `db merge` joins them to it.
-        sweeps::Store(*local_db).UpsertSweep(s.name, s.spec.dump());
-        fmt::print("recorded sweep '{}' in {}\n", s.name, *local_db);
+        if (const std::string note = sweeps::SlurmWsdNote(s); !note.empty()) {
+          fmt::print("warning: {}\n", note);
+        }
+        // Known locally before its runs come back: `db merge` joins them to it. Only written
+        // when asked for (--submit or --local-db): writing scripts creates no database.
+        const bool record = *submit || cmd->count("--local-db") > 0;
+        if (record) {
+          sweeps::Store(*local_db).UpsertSweep(s.name, s.spec.dump());
+          fmt::print("recorded sweep '{}' in {}\n", s.name, *local_db);
+        }
         if (*submit) {
           for (const auto& job : sweeps::SubmitSlurmScripts(s, scripts, *local_db)) {
             fmt::print("submitted {} as Slurm job {}\n", job.script, job.job_id);
@@ -214,6 +232,9 @@ void AddSweepCommand(CLI::App& app) {
           fmt::print("  follow: moelab sweep status {} --db {}\n", s.name, *local_db);
         } else {
           fmt::print("  submit: sbatch <script>   (or add --submit)\n");
+          if (!record) {
+            fmt::print("  (--local-db DB records the sweep there, so runs merged back join it)\n");
+          }
         }
         fmt::print("  then merge: moelab db merge <cluster db> --db {}  (docs/distributed.md)\n",
                    *local_db);

@@ -191,6 +191,18 @@ CREATE INDEX promotions_run ON promotions(run_id);
     R"sql(
 ALTER TABLE steps ADD COLUMN norm_gain_rms REAL;
 )sql",
+    // 7: a run's identity (issue 19): a random UUID per run row, written into its checkpoints
+    // (core/train/checkpoint.h) and naming its checkpoint folder, so a run never adopts another
+    // run's checkpoints (another database's, or a row of this one). Rows recorded before get
+    // one here (version 4 format from SQLite's randomblob); their checkpoints carry none and are
+    // adopted only by the run whose checkpoint_path names them (docs/database.md).
+    R"sql(
+ALTER TABLE runs ADD COLUMN uuid TEXT;
+UPDATE runs SET uuid = lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' ||
+  substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) ||
+  substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)));
+CREATE UNIQUE INDEX runs_uuid ON runs(uuid);
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
@@ -263,8 +275,9 @@ Connection OpenForRead(const std::string& path, double busy_timeout_s) {
   if (::stat(path.c_str(), &st) != 0) {
     throw std::runtime_error(fmt::format("database '{}' does not exist", path));
   }
-  Connection db(path, SQLITE_OPEN_READONLY);
-  Configure(db, busy_timeout_s);
+  Connection db = OpenReadOnly(path);
+  // No PRAGMA that writes: foreign keys only matter to writers.
+  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout_s * 1000));
   int64_t version = 0;
   try {
     version = db.QueryInt("PRAGMA user_version");

@@ -1,9 +1,12 @@
 #include "db/sqlite.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
@@ -175,6 +178,53 @@ int64_t Connection::QueryInt(const std::string& sql) {
   Statement st = Prepare(sql);
   if (!st.Step()) throw SqliteError(fmt::format("query returned no row [SQL: {}]", sql), 0);
   return st.Int(0);
+}
+
+namespace {
+
+// A file: URI for sqlite3_open_v2 (SQLITE_OPEN_URI): '%', '?' and '#' must be escaped.
+std::string FileUri(const std::string& path, const char* query) {
+  std::string uri = "file:";
+  for (char c : std::filesystem::absolute(path).string()) {
+    if (c == '%' || c == '?' || c == '#') {
+      uri += fmt::format("%{:02X}", static_cast<unsigned char>(c));
+    } else {
+      uri += c;
+    }
+  }
+  return uri + "?" + query;
+}
+
+bool CannotWriteBeside(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  return ::access(dir.c_str(), W_OK) != 0;
+}
+
+}  // namespace
+
+Connection OpenReadOnly(const std::string& path) {
+  {
+    Connection db(path, SQLITE_OPEN_READONLY);
+    try {
+      db.QueryInt(
+          "PRAGMA schema_version");  // reads the header: fails here when -shm cannot be made
+      return db;
+    } catch (const SqliteError& e) {
+      const int primary = e.code() & 0xff;
+      if ((primary != SQLITE_READONLY && primary != SQLITE_CANTOPEN) || !CannotWriteBeside(path)) {
+        throw;
+      }
+    }
+  }
+  struct stat wal;
+  if (::stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0) {
+    throw std::runtime_error(fmt::format(
+        "database '{}' is in a folder this process cannot write and has a non-empty '{}-wal' "
+        "(transactions not yet merged into the file): copy the database together with its -wal "
+        "file to a writable folder and read it there",
+        path, path));
+  }
+  return Connection(FileUri(path, "immutable=1"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
 }
 
 }  // namespace moelab::db

@@ -97,6 +97,14 @@ class Connection {
   std::string path_;
 };
 
+// Opens `path` with SQLITE_OPEN_READONLY. A WAL database needs its -shm index, which SQLite
+// creates beside the file even for a read-only connection; in a folder this process cannot
+// write (a shared results folder, a read-only mount) that fails with "attempt to write a
+// readonly database". Such a file is opened as immutable instead (nobody can be writing it
+// there either); when it has a non-empty -wal, whose transactions immutable mode would not see,
+// the error says to copy the database to a writable folder.
+Connection OpenReadOnly(const std::string& path);
+
 // Seconds since the Unix epoch, as stored in every *_at column.
 double UnixNow();
 

@@ -7,7 +7,7 @@ PACKAGES=(
   libopenblas-openmp-dev nlohmann-json3-dev libsqlite3-dev sqlite3 libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libceres-dev libeigen3-dev libsentencepiece-dev sentencepiece
-  libcli11-dev libfmt-dev libmuparser-dev
+  libcli11-dev libfmt-dev libmuparser-dev zlib1g-dev libzstd-dev
   libopenmpi-dev openmpi-bin
   libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth
   bible-kjv bible-kjv-text wordnet-base

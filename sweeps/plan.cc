@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "analysis/scaling.h"
 #include "core/flops.h"
 #include "core/metrics.h"
 #include "core/train/trainer.h"
@@ -92,10 +93,8 @@ Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps
   const double tokens = static_cast<double>(TokensPerStep(c)) * n;
   t.flops_per_s =
       sink.measured > 0 ? ForwardFlopsPerToken(c).training() * tokens / sink.measured : 0;
-  t.how = fmt::format(
-      "measured: {} training steps ({:.1f} s) of the largest run at {} thread(s) "
-      "= {}",
-      n, sink.measured, threads, Si(t.flops_per_s, "FLOP/s"));
+  t.how = fmt::format("measured: {} training steps ({:.1f} s) at {} thread(s) = {}", n,
+                      sink.measured, threads, Si(t.flops_per_s, "FLOP/s"));
   return t;
 }
 
@@ -110,6 +109,65 @@ const SweepRun* CalibrationRun(const Sweep& sweep) {
 int ThreadsPerRun(int parallel) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, parallel));
+}
+
+std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
+  const auto budget_or_seed = [](const std::string& key) {
+    const std::string leaf = key.substr(key.rfind('.') + 1);
+    return leaf == "seed" || leaf.ends_with("steps") || leaf.ends_with("tokens");
+  };
+  struct Family {
+    int runs = 0;
+    std::set<double> eval_flops;  // every evaluation's training FLOPs: frontier candidates
+  };
+  std::map<std::string, Family> families;
+  for (const SweepRun* r : sweep.Unique()) {
+    std::string label;
+    for (auto it = r->vars.begin(); it != r->vars.end(); ++it) {
+      if (budget_or_seed(it.key())) continue;
+      label += fmt::format("{}{}={}", label.empty() ? "" : ",", it.key(), ShortValue(it.value()));
+    }
+    Family& f = families[label];
+    ++f.runs;
+    const double per_step =
+        ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
+    const int64_t total = r->config.total_steps(), every = r->config.eval.every;
+    for (int64_t s = every > 0 ? every : total; s < total; s += every)
+      f.eval_flops.insert(per_step * s);
+    f.eval_flops.insert(per_step * total);
+  }
+  const int min_runs = analysis::FitOptions{}.min_runs;
+  std::vector<std::string> few_runs, few_points;
+  for (const auto& [label, f] : families) {
+    const std::string name = label.empty() ? "the sweep" : label;
+    if (f.runs < min_runs) few_runs.push_back(fmt::format("{} has {}", name, f.runs));
+    if (static_cast<int>(f.eval_flops.size()) < analysis::kMinFrontierPoints) {
+      few_points.push_back(fmt::format("{} has {}", name, f.eval_flops.size()));
+    }
+  }
+  std::vector<std::string> out;
+  const auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 6; ++i) s += (i ? "; " : "") + v[i];
+    if (v.size() > 6) s += fmt::format("; ... {} more", v.size() - 6);
+    return s;
+  };
+  if (!few_runs.empty()) {
+    out.push_back(fmt::format(
+        "`moelab fit` cannot fit this design: it needs at least {} runs per family (runs that "
+        "differ only in budget or seed; the bootstrap resamples whole runs), and {} of {} "
+        "families have fewer ({}). Add budgets (train.steps values) or seeds, or fit with "
+        "--min-runs N at the cost of unreliable intervals",
+        min_runs, few_runs.size(), families.size(), list(few_runs)));
+  }
+  if (!few_points.empty()) {
+    out.push_back(fmt::format(
+        "`moelab fit` needs at least {} points on each family's loss-over-compute frontier, and "
+        "{} of {} families have fewer distinct evaluation budgets than that ({}): add budgets or "
+        "evaluate more often (eval.every)",
+        analysis::kMinFrontierPoints, few_points.size(), families.size(), list(few_points)));
+  }
+  return out;
 }
 
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
@@ -213,10 +271,11 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                Si(saved_flops));
   }
   fmt::print(out, "time estimate: {}\n", tp.how.empty() ? options.uncalibrated : tp.how);
+  for (const std::string& w : FitabilityWarnings(sweep)) fmt::print(out, "warning: {}\n", w);
   if (tp.flops_per_s > 0) {
     fmt::print(out,
-               "  (one rate for all runs: smaller models run at a lower rate, so small runs take "
-               "longer than shown; parallel runs share memory bandwidth)\n");
+               "  (one rate, the largest run's, for all runs: smaller models run at a lower rate, "
+               "so small runs take longer than shown; parallel runs share memory bandwidth)\n");
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sweeps/spec.h"
 
@@ -43,5 +44,12 @@ struct PlanOptions {
 };
 
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out);
+
+// Why `moelab fit` could not fit this design, one line per reason ("" lines never; empty when it
+// can). A family is the unique runs that differ only in their budget and seed (sweep variables
+// whose name ends in "steps" or "tokens", and "seed"); fit needs FitOptions::min_runs runs per
+// family (it resamples whole runs) and kMinFrontierPoints points on the family's frontier
+// (evaluations of runs of distinct lengths). Printed by PrintPlan as warnings.
+std::vector<std::string> FitabilityWarnings(const Sweep& sweep);
 
 }  // namespace moelab::sweeps

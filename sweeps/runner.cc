@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -156,7 +157,13 @@ class Scheduler {
   RunSummary Run() {
     Lock();
     sweep_id_ = store_.UpsertSweep(sweep_.name, sweep_.spec.dump());
-    Prepare();
+    {
+      // Sweeps of one database prepare one at a time, so a second sweep started at the same
+      // moment sees the first one's run rows and shares them instead of making its own.
+      const int fd = LockFile(fs::path(dir_).parent_path() / "prepare.lock", /*wait=*/true);
+      Prepare();
+      ::close(fd);
+    }
     PlanBranches();
     start_ = Now();
     Loop();
@@ -169,6 +176,35 @@ class Scheduler {
         .count();
   }
 
+  // Opens and flocks `path` (created if missing); returns the descriptor, or -1 when `wait` is
+  // false and another process holds the lock.
+  static int LockFile(const fs::path& path, bool wait) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}", path.string()));
+    while (flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+      if (!wait || errno != EINTR) {
+        ::close(fd);
+        return -1;
+      }
+    }
+    return fd;
+  }
+
+  // Marks the run as started by this process unless a live process already runs it (another
+  // sweep sharing the row): one atomic UPDATE, so two sweeps never both launch a run.
+  bool Claim(const Job& job) {
+    db::Statement st = store_.connection().Prepare(R"sql(
+UPDATE runs SET status = 'running', pid = ?2, host = ?3, heartbeat_at = ?4
+WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
+    st.Bind(1, job.run_id)
+        .Bind(2, static_cast<int64_t>(getpid()))
+        .Bind(3, HostName())
+        .Bind(4, db::UnixNow())
+        .Bind(5, kStaleAfterS)
+        .Run();
+    return store_.connection().changes() == 1;
+  }
+
   void Lock() {
     const std::string path = dir_ + "/lock";
     lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -177,7 +213,7 @@ class Scheduler {
     if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
       std::string owner;
       std::ifstream(path) >> owner;
-      throw std::runtime_error(fmt::format(
+      throw SweepBusyError(fmt::format(
           "sweep '{}' is already being run by another process (pid {}); wait for it or stop "
           "it with Ctrl-C / kill -INT",
           sweep_.name, owner.empty() ? "?" : owner));
@@ -188,6 +224,15 @@ class Scheduler {
         // The pid is only informational.
       }
     }
+  }
+
+  // The checkpoint folder another sweep keeps `run_id` in; "" when no other sweep has it.
+  std::string OtherSweepCheckpointDir(int64_t run_id) {
+    db::Statement st = store_.connection().Prepare(
+        "SELECT checkpoint_dir FROM sweep_runs WHERE run_id = ?1 AND sweep_id != ?2 AND "
+        "checkpoint_dir IS NOT NULL AND checkpoint_dir != '' LIMIT 1");
+    st.Bind(1, run_id).Bind(2, sweep_id_);
+    return st.Step() ? st.Text(0) : "";
   }
 
   // Finds or creates the run row of every unique config and decides its initial state.
@@ -221,6 +266,20 @@ class Scheduler {
         store_.Link(sweep_id_, done->id, run->index, "");
         mine = done;
         members[done->id] = Member{};
+      }
+      // 3) Otherwise the config queued, running, stopped or failed in another sweep of this
+      // database is shared: both sweeps follow one run row (and its checkpoint folder), and
+      // whichever launches it first trains it (Claim) while the other waits for it.
+      if (!mine && !opt_.rerun) {
+        for (const RunRow& r : same) {
+          if (r.status == RunStatus::kDone || r.status == RunStatus::kDiverged) continue;
+          const std::string ckpt = OtherSweepCheckpointDir(r.id);
+          if (ckpt.empty()) continue;
+          Member m;
+          m.checkpoint_dir = ckpt;
+          members[r.id] = m;
+          mine = &r;
+        }
       }
       if (mine) {
         job.run_id = mine->id;
@@ -267,26 +326,16 @@ class Scheduler {
         job.state = State::kQueued;
       }
       if (job.ckpt_dir.empty() && !job.reused) {
-        // One folder per run row: a rerun, a second sweep's run of the same config, or a run
-        // of a deleted database whose checkpoints are still on disk never resumes from (or
-        // prunes) another run's checkpoints: every launch passes --resume.
-        // Run ids restart at 1 in a new database, so "<hash>-run<id>" may be a deleted
-        // database's folder as well: count up until the folder is free.
-        const fs::path root = fs::absolute(run->config.checkpoint.dir);
-        const std::string h16 = run->hash.substr(0, 16);
-        const auto free = [](const fs::path& p) {
-          std::error_code ec;
-          return !fs::exists(p, ec) || fs::is_empty(p, ec);
-        };
-        fs::path dir = root / h16;
-        if (!same.empty() || !free(dir)) dir = root / fmt::format("{}-run{}", h16, job.run_id);
-        for (int n = 2; !free(dir); ++n)
-          dir = root / fmt::format("{}-run{}-{}", h16, job.run_id, n);
-        job.ckpt_dir = dir.lexically_normal().string();
-        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
-      } else {
-        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
+        // One folder per run row, named by its UUID (<checkpoint.dir>/<hash16>/<uuid>): a rerun,
+        // a second sweep's run of the same config, or a deleted database's run whose
+        // checkpoints are still on disk never shares it; the trainer adopts only checkpoints
+        // carrying the run's UUID anyway.
+        const std::optional<RunRow> row = reader.GetRun(job.run_id);
+        job.ckpt_dir = fs::absolute(DefaultCheckpointDir(run->config, row ? row->uuid : ""))
+                           .lexically_normal()
+                           .string();
       }
+      store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
       job.log = fmt::format("{}/logs/run{}.log", dir_, job.run_id);
       jobs_.push_back(std::move(job));
     }
@@ -512,6 +561,20 @@ class Scheduler {
             if (src.empty()) continue;  // parent has not reached the branch point yet
             if (src != "-") init_from = src;
           }
+          if (!Claim(job)) {
+            // Another sweep's process is training this shared run: wait for it like for a
+            // trainer left running by a killed sweep.
+            const auto row = reader.GetRun(job.run_id, kStaleAfterS);
+            if (row && row->pid && row->host == HostName() &&
+                ProcessAlive(static_cast<pid_t>(*row->pid))) {
+              job.state = State::kAdopted;
+              job.pid = static_cast<pid_t>(*row->pid);
+              Event(fmt::format("#{} run {} {} is being trained by another sweep: waiting for it",
+                                job.run->index, job.run_id, job.run->name));
+              running += Slots(job);
+            }
+            continue;
+          }
           Launch(job, init_from);
           running += Slots(job);
         }
@@ -671,7 +734,7 @@ Sweep LoadSweepFromArg(const std::string& arg, const std::string& db_path,
 }
 
 void PrintStatus(const std::string& db_path, const std::string& name, std::FILE* out) {
-  Store store(db_path);
+  Store store(db_path, Store::Mode::kReadOnly);
   db::Reader reader(db_path);
   std::map<int64_t, db::RunRow> rows;
   for (const db::RunRow& r : reader.ListRuns(kStaleAfterS)) rows[r.id] = r;
@@ -696,8 +759,16 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
     fmt::print(out, "sweep {} (id {}): {} runs: {}\n", s.name, s.id, members.size(), summary);
     PrintSlurmJobs(db_path, s.name, out);  // jobs submitted by `sweep slurm --submit`
     if (!name.empty()) {
-      fmt::print(out, "  {:>4} {:>5} {:<40} {:<9} {:>13} {:>8} {:>8} {:>5} {:>5}  {}\n", "idx",
-                 "run", "name", "status", "step", "loss", "val", "ranks", "fails",
+      // Full names (a cut name can make two runs look the same); "-" for what a run has not
+      // recorded yet (an unstarted run has no loss, which printed as "nan").
+      size_t name_width = 4;
+      for (const Member& m : members)
+        if (rows.count(m.run_id)) name_width = std::max(name_width, rows[m.run_id].name.size());
+      const auto metric = [](const std::optional<double>& v) {
+        return v && std::isfinite(*v) ? fmt::format("{:.4f}", *v) : std::string("-");
+      };
+      fmt::print(out, "  {:>4} {:>5} {:<{}} {:<9} {:>13} {:>8} {:>8} {:>5} {:>5}  {}\n", "idx",
+                 "run", "name", name_width, "status", "step", "loss", "val", "ranks", "fails",
                  "last error / branch");
       for (const Member& m : members) {
         if (!rows.count(m.run_id)) continue;
@@ -709,11 +780,10 @@ void PrintStatus(const std::string& db_path, const std::string& name, std::FILE*
               fmt::format("branch of run {} at step {}", *m.branch_of, m.branch_step.value_or(0));
         }
         if (note.empty() && r.stale) note = "heartbeat stale: the trainer is gone";
-        fmt::print(out,
-                   "  {:>4} {:>5} {:<40} {:<9} {:>6}/{:<6} {:>8.4f} {:>8.4f} {:>5} {:>5}  {}\n",
-                   m.idx, r.id, r.name.substr(0, 40), ToString(r.effective_status), r.last_step,
-                   r.shape.total_steps, r.last_loss.value_or(NAN), r.last_val_loss.value_or(NAN),
-                   r.ranks, m.failures, note.substr(0, 100));
+        fmt::print(out, "  {:>4} {:>5} {:<{}} {:<9} {:>6}/{:<6} {:>8} {:>8} {:>5} {:>5}  {}\n",
+                   m.idx, r.id, r.name, name_width, ToString(r.effective_status), r.last_step,
+                   r.shape.total_steps, metric(r.last_loss), metric(r.last_val_loss), r.ranks,
+                   m.failures, note.substr(0, 100));
       }
     }
   }

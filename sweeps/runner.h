@@ -6,11 +6,22 @@
 
 #include <atomic>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "sweeps/spec.h"
 
 namespace moelab::sweeps {
+
+// Exit code of `sweep run` / `sweep resume` when another process already runs the same sweep
+// (against the same database): nothing was started, and nothing failed (1 means a run failed).
+constexpr int kExitSweepBusy = 5;
+
+// Thrown by RunSweep when the sweep's lock is held by another process.
+class SweepBusyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct RunOptions {
   std::string db_path;
@@ -36,8 +47,9 @@ struct RunSummary {
   int exit_code = 0;
 };
 
-// Runs (or resumes) the sweep. Throws std::runtime_error when the database or the sweep lock
-// cannot be taken; run failures are reported in the summary, never thrown.
+// Runs (or resumes) the sweep. Throws SweepBusyError when another process holds the sweep's
+// lock, std::runtime_error when the database cannot be opened; run failures are reported in
+// the summary, never thrown.
 RunSummary RunSweep(const Sweep& sweep, const RunOptions& options);
 
 // Where the engine keeps a sweep's generated files: <db>.sweeps/<sanitised sweep name>.

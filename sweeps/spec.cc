@@ -4,16 +4,18 @@
 #include <muParser.h>
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "core/data/data.h"
+#include "core/device.h"
+#include "core/did_you_mean.h"
 #include "core/flops.h"
 #include "sweeps/launch.h"
 
@@ -326,9 +328,20 @@ double Evaluate(const Derived& d, const json& config, const std::map<std::string
     return result;
   } catch (const mu::Parser::exception_type& e) {
     std::string hint;
-    auto it = vars.find(e.GetToken());
+    const std::string token = e.GetToken();
+    auto it = vars.find(token);
     if (it != vars.end() && !it->second.is_number()) {
-      hint = fmt::format(" (variable '{}' is {}, not a number)", e.GetToken(), it->second.dump());
+      hint = fmt::format(" (variable '{}' is {}, not a number)", token, it->second.dump());
+    } else if (!token.empty() && !values.count(token) &&
+               token.find_first_not_of("0123456789_.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
+                                       "VWXYZ") == std::string::npos &&
+               !std::isdigit(static_cast<unsigned char>(token[0]))) {
+      // muParser calls an undefined name an "unexpected token": say what it is and what was meant.
+      std::vector<std::string> names;
+      for (const auto& [name, value] : values) names.push_back(name);
+      const std::string near = ClosestName(token, names);
+      hint = fmt::format(" ('{}' is not a sweep variable, config field or model quantity{})", token,
+                         near.empty() ? "" : fmt::format("; did you mean '{}'?", near));
     }
     throw SpecError(fmt::format("{} '{} = {}': expression error: {}{}", d.where, d.target, d.expr,
                                 e.GetMsg(), hint));
@@ -440,8 +453,8 @@ ojson ParseSpecText(const std::string& text, const std::string& path) {
     const size_t line = 1 + std::count(text.begin(), text.begin() + end, '\n');
     const size_t nl = text.rfind('\n', end > 0 ? end - 1 : 0);
     const size_t column = end > 0 && nl != std::string::npos ? end - nl : end + 1;
-    throw SpecError(fmt::format("{}: not valid JSON (line {}, column {}): {}", path, line, column,
-                                e.what()));
+    throw SpecError(
+        fmt::format("{}: not valid JSON (line {}, column {}): {}", path, line, column, e.what()));
   }
   if (!spec.is_object()) throw SpecError(fmt::format("{}: a sweep spec is a JSON object", path));
   if (!spec.contains("name")) spec["name"] = fs::path(path).stem().string();
@@ -488,12 +501,13 @@ int64_t CountSpecRuns(const ojson& spec, std::string* breakdown) {
     for (auto it = spec["grid"].begin(); it != spec["grid"].end(); ++it)
       times(length(it.value()), "grid." + it.key());
   }
-  if (spec.contains("random") && spec["random"].is_object() &&
-      spec["random"].contains("count") && spec["random"]["count"].is_number_integer()) {
+  if (spec.contains("random") && spec["random"].is_object() && spec["random"].contains("count") &&
+      spec["random"]["count"].is_number_integer()) {
     times(std::max<int64_t>(1, spec["random"]["count"].get<int64_t>()), "random.count");
   }
   if (spec.contains("seeds")) times(length(spec["seeds"]), "seeds");
-  if (breakdown) *breakdown = parts.empty() ? "no axes" : fmt::format("{}", fmt::join(parts, " × "));
+  if (breakdown)
+    *breakdown = parts.empty() ? "no axes" : fmt::format("{}", fmt::join(parts, " × "));
   return total;
 }
 
@@ -711,7 +725,8 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   std::vector<std::string> errors;
   int error_count = 0;
   std::map<std::string, int> first_of_hash;
-  std::set<std::string> checked_data;
+  // data.path and train.device checks, once per value; every run that uses it gets the error.
+  std::map<std::string, std::string> data_error, device_error;
   for (size_t i = 0; i < points.size(); ++i) {
     SweepRun run;
     run.index = static_cast<int>(i);
@@ -765,13 +780,30 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       if (const std::string e = LayoutError(run.config, run.ranks, origin); !e.empty()) {
         throw SpecError(e);
       }
-      if (options.check_data && run.config.data.source == "corpus" &&
-          checked_data.insert(run.config.data.path).second) {
-        try {
-          CheckVocabFits(ReadDataMeta(run.config.data.path), run.config.model.vocab_size);
-        } catch (const std::exception& e) {
-          throw ConfigError("data.path", e.what());
+      if (options.check_data && run.config.data.source == "corpus") {
+        const std::string key =
+            fmt::format("{}\n{}", run.config.data.path, run.config.model.vocab_size);
+        if (!data_error.count(key)) {
+          try {
+            CheckVocabFits(ReadDataMeta(run.config.data.path), run.config.model.vocab_size);
+            data_error[key] = "";
+          } catch (const std::exception& e) {
+            data_error[key] = e.what();
+          }
         }
+        if (!data_error[key].empty()) throw ConfigError("data.path", data_error[key]);
+      }
+      if (options.check_device && run.config.train.device != "cpu") {
+        const std::string& key = run.config.train.device;
+        if (!device_error.count(key)) {
+          try {
+            RequireDevice(run.config.train);
+            device_error[key] = "";
+          } catch (const DeviceError& e) {
+            device_error[key] = e.what();
+          }
+        }
+        if (!device_error[key].empty()) throw ConfigError("train.device", device_error[key]);
       }
     } catch (const ConfigError& e) {
       ++error_count;
@@ -807,9 +839,13 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
     sweep.runs.push_back(std::move(run));
   }
   if (error_count > 0) {
+    const std::string how_many =
+        error_count == static_cast<int>(points.size())
+            ? (points.size() == 1 ? std::string("its only run is")
+                                  : fmt::format("all {} runs are", points.size()))
+            : fmt::format("{} of {} runs are", error_count, points.size());
     std::string msg =
-        fmt::format("sweep '{}': {} of {} runs are invalid; nothing was started:", sweep.name,
-                    error_count, points.size());
+        fmt::format("sweep '{}': {} invalid; nothing was started:", sweep.name, how_many);
     for (const std::string& e : errors) msg += "\n  " + e;
     if (error_count > static_cast<int>(errors.size())) {
       msg += fmt::format("\n  ... and {} more", error_count - errors.size());

@@ -65,6 +65,10 @@ ojson ParseSpecText(const std::string& text, const std::string& path);
 struct ExpandOptions {
   // Check that corpus data (data.source "corpus") exists and fits the vocabulary.
   bool check_data = false;
+  // Check that train.device can be used on this machine (`sweep plan` / `sweep run`: a "cuda"
+  // run without a usable GPU is refused before anything starts; `sweep slurm` targets another
+  // machine and does not check).
+  bool check_device = false;
   // How many invalid runs an error message lists before summarising the rest.
   int max_errors_listed = 12;
   // Refuse, before expanding anything, a spec whose runs × zip × grid × random × seeds product

@@ -15,6 +15,9 @@ using nlohmann::json;
 
 Store::Store(const std::string& db_path) : db_(db::OpenForWrite(db_path)) {}
 
+Store::Store(const std::string& db_path, Mode mode)
+    : db_(mode == Mode::kReadOnly ? db::OpenForRead(db_path) : db::OpenForWrite(db_path)) {}
+
 void Store::Transaction(const std::function<void()>& body) {
   // Trainers hold the write lock for one short batch at a time; the busy timeout covers that,
   // and a whole-transaction retry covers a busy timeout that still runs out under load.

@@ -34,6 +34,10 @@ struct Member {
 class Store {
  public:
   explicit Store(const std::string& db_path);
+  // Only the queries (FindSweep, ListSweeps, Members) work on a read-only Store; it opens the
+  // file read-only, so `sweep status` reads a database in a folder it cannot write.
+  enum class Mode { kReadWrite, kReadOnly };
+  Store(const std::string& db_path, Mode mode);
 
   // Inserts the sweep or, when the name exists, refreshes its spec; returns its id.
   int64_t UpsertSweep(const std::string& name, const std::string& spec_json);

@@ -35,12 +35,12 @@ class CorpusSource : public TokenSource {
   CorpusSource(std::string dir, DataMeta meta)
       : dir_(std::move(dir)),
         meta_(std::move(meta)),
-        train_(Paths(meta_.shards)),
-        val_(Paths(meta_.val_shards)) {
+        train_(meta_.train_spans),
+        val_(meta_.val_spans) {
     if (train_.size() != meta_.train_tokens || val_.size() != meta_.val_tokens) {
       throw std::runtime_error(fmt::format(
           "{}: shards hold {} train / {} val tokens but meta.json says {} / {}: the folder is "
-          "damaged, run `moelab data prepare --force`",
+          "damaged, run `moelab data prepare --force` (or `moelab data import` again)",
           dir_, train_.size(), val_.size(), meta_.train_tokens, meta_.val_tokens));
     }
   }
@@ -95,11 +95,6 @@ class CorpusSource : public TokenSource {
   }
 
  private:
-  std::vector<std::string> Paths(const std::vector<std::string>& names) const {
-    std::vector<std::string> p;
-    for (const auto& n : names) p.push_back((fs::path(dir_) / n).string());
-    return p;
-  }
   // Cheap next to the copy, and turns a damaged shard into an error instead of an out-of-range
   // embedding lookup.
   void Check(const int32_t* t, int64_t n) const {
@@ -177,11 +172,27 @@ DataMeta ReadDataMeta(const std::string& dir) {
     m.format_version = m.json.at("format_version").get<int>();
     m.vocab_size = m.json.at("vocab_size").get<int>();
     m.eos_id = m.json.value("eos_id", -1);
-    m.tokenizer = m.json.at("tokenizer").get<std::string>();
+    const auto& tok = m.json.at("tokenizer");
+    m.tokenizer = tok.is_string() ? tok.get<std::string>() : "";
     m.train_tokens = m.json.at("train_tokens").get<int64_t>();
     m.val_tokens = m.json.at("val_tokens").get<int64_t>();
     m.shards = m.json.at("shards").get<std::vector<std::string>>();
     m.val_shards = m.json.at("val_shards").get<std::vector<std::string>>();
+    // Relative names are inside the folder; fs::path's operator/ keeps absolute ones as they are.
+    auto spans = [&](const char* key, const std::vector<std::string>& names) {
+      std::vector<ShardSpan> out;
+      if (m.json.contains(key)) {
+        for (const auto& s : m.json.at(key)) {
+          out.push_back({(fs::path(dir) / s.at("file").get<std::string>()).string(),
+                         s.at("offset_bytes").get<int64_t>(), s.at("tokens").get<int64_t>()});
+        }
+      } else {
+        for (const auto& n : names) out.push_back({(fs::path(dir) / n).string(), 0, -1});
+      }
+      return out;
+    };
+    m.train_spans = spans("train_spans", m.shards);
+    m.val_spans = spans("val_spans", m.val_shards);
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format(
         "{}: not a valid prepared-corpus description ({}): run `moelab data prepare --force`",

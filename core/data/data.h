@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/data/shards.h"
 
 namespace moelab {
 
@@ -37,11 +38,15 @@ struct DataMeta {
   int format_version = 0;
   int vocab_size = 0;
   int eos_id = -1;        // separator written between documents
-  std::string tokenizer;  // file name inside the folder, e.g. "tokenizer.model"
+  std::string tokenizer;  // file name inside the folder, e.g. "tokenizer.model"; "" for imports
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
   std::vector<std::string> shards;      // train shard file names, in stream order
   std::vector<std::string> val_shards;  // validation shard file names
+  // Where each split's tokens are: meta.json's `train_spans`/`val_spans` (imported llm.c shards:
+  // absolute paths, a header to skip, a held-out tail), else the whole files above, resolved
+  // against `dir`.
+  std::vector<ShardSpan> train_spans, val_spans;
   nlohmann::json json;
 };
 

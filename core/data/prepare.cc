@@ -15,6 +15,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "core/data/documents.h"
 #include "core/data/random.h"
 
 namespace moelab {
@@ -55,21 +56,38 @@ std::string UtcNow() {
   return buf;
 }
 
+std::string Clock(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02d}:{:02d}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
 // Reports progress through the callback or as one rewritten stderr line, at most ~5 times/s.
+// Stages that read the inputs pass the bytes they have read (`total_bytes` in all), which gives
+// the rate and, from the fraction done, the time left.
 class Progress {
  public:
-  explicit Progress(const PrepareOptions& o) : opt_(o) {}
+  Progress(const PrepareOptions& o, int64_t total_bytes) : opt_(o), total_bytes_(total_bytes) {}
   void Update(const std::string& stage, double fraction, const std::string& detail = "",
               bool force = false) {
     auto now = std::chrono::steady_clock::now();
+    if (stage != stage_) stage_start_ = now;
     if (!force && stage == stage_ && now - last_ < std::chrono::milliseconds(200)) return;
     last_ = now;
+    PrepareProgress p{stage, fraction, detail};
+    const double elapsed = std::chrono::duration<double>(now - stage_start_).count();
+    if (elapsed > 0.5 && fraction > 0.0 && stage != "train tokenizer") {
+      p.mb_per_s = fraction * double(total_bytes_) / 1e6 / elapsed;
+      p.eta_s = elapsed * (1.0 - fraction) / fraction;
+    }
     if (opt_.progress) {
-      opt_.progress(PrepareProgress{stage, fraction, detail});
+      opt_.progress(p);
     } else if (!opt_.quiet) {
       if (!stage_.empty() && stage != stage_) std::fputc('\n', stderr);
-      std::fprintf(stderr, "\rprepare: %-16s %5.1f%%  %-24s", stage.c_str(), 100.0 * fraction,
-                   detail.c_str());
+      std::string rate;
+      if (p.eta_s >= 0) rate = fmt::format("{:.1f} MB/s, ETA {}", p.mb_per_s, Clock(p.eta_s));
+      std::fprintf(stderr, "\rprepare: %-16s %5.1f%%  %-16s %-24s", stage.c_str(), 100.0 * fraction,
+                   detail.c_str(), rate.c_str());
       std::fflush(stderr);
     }
     stage_ = stage;
@@ -86,23 +104,10 @@ class Progress {
 
  private:
   const PrepareOptions& opt_;
+  int64_t total_bytes_;
   std::string stage_;
-  std::chrono::steady_clock::time_point last_{};
+  std::chrono::steady_clock::time_point last_{}, stage_start_{};
 };
-
-// Calls fn(line) for every non-empty line (trailing '\r' removed) of a file; fn gets the
-// fraction of bytes read so far for progress.
-template <typename Fn>
-void ForEachDocument(const std::string& path, Fn&& fn) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open for reading");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) fn(line);
-  }
-  if (in.bad()) throw std::runtime_error(path + ": read error");
-}
 
 // Feeds the sampled documents to the SentencePiece trainer without another copy.
 class VectorIterator : public sentencepiece::SentenceIterator {
@@ -198,15 +203,29 @@ std::string HashFile(const std::string& path) {
 }
 
 // The options that determine the output; a folder is reused only when these match exactly.
-nlohmann::json Signature(const PrepareOptions& o, const std::vector<Source>& sources) {
+// A given tokenizer replaces the options that train one; the text field matters only to JSON
+// Lines inputs but is recorded always (the file names are part of the identity anyway).
+nlohmann::json Signature(const PrepareOptions& o, const std::vector<Source>& sources,
+                         const std::string& tokenizer_hash) {
   nlohmann::json src = nlohmann::json::array();
   for (const Source& s : sources) {
     src.push_back({{"path", s.path}, {"bytes", s.bytes}, {"fnv1a64", s.hash}});
   }
-  return {{"format_version", kFormatVersion}, {"vocab_size", o.vocab_size},
-          {"val_fraction", o.val_fraction},   {"seed", o.seed},
-          {"max_sentences", o.max_sentences}, {"character_coverage", o.character_coverage},
-          {"shard_tokens", o.shard_tokens},   {"sources", src}};
+  nlohmann::json sig = {{"format_version", kFormatVersion},
+                        {"val_fraction", o.val_fraction},
+                        {"seed", o.seed},
+                        {"shard_tokens", o.shard_tokens},
+                        {"sources", src}};
+  if (o.tokenizer_model.empty()) {
+    sig["vocab_size"] = o.vocab_size;
+    sig["max_sentences"] = o.max_sentences;
+    sig["character_coverage"] = o.character_coverage;
+  } else {
+    sig["tokenizer_model"] = {{"path", fs::weakly_canonical(fs::absolute(o.tokenizer_model))},
+                              {"fnv1a64", tokenizer_hash}};
+  }
+  if (o.text_field != "text") sig["text_field"] = o.text_field;
+  return sig;
 }
 
 // True when out_dir holds a complete corpus made with `signature` (shard sizes included).
@@ -234,7 +253,7 @@ bool IsUpToDate(const fs::path& out, const nlohmann::json& signature) {
 }
 
 void Validate(const PrepareOptions& o) {
-  if (o.vocab_size < 260 || o.vocab_size > 65536) {
+  if (o.tokenizer_model.empty() && (o.vocab_size < 260 || o.vocab_size > 65536)) {
     throw std::runtime_error(fmt::format(
         "vocab_size {} must be between 260 and 65536: byte fallback needs 256 byte pieces plus "
         "<unk> and </s>, and shards store tokens as uint16",
@@ -250,6 +269,32 @@ void Validate(const PrepareOptions& o) {
   }
   if (o.shard_tokens < 1) throw std::runtime_error("shard_tokens must be >= 1");
   if (o.out_dir.empty()) throw std::runtime_error("out_dir is empty");
+  if (o.text_field.empty()) throw std::runtime_error("text_field is empty");
+}
+
+// Loads and checks a tokenizer: shards hold uint16 ids and need a separator between documents.
+void LoadTokenizer(const std::string& proto, const std::string& what,
+                   sentencepiece::SentencePieceProcessor* sp) {
+  if (auto st = sp->LoadFromSerializedProto(proto); !st.ok()) {
+    throw std::runtime_error(fmt::format("{}: not a SentencePiece model: {}", what, st.ToString()));
+  }
+  if (sp->GetPieceSize() > 65536) {
+    throw std::runtime_error(
+        fmt::format("{}: {} pieces do not fit the uint16 token shards (at most 65536)", what,
+                    sp->GetPieceSize()));
+  }
+  if (sp->eos_id() < 0) {
+    throw std::runtime_error(fmt::format(
+        "{}: the model has no end-of-sentence piece (eos_id -1), which the shards need to "
+        "separate documents",
+        what));
+  }
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open for reading");
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::string TrainTokenizer(const PrepareOptions& o, const std::vector<std::string>& sample) {
@@ -306,7 +351,7 @@ void WriteFile(const fs::path& p, const std::string& content) {
 std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs) {
   if (inputs.empty()) {
     throw std::runtime_error(
-        "no inputs: give text files or a folder of *.txt files (e.g. the one written by "
+        "no inputs: give text or JSON Lines files or a folder of them (e.g. the one written by "
         "scripts/export-corpus.sh)");
   }
   std::vector<std::string> files;
@@ -315,11 +360,13 @@ std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs) 
     if (fs::is_directory(in, ec)) {
       std::vector<std::string> found;
       for (const auto& e : fs::directory_iterator(in)) {
-        if (e.is_regular_file() && e.path().extension() == ".txt") found.push_back(e.path());
+        if (e.is_regular_file() && IsDocumentFile(e.path().filename())) found.push_back(e.path());
       }
       std::sort(found.begin(), found.end());
       if (found.empty()) {
-        throw std::runtime_error(in + ": folder has no *.txt files (run scripts/export-corpus.sh " +
+        throw std::runtime_error(in +
+                                 ": folder has no *.txt or *.jsonl files (.gz and .zst included; "
+                                 "run scripts/export-corpus.sh " +
                                  in + " to export the default corpus)");
       }
       files.insert(files.end(), found.begin(), found.end());
@@ -336,7 +383,6 @@ std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs) 
 PrepareResult PrepareCorpus(const PrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   Validate(o);
-  Progress progress(o);
   PrepareResult result;
   const fs::path out(o.out_dir);
   result.out_dir = out.string();
@@ -351,7 +397,13 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
     total_bytes += s.bytes;
     sources.push_back(s);
   }
-  const nlohmann::json signature = Signature(o, sources);
+  Progress progress(o, total_bytes);
+  std::string given_proto, given_hash;
+  if (!o.tokenizer_model.empty()) {
+    given_proto = ReadFileBytes(o.tokenizer_model);
+    given_hash = fmt::format("{:016x}", Fnv1a(given_proto));
+  }
+  const nlohmann::json signature = Signature(o, sources, given_hash);
   if (!o.force && IsUpToDate(out, signature)) {
     std::ifstream in(out / "meta.json");
     result.meta = nlohmann::json::parse(in);
@@ -361,6 +413,9 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
                                  HumanCount(result.meta["val_tokens"])));
     return result;
   }
+  // Checked before anything is written, so a wrong --tokenizer leaves the folder as it was.
+  sentencepiece::SentencePieceProcessor sp;
+  if (!given_proto.empty()) LoadTokenizer(given_proto, o.tokenizer_model, &sp);
 
   // From here on the folder is invalid until the new meta.json lands.
   fs::create_directories(out);
@@ -376,23 +431,36 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
     }
   } cleanup{tmp};
 
+  // Streams every document of every source in order, with progress of `stage` by input bytes.
+  auto for_each_doc = [&](const std::string& stage, const std::function<std::string()>& detail,
+                          const std::function<void(Source&, const std::string&)>& fn) {
+    int64_t before = 0;
+    for (Source& s : sources) {
+      ForEachDocument(
+          s.path, o.text_field, [&](const std::string& d) { fn(s, d); },
+          [&](int64_t consumed) {
+            progress.Update(stage, double(before + consumed) / std::max<int64_t>(1, total_bytes),
+                            detail());
+          });
+      before += s.bytes;
+    }
+    progress.Update(stage, 1.0, detail(), true);
+  };
+
   // Pass 1: count documents and fix the validation cut-off. A tiny corpus whose hashes all miss
   // val_fraction still gets its lowest-hash document as validation, so ValBatch always works.
-  int64_t docs = 0, val_docs = 0, bytes_done = 0;
+  int64_t docs = 0, val_docs = 0;
   double min_unit = 2.0;
-  for (Source& s : sources) {
-    ForEachDocument(s.path, [&](const std::string& d) {
-      double u = DocUnit(o.seed, 0, d);
-      min_unit = std::min(min_unit, u);
-      val_docs += u < o.val_fraction;
-      ++s.docs;
-    });
-    docs += s.docs;
-    bytes_done += s.bytes;
-    progress.Update("scan", double(bytes_done) / std::max<int64_t>(1, total_bytes),
-                    HumanCount(double(docs)) + " documents");
-  }
-  if (docs < 2) throw std::runtime_error("the inputs hold fewer than 2 non-empty lines");
+  for_each_doc(
+      "scan", [&] { return HumanCount(double(docs)) + " documents"; },
+      [&](Source& s, const std::string& d) {
+        double u = DocUnit(o.seed, 0, d);
+        min_unit = std::min(min_unit, u);
+        val_docs += u < o.val_fraction;
+        ++s.docs;
+        ++docs;
+      });
+  if (docs < 2) throw std::runtime_error("the inputs hold fewer than 2 documents");
   const bool force_one_val = o.val_fraction > 0.0 && val_docs == 0;
   auto is_val = [&](const std::string& d) {
     double u = DocUnit(o.seed, 0, d);
@@ -404,45 +472,44 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
         fmt::format("val_fraction {} left no training documents", o.val_fraction));
   }
 
-  // Pass 2: the tokenizer's training sample, from training documents only.
-  const double keep = std::min(1.0, double(o.max_sentences) / double(docs - val_docs));
-  std::vector<std::string> sample;
-  bytes_done = 0;
-  for (const Source& s : sources) {
-    ForEachDocument(s.path, [&](const std::string& d) {
-      if (!is_val(d) && DocUnit(o.seed, kSampleSalt, d) < keep) sample.push_back(d);
-    });
-    bytes_done += s.bytes;
-    progress.Update("sample", double(bytes_done) / std::max<int64_t>(1, total_bytes),
-                    HumanCount(double(sample.size())) + " documents");
+  // Pass 2 (only when training a tokenizer): its sample, from training documents only. At most
+  // about max_sentences documents are held, whatever the corpus size.
+  int64_t sample_docs = 0;
+  std::string proto = given_proto;
+  if (proto.empty()) {
+    const double keep = std::min(1.0, double(o.max_sentences) / double(docs - val_docs));
+    std::vector<std::string> sample;
+    for_each_doc(
+        "sample", [&] { return HumanCount(double(sample.size())) + " documents"; },
+        [&](Source&, const std::string& d) {
+          if (!is_val(d) && DocUnit(o.seed, kSampleSalt, d) < keep) sample.push_back(d);
+        });
+    progress.Update("train tokenizer", 0.0, fmt::format("vocab {}", o.vocab_size), true);
+    proto = TrainTokenizer(o, sample);
+    sample_docs = static_cast<int64_t>(sample.size());
+    sample = {};
+    progress.Update("train tokenizer", 1.0, fmt::format("vocab {}", o.vocab_size), true);
+    LoadTokenizer(proto, "the trained tokenizer", &sp);
+    if (sp.GetPieceSize() != o.vocab_size || sp.eos_id() != kEosId) {
+      throw std::runtime_error(fmt::format("trained tokenizer has {} pieces (eos {}), expected {}",
+                                           sp.GetPieceSize(), sp.eos_id(), o.vocab_size));
+    }
   }
-  progress.Update("train tokenizer", 0.0, fmt::format("vocab {}", o.vocab_size), true);
-  const std::string proto = TrainTokenizer(o, sample);
-  const int64_t sample_docs = static_cast<int64_t>(sample.size());
-  sample = {};
   WriteFile(tmp / "tokenizer.model", proto);
-  progress.Update("train tokenizer", 1.0, fmt::format("vocab {}", o.vocab_size), true);
-
-  sentencepiece::SentencePieceProcessor sp;
-  if (auto st = sp.LoadFromSerializedProto(proto); !st.ok()) {
-    throw std::runtime_error("loading the trained tokenizer failed: " + st.ToString());
-  }
-  if (sp.GetPieceSize() != o.vocab_size || sp.eos_id() != kEosId) {
-    throw std::runtime_error(fmt::format("trained tokenizer has {} pieces (eos {}), expected {}",
-                                         sp.GetPieceSize(), sp.eos_id(), o.vocab_size));
-  }
+  const int vocab = sp.GetPieceSize(), eos = sp.eos_id();
 
   // Pass 3: encode in blocks of documents; blocks are encoded in parallel and written in input
-  // order, so the shards do not depend on the thread count.
+  // order, so the shards do not depend on the thread count. A block is bounded in documents and
+  // bytes, so memory stays flat however large the corpus.
+  const auto encode_t0 = std::chrono::steady_clock::now();
   ShardWriter train(tmp, "train", o.shard_tokens), val(tmp, "val", o.shard_tokens);
   constexpr size_t kBlock = 32768;
+  constexpr int64_t kBlockBytes = 64 << 20;
   std::vector<std::string> block;
   std::vector<std::vector<int>> ids;
   std::vector<char> block_is_val;
-  int64_t train_docs = 0;
+  int64_t train_docs = 0, encoded_bytes = 0, block_bytes = 0;
   val_docs = 0;
-  bytes_done = 0;
-  int64_t block_bytes = 0;
   auto flush = [&]() {
     const int64_t n = static_cast<int64_t>(block.size());
     ids.resize(n);
@@ -459,27 +526,28 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
     for (int64_t i = 0; i < n; ++i) {
       ShardWriter& w = block_is_val[i] ? val : train;
       w.Append(ids[i]);
-      w.Push(kEosId);
+      w.Push(eos);
       (block_is_val[i] ? val_docs : train_docs) += 1;
     }
     block.clear();
     block_is_val.clear();
-    bytes_done += block_bytes;
+    encoded_bytes += block_bytes;
     block_bytes = 0;
-    progress.Update("encode", double(bytes_done) / std::max<int64_t>(1, total_bytes),
-                    HumanCount(double(train.total() + val.total())) + " tokens");
   };
-  for (const Source& s : sources) {
-    ForEachDocument(s.path, [&](const std::string& d) {
-      block_is_val.push_back(is_val(d));
-      block.push_back(d);
-      block_bytes += static_cast<int64_t>(d.size()) + 1;
-      if (block.size() == kBlock) flush();
-    });
-    flush();
-  }
+  for_each_doc(
+      "encode", [&] { return HumanCount(double(train.total() + val.total())) + " tokens"; },
+      [&](Source&, const std::string& d) {
+        block_is_val.push_back(is_val(d));
+        block.push_back(d);
+        block_bytes += static_cast<int64_t>(d.size()) + 1;
+        if (block.size() == kBlock || block_bytes >= kBlockBytes) flush();
+      });
+  flush();
   train.Close();
   val.Close();
+  result.encode_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_t0).count();
+  result.encode_bytes = encoded_bytes;
   progress.Update("encode", 1.0, HumanCount(double(train.total() + val.total())) + " tokens", true);
   progress.Done();
 
@@ -490,11 +558,11 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
   }
   nlohmann::json meta = {
       {"format_version", kFormatVersion},
-      {"vocab_size", o.vocab_size},
+      {"vocab_size", vocab},
       {"tokenizer", "tokenizer.model"},
-      {"tokenizer_type", "sentencepiece-bpe"},
-      {"eos_id", kEosId},
-      {"unk_id", kUnkId},
+      {"tokenizer_type", given_proto.empty() ? "sentencepiece-bpe" : "sentencepiece (given)"},
+      {"eos_id", eos},
+      {"unk_id", sp.unk_id()},
       {"dtype", "uint16"},
       {"train_tokens", train.total()},
       {"val_tokens", val.total()},
@@ -510,6 +578,9 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
       {"entropy_rate", nullptr},
       {"options", signature},
   };
+  if (!given_proto.empty()) {
+    meta["tokenizer_source"] = signature["tokenizer_model"];
+  }
   WriteFile(tmp / "meta.json", meta.dump(2) + "\n");
 
   // Swap the new files in: remove stale shards of an earlier layout, rename the new ones, and
@@ -529,10 +600,11 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
 
   result.meta = std::move(meta);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  progress.Message(fmt::format("wrote {}: {} train + {} val tokens, {} train shard(s), {:.1f} s",
-                               out.string(), HumanCount(double(train.total())),
-                               HumanCount(double(val.total())), train.names().size(),
-                               result.seconds));
+  progress.Message(fmt::format(
+      "wrote {}: {} train + {} val tokens, {} train shard(s), {:.1f} s (encoding {:.1f} MB/s)",
+      out.string(), HumanCount(double(train.total())), HumanCount(double(val.total())),
+      train.names().size(), result.seconds,
+      result.encode_bytes / 1e6 / std::max(1e-9, result.encode_seconds)));
   return result;
 }
 

@@ -14,13 +14,22 @@ struct PrepareProgress {
   std::string stage;      // "scan", "sample", "train tokenizer", "encode", "write"
   double fraction = 0.0;  // of this stage, in [0, 1]
   std::string detail;     // e.g. "12.3M tokens"
+  double mb_per_s = 0.0;  // input MB (10^6 bytes, as stored) per second in this stage; 0: unknown
+  double eta_s = -1.0;    // seconds left in this stage; < 0: unknown
 };
 
 struct PrepareOptions {
-  // UTF-8 text files, or folders whose *.txt files (sorted by name) are all used. Every
-  // non-empty line is one document; documents are separated by the EOS token in the shards.
-  // The default is where scripts/export-corpus.sh is expected to write the default corpus.
+  // Files, or folders whose *.txt, *.jsonl and *.ndjson files (each optionally .gz or .zst;
+  // sorted by name) are all used. Text: every non-empty line is one document. JSON Lines: the
+  // string field `text_field` of every line is one document (core/data/documents.h). Documents
+  // are separated by the EOS token in the shards. The default is where
+  // scripts/export-corpus.sh is expected to write the default corpus.
   std::vector<std::string> inputs = {"data/corpus"};
+  std::string text_field = "text";
+  // An existing SentencePiece model to encode with instead of training one: vocab_size,
+  // max_sentences and character_coverage are then unused, the vocabulary is the model's and
+  // its </s> piece separates documents.
+  std::string tokenizer_model;
   std::string out_dir = "data/default";
   int vocab_size = 512;  // includes 256 byte-fallback pieces, <unk> and </s>
   // Share of documents held out for validation, chosen by a hash of (seed, document text), so
@@ -46,6 +55,8 @@ struct PrepareResult {
   std::string out_dir;
   nlohmann::json meta;  // the meta.json content
   double seconds = 0.0;
+  double encode_seconds = 0.0;  // wall time of the encoding pass
+  int64_t encode_bytes = 0;     // document bytes (decompressed) it encoded
 };
 
 // Builds out_dir (see PrepareOptions); idempotent and atomic: files are written under temporary
@@ -53,7 +64,8 @@ struct PrepareResult {
 // interrupted run never leaves a folder that looks prepared. Throws std::runtime_error.
 PrepareResult PrepareCorpus(const PrepareOptions& options);
 
-// Expands PrepareOptions::inputs into the ordered list of files (folders -> their *.txt files).
+// Expands PrepareOptions::inputs into the ordered list of files (folders -> their document
+// files, see PrepareOptions::inputs).
 std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs);
 
 }  // namespace moelab

@@ -60,16 +60,37 @@ void MappedFile::Release() {
   size_ = 0;
 }
 
-ShardReader::ShardReader(const std::vector<std::string>& paths) {
+namespace {
+std::vector<ShardSpan> WholeFiles(const std::vector<std::string>& paths) {
+  std::vector<ShardSpan> spans;
+  for (const std::string& p : paths) spans.push_back({p, 0, -1});
+  return spans;
+}
+}  // namespace
+
+ShardReader::ShardReader(const std::vector<std::string>& paths) : ShardReader(WholeFiles(paths)) {}
+
+ShardReader::ShardReader(const std::vector<ShardSpan>& spans) {
   starts_.push_back(0);
-  for (const std::string& p : paths) {
-    MappedFile f(p);
-    if (f.size() % 2 != 0) {
-      throw std::runtime_error(p + ": size " + std::to_string(f.size()) +
-                               " is not a whole number of uint16 tokens (truncated shard?)");
+  for (const ShardSpan& s : spans) {
+    MappedFile f(s.path);
+    const int64_t size = static_cast<int64_t>(f.size());
+    int64_t tokens = s.tokens;
+    if (tokens < 0) {
+      if ((size - s.offset) % 2 != 0) {
+        throw std::runtime_error(s.path + ": size " + std::to_string(f.size()) +
+                                 " is not a whole number of uint16 tokens (truncated shard?)");
+      }
+      tokens = (size - s.offset) / 2;
     }
-    total_ += static_cast<int64_t>(f.size() / 2);
+    if (s.offset < 0 || s.offset + 2 * tokens > size) {
+      throw std::runtime_error(s.path + ": " + std::to_string(tokens) + " tokens from byte " +
+                               std::to_string(s.offset) + " do not fit a file of " +
+                               std::to_string(size) + " bytes (truncated or replaced shard?)");
+    }
+    total_ += tokens;
     starts_.push_back(total_);
+    begins_.push_back(f.data() == nullptr ? nullptr : f.data() + s.offset);
     files_.push_back(std::move(f));
   }
 }
@@ -91,7 +112,7 @@ void ShardReader::Read(int64_t offset, int64_t n, int32_t* out) const {
   while (n > 0) {
     int64_t local = offset - starts_[f];
     int64_t take = std::min(n, starts_[f + 1] - offset);
-    const uint8_t* p = files_[f].data() + 2 * local;
+    const uint8_t* p = begins_[f] + 2 * local;
     for (int64_t i = 0; i < take; ++i) {
       out[i] = static_cast<int32_t>(p[2 * i] | (p[2 * i + 1] << 8));  // little-endian on disk
     }

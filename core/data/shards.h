@@ -30,10 +30,20 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// The token stream formed by concatenating uint16 little-endian shard files in order.
+// A run of uint16 tokens inside a file: `tokens` of them from byte `offset` (a header before it,
+// e.g. the 1024 bytes of an llm.c shard); tokens < 0: up to the end of the file.
+struct ShardSpan {
+  std::string path;
+  int64_t offset = 0;
+  int64_t tokens = -1;
+};
+
+// The token stream formed by concatenating uint16 little-endian shard files (or spans of them)
+// in order.
 class ShardReader {
  public:
   explicit ShardReader(const std::vector<std::string>& paths);
+  explicit ShardReader(const std::vector<ShardSpan>& spans);
   int64_t size() const { return total_; }  // tokens
   uint16_t at(int64_t i) const;
   // Copies tokens [offset, offset + n) into out; the range must lie inside the stream.
@@ -41,6 +51,7 @@ class ShardReader {
 
  private:
   std::vector<MappedFile> files_;
+  std::vector<const uint8_t*> begins_;  // first token byte of each span inside files_[i]
   std::vector<int64_t> starts_;  // starts_[i] = first token index of files_[i]; back() = total
   int64_t total_ = 0;
 };

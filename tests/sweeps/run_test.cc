@@ -199,8 +199,9 @@ TEST_F(SweepRunTest, CtrlCStopsGracefullyAndResumeFinishes) {
   const std::string path = WriteSpec(spec);
   const pid_t sweep = Spawn({"sweep", "run", path, "--db", db_, "-j", "2", "-t", "1"}, Log());
   ASSERT_TRUE(WaitForStep(40).has_value()) << Slurp(Log());
-  // A second process on the same sweep is refused while the first holds the sweep lock.
-  EXPECT_EQ(Sweep({"run", path, "--db", db_}, Log("second.txt")), 1);
+  // A second process on the same sweep is refused while the first holds the sweep lock, with
+  // its own exit code (1 is for failed runs, docs/sweeps.md).
+  EXPECT_EQ(Sweep({"run", path, "--db", db_}, Log("second.txt")), 5);
   EXPECT_NE(Slurp(Log("second.txt")).find("already being run by another process"),
             std::string::npos)
       << Slurp(Log("second.txt"));
@@ -355,6 +356,78 @@ TEST_F(SweepRunTest, SlurmScript) {
       3);
   // The script parses (bash -n).
   EXPECT_EQ(std::system(("bash -n '" + script + "'").c_str()), 0);
+}
+
+// `sweep slurm` without --submit: writes scripts and nothing else (no moelab.db where it runs),
+// says that Slurm trains WSD branches from scratch and at what cost, and the script `cd`s to
+// where it was written so relative data and checkpoint paths mean the same on the cluster.
+TEST_F(SweepRunTest, SlurmWithoutSubmitWritesNoDatabaseAndSaysWhatItDoesNotDo) {
+  json base = Base(24);
+  base["schedule"] = {{"type", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.25}};
+  base["checkpoint"]["dir"] = "ckpt";  // relative: resolved in the folder the script cds to
+  const std::string spec =
+      WriteSpec({{"name", "wsd-slurm"}, {"base", base}, {"grid", {{"train.steps", {16, 24}}}}});
+  const fs::path work = dir_ / "work";
+  fs::create_directories(work);
+  const std::string cmd = "cd '" + work.string() + "' && '" + test::BinPath("moelab") +
+                          "' sweep slurm '" + spec + "' --db '/scratch/c-{task}.db' --out '" +
+                          (dir_ / "slurm").string() + "' > '" + Log() + "' 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << Slurp(Log());
+  const std::string log = Slurp(Log());
+  EXPECT_FALSE(fs::exists(work / "moelab.db")) << log;
+  EXPECT_EQ(log.find("recorded sweep"), std::string::npos) << log;
+  EXPECT_NE(log.find("warning: WSD branching is not done on Slurm: 1 shorter run(s) train from "
+                     "scratch"),
+            std::string::npos)
+      << log;
+  // 16 + 24 steps from scratch against 24 + the 16-step run's decay (4 steps): 40/28.
+  EXPECT_NE(log.find("(1.43x)"), std::string::npos) << log;
+  const std::string script = Slurp((dir_ / "slurm" / "wsd-slurm.sbatch").string());
+  EXPECT_NE(script.find("WORKDIR=${MOELAB_WORKDIR:-'" + work.string() + "'}\ncd \"$WORKDIR\"\n"),
+            std::string::npos)
+      << script;
+  EXPECT_NE(script.find("# Note: WSD branching is not done on Slurm"), std::string::npos);
+  // --local-db asks for the record.
+  ASSERT_EQ(Sweep({"slurm", spec, "--db", "/scratch/c.db", "--out", (dir_ / "slurm").string(),
+                   "--local-db", db_}),
+            0)
+      << Slurp(Log());
+  EXPECT_NE(Slurp(Log()).find("recorded sweep 'wsd-slurm'"), std::string::npos);
+  EXPECT_TRUE(fs::exists(db_));
+}
+
+// Two sweeps with different names and the same configs, started at the same moment: every
+// config is trained once (one run row each, shared by both sweeps), and both sweeps finish with
+// every run done.
+TEST_F(SweepRunTest, TwoSweepsWithTheSameConfigsTrainEachOnce) {
+  const json base = Base(60, 20, true);
+  const std::string a = WriteSpec({{"name", "first"}, {"base", base}, {"seeds", {1, 2}}}, "a.json");
+  const std::string b =
+      WriteSpec({{"name", "second"}, {"base", base}, {"seeds", {1, 2}}}, "b.json");
+  const pid_t pa = Spawn({"sweep", "run", a, "--db", db_, "-t", "1", "--no-live"}, Log("a.txt"));
+  const pid_t pb = Spawn({"sweep", "run", b, "--db", db_, "-t", "1", "--no-live"}, Log("b.txt"));
+  ASSERT_EQ(Wait(pa), 0) << Slurp(Log("a.txt"));
+  ASSERT_EQ(Wait(pb), 0) << Slurp(Log("b.txt"));
+  ExpectAllDoneOnce(2);
+  EXPECT_EQ(SqlInt("SELECT COUNT(*) FROM sweep_runs"), 4);
+  EXPECT_EQ(SqlInt("SELECT COUNT(DISTINCT run_id) FROM sweep_runs"), 2);
+  ASSERT_EQ(Sweep({"status", "second", "--db", db_}), 0);
+  EXPECT_NE(Slurp(Log()).find("2 runs: 2 done"), std::string::npos) << Slurp(Log());
+}
+
+// `sweep status` while a run waits for its slot: the queued run has recorded nothing, shown as
+// "-" (it printed "nan").
+TEST_F(SweepRunTest, StatusShowsNoNanForUnstartedRuns) {
+  const std::string path =
+      WriteSpec({{"name", "waiting"}, {"base", Base(400, 50, true)}, {"seeds", {1, 2}}});
+  const pid_t sweep = Spawn({"sweep", "run", path, "--db", db_, "-j", "1", "-t", "1"}, Log());
+  ASSERT_TRUE(WaitForStep(5).has_value()) << Slurp(Log());
+  EXPECT_EQ(Sweep({"status", "waiting", "--db", db_}, Log("status.txt")), 0);
+  const std::string status = Slurp(Log("status.txt"));
+  EXPECT_NE(status.find("queued"), std::string::npos) << status;
+  EXPECT_EQ(status.find("nan"), std::string::npos) << status;
+  ::kill(sweep, SIGINT);
+  EXPECT_EQ(Wait(sweep), 4) << Slurp(Log());
 }
 
 }  // namespace

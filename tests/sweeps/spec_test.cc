@@ -170,6 +170,41 @@ TEST(SpecErrorTest, ExpressionErrorNamesFieldAndMuParserMessage) {
   EXPECT_HAS(unknown, "sparsity");
 }
 
+// A misspelled variable in an expression: muParser's "Unexpected token" alone does not say what
+// went wrong; the message names the token and the variable it is nearest to.
+TEST(SpecErrorTest, MisspelledVariableInAnExpressionGetsADidYouMean) {
+  const std::string e = ErrorOf(
+      Spec(R"({"grid": {"sparsity": [2, 4]}, "derived": ["moe.experts_total = sparsty * 2"]})"));
+  EXPECT_HAS(e, "'sparsty' is not a sweep variable");
+  EXPECT_HAS(e, "did you mean 'sparsity'?");
+  const std::string far = ErrorOf(
+      Spec(R"({"grid": {"sparsity": [2]}, "derived": ["moe.experts_total = zzzzzzzz * 2"]})"));
+  EXPECT_HAS(far, "'zzzzzzzz' is not a sweep variable");
+  EXPECT_EQ(far.find("did you mean"), std::string::npos) << far;
+}
+
+// A corpus folder that does not exist makes every run that reads it invalid, not just the first.
+TEST(SpecErrorTest, MissingCorpusMakesEveryRunInvalid) {
+  ojson spec = Spec(R"({"grid": {"optimizer.lr": [0.1, 0.2, 0.3]}})");
+  spec["base"]["data"] = {{"source", "corpus"}, {"path", "/nonexistent/moelab-corpus"}};
+  ExpandOptions o;
+  o.check_data = true;
+  try {
+    ExpandSpec(spec, o);
+    FAIL() << "expected an error";
+  } catch (const SpecError& e) {
+    EXPECT_HAS(e.what(), "all 3 runs are invalid; nothing was started");
+    EXPECT_HAS(e.what(), "run #2 (optimizer.lr=0.3): data.path:");
+  }
+  spec["grid"]["optimizer.lr"] = ojson::array({0.1});
+  try {
+    ExpandSpec(spec, o);
+    FAIL() << "expected an error";
+  } catch (const SpecError& e) {
+    EXPECT_HAS(e.what(), "its only run is invalid");
+  }
+}
+
 TEST(SpecErrorTest, NonIntegralResultForIntegerField) {
   const std::string e = ErrorOf(Spec(R"({"grid": {"r": [1.5]}, "derived": ["model.layers = r"]})"));
   EXPECT_HAS(e, "model.layers is an integer field");
