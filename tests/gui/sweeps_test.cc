@@ -6,6 +6,7 @@
 #include <stb_image.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -185,6 +186,45 @@ TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
   EXPECT_GT(CountNear(png, 240, 110, 100, 12), 30) << "no error text";
   EXPECT_LT(CountNear(dir / "ok.png", 240, 110, 100, 12), 5) << "an error on a valid spec";
   EXPECT_GT(CountNear(dir / "ok.png", 110, 200, 110, 20), 50) << "no 'valid' line";
+}
+
+// Columns where the error line's marker is: a 3 px wide, line-high bar of the error colour.
+int MarkerColumns(const std::string& png) {
+  int w = 0, h = 0, n = 0;
+  unsigned char* px = stbi_load(png.c_str(), &w, &h, &n, 3);
+  if (!px) return -1;
+  int columns = 0;
+  for (int x = 0; x < w; ++x) {
+    int run = 0, longest = 0;
+    for (int y = 0; y < h; ++y) {
+      const unsigned char* p = px + 3 * (static_cast<size_t>(y) * w + x);
+      run = std::abs(p[0] - 240) <= 3 && std::abs(p[1] - 110) <= 3 && std::abs(p[2] - 100) <= 3
+                ? run + 1
+                : 0;
+      longest = std::max(longest, run);
+    }
+    columns += longest >= 12;
+  }
+  stbi_image_free(px);
+  return columns;
+}
+
+TEST(SweepsScreenshot, EditorNumbersLinesAndMarksTheLineOfASyntaxError) {
+  if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("gui_editor_syntax");
+  const json spec = {{"name", "editor"},
+                     {"base", Base(dir.path(), 10)},
+                     {"grid", {{"moe.experts_total", {4, 8}}}}};
+  std::ofstream(dir / "spec.json") << spec.dump(2);
+  const std::string png = dir / "syntax.png";
+  // A stray comma after "grid": { is a JSON syntax error with a line and column.
+  const std::string script = "open " + (dir / "spec.json") + "\nscreenshot " + (dir / "ok.png") +
+                             "\nreplace \"grid\": { => \"grid\": {,\nscreenshot " + png +
+                             "\nquit\n";
+  ASSERT_EQ(RunGuiScript("", script, dir / "gui.log"), 0) << test::Slurp(dir / "gui.log");
+  CopyToDocs(png, "sweep-editor-syntax-error.png");
+  EXPECT_GE(MarkerColumns(png), 3) << "the error's line is not marked in the editor";
+  EXPECT_EQ(MarkerColumns(dir / "ok.png"), 0);
 }
 
 TEST(SweepsScreenshot, LaunchStopResumeFromTheGuiRecordsEveryStepOnce) {
