@@ -548,7 +548,8 @@ void LineCanvas::LineT(const Plot& plot, std::span<const double> xs, std::span<c
   for (size_t i = 0; i < n; ++i) {
     // A gap between the previous point and this one: start a new polyline.
     bool gap = false;
-    while (next_break < breaks.size() && breaks[next_break] <= xs[i]) {
+    // (A NaN break, a non-positive x on a log axis, is passed over; a NaN point waits.)
+    while (std::isfinite(xs[i]) && next_break < breaks.size() && !(breaks[next_break] > xs[i])) {
       gap = gap || (i > 0 && xs[i - 1] < breaks[next_break]);
       ++next_break;
     }

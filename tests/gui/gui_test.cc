@@ -2,7 +2,6 @@
 // imbalance), the background data store against a database another writer keeps appending to,
 // and headless screenshots of every view under xvfb-run checked for the elements they must show.
 #include <gtest/gtest.h>
-#include <stb_image.h>
 
 #include <chrono>
 #include <cmath>
@@ -24,6 +23,7 @@
 #include "gui/view_model.h"
 #include "tests/common/test_util.h"
 #include "tests/gui/fixture.h"
+#include "tests/gui/harness.h"
 
 namespace moelab::gui {
 namespace {
@@ -385,15 +385,9 @@ TEST_F(GuiDb, MissingAndForeignFilesGiveAMessageNotACrash) {
 
 // ---- Screenshots ----------------------------------------------------------------------------
 
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-  const unsigned char* at(int x, int y) const {
-    return px.data() + (static_cast<size_t>(y) * w + x) * 3;
-  }
-};
-
-bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 0; }
+using testing::CountNear;
+using testing::HaveXvfb;
+using testing::Image;
 
 // Runs moelab-gui headless; returns the PNG or an empty image.
 Image Shoot(const std::string& db, const std::string& args, const std::string& out) {
@@ -408,38 +402,14 @@ Image Shoot(const std::string& db, const std::string& args, const std::string& o
     fs::remove(out);
     rc = std::system(cmd.c_str());
   }
-  Image img;
   EXPECT_EQ(rc, 0) << cmd;
-  int n = 0;
-  unsigned char* data = stbi_load(out.c_str(), &img.w, &img.h, &n, 3);
-  if (!data) {
+  Image img = testing::LoadPng(out);
+  if (img.w == 0) {
     ADD_FAILURE() << "cannot read " << out;
     return img;
   }
-  img.px.assign(data, data + static_cast<size_t>(img.w) * img.h * 3);
-  stbi_image_free(data);
-  // MOELAB_GUI_DOCS_DIR=docs/images refreshes the screenshots docs/gui.md shows.
-  if (const char* docs = std::getenv("MOELAB_GUI_DOCS_DIR")) {
-    std::error_code ec;
-    fs::copy_file(out, fs::path(docs) / ("gui-" + fs::path(out).filename().string()),
-                  fs::copy_options::overwrite_existing, ec);
-  }
+  testing::CopyToDocs(out, fs::path(out).filename().string());
   return img;
-}
-
-// Pixels within `tol` (per channel) of rgb inside [x0, x1) x [y0, y1).
-int CountNear(const Image& img, int r, int g, int b, int tol = 12, int x0 = 0, int y0 = 0,
-              int x1 = -1, int y1 = -1) {
-  if (x1 < 0) x1 = img.w;
-  if (y1 < 0) y1 = img.h;
-  int n = 0;
-  for (int y = y0; y < y1; ++y) {
-    for (int x = x0; x < x1; ++x) {
-      const unsigned char* p = img.at(x, y);
-      n += std::abs(p[0] - r) <= tol && std::abs(p[1] - g) <= tol && std::abs(p[2] - b) <= tol;
-    }
-  }
-  return n;
 }
 
 int DistinctColors(const Image& img) {
