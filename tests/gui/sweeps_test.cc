@@ -137,6 +137,27 @@ int CountNear(const std::string& png, int r, int g, int b, int tol) {
   return img.w > 0 ? testing::CountNear(img, r, g, b, tol) : -1;
 }
 
+TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
+  if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("gui_editor");
+  const json spec = {{"name", "editor"},
+                     {"base", Base(dir.path(), 10)},
+                     {"grid", {{"moe.experts_total", {4, 8}}}}};
+  std::ofstream(dir / "spec.json") << spec.dump(2);
+  const std::string png = dir / "editor.png";
+  // The edit makes both runs invalid (experts_active 9 > experts_total 4 and 8). No database:
+  // the editor checks specs without one.
+  const std::string script = "open " + (dir / "spec.json") + "\nscreenshot " + (dir / "ok.png") +
+                             "\nreplace \"experts_active\": 2 => \"experts_active\": 9\n" +
+                             "screenshot " + png + "\nquit\n";
+  ASSERT_EQ(RunGuiScript("", script, dir / "gui.log"), 0) << test::Slurp(dir / "gui.log");
+  CopyToDocs(png, "sweep-editor-error.png");
+  // The error line is drawn in (240, 110, 100); the valid spec shows none of it.
+  EXPECT_GT(CountNear(png, 240, 110, 100, 12), 30) << "no error text";
+  EXPECT_LT(CountNear(dir / "ok.png", 240, 110, 100, 12), 5) << "an error on a valid spec";
+  EXPECT_GT(CountNear(dir / "ok.png", 110, 200, 110, 20), 50) << "no 'valid' line";
+}
+
 // Columns where the error line's marker is: a 3 px wide, line-high bar of the error colour.
 int MarkerColumns(const std::string& png) {
   const testing::Image img = testing::LoadPng(png);
