@@ -7,6 +7,7 @@
 #include <imgui_stdlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "gui/fits.h"
 #include "gui/full_runs_view.h"
 #include "gui/plan_calibration.h"
+#include "gui/plot_export.h"
 #include "gui/promote_panel.h"
 #include "gui/script.h"
 #include "gui/sweep_control.h"
@@ -54,6 +56,20 @@ std::string App::TakeScreenshotRequest() {
   std::string out;
   out.swap(screenshot_request_);
   return out;
+}
+
+bool App::TakePlotCapture(PlotCapture* out) {
+  if (plot_capture_.path.empty()) return false;
+  *out = plot_capture_;
+  plot_capture_ = {};
+  return true;
+}
+
+void App::PlotCaptureDone(bool ok, const std::string& path) {
+  if (ok) return;
+  plot_save_state_ = -1;
+  plot_save_message_ = "cannot write " + path;
+  plot_save_at_ = Clock::now();
 }
 
 App::~App() {
@@ -225,6 +241,7 @@ void App::Frame() {
   if (script_) script_->Step(this);
   frame_settled_ = true;
   profile_ = {};
+  PlotExport::Get().BeginFrame();
   frame_view_ = View::kCount;
   const double budget_ms =
       options_.refine_budget_ms >= 0 ? options_.refine_budget_ms : kRefineBudgetMs;
@@ -314,6 +331,61 @@ void App::Frame() {
   StatusLine();
   ImGui::End();
   if (open_dialog_) OpenDialog();
+  const std::string asked = PlotExport::Get().TakeAskPath();
+  if (!asked.empty()) {
+    save_plot_name_ = asked;
+    save_plot_dialog_ = true;
+  }
+  if (save_plot_dialog_) SavePlotDialog();
+  // A plot asked for this frame: SVG written now, PNG read back by main after rendering.
+  std::string png;
+  ImRect rect;
+  std::string message;
+  const int saved = PlotExport::Get().EndFrame(&png, &rect, &message);
+  if (saved != 0) {
+    plot_save_state_ = saved;
+    plot_save_message_ = message;
+    plot_save_at_ = Clock::now();
+    if (!png.empty()) {
+      plot_capture_ = {png, static_cast<int>(rect.Min.x), static_cast<int>(rect.Min.y),
+                       static_cast<int>(rect.Max.x), static_cast<int>(rect.Max.y)};
+    }
+  }
+}
+
+void App::SavePlotDialog() {
+  if (!ImGui::IsPopupOpen("Save plot")) {
+    ImGui::OpenPopup("Save plot");
+    if (save_plot_path_.empty() || save_plot_path_.find(".svg") == std::string::npos) {
+      // <title>.png next to the database (or here), with a file-name-safe title.
+      std::string base;
+      for (char ch : save_plot_name_)
+        base += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '-';
+      namespace fs = std::filesystem;
+      const fs::path dir = store_ ? fs::path(store_->path()).parent_path() : fs::path();
+      save_plot_path_ = (dir / (base + ".png")).string();
+    }
+  }
+  ImGui::SetNextWindowSize(ImVec2(560, 0), ImGuiCond_Appearing);
+  if (ImGui::BeginPopupModal("Save plot", &save_plot_dialog_)) {
+    ImGui::Text("Save '%s' as", save_plot_name_.c_str());
+    ImGui::SetNextItemWidth(-1);
+    const bool enter =
+        ImGui::InputText("##plot_path", &save_plot_path_, ImGuiInputTextFlags_EnterReturnsTrue);
+    ImGui::TextDisabled(
+        ".png: the plot as drawn on screen; .svg: vector lines, axes and labels (for papers)");
+    if (ImGui::Button("Save") || enter) {
+      PlotExport::Get().Request(save_plot_name_, save_plot_path_);
+      save_plot_dialog_ = false;
+      ImGui::CloseCurrentPopup();
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel")) {
+      save_plot_dialog_ = false;
+      ImGui::CloseCurrentPopup();
+    }
+    ImGui::EndPopup();
+  }
 }
 
 void App::MenuBar() {
@@ -329,6 +401,17 @@ void App::MenuBar() {
         if (ImGui::MenuItem(r.c_str())) {
           OpenDatabase(r);
           break;
+        }
+      }
+      ImGui::EndMenu();
+    }
+    // Every plot of the view shown (also on right-click of a plot).
+    const auto& plots = PlotExport::Get().plots();
+    if (ImGui::BeginMenu("Save plot as PNG or SVG", !plots.empty())) {
+      for (const auto& p : plots) {
+        if (ImGui::MenuItem(p.name.c_str())) {
+          save_plot_name_ = p.name;
+          save_plot_dialog_ = true;
         }
       }
       ImGui::EndMenu();
@@ -411,10 +494,23 @@ void App::StatusLine() {
   for (const auto& r : runs_->runs)
     running += r->row.effective_status == RunStatus::kRunning ? 1 : 0;
   const int pending = store_->Pending();
+  const std::string error = store_->error();
   ImGui::TextDisabled("%s  |  %d runs, %d running  |  %zu selected%s", store_->path().c_str(),
                       static_cast<int>(runs_->runs.size()), running, selection_.size(),
-                      pending > 0 ? "" : "  |  up to date");
-  if (pending > 0) {
+                      pending > 0 || !error.empty() ? "" : "  |  up to date");
+  if (plot_save_state_ != 0 && Clock::now() - plot_save_at_ < std::chrono::seconds(8)) {
+    ImGui::SameLine();
+    ImGui::TextColored(
+        plot_save_state_ > 0 ? ImVec4(0.67f, 0.78f, 0.67f, 1) : ImVec4(0.94f, 0.43f, 0.39f, 1),
+        "|  %s", plot_save_message_.c_str());
+  }
+  if (!error.empty()) {
+    // Never "up to date" for a file the poller cannot read (a read-only folder, another
+    // schema, a missing file): what is shown is what was read before, if anything.
+    ImGui::SameLine();
+    ImGui::TextColored(ImVec4(0.94f, 0.43f, 0.39f, 1), "|  cannot read the database: %s",
+                       error.c_str());
+  } else if (pending > 0) {
     ImGui::SameLine();
     ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "|  loading %d series...", pending);
   }

@@ -88,6 +88,14 @@ class App {
   int script_status() const;
   // A screenshot the script asked for this frame ("" = none); main saves it after rendering.
   std::string TakeScreenshotRequest();
+  // A plot saved as PNG this frame (File > Save plot as): main reads the rectangle back after
+  // rendering and reports the outcome.
+  struct PlotCapture {
+    std::string path;
+    int x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  };
+  bool TakePlotCapture(PlotCapture* out);
+  void PlotCaptureDone(bool ok, const std::string& path);
 
  private:
   friend class ScriptRunner;
@@ -139,6 +147,10 @@ class App {
     std::string message;  // the last action's outcome
     bool message_error = false;
     std::unique_ptr<PlanCalibrator> calibrator;  // the plan's time estimate, in the background
+    int revealed_line = 0;                       // the error line last scrolled into view
+    std::string rerun_confirm;                   // the sweep the Rerun dialog asks about
+    bool rerun_open_request = false;             // --script: open the dialog as a click would
+    int rerun_answer = 0;                        // --script: 1 confirm, -1 cancel
   };
   struct ScalingViewState {
     std::unique_ptr<FitJob> fit_job;
@@ -164,6 +176,7 @@ class App {
 
   void MenuBar();
   void OpenDialog();
+  void SavePlotDialog();  // the path for File > Save plot as
   void StatusLine();
   void WelcomeView();
   void SweepsView();  // gui/view_sweeps.cc
@@ -171,6 +184,9 @@ class App {
   bool OpenSpec(const std::string& path);
   bool SaveSpec();
   bool LaunchSpec(bool rerun);
+  // Every run of the sweep trained again (`sweep run --rerun` of its stored spec); the button
+  // asks for confirmation first.
+  bool RerunSweep(const std::string& name);
   bool StopSweep(const std::string& name);
   bool ResumeSweep(const std::string& name);
   bool StopRun(int64_t run);
@@ -193,9 +209,23 @@ class App {
   std::vector<int64_t> ShownRuns() const;
   void AssignColors(const std::vector<int64_t>& runs);
   void Legend(const std::vector<int64_t>& runs);
-  // One metric panel for `runs`; x is shared between panels so zoom/pan stay linked.
-  void CurvePanel(const char* id, int metric, const std::vector<int64_t>& runs, ImVec2 size,
-                  AxisState* x, AxisState* y);
+  // A run's series of one metric, ready to draw (its cache is current).
+  struct CurveShown {
+    int64_t run;
+    CurveCache* cache;
+  };
+  // The series of `metric` for `runs` whose data is loaded, caches brought up to date; widens
+  // x_extent by their x range.
+  std::vector<CurveShown> PrepareCurves(int metric, const std::vector<int64_t>& runs,
+                                        PlotBounds* x_extent);
+  // Metric panels laid out ncol per row. They share one x axis (x_state) fitted to the union
+  // of every panel's data, so the panels stay aligned while following live and zoom together.
+  void CurvePanels(const std::vector<int>& metrics, const char* id_prefix,
+                   const std::vector<int64_t>& runs, ImVec2 size, int ncol, AxisState* x,
+                   AxisState* const* y);
+  // One metric panel; x_extent is the union over the linked panels.
+  void CurvePanel(const char* id, int metric, const std::vector<CurveShown>& shown, bool no_runs,
+                  ImVec2 size, const PlotBounds& x_extent, AxisState* x, AxisState* y);
   void LogitColumn(int column, int64_t run, double vmin, double vmax, float width);
   std::string RunLabel(int64_t run) const;
   LineCanvas& Canvas(const std::string& id);
@@ -226,6 +256,14 @@ class App {
   SweepsViewState sweeps_;
   std::unique_ptr<ScriptRunner> script_;
   std::string screenshot_request_;
+  // Saving a plot (gui/plot_export.h): the dialog's plot and path, the PNG main still has to
+  // read back, and the last save's outcome (state 0 none yet, 1 saved, -1 failed).
+  std::string save_plot_name_, save_plot_path_;
+  bool save_plot_dialog_ = false;
+  PlotCapture plot_capture_;
+  int plot_save_state_ = 0;
+  std::string plot_save_message_;
+  Clock::time_point plot_save_at_;
   FrameProfile profile_;
 
   bool frame_settled_ = false;

@@ -25,18 +25,23 @@ struct MetricDef {
   const char* title;
   const char* key;
   bool eval;  // keyed by evaluation step (x from the eval_* columns)
+  // The smoothing slider applies: noisy measurements only. The learning rate is a schedule
+  // (smoothing would bend its warmup and decay) and evaluations are already averages.
+  bool smoothed;
 };
-inline const MetricDef kMetrics[5] = {{"train loss", "loss", false},
-                                      {"validation loss", "val_loss", true},
-                                      {"learning rate", "lr", false},
-                                      {"grad norm", "grad_norm", false},
-                                      {"tokens/s", "tokens_per_s", false}};
+inline const MetricDef kMetrics[5] = {{"train loss", "loss", false, true},
+                                      {"validation loss", "val_loss", true, false},
+                                      {"learning rate", "lr", false, false},
+                                      {"grad norm", "grad_norm", false, true},
+                                      {"tokens/s", "tokens_per_s", false, true}};
 inline const char* const kXNames[4] = {"step", "tokens", "training FLOPs", "wall time (s)"};
 inline const char* const kXKeys[4] = {"", "tokens", "flops", "wall_time"};
 inline const char* const kXEvalKeys[4] = {"", "eval_tokens", "eval_flops", "eval_wall_time"};
 
 inline const ImU32 kTauColor = IM_COL32(235, 80, 70, 255);
 inline constexpr size_t kMaxRawRuns = 20;
+// Evaluation points get a dot while they are at least this far apart on average.
+inline constexpr float kMinDotSpacingPx = 8;
 // The per-frame budget (wall time from the frame's start) for refining plots: decimation may
 // run until half of it, rasterising canvases until all of it. Past them, plots show their
 // previous decimation / picture moved to the new ranges and refine over the next frames, so
@@ -63,6 +68,7 @@ struct App::CurveCache {
   int x_kind = -1;
   float smoothing = -1;
   std::vector<double> xs, smooth;  // x per point, smoothed values
+  std::vector<double> breaks;      // x of the first point after each gap of missing steps
   MinMaxPyramid pyramid;           // over smooth: a zoom reads O(log n) per pixel column
   MinMaxPyramid raw_pyramid;       // over the raw values, built when raw lines are shown
   PlotBounds extent;
@@ -73,7 +79,7 @@ struct App::CurveCache {
   std::vector<double> ds_x, ds_y, raw_x, raw_y;
   uint64_t ds_gen = 0;  // bumped on every downsample, for the canvas signature
   // ds in axis coordinates (log10 on log axes) for the canvas, as of t_gen and the log flags.
-  std::vector<double> ds_tx, ds_ty;
+  std::vector<double> ds_tx, ds_ty, breaks_t;
   uint64_t t_gen = ~uint64_t{0};
   bool t_log_x = false, t_log_y = false;
   // The y range of ds inside the x range last asked for (auto-fit reads it every frame).
@@ -102,6 +108,7 @@ struct App::ExpertCache {
   uint64_t hm_sig = 0;
   int bins = 0;
   std::vector<std::vector<double>> share;  // per layer, [bin * experts + e]
+  double vmax = 0;                         // the largest share: top of the colour scale
   std::vector<std::unique_ptr<Texture>> tex;
 };
 

@@ -113,12 +113,19 @@ int main(int argc, char** argv) {
       window.BeginFrame(app.Settled() && !scripted ? 0.25 : 0.03);
       app.Frame();
       const std::string shot = app.TakeScreenshotRequest();
-      if (shot.empty()) {
+      App::PlotCapture plot;
+      const bool plot_png = app.TakePlotCapture(&plot);
+      if (shot.empty() && !plot_png) {
         window.EndFrame(true);
         continue;
       }
       window.EndFrame(false);
-      if (!window.SavePng(shot)) std::cerr << "moelab-gui: cannot write " << shot << "\n";
+      if (!shot.empty() && !window.SavePng(shot))
+        std::cerr << "moelab-gui: cannot write " << shot << "\n";
+      if (plot_png) {
+        app.PlotCaptureDone(window.SavePng(plot.path, plot.x0, plot.y0, plot.x1, plot.y1),
+                            plot.path);
+      }
       window.Swap();
     }
     if (scripted) return app.script_status() == 0 ? 0 : 1;

@@ -79,8 +79,15 @@ Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBo
   frame_ = ImRect(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
   visible_ = ImGui::IsItemVisible();
   const float fh = ImGui::GetFontSize();
-  inner_ = ImRect(ImVec2(frame_.Min.x + fh * 4.8f, frame_.Min.y + fh * 1.5f),
-                  ImVec2(frame_.Max.x - fh * 0.6f, frame_.Max.y - fh * 2.6f));
+  // Whole pixels: the line canvas is a texture drawn 1:1 at inner_.Min with nearest
+  // sampling. At a half-pixel offset (1.5 lines of a 13 px font) every pixel centre fell on a
+  // texel edge and rounding picked the row above or below depending on x: a smooth line
+  // stepped by a pixel here and there (the validation line's "staircase").
+  inner_ =
+      ImRect(ImVec2(std::round(frame_.Min.x + fh * 4.8f), std::round(frame_.Min.y + fh * 1.5f)),
+             ImVec2(std::round(frame_.Max.x - fh * 0.6f), std::round(frame_.Max.y - fh * 2.6f)));
+
+  rec_ = PlotExport::Get().Register(title.empty() ? id : title, frame_, inner_);
 
   Resolve(x, fit.x_lo, fit.x_hi, log_x, 0.0, &xa_);
   Resolve(y, fit.y_lo, fit.y_hi, log_y, 0.06, &ya_);
@@ -118,6 +125,7 @@ Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBo
   const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
   const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
   dl_->AddRectFilled(inner_.Min, inner_.Max, bg);
+  if (rec_) rec_->Rect(PlotRecording::kBack, inner_.Min, inner_.Max, bg);
   const int max_x_ticks = std::max(2, static_cast<int>(inner_.GetWidth() / (fh * 6)));
   const int max_y_ticks = std::max(2, static_cast<int>(inner_.GetHeight() / (fh * 2.5f)));
   auto ticks_of = [](const AxisMap& m, int n) {
@@ -132,6 +140,10 @@ Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBo
     // Keep edge labels inside the frame: the window clips anything beyond it.
     const float lx = std::clamp(px - w / 2, frame_.Min.x, frame_.Max.x - w);
     dl_->AddText(ImVec2(lx, inner_.Max.y + 2), dim, s.c_str());
+    if (rec_) {
+      rec_->Line(PlotRecording::kBack, ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), grid, 1);
+      rec_->Text(PlotRecording::kBack, ImVec2(lx, inner_.Max.y + 2), dim, s);
+    }
   }
   for (double t : ticks_of(ya_, max_y_ticks)) {
     const float py = inner_.Max.y - static_cast<float>(ya_.Forward(t)) * inner_.GetHeight();
@@ -140,11 +152,27 @@ Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBo
     const std::string s = FormatValue(t);
     const float w = ImGui::CalcTextSize(s.c_str()).x;
     dl_->AddText(ImVec2(inner_.Min.x - w - 4, py - fh / 2), dim, s.c_str());
+    if (rec_) {
+      rec_->Line(PlotRecording::kBack, ImVec2(inner_.Min.x, py), ImVec2(inner_.Max.x, py), grid, 1);
+      rec_->Text(PlotRecording::kBack, ImVec2(inner_.Min.x - w - 4, py - fh / 2), dim, s);
+    }
   }
   dl_->AddText(ImVec2(inner_.Min.x, frame_.Min.y + 1), text, title.c_str());
+  if (rec_) rec_->Text(PlotRecording::kBack, ImVec2(inner_.Min.x, frame_.Min.y + 1), text, title);
   if (!x_label.empty()) {
     const float w = ImGui::CalcTextSize(x_label.c_str()).x;
     dl_->AddText(ImVec2(inner_.GetCenter().x - w / 2, inner_.Max.y + fh + 3), dim, x_label.c_str());
+    if (rec_) {
+      rec_->Text(PlotRecording::kBack, ImVec2(inner_.GetCenter().x - w / 2, inner_.Max.y + fh + 3),
+                 dim, x_label);
+    }
+  }
+  // Right-click: save this plot (File > Save plot as lists every plot too).
+  if (interactive && ImGui::BeginPopupContextItem("##plot_menu")) {
+    const std::string name = PlotExport::Get().NameOf(frame_);
+    ImGui::TextDisabled("%s", name.c_str());
+    if (ImGui::MenuItem("Save plot as PNG or SVG...")) PlotExport::Get().AskPath(name);
+    ImGui::EndPopup();
   }
   dl_->PushClipRect(inner_.Min, inner_.Max, true);
 }
@@ -152,6 +180,9 @@ Plot::Plot(const char* id, ImVec2 size, AxisState* x, AxisState* y, const PlotBo
 Plot::~Plot() {
   dl_->PopClipRect();
   dl_->AddRect(inner_.Min, inner_.Max, ImGui::GetColorU32(ImGuiCol_Border));
+  if (rec_)
+    rec_->Rect(PlotRecording::kFront, inner_.Min, inner_.Max, 0,
+               ImGui::GetColorU32(ImGuiCol_Border));
   if (hovered_) {
     const ImU32 c = IM_COL32(200, 200, 200, 90);
     const float px = ImGui::GetIO().MousePos.x;
@@ -194,6 +225,7 @@ void Plot::Line(const std::vector<double>& xs, const std::vector<double>& ys, Im
     } else if (run.size() == 1) {
       dl_->AddCircleFilled(run[0], thickness + 1, color, 8);
     }
+    if (rec_) rec_->Polyline(PlotRecording::kData, run, color, thickness);
     run.clear();
   };
   for (size_t i = 0; i < n; ++i) {
@@ -223,27 +255,41 @@ void Plot::HLine(double y, ImU32 color, bool dashed, const char* label) const {
   } else {
     dl_->AddLine(ImVec2(inner_.Min.x, py), ImVec2(inner_.Max.x, py), color, 1.5f);
   }
-  if (label)
-    dl_->AddText(
-        ImVec2(inner_.Max.x - ImGui::CalcTextSize(label).x - 4, py - ImGui::GetFontSize() - 1),
-        color, label);
+  const ImVec2 label_at(inner_.Max.x - (label ? ImGui::CalcTextSize(label).x : 0) - 4,
+                        py - ImGui::GetFontSize() - 1);
+  if (label) dl_->AddText(label_at, color, label);
+  if (rec_) {
+    rec_->Line(PlotRecording::kData, ImVec2(inner_.Min.x, py), ImVec2(inner_.Max.x, py), color,
+               1.5f, dashed);
+    if (label) rec_->Text(PlotRecording::kData, label_at, color, label);
+  }
 }
 
 void Plot::VLine(double x, ImU32 color, float thickness) const {
   const float px = ToPixel(x, ya_.lo).x;
   if (!std::isfinite(px)) return;
   dl_->AddLine(ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), color, thickness);
+  if (rec_) {
+    rec_->Line(PlotRecording::kData, ImVec2(px, inner_.Min.y), ImVec2(px, inner_.Max.y), color,
+               thickness);
+  }
 }
 
 void Plot::Marker(double x, double y, ImU32 color, float radius) const {
   const ImVec2 p = ToPixel(x, y);
-  if (std::isfinite(p.x) && std::isfinite(p.y)) dl_->AddCircleFilled(p, radius, color, 10);
+  if (!std::isfinite(p.x) || !std::isfinite(p.y)) return;
+  dl_->AddCircleFilled(p, radius, color, 10);
+  if (rec_) rec_->Circle(PlotRecording::kData, p, radius, color);
 }
 
 void Plot::BottomTick(double x, ImU32 color, float height) const {
   const float px = ToPixel(x, ya_.lo).x;
   if (!std::isfinite(px)) return;
   dl_->AddLine(ImVec2(px, inner_.Max.y), ImVec2(px, inner_.Max.y - height), color, 2.0f);
+  if (rec_) {
+    rec_->Line(PlotRecording::kData, ImVec2(px, inner_.Max.y), ImVec2(px, inner_.Max.y - height),
+               color, 2.0f);
+  }
 }
 
 // ---- Texture ----------------------------------------------------------------------------------
@@ -287,12 +333,16 @@ bool LineCanvas::Begin(const Plot& plot, uint64_t identity, uint64_t content, bo
   Signature sig;
   sig.Add(identity).Add(content).Add(w).Add(h).Add(tx0).Add(tx1).Add(ty0).Add(ty1);
   deferred_ = false;
-  if (sig.h == signature_ && w == w_ && h == h_ && tex_.width() == h && tex_.height() == w)
+  recorded_.clear();
+  // A plot being saved as SVG is drawn again, now, so its primitives are recorded.
+  const bool record = plot.recording() != nullptr;
+  if (!record && sig.h == signature_ && w == w_ && h == h_ && tex_.width() == h &&
+      tex_.height() == w)
     return false;
   // A picture deferred a few frames in a row is redrawn whatever the budget, so plots drawn
   // later in the frame are not starved by the earlier ones.
-  if (may_defer && !overdue() && identity == identity_ && w == w_ && h == h_ && tex_.width() == h &&
-      tex_.height() == w) {
+  if (!record && may_defer && !overdue() && identity == identity_ && w == w_ && h == h_ &&
+      tex_.width() == h && tex_.height() == w) {
     deferred_ = true;
     ++deferred_frames_;
     return false;
@@ -417,17 +467,21 @@ void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, fl
     }
     const float slope = dx != 0 ? dy / dx : 0;
     const float hw = half * std::sqrt(1 + slope * slope);
-    // Half-open [x0, x1) so joined segments do not blend their shared pixel twice.
-    const int xa = std::max(0, static_cast<int>(std::floor(x0))),
-              xb = std::min(w_ - 1, static_cast<int>(std::ceil(x1)) - 1);
-    for (int x = std::max(xa, 0); x <= std::max(xb, xa); ++x) {
-      const float cx = std::clamp(x + 0.5f, x0, x1);
-      const float y = y0 + (cx - x0) * slope;
+    // A segment owns the columns whose centre lies in [x0, x1): joined segments then never
+    // draw a column twice. (Owning [floor(x0), ceil(x1) - 1] blended the joint's column twice,
+    // at two slightly different heights: a line of evaluations a few pixels apart stepped at
+    // every point.) A segment shorter than a column's spacing still draws its nearest one.
+    int xa = static_cast<int>(std::ceil(x0 - 0.5f)),
+        xb = static_cast<int>(std::ceil(x1 - 0.5f)) - 1;
+    if (xb < xa) xa = xb = static_cast<int>(std::floor((x0 + x1) / 2));
+    xa = std::max(xa, 0);
+    xb = std::min(xb, w_ - 1);
+    for (int x = xa; x <= xb; ++x) {
+      const float y = y0 + (x + 0.5f - x0) * slope;
       for (int py = static_cast<int>(std::floor(y - hw - 0.5f));
            py <= static_cast<int>(std::ceil(y + hw + 0.5f)); ++py) {
         Blend(x, py, color, hw + 0.5f - std::abs(py + 0.5f - y));
       }
-      if (xb < xa) break;
     }
   } else {
     if (y1 < y0) {
@@ -436,30 +490,34 @@ void LineCanvas::Segment(float x0, float y0, float x1, float y1, ImU32 color, fl
     }
     const float slope = dx / dy;
     const float hw = half * std::sqrt(1 + slope * slope);
-    const int ya = std::max(0, static_cast<int>(std::floor(y0))),
-              yb = std::min(h_ - 1, static_cast<int>(std::ceil(y1)) - 1);
-    for (int y = ya; y <= std::max(yb, ya); ++y) {
-      const float cy = std::clamp(y + 0.5f, y0, y1);
-      const float x = x0 + (cy - y0) * slope;
+    // Rows owned as columns are above.
+    int ya = static_cast<int>(std::ceil(y0 - 0.5f)),
+        yb = static_cast<int>(std::ceil(y1 - 0.5f)) - 1;
+    if (yb < ya) ya = yb = static_cast<int>(std::floor((y0 + y1) / 2));
+    ya = std::max(ya, 0);
+    yb = std::min(yb, h_ - 1);
+    for (int y = ya; y <= yb; ++y) {
+      const float x = x0 + (y + 0.5f - y0) * slope;
       for (int px = static_cast<int>(std::floor(x - hw - 0.5f));
            px <= static_cast<int>(std::ceil(x + hw + 0.5f)); ++px) {
         Blend(px, y, color, hw + 0.5f - std::abs(px + 0.5f - x));
       }
-      if (yb < ya) break;
     }
   }
 }
 
 void LineCanvas::Line(const Plot& plot, const std::vector<double>& xs,
-                      const std::vector<double>& ys, ImU32 color, float thickness) {
-  std::vector<double> txs(xs.size()), tys(ys.size());
+                      const std::vector<double>& ys, ImU32 color, float thickness,
+                      std::span<const double> breaks) {
+  std::vector<double> txs(xs.size()), tys(ys.size()), tbreaks(breaks.size());
   for (size_t i = 0; i < xs.size(); ++i) txs[i] = ToAxis(plot.x_axis(), xs[i]);
   for (size_t i = 0; i < ys.size(); ++i) tys[i] = ToAxis(plot.y_axis(), ys[i]);
-  LineT(plot, txs, tys, color, thickness);
+  for (size_t i = 0; i < breaks.size(); ++i) tbreaks[i] = ToAxis(plot.x_axis(), breaks[i]);
+  LineT(plot, txs, tys, color, thickness, tbreaks);
 }
 
 void LineCanvas::LineT(const Plot& plot, std::span<const double> xs, std::span<const double> ys,
-                       ImU32 color, float thickness) {
+                       ImU32 color, float thickness, std::span<const double> breaks) {
   const ImVec2 o = plot.inner().Min;
   const size_t n = std::min(xs.size(), ys.size());
   // Dense stretches (consecutive points at most one pixel column apart: M4 output) are drawn
@@ -476,13 +534,42 @@ void LineCanvas::LineT(const Plot& plot, std::span<const double> xs, std::span<c
          static_cast<int>(std::floor(col_hi + pad)), color);
     col = std::numeric_limits<int>::min();
   };
+  // For a plot being saved as SVG: the same polyline in screen pixels, split at the breaks.
+  const bool record = plot.recording() != nullptr;
+  auto record_break = [&]() {
+    if (record && !recorded_.empty() && recorded_.back().kind == Recorded::kPolyline &&
+        !recorded_.back().points.empty())
+      recorded_.push_back({Recorded::kPolyline, {}, color, thickness});
+  };
+  if (record) recorded_.push_back({Recorded::kPolyline, {}, color, thickness});
   bool have = false;
   ImVec2 prev;
+  size_t next_break = 0;
   for (size_t i = 0; i < n; ++i) {
+    // A gap between the previous point and this one: start a new polyline.
+    bool gap = false;
+    // (A NaN break, a non-positive x on a log axis, is passed over; a NaN point waits.)
+    while (std::isfinite(xs[i]) && next_break < breaks.size() && !(breaks[next_break] > xs[i])) {
+      gap = gap || (i > 0 && xs[i - 1] < breaks[next_break]);
+      ++next_break;
+    }
     ImVec2 p = plot.ToPixelT(xs[i], ys[i]);
-    if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
+    if (record) {
+      if (gap || !std::isfinite(p.x) || !std::isfinite(p.y)) record_break();
+      if (std::isfinite(p.x) && std::isfinite(p.y)) recorded_.back().points.push_back(p);
+    }
+    if (gap || !std::isfinite(p.x) || !std::isfinite(p.y)) {
       flush();
       have = false;
+      if (gap && std::isfinite(p.x) && std::isfinite(p.y)) {
+        // This point starts the next stretch (an isolated point stays a one-pixel mark).
+        p = ImVec2(std::clamp(p.x - o.x, -4.0f * w_, 5.0f * w_),
+                   std::clamp(p.y - o.y, -4.0f * h_, 5.0f * h_));
+        col = static_cast<int>(std::floor(p.x));
+        col_lo = col_hi = p.y;
+        prev = p;
+        have = true;
+      }
       continue;
     }
     p = ImVec2(std::clamp(p.x - o.x, -4.0f * w_, 5.0f * w_),
@@ -520,34 +607,47 @@ void LineCanvas::Band(const Plot& plot, const std::vector<double>& xs,
     const int y0 = std::clamp(static_cast<int>(std::min(a.y, b.y) - o.y), 0, h_ - 1);
     const int y1 = std::clamp(static_cast<int>(std::max(a.y, b.y) - o.y), 0, h_ - 1);
     Span(x, y0, y1, color);
+    if (plot.recording()) recorded_.push_back({Recorded::kPolyline, {a, b}, color, 1.0f});
   }
 }
 
 void LineCanvas::Dot(const Plot& plot, double x, double y, ImU32 color, float radius) {
   const ImVec2 p = plot.ToPixel(x, y);
   if (!std::isfinite(p.x) || !std::isfinite(p.y)) return;
-  // The disc is centred on the nearest pixel centre and its coverage comes from a stamp built
-  // once per radius: a hypot per pixel made the 10k evaluation dots of 100 runs the most
-  // expensive part of a validation-loss panel.
+  // Coverage comes from stamps built once per radius (a hypot per pixel made the 10k evaluation
+  // dots of 100 runs the most expensive part of a validation-loss panel), one per quarter-pixel
+  // centre offset: discs snapped to whole pixels step along a sloped line.
+  constexpr int kSub = 4;
+  const int side = 2 * stamp_r_ + 1;
   if (radius != stamp_radius_) {
     stamp_radius_ = radius;
-    stamp_r_ = static_cast<int>(std::ceil(radius + 0.5f));
-    const int side = 2 * stamp_r_ + 1;
-    stamp_.assign(static_cast<size_t>(side) * side, 0.0f);
-    for (int dy = -stamp_r_; dy <= stamp_r_; ++dy) {
-      for (int dx = -stamp_r_; dx <= stamp_r_; ++dx) {
-        const float d = std::hypot(static_cast<float>(dx), static_cast<float>(dy));
-        stamp_[(dy + stamp_r_) * side + dx + stamp_r_] = std::clamp(radius + 0.5f - d, 0.0f, 1.0f);
+    stamp_r_ = static_cast<int>(std::ceil(radius + 1.5f));
+    const int sd = 2 * stamp_r_ + 1;
+    stamp_.assign(static_cast<size_t>(kSub * kSub) * sd * sd, 0.0f);
+    for (int sy = 0; sy < kSub; ++sy) {
+      for (int sx = 0; sx < kSub; ++sx) {
+        float* st = stamp_.data() + static_cast<size_t>(sy * kSub + sx) * sd * sd;
+        const float ox = (sx + 0.5f) / kSub, oy = (sy + 0.5f) / kSub;
+        for (int dy = -stamp_r_; dy <= stamp_r_; ++dy) {
+          for (int dx = -stamp_r_; dx <= stamp_r_; ++dx) {
+            const float d = std::hypot(dx + 0.5f - ox, dy + 0.5f - oy);
+            st[(dy + stamp_r_) * sd + dx + stamp_r_] = std::clamp(radius + 0.5f - d, 0.0f, 1.0f);
+          }
+        }
       }
     }
+    return Dot(plot, x, y, color, radius);
   }
-  const int cx = static_cast<int>(std::floor(p.x - plot.inner().Min.x)),
-            cy = static_cast<int>(std::floor(p.y - plot.inner().Min.y));
+  if (plot.recording()) recorded_.push_back({Recorded::kCircle, {p}, color, radius});
+  const float fx = p.x - plot.inner().Min.x, fy = p.y - plot.inner().Min.y;
+  const int cx = static_cast<int>(std::floor(fx)), cy = static_cast<int>(std::floor(fy));
   if (cx < -stamp_r_ || cy < -stamp_r_ || cx >= w_ + stamp_r_ || cy >= h_ + stamp_r_) return;
-  const int side = 2 * stamp_r_ + 1;
+  const int sx = std::clamp(static_cast<int>((fx - cx) * kSub), 0, kSub - 1),
+            sy = std::clamp(static_cast<int>((fy - cy) * kSub), 0, kSub - 1);
+  const float* st = stamp_.data() + static_cast<size_t>(sy * kSub + sx) * side * side;
   for (int dy = -stamp_r_; dy <= stamp_r_; ++dy) {
     for (int dx = -stamp_r_; dx <= stamp_r_; ++dx) {
-      Blend(cx + dx, cy + dy, color, stamp_[(dy + stamp_r_) * side + dx + stamp_r_]);
+      Blend(cx + dx, cy + dy, color, st[(dy + stamp_r_) * side + dx + stamp_r_]);
     }
   }
 }
@@ -556,6 +656,18 @@ void LineCanvas::FillBetween(const Plot& plot, const std::vector<double>& xs,
                              const std::vector<double>& lo, const std::vector<double>& hi,
                              ImU32 color) {
   const ImVec2 o = plot.inner().Min;
+  if (plot.recording()) {
+    Recorded poly{Recorded::kPolygon, {}, color, 0};
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const ImVec2 p = plot.ToPixel(xs[i], hi[i]);
+      if (std::isfinite(p.x) && std::isfinite(p.y)) poly.points.push_back(p);
+    }
+    for (size_t i = xs.size(); i-- > 0;) {
+      const ImVec2 p = plot.ToPixel(xs[i], lo[i]);
+      if (std::isfinite(p.x) && std::isfinite(p.y)) poly.points.push_back(p);
+    }
+    recorded_.push_back(std::move(poly));
+  }
   for (size_t i = 1; i < xs.size(); ++i) {
     const ImVec2 a0 = plot.ToPixel(xs[i - 1], lo[i - 1]), a1 = plot.ToPixel(xs[i], lo[i]);
     const ImVec2 b0 = plot.ToPixel(xs[i - 1], hi[i - 1]), b1 = plot.ToPixel(xs[i], hi[i]);
@@ -575,6 +687,24 @@ void LineCanvas::FillBetween(const Plot& plot, const std::vector<double>& xs,
 }
 
 void LineCanvas::End(const Plot& plot) {
+  if (PlotRecording* rec = plot.recording()) {
+    // SVG paints in order: back to front.
+    if (under_) std::reverse(recorded_.begin(), recorded_.end());
+    for (const Recorded& r : recorded_) {
+      switch (r.kind) {
+        case Recorded::kPolyline:
+          rec->Polyline(PlotRecording::kData, r.points, r.color, r.size);
+          break;
+        case Recorded::kPolygon:
+          rec->Polygon(PlotRecording::kData, r.points, r.color);
+          break;
+        case Recorded::kCircle:
+          rec->Circle(PlotRecording::kData, r.points[0], r.size, r.color);
+          break;
+      }
+    }
+    recorded_.clear();
+  }
   if (dirty_) {
     for (uint32_t& p : px_) {
       const uint32_t a = p >> 24;

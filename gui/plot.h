@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gui/plot_export.h"
 #include "gui/view_model.h"
 
 namespace moelab::gui {
@@ -57,6 +58,8 @@ class Plot {
   double mouse_x() const { return mouse_x_; }
   double mouse_y() const { return mouse_y_; }
   ImDrawList* draw_list() const { return dl_; }
+  // While File > Save plot as SVG records this plot: where its primitives go (else null).
+  PlotRecording* recording() const { return rec_; }
 
   // Polyline through (xs, ys) in data coordinates, breaking at non-finite or non-positive (on
   // log axes) values.
@@ -77,6 +80,7 @@ class Plot {
   bool hovered_ = false;
   double mouse_x_ = 0, mouse_y_ = 0;
   bool visible_ = true;
+  PlotRecording* rec_ = nullptr;
 };
 
 // An RGBA OpenGL texture for ImGui::Image / AddImage (GL_NEAREST: heatmap cells stay sharp).
@@ -121,12 +125,15 @@ class LineCanvas {
   // Wall time of the last redraw (rasterising and upload), for the caller's frame budget.
   double cost_ms() const { return cost_ms_; }
   static constexpr int kMaxDeferredFrames = 2;
+  // A polyline through (xs, ys), ascending x. It breaks at non-finite points and between two
+  // points that lie on either side of an x in `breaks` (ascending): gaps in the data.
   void Line(const Plot& plot, const std::vector<double>& xs, const std::vector<double>& ys,
-            ImU32 color, float thickness = 1.5f);
+            ImU32 color, float thickness = 1.5f, std::span<const double> breaks = {});
   // The same from axis coordinates (ToAxis: log10 of the value on log axes), for callers that
   // keep them with their decimation instead of taking a log10 of every point every redraw.
   void LineT(const Plot& plot, std::span<const double> xs, std::span<const double> ys, ImU32 color,
-             float thickness = 1.5f);
+             float thickness = 1.5f, std::span<const double> breaks = {});
+  // (A plot being saved as SVG gets each call's vector primitives too: see plot_export.h.)
   // Vertical bars from lo to hi per point (a min/max band drawn per pixel column).
   void Band(const Plot& plot, const std::vector<double>& xs, const std::vector<double>& lo,
             const std::vector<double>& hi, ImU32 color);
@@ -150,7 +157,8 @@ class LineCanvas {
   bool under_ = false;  // FrontToBack(): composite "under" what is drawn
   // Per column, a run of rows [cov_lo_, cov_hi_] known to be opaque (FrontToBack mode).
   std::vector<int> cov_lo_, cov_hi_;
-  // Dot's coverage stamp for stamp_radius_: (2 stamp_r_ + 1)^2 values, centre at the middle.
+  // Dot's coverage stamps for stamp_radius_, one per quarter-pixel centre offset (4 x 4):
+  // (2 stamp_r_ + 1)^2 values each, the disc's pixel at the middle.
   std::vector<float> stamp_;
   float stamp_radius_ = -1;
   int stamp_r_ = 0;
@@ -161,6 +169,15 @@ class LineCanvas {
   int deferred_frames_ = 0;
   double cost_ms_ = 0;
   std::chrono::steady_clock::time_point raster_start_;
+  // SVG primitives of a redraw for a plot being saved, one entry per call, in drawing order
+  // (reversed at End() when drawn front to back: SVG paints back to front).
+  struct Recorded {
+    enum Kind { kPolyline, kPolygon, kCircle } kind;
+    std::vector<ImVec2> points;
+    ImU32 color;
+    float size;
+  };
+  std::vector<Recorded> recorded_;
   Texture tex_;
 };
 

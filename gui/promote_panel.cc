@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <imgui.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -28,6 +30,63 @@ double ParseNumber(const char* s) {
 }
 
 }  // namespace
+
+bool PromotePanel::Set(const std::string& field, const std::string& value, std::string* error) {
+  auto copy = [&](char* dst, size_t n) {
+    std::snprintf(dst, n, "%s", value.c_str());
+    return true;
+  };
+  auto integer = [&](int* out) {
+    char* end = nullptr;
+    const long v = std::strtol(value.c_str(), &end, 10);
+    if (end == value.c_str() || *end != 0 || v < 1) {
+      *error = field + " needs a positive integer, not '" + value + "'";
+      return false;
+    }
+    *out = static_cast<int>(v);
+    return true;
+  };
+  if (field == "sweep") {
+    want_sweep_ = value;
+    return true;
+  }
+  if (field == "family") {
+    want_family_ = value;
+    return true;
+  }
+  if (field == "budget") return copy(budget_, sizeof budget_);
+  if (field == "loss") return copy(target_loss_, sizeof target_loss_);
+  if (field == "ranks") return integer(&ranks_);
+  if (field == "threads") return integer(&threads_);
+  if (field == "device") {
+    if (value != "cpu" && value != "cuda") {
+      *error = "device is cpu or cuda, not '" + value + "'";
+      return false;
+    }
+    device_ = value == "cuda" ? 1 : 0;
+    return true;
+  }
+  if (field == "measure") {
+    measure_ = value == "1" || value == "on" || value == "true";
+    return true;
+  }
+  *error = "unknown promote field '" + field +
+           "' (known: sweep, family, budget, loss, ranks, threads, device, measure)";
+  return false;
+}
+
+PromotePanel::State PromotePanel::state() const {
+  if (!script_error_.empty()) return State::kRefused;
+  if (pressed_ >= 0 || (job_.valid() && !Ready(job_))) return State::kBusy;
+  if (job_.valid()) return State::kBusy;  // finished, not collected by Draw yet
+  if (!outcome_) return State::kIdle;
+  return outcome_->error.empty() ? State::kDone : State::kRefused;
+}
+
+std::string PromotePanel::error() const {
+  if (!script_error_.empty()) return script_error_;
+  return outcome_ ? outcome_->error : "";
+}
 
 void PromotePanel::Draw(const std::string& db_path, bool* settled) {
   if (db_path != db_path_) {
@@ -61,15 +120,29 @@ void PromotePanel::Draw(const std::string& db_path, bool* settled) {
     ImGui::TextDisabled("reading sweeps and fits...");
     return;
   }
+  // A scripted press that cannot happen fails the script instead of waiting for ever.
+  auto cannot = [&](const std::string& why) {
+    if (pressed_ >= 0 || !want_sweep_.empty() || !want_family_.empty()) script_error_ = why;
+    pressed_ = -1;
+  };
   if (!choices_->error.empty()) {
+    cannot(choices_->error);
     ImGui::TextColored(ImVec4(0.95f, 0.45f, 0.4f, 1), "%s", choices_->error.c_str());
     return;
   }
   if (choices_->sweeps.empty()) {
+    cannot("no sweeps in this database");
     ImGui::TextDisabled("No sweeps in this database.");
     return;
   }
   const auto& sweeps = choices_->sweeps;
+  if (!want_sweep_.empty()) {
+    const auto it = std::find(sweeps.begin(), sweeps.end(), want_sweep_);
+    if (it == sweeps.end()) script_error_ = "no sweep '" + want_sweep_ + "' in this database";
+    if (it != sweeps.end() && it - sweeps.begin() != sweep_)
+      sweep_ = it - sweeps.begin(), family_ = 0;
+    want_sweep_.clear();
+  }
   sweep_ = std::min<int>(sweep_, static_cast<int>(sweeps.size()) - 1);
   ImGui::SetNextItemWidth(200);
   if (ImGui::BeginCombo("sweep##promote", sweeps[sweep_].c_str())) {
@@ -80,9 +153,19 @@ void PromotePanel::Draw(const std::string& db_path, bool* settled) {
   const auto& fams = choices_->families[sweep_];
   ImGui::SameLine();
   if (fams.empty()) {
+    cannot("no stored fit for sweep " + sweeps[sweep_]);
     ImGui::TextDisabled("no stored fit: run `moelab fit --sweep %s --by KEY` first",
                         sweeps[sweep_].c_str());
     return;
+  }
+  if (!want_family_.empty()) {
+    const auto it = std::find(fams.begin(), fams.end(), want_family_);
+    if (it == fams.end()) {
+      script_error_ = "no family '" + want_family_ + "' in the stored fit of " + sweeps[sweep_];
+    } else {
+      family_ = it - fams.begin();
+    }
+    want_family_.clear();
   }
   family_ = std::min<int>(family_, static_cast<int>(fams.size()) - 1);
   ImGui::SetNextItemWidth(160);
@@ -152,12 +235,13 @@ void PromotePanel::Draw(const std::string& db_path, bool* settled) {
     });
   };
   ImGui::BeginDisabled(busy);
-  if (ImGui::Button("Plan")) start(0);
+  if (ImGui::Button("Plan") || (!busy && pressed_ == 0)) start(0);
   ImGui::SameLine();
-  if (ImGui::Button("Write")) start(1);
+  if (ImGui::Button("Write") || (!busy && pressed_ == 1)) start(1);
   ImGui::SameLine();
-  if (ImGui::Button("Write and launch")) start(2);
+  if (ImGui::Button("Write and launch") || (!busy && pressed_ == 2)) start(2);
   ImGui::EndDisabled();
+  if (!busy) pressed_ = -1;
   if (busy) {
     ImGui::SameLine();
     ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "planning...");

@@ -19,6 +19,18 @@ class PromotePanel {
   // Draws the panel for the database at db_path; clears *settled while work is in flight.
   void Draw(const std::string& db_path, bool* settled);
 
+  // --script (gui/script.h) drives the same controls: Set() what a control would set (field:
+  // sweep, family, budget, loss, ranks, threads, device, measure), applied once the sweeps and
+  // fits are read; Press() a button (0 Plan, 1 Write, 2 Write and launch) on the next frame
+  // that can. false with *error for an unknown field or an unusable value.
+  bool Set(const std::string& field, const std::string& value, std::string* error);
+  void Press(int action) { pressed_ = action; }
+  // Where the last pressed action is: nothing pressed, pending or planning, planned (and
+  // written), or refused (error() says why; also when a scripted choice does not exist).
+  enum class State { kIdle, kBusy, kDone, kRefused };
+  State state() const;
+  std::string error() const;
+
  private:
   struct Choices {
     std::vector<std::string> sweeps;
@@ -42,6 +54,9 @@ class PromotePanel {
   bool measure_ = false;
   std::future<Outcome> job_;
   std::optional<Outcome> outcome_;
+  // Scripted choices by name, applied when the choices are there; a button to press.
+  std::string want_sweep_, want_family_, script_error_;
+  int pressed_ = -1;
 };
 
 }  // namespace moelab::gui

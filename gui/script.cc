@@ -2,9 +2,12 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "gui/app.h"
+#include "gui/plot_export.h"
+#include "gui/promote_panel.h"
 #include "gui/sweep_control.h"
 
 namespace moelab::gui {
@@ -94,6 +97,15 @@ void ScriptRunner::Step(App* app) {
     std::string opt;
     if (in >> opt && opt == "-j") in >> app->sweeps_.parallel;
     if (!app->LaunchSpec(cmd == "rerun")) return (void)Fail(app, app->sweeps_.message);
+  } else if (cmd == "rerun-sweep") {
+    // The Rerun button of a sweep in the list: opens its confirmation dialog.
+    std::string name;
+    in >> name;
+    app->sweeps_.rerun_confirm = name.empty() ? sweep : name;
+    app->sweeps_.rerun_open_request = true;
+    app->SetView(View::kSweeps);
+  } else if (cmd == "confirm" || cmd == "cancel") {
+    app->sweeps_.rerun_answer = cmd == "confirm" ? 1 : -1;
   } else if (cmd == "stop-sweep") {
     if (!app->StopSweep(sweep)) return (void)Fail(app, app->sweeps_.message);
   } else if (cmd == "resume-sweep") {
@@ -140,6 +152,39 @@ void ScriptRunner::Step(App* app) {
       if (timed_out()) Fail(app, "the sweep runner is still running");
       return;
     }
+  } else if (cmd == "promote-set") {
+    // promote-set FIELD VALUE: a control of the Promote tab (gui/promote_panel.h).
+    std::string field, value, error;
+    in >> field >> value;
+    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
+    if (!app->promote_panel_->Set(field, value, &error)) return (void)Fail(app, error);
+    app->SetView(View::kPromote);
+  } else if (cmd == "promote-plan" || cmd == "promote-write" || cmd == "promote-launch") {
+    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
+    app->promote_panel_->Press(cmd == "promote-plan" ? 0 : cmd == "promote-write" ? 1 : 2);
+    app->SetView(View::kPromote);
+  } else if (cmd == "wait-promote") {
+    // wait-promote [ok|refused] [TIMEOUT_S]: until the pressed action finished as expected.
+    std::string expect = "ok";
+    const std::streampos at = in.tellg();
+    if (!(in >> expect) || (expect != "ok" && expect != "refused")) {
+      in.clear();
+      in.seekg(at);
+      expect = "ok";
+    }
+    start_wait(120);
+    const PromotePanel* panel = app->promote_panel_.get();
+    const auto state = panel ? panel->state() : PromotePanel::State::kIdle;
+    if (state == PromotePanel::State::kBusy || state == PromotePanel::State::kIdle) {
+      if (timed_out()) Fail(app, "timed out");
+      return;
+    }
+    const bool refused = state == PromotePanel::State::kRefused;
+    if (refused != (expect == "refused")) {
+      return (void)Fail(app, refused ? "refused: " + panel->error() : "planned, not refused");
+    }
+    std::fprintf(stderr, "moelab-gui: promote %s%s\n", refused ? "refused: " : "planned",
+                 refused ? panel->error().c_str() : "");
   } else if (cmd == "view") {
     std::string name;
     in >> name;
@@ -165,6 +210,24 @@ void ScriptRunner::Step(App* app) {
       return;
     }
     std::fprintf(stderr, "moelab-gui: settled after %d frames\n", settle_frames_ + 1);
+  } else if (cmd == "save-plot") {
+    // save-plot OUT.{png,svg} NAME: File > Save plot as, for the plot listed as NAME (its
+    // title); waits for the outcome (the next frame).
+    std::string out, name;
+    in >> out;
+    std::getline(in >> std::ws, name);
+    if (!waiting_) {
+      if (out.empty() || name.empty()) return (void)Fail(app, "expected: save-plot OUT NAME");
+      start_wait(30);
+      app->plot_save_state_ = 0;
+      PlotExport::Get().Request(name, out);
+      return;
+    }
+    if (app->plot_save_state_ == 0 || !app->plot_capture_.path.empty()) {
+      if (timed_out()) Fail(app, "timed out");
+      return;
+    }
+    if (app->plot_save_state_ < 0) return (void)Fail(app, app->plot_save_message_);
   } else if (cmd == "screenshot") {
     in >> app->screenshot_request_;
   } else if (cmd == "quit") {

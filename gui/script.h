@@ -5,6 +5,8 @@
 //   replace OLD => NEW        edit the editor's buffer (first OLD -> NEW) as typing would
 //   save                      write the buffer to its file
 //   launch [-j N]             Launch (detached `moelab sweep run`); rerun: the same with --rerun
+//   rerun-sweep [NAME]        the Rerun button of a listed sweep (default: the editor's): opens
+//                             its confirmation dialog; confirm | cancel answer it
 //   stop-sweep | resume-sweep the editor's sweep (SIGTERM to its runner / `moelab sweep resume`)
 //   stop-run I | resume-run I the I-th run (0-based, by id) of the editor's sweep
 //   wait-runs N STATUS[,STATUS...] [TIMEOUT_S]   until N runs of the sweep have such a status
@@ -13,6 +15,12 @@
 //   xrange LO HI              zoom the curves' x axis to [LO, HI] (as the mouse wheel does)
 //   wait-settled [TIMEOUT_S]  until the view's data is loaded and every plot is refined;
 //                             prints "settled after N frames"
+//   promote-set FIELD VALUE   a Promote tab control: sweep, family (KEY=VALUE), budget (FLOPs),
+//                             loss (target), ranks, threads, device (cpu|cuda), measure (on|off)
+//   promote-plan | promote-write | promote-launch   press Plan / Write / Write and launch
+//   wait-promote [ok|refused] [TIMEOUT_S]   until the pressed action planned (or was refused)
+//   save-plot OUT.{png,svg} NAME   File > Save plot as: the shown plot titled NAME (as the
+//                             menu lists it) to OUT; fails when no such plot is shown
 //   view NAME | sleep S | screenshot OUT.png | quit
 //
 // A failed action or a wait that times out ends the script with status 1 (the app quits).

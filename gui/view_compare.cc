@@ -39,10 +39,25 @@ void App::CompareView() {
   for (int64_t id : runs) configs.push_back(runs_->Find(id)->keys.config);
   std::vector<DiffRow> diff = ConfigDiff(configs);
 
-  auto header = [&](const char* first) {
+  // Run columns share the table's width: a long run name is cut with an ellipsis (the full
+  // name on hover) instead of pushing the next run's column out of view. Each column is at
+  // least wide enough for a value ("1.64e+06") and the name when it fits.
+  auto header = [&](const char* first, const std::vector<std::string>& cells) {
+    const float avail_w = ImGui::GetContentRegionAvail().x;
+    float first_w = ImGui::CalcTextSize(first).x;
+    for (const auto& c : cells) first_w = std::max(first_w, ImGui::CalcTextSize(c.c_str()).x);
+    first_w = std::min(first_w + 8, avail_w * 0.45f);
+    const float pad = ImGui::GetStyle().CellPadding.x * 2 + 2;
+    const float share = std::max(ImGui::CalcTextSize("1.64e+06__").x,
+                                 (avail_w - first_w - pad) / (ncols - 1) - pad);
     ImGui::TableSetupScrollFreeze(1, 1);
-    ImGui::TableSetupColumn(first);
-    for (int i = 0; i + 1 < ncols; ++i) ImGui::TableSetupColumn(RunLabel(runs[i]).c_str());
+    ImGui::TableSetupColumn(first, ImGuiTableColumnFlags_WidthFixed, first_w);
+    for (int i = 0; i + 1 < ncols; ++i) {
+      const std::string label = RunLabel(runs[i]);
+      const float want = ImGui::CalcTextSize(label.c_str()).x + ImGui::GetFontSize() * 1.5f;
+      ImGui::TableSetupColumn(label.c_str(), ImGuiTableColumnFlags_WidthFixed,
+                              std::min(want, share));
+    }
     ImGui::TableNextRow(ImGuiTableRowFlags_Headers);
     for (int i = 0; i < ncols; ++i) {
       ImGui::TableSetColumnIndex(i);
@@ -52,6 +67,7 @@ void App::CompareView() {
         ImGui::SameLine();
       }
       ImGui::TableHeader(ImGui::TableGetColumnName(i));
+      if (i > 0 && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", ImGui::TableGetColumnName(i));
     }
   };
 
@@ -60,7 +76,9 @@ void App::CompareView() {
   ImGui::BeginChild("diff", ImVec2(half, 0), false);
   ImGui::Text("Config fields that differ (%zu)", diff.size());
   if (ImGui::BeginTable("diff", ncols, tflags)) {
-    header("field");
+    std::vector<std::string> keys;
+    for (const auto& row : diff) keys.push_back(row.key);
+    header("field", keys);
     for (const auto& row : diff) {
       ImGui::TableNextRow();
       ImGui::TableSetColumnIndex(0);
@@ -77,7 +95,7 @@ void App::CompareView() {
   ImGui::BeginChild("summary", ImVec2(0, 0), false);
   ImGui::TextUnformatted("Summary");
   if (ImGui::BeginTable("summary", ncols, tflags)) {
-    header("metric");
+    header("metric", {"training FLOPs", "best val loss"});
     auto row = [&](const char* name, auto fn) {
       ImGui::TableNextRow();
       ImGui::TableSetColumnIndex(0);
@@ -109,9 +127,8 @@ void App::CompareView() {
   Legend(runs);
   const ImVec2 rest = ImGui::GetContentRegionAvail();
   const ImVec2 size((rest.x - ImGui::GetStyle().ItemSpacing.x) / 2, rest.y);
-  CurvePanel("cmp_loss", 0, runs, size, &compare_.x, &compare_.y[0]);
-  ImGui::SameLine();
-  CurvePanel("cmp_val", 1, runs, size, &compare_.x, &compare_.y[1]);
+  AxisState* ys[2] = {&compare_.y[0], &compare_.y[1]};
+  CurvePanels({0, 1}, "cmp_", runs, size, 2, &compare_.x, ys);
 }
 
 }  // namespace moelab::gui

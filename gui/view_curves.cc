@@ -17,19 +17,12 @@ namespace moelab::gui {
 
 // ---- Curves ---------------------------------------------------------------------------------
 
-void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& runs, ImVec2 size,
-                     AxisState* x_state, AxisState* y_state) {
+std::vector<App::CurveShown> App::PrepareCurves(int metric, const std::vector<int64_t>& runs,
+                                                PlotBounds* x_extent) {
   const MetricDef& m = kMetrics[metric];
   const int xk = settings_.x_axis;
-  const float smoothing = settings_.smoothing;
-  const bool log_x = settings_.log_x && xk != 0 ? true : settings_.log_x;
-  const bool log_y = settings_.log_y && metric != 4;
-  struct Shown {
-    int64_t run;
-    CurveCache* cache;
-  };
-  std::vector<Shown> shown;
-  PlotBounds x_extent;
+  const float smoothing = m.smoothed ? settings_.smoothing : 0.0f;
+  std::vector<CurveShown> shown;
   for (int64_t run : runs) {
     auto y = store_->Series(run, m.key);
     std::shared_ptr<const SeriesData> x;
@@ -61,18 +54,47 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
       } else {
         c.xs.assign(y->steps.begin(), y->steps.begin() + n);
       }
-      c.smooth =
-          DebiasedEma(std::span<const double>(y->values.data(), n), m.eval ? 0.0 : smoothing);
+      c.smooth = DebiasedEma(std::span<const double>(y->values.data(), n), smoothing);
+      // Missing steps are gaps in the line, whatever the x axis: the breaks are found on the
+      // steps and placed at the x of the first point after each gap.
+      c.breaks.clear();
+      for (size_t i : GapStarts(std::span<const double>(y->steps.data(), n)))
+        c.breaks.push_back(c.xs[i]);
       c.extent = PlotBounds{};
       for (size_t i = 0; i < n; ++i) c.extent.Add(c.xs[i], c.smooth[i]);
       c.pyramid.Build(c.smooth);
       c.raw_pyramid = MinMaxPyramid{};
       c.v_cols = 0;  // force a new downsample
+      c.t_gen = ~uint64_t{0};
     }
-    x_extent.AddX(c.extent.x_lo);
-    x_extent.AddX(c.extent.x_hi);
+    x_extent->AddX(c.extent.x_lo);
+    x_extent->AddX(c.extent.x_hi);
     shown.push_back({run, &c});
   }
+  return shown;
+}
+
+void App::CurvePanels(const std::vector<int>& metrics, const char* id_prefix,
+                      const std::vector<int64_t>& runs, ImVec2 size, int ncol, AxisState* x,
+                      AxisState* const* y) {
+  std::vector<std::vector<CurveShown>> shown(metrics.size());
+  PlotBounds x_extent;
+  for (size_t i = 0; i < metrics.size(); ++i) shown[i] = PrepareCurves(metrics[i], runs, &x_extent);
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    if (i % ncol != 0) ImGui::SameLine();
+    const std::string id = std::string(id_prefix) + kMetrics[metrics[i]].key;
+    CurvePanel(id.c_str(), metrics[i], shown[i], runs.empty(), size, x_extent, x, y[i]);
+  }
+}
+
+void App::CurvePanel(const char* id, int metric, const std::vector<CurveShown>& shown, bool no_runs,
+                     ImVec2 size, const PlotBounds& x_extent, AxisState* x_state,
+                     AxisState* y_state) {
+  const MetricDef& m = kMetrics[metric];
+  const int xk = settings_.x_axis;
+  const float smoothing = m.smoothed ? settings_.smoothing : 0.0f;
+  const bool log_x = settings_.log_x;
+  const bool log_y = settings_.log_y && metric != 4;
 
   // Resolve x here (before the Plot) so y can auto-fit to what is visible.
   const float fh = ImGui::GetFontSize();
@@ -89,7 +111,7 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
   fit.AddX(xa.lo);
   fit.AddX(xa.hi);
   // Beyond a few runs the faint raw lines are a grey blur that doubles the drawing cost.
-  const bool raw = settings_.show_raw && smoothing > 0 && !m.eval && shown.size() <= kMaxRawRuns;
+  const bool raw = settings_.show_raw && smoothing > 0 && shown.size() <= kMaxRawRuns;
   // Refinement over frames: this panel's share of the frame's decimation budget (what earlier
   // panels left, split over the panels still to draw), spent round robin from where the last
   // frame stopped, so during a long zoom every series is refined in turn. Past the budget a
@@ -165,7 +187,7 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
 
   Plot plot(id, size, x_state, y_state, fit, log_x, log_y, m.title, kXNames[xk]);
   if (shown.empty()) {
-    const char* msg = runs.empty() ? "no runs" : "loading...";
+    const char* msg = no_runs ? "no runs" : "loading...";
     plot.draw_list()->AddText(plot.inner().GetCenter(), ImGui::GetColorU32(ImGuiCol_TextDisabled),
                               msg);
     return;
@@ -193,8 +215,11 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
     for (auto it = shown.rbegin(); it != shown.rend(); ++it) {
       CurveCache& c = *it->cache;
       const ImU32 color = colors_[it->run];
-      // Evaluations are sparse: mark each point so a single evaluation is visible.
-      if (m.eval && c.ds_x.size() < 200) {
+      // Evaluations are sparse: mark each point so a single evaluation is visible, but only
+      // while the marks stay apart. Dots a few pixels apart merge into a beaded band whose
+      // edge steps with the dots (the "staircase" of a dense validation line).
+      if (m.eval &&
+          static_cast<float>(c.ds_x.size()) * kMinDotSpacingPx < plot.inner().GetWidth()) {
         for (size_t i = 0; i < c.ds_x.size(); ++i)
           canvas.Dot(plot, c.ds_x[i], c.ds_y[i], color, 2.6f);
       }
@@ -205,16 +230,18 @@ void App::CurvePanel(const char* id, int metric, const std::vector<int64_t>& run
         c.ds_ty.resize(c.ds_y.size());
         for (size_t i = 0; i < c.ds_x.size(); ++i) c.ds_tx[i] = ToAxis(xm, c.ds_x[i]);
         for (size_t i = 0; i < c.ds_y.size(); ++i) c.ds_ty[i] = ToAxis(ym, c.ds_y[i]);
+        c.breaks_t.resize(c.breaks.size());
+        for (size_t i = 0; i < c.breaks.size(); ++i) c.breaks_t[i] = ToAxis(xm, c.breaks[i]);
         c.t_gen = c.ds_gen;
         c.t_log_x = log_x;
         c.t_log_y = log_y;
       }
-      canvas.LineT(plot, c.ds_tx, c.ds_ty, color, m.eval ? 2.0f : 1.6f);
+      canvas.LineT(plot, c.ds_tx, c.ds_ty, color, m.eval ? 2.0f : 1.6f, c.breaks_t);
     }
     for (auto it = shown.rbegin(); it != shown.rend(); ++it) {
       if (!it->cache->raw_x.empty()) {
         canvas.Line(plot, it->cache->raw_x, it->cache->raw_y,
-                    (colors_[it->run] & 0x00FFFFFF) | 0x50000000, 1.0f);
+                    (colors_[it->run] & 0x00FFFFFF) | 0x50000000, 1.0f, it->cache->breaks);
       }
     }
   }
@@ -270,7 +297,8 @@ void App::CurvesView() {
   HelpMarker(
       "Exponential moving average with debiasing (TensorBoard's): early points are not "
       "pulled towards zero. Applied to the full series before downsampling, so the "
-      "smoothed line does not change with zoom.");
+      "smoothed line does not change with zoom. Train loss, grad norm and tokens/s only: the "
+      "learning rate is a schedule and validation losses are averages already.");
   ImGui::SameLine();
   ImGui::Checkbox("raw", &settings_.show_raw);
   if (ImGui::IsItemHovered()) {
@@ -327,11 +355,9 @@ void App::CurvesView() {
     const LineCanvas& c = Canvas(kMetrics[p].key);
     if (c.overdue()) curves_view_.reserve_ms += c.cost_ms();
   }
-  for (size_t i = 0; i < panels.size(); ++i) {
-    if (i % ncol != 0) ImGui::SameLine();
-    CurvePanel(kMetrics[panels[i]].key, panels[i], runs, size, &curves_view_.x,
-               &curves_view_.y[panels[i]]);
-  }
+  std::vector<AxisState*> ys;
+  for (int p : panels) ys.push_back(&curves_view_.y[p]);
+  CurvePanels(panels, "", runs, size, ncol, &curves_view_.x, ys.data());
 }
 
 }  // namespace moelab::gui

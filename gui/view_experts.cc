@@ -93,7 +93,8 @@ void App::ExpertsView() {
   ImGui::BeginChild("heatmaps", ImVec2(left_w, avail.y), false);
   const float label_w = fh * 2.5f;
   const float hm_w = left_w - label_w - fh;
-  const float strip_h = std::clamp((avail.y - fh) / L - fh * 1.6f, 24.0f, 240.0f);
+  // Below the strips: the step axis and the colour scale (about 4.5 lines).
+  const float strip_h = std::clamp((avail.y - fh * 5.5f) / L - fh * 1.6f, 24.0f, 240.0f);
   AxisMap xa{data->steps.front(), data->steps.back(), false};
   if (!experts_.x.auto_fit && experts_.x.hi > experts_.x.lo)
     xa = {experts_.x.lo, experts_.x.hi, false};
@@ -114,6 +115,8 @@ void App::ExpertsView() {
         std::lower_bound(data->steps.begin(), data->steps.end(), xa.lo) - data->steps.begin();
     const size_t i1 =
         std::upper_bound(data->steps.begin(), data->steps.end(), xa.hi) - data->steps.begin();
+    std::vector<int> first_bin(L, -1);
+    c.vmax = 0;
     for (int l = 0; l < L; ++l) {
       std::vector<double>& share = c.share[l];
       std::fill(cnt.begin(), cnt.end(), 0);
@@ -126,10 +129,9 @@ void App::ExpertsView() {
         for (int e = 0; e < E; ++e) share[static_cast<size_t>(b) * E + e] += row[e] / total;
         ++cnt[b];
       }
-      double vmax = 0;
-      int last = -1, first = -1;
+      int last = -1;
       for (int b = 0; b < bins; ++b) {
-        if (cnt[b] > 0 && first < 0) first = b;
+        if (cnt[b] > 0 && first_bin[l] < 0) first_bin[l] = b;
         if (cnt[b] == 0) {
           // Records sparser than the bins: repeat the previous bin so the strip stays solid.
           if (last >= 0)
@@ -140,14 +142,19 @@ void App::ExpertsView() {
         last = b;
         for (int e = 0; e < E; ++e) {
           share[static_cast<size_t>(b) * E + e] /= cnt[b];
-          vmax = std::max(vmax, share[static_cast<size_t>(b) * E + e]);
+          c.vmax = std::max(c.vmax, share[static_cast<size_t>(b) * E + e]);
         }
       }
+    }
+    // One colour scale for every layer (the colour bar below), so equal colours are equal
+    // shares across layers.
+    for (int l = 0; l < L; ++l) {
       for (int e = 0; e < E; ++e) {
         for (int b = 0; b < bins; ++b) {
-          const bool empty = first < 0 || b < first;
+          const bool empty = first_bin[l] < 0 || b < first_bin[l];
           pixels[static_cast<size_t>(e) * bins + b] =
-              empty ? 0u : ToImU32(HeatColor(share[static_cast<size_t>(b) * E + e], 0, vmax));
+              empty ? 0u
+                    : ToImU32(HeatColor(c.share[l][static_cast<size_t>(b) * E + e], 0, c.vmax));
         }
       }
       if (!c.tex[l]) c.tex[l] = std::make_unique<Texture>();
@@ -177,6 +184,29 @@ void App::ExpertsView() {
                         100 * c.share[l][static_cast<size_t>(b) * E + e], 100.0 / E);
     }
   }
+  // The time axis of the strips (they share it with the imbalance plots' zoom).
+  {
+    const ImVec2 o = ImGui::GetCursorScreenPos();
+    const float x0 = o.x + label_w;
+    const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+    dl->AddLine(ImVec2(x0, o.y), ImVec2(x0 + hm_w, o.y), dim);
+    for (double t : NiceTicks(xa.lo, xa.hi, std::max(2, static_cast<int>(hm_w / (fh * 6))))) {
+      const float px = x0 + static_cast<float>(xa.Forward(t)) * hm_w;
+      dl->AddLine(ImVec2(px, o.y), ImVec2(px, o.y + fh * 0.35f), dim);
+      const std::string s = FormatValue(t);
+      const float w = ImGui::CalcTextSize(s.c_str()).x;
+      dl->AddText(ImVec2(std::clamp(px - w / 2, x0, x0 + hm_w - w), o.y + fh * 0.4f), dim,
+                  s.c_str());
+    }
+    const float w = ImGui::CalcTextSize("step").x;
+    dl->AddText(ImVec2(x0 + hm_w / 2 - w / 2, o.y + fh * 1.45f), dim, "step");
+    ImGui::Dummy(ImVec2(left_w - fh, fh * 2.6f));
+  }
+  ImGui::SetCursorPosX(ImGui::GetCursorPosX() + label_w);
+  ImGui::TextDisabled("share of the layer's tokens (%%)");
+  ImGui::SameLine();
+  ImGui::SetCursorPosX(ImGui::GetCursorPosX() + fh);
+  ColorBar(std::min(240.0f, hm_w * 0.4f), fh, 0, 100 * c.vmax);
   ImGui::EndChild();
   ImGui::SameLine();
 
@@ -194,7 +224,8 @@ void App::ExpertsView() {
     if (which == 1) fit.AddY(1.0);
     if (which == 0) fit.AddY(0.0);
     Plot plot(
-        which == 0 ? "cv" : "maxmean", ImVec2(right_w, which == 0 ? avail.y * 0.5f - 4 : -1),
+        which == 0 ? "cv" : "maxmean",
+        ImVec2(right_w, which == 0 ? avail.y * 0.5f - 4 : -ImGui::GetFrameHeightWithSpacing()),
         &experts_.x, which == 0 ? &experts_.cv_y : &experts_.mm_y, fit, false, false,
         which == 0 ? "load imbalance: coefficient of variation" : "load imbalance: max / mean",
         "step");
@@ -220,6 +251,17 @@ void App::ExpertsView() {
       }
       ImGui::EndTooltip();
     }
+  }
+  // Which line is which layer.
+  for (int l = 0; l < L; ++l) {
+    if (l > 0) ImGui::SameLine(0, 10);
+    const ImVec2 p = ImGui::GetCursorScreenPos();
+    ImGui::GetWindowDrawList()->AddRectFilled(ImVec2(p.x, p.y + fh * 0.45f),
+                                              ImVec2(p.x + fh * 1.2f, p.y + fh * 0.65f),
+                                              ToImU32(GroupColor(l, L, true)));
+    ImGui::Dummy(ImVec2(fh * 1.3f, fh));
+    ImGui::SameLine(0, 3);
+    ImGui::Text("MoE layer %d", l);
   }
   ImGui::EndChild();
 }

@@ -17,6 +17,19 @@ namespace moelab::gui {
 
 // ---- Max logits -----------------------------------------------------------------------------
 
+namespace {
+
+// A heatmap cell's value with as many significant digits (3 at most) as fit `width` pixels.
+std::string CellLabel(float v, float width) {
+  for (int digits = 3; digits > 1; --digits) {
+    const std::string s = SignificantDigits(v, digits);
+    if (ImGui::CalcTextSize(s.c_str()).x <= width) return s;
+  }
+  return SignificantDigits(v, 1);
+}
+
+}  // namespace
+
 void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float width) {
   ImGui::BeginGroup();
   ImGui::PushID(column);
@@ -118,11 +131,11 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
       dl->AddRectFilled(a, b, ToImU32(bg));
       if (tau && v > tau_value) dl->AddRect(a, b, kTauColor, 0, 0, 2.0f);
       if (cell_w >= fh * 2.4f && cell_h >= fh) {
-        char txt[16];
-        std::snprintf(txt, sizeof(txt), "%.0f", v);
-        const float tw = ImGui::CalcTextSize(txt).x;
+        // Three significant digits (29.7 and 30 differ where τ = 30), as far as the cell fits.
+        const std::string txt = CellLabel(v, cell_w - 4);
+        const float tw = ImGui::CalcTextSize(txt.c_str()).x;
         dl->AddText(ImVec2(a.x + (cell_w - tw) / 2, a.y + (cell_h - fh) / 2),
-                    ToImU32(ContrastText(bg)), txt);
+                    ToImU32(ContrastText(bg)), txt.c_str());
       }
       if (mouse.x >= a.x && mouse.x < b.x + 1 && mouse.y >= a.y && mouse.y < b.y + 1) {
         hovered_l = l;
@@ -145,7 +158,12 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   ColorBar(std::min(200.0f, width * 0.4f), fh, vmin, vmax);
 
   // Timeline: per layer max over heads, τ, clip events, the slider's step.
-  const float plot_h = std::max(140.0f, (ImGui::GetContentRegionAvail().y - fh * 1.5f) * 0.62f);
+  // The clip-fraction panel only where QK-Clip is on (or clips were recorded anyway): with it
+  // off the panel could only ever be empty, so the timeline takes its space.
+  const bool clip_panel = tau || !c.clip_steps.empty();
+  const float plot_h =
+      clip_panel ? std::max(140.0f, (ImGui::GetContentRegionAvail().y - fh * 1.5f) * 0.62f)
+                 : std::max(140.0f, ImGui::GetContentRegionAvail().y - fh * 1.7f);
   const int cols = std::max(16, static_cast<int>(width - fh * 5.4f));
   PlotBounds fit;
   fit.AddX(data->steps.front());
@@ -201,6 +219,11 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   for (int l = 0; l < L; ++l) {
     if (l > 0) ImGui::SameLine(0, 6);
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(ToImU32(GroupColor(l, L, true))), "L%d", l);
+  }
+  if (!clip_panel) {
+    ImGui::PopID();
+    ImGui::EndGroup();
+    return;
   }
   PlotBounds cf;
   cf.AddX(data->steps.front());

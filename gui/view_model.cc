@@ -96,6 +96,16 @@ std::string FormatValue(double v) {
   return buf;
 }
 
+std::string SignificantDigits(double v, int digits) {
+  if (!std::isfinite(v)) return FormatValue(v);
+  const double a = std::abs(v);
+  const int magnitude = a > 0 ? static_cast<int>(std::floor(std::log10(a))) : 0;
+  const int decimals = std::max(0, digits - 1 - magnitude);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
 void PadRange(double* lo, double* hi, bool log, double fraction) {
   if (!std::isfinite(*lo) || !std::isfinite(*hi)) {
     *lo = log ? 1 : 0;
@@ -210,6 +220,21 @@ std::vector<double> DebiasedEma(std::span<const double> ys, double weight) {
   return out;
 }
 
+std::vector<size_t> GapStarts(std::span<const double> steps) {
+  std::vector<size_t> out;
+  if (steps.size() < 3) return out;
+  std::vector<double> d(steps.size() - 1);
+  for (size_t i = 1; i < steps.size(); ++i) d[i - 1] = steps[i] - steps[i - 1];
+  std::vector<double> sorted = d;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (!(median > 0)) return out;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] > 2 * median) out.push_back(i + 1);
+  }
+  return out;
+}
+
 int64_t NearestIndexAtOrBefore(std::span<const double> xs, double x) {
   if (xs.empty()) return -1;
   auto it = std::upper_bound(xs.begin(), xs.end(), x);
@@ -253,20 +278,6 @@ Rgba HeatColor(double v, double vmin, double vmax) {
 Rgba ContrastText(const Rgba& bg) {
   const float lum = 0.299f * bg.r + 0.587f * bg.g + 0.114f * bg.b;
   return lum > 0.5f ? Rgba{0, 0, 0, 1} : Rgba{1, 1, 1, 1};
-}
-
-Rgba CategoryColor(int index) {
-  static const uint8_t kTab10[10][3] = {
-      {31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},  {148, 103, 189},
-      {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
-  const auto& c = kTab10[((index % 10) + 10) % 10];
-  return {c[0] / 255.0f, c[1] / 255.0f, c[2] / 255.0f, 1};
-}
-
-Rgba GroupColor(int rank, int count, bool ordered) {
-  if (!ordered || count <= 1) return CategoryColor(rank);
-  // Skip viridis' darkest quarter: dark purple lines vanish on the app's dark plot background.
-  return Viridis(0.25 + 0.75 * rank / std::max(1, count - 1));
 }
 
 // ---- Runs ---------------------------------------------------------------------------------

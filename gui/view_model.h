@@ -30,6 +30,9 @@ std::vector<double> NiceTicks(double lo, double hi, int max_ticks);
 std::vector<double> LogTicks(double lo, double hi, int max_ticks);
 // Short label: 3 significant digits, SI-like exponents for large/small magnitudes.
 std::string FormatValue(double v);
+// v with `digits` significant digits in fixed notation (29.73 -> "29.7", 5.123 -> "5.12",
+// 123.4 -> "123"; never an exponent, so 1234 -> "1234"): heatmap cell labels.
+std::string SignificantDigits(double v, int digits);
 // Pads a [lo, hi] range by a fraction (in log space for log axes) and fixes empty ranges.
 void PadRange(double* lo, double* hi, bool log, double fraction = 0.05);
 
@@ -46,6 +49,12 @@ void DownsampleM4(std::span<const double> xs, std::span<const double> ys, const 
 // m_t = w m_{t-1} + (1 - w) y_t. NaNs are passed through without updating the average. w = 0
 // returns the input.
 std::vector<double> DebiasedEma(std::span<const double> ys, double weight);
+
+// Where a line through a series must break: the indices i whose step follows a gap of missing
+// steps, steps[i] - steps[i - 1] more than twice the series' median spacing (so a series
+// recorded every k steps has no gaps, and one with a stretch of missing records has one).
+// steps ascending; fewer than three points have no gaps.
+std::vector<size_t> GapStarts(std::span<const double> steps);
 
 // Index of the last point with xs[i] <= x (or the first point when x is before all points);
 // -1 for empty input.
@@ -64,11 +73,33 @@ Rgba Viridis(double t);
 Rgba HeatColor(double v, double vmin, double vmax);
 // Black or white, whichever reads on the background.
 Rgba ContrastText(const Rgba& background);
-// Distinct categorical colours (Tableau 10), cycling.
+// Categorical colours for the app's dark plot background (gui/palette.cc): Okabe & Ito's
+// colour-blind-safe set (black replaced by light grey), then colours generated to be as far as
+// possible from every earlier one and from the background in OKLab, as seen with normal vision
+// and simulated protanopia, deuteranopia and tritanopia. kPaletteSize of them, then cycling.
+inline constexpr int kPaletteSize = 48;
+// Where the ordered gradient starts on viridis.
+inline constexpr double kGradientStart = 0.42;
 Rgba CategoryColor(int index);
-// Colour of group `rank` among `count` groups: a gradient when the groups are ordered numbers,
-// categories otherwise.
+// Colour of group `rank` among `count` groups: a gradient when the groups are ordered numbers
+// (viridis from its middle up, which reads on the dark background), categories otherwise.
 Rgba GroupColor(int rank, int count, bool ordered);
+// The plot background the palette is made for (ImGui's dark FrameBg over its WindowBg).
+Rgba PlotBackground();
+
+// OKLab (Ottosson 2020) of an sRGB colour: L in [0, 1] and a, b; Euclidean distance there is
+// close to perceived difference.
+struct OkLab {
+  double l = 0, a = 0, b = 0;
+};
+OkLab ToOkLab(const Rgba& c);
+double OkDistance(const OkLab& x, const OkLab& y);
+// The colour as seen with a colour-vision deficiency (Machado et al. 2009, severity 1).
+enum class Cvd { kNone, kProtan, kDeutan, kTritan };
+Rgba SimulateCvd(const Rgba& c, Cvd kind);
+// The smallest OKLab distance between two colours over normal vision and the three simulated
+// dichromacies: how distinct they are for everyone.
+double CvdSafeDistance(const Rgba& x, const Rgba& y);
 
 // ---- Runs: keys, filtering, grouping, diff ------------------------------------------------
 

@@ -222,12 +222,15 @@ void App::RunsView() {
       }
       ImGui::TableSetColumnIndex(2);
       const RunStatus st = r->row.effective_status;
-      if (st == RunStatus::kRunning && r->row.shape.total_steps > 0) {
+      // A bar for a run that is training or was stopped part-way (how far it got): its
+      // fraction of the planned steps, never more. Finished runs show their status.
+      if ((st == RunStatus::kRunning || (st == RunStatus::kStopped && !r->row.stale)) &&
+          r->row.shape.total_steps > 0 && r->row.last_step < r->row.shape.total_steps) {
         const float frac = std::clamp(
             static_cast<float>(r->row.last_step) / static_cast<float>(r->row.shape.total_steps),
             0.0f, 1.0f);
         char overlay[64];
-        std::snprintf(overlay, sizeof(overlay), "running %.0f%%", frac * 100);
+        std::snprintf(overlay, sizeof(overlay), "%s %.0f%%", ToString(st), std::floor(frac * 100));
         ImGui::PushStyleColor(ImGuiCol_PlotHistogram, StatusColor(st));
         ImGui::ProgressBar(frac, ImVec2(-1, ImGui::GetTextLineHeight()), overlay);
         ImGui::PopStyleColor();

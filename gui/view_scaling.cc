@@ -268,6 +268,13 @@ void App::ScalingView() {
   for (const auto& p : res->observations.points) {
     if (p.flops > 0 && p.loss > 0 && std::isfinite(p.loss)) fit.Add(p.flops, p.loss);
   }
+  // Room for the frontier dots at the left and right edges (the plot pads y, not x): 4 % of
+  // the decades shown on each side.
+  if (fit.x_lo > 0 && fit.x_hi > fit.x_lo) {
+    const double pad = std::pow(fit.x_hi / fit.x_lo, 0.04);
+    fit.x_lo /= pad;
+    fit.x_hi *= pad;
+  }
   // Dragging the target line must not pan the plot.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
   // A stored fit has multipliers at its own L* only: the line stays there.

@@ -141,6 +141,23 @@ bool App::LaunchSpec(bool rerun) {
   return true;
 }
 
+bool App::RerunSweep(const std::string& name) {
+  // Rerun trains every run again from the spec the database stored for the sweep.
+  try {
+    const std::string db = store_ ? store_->path() : "";
+    db::Reader reader(db);
+    const std::string spec = reader.SweepSpecJson(name);
+    const std::string path = sweeps::SweepDir(db, name) + "/gui-rerun-spec.json";
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    std::ofstream(path) << spec;
+    return OpenSpec(path) && LaunchSpec(true);
+  } catch (const std::exception& ex) {
+    Report(false, ex.what());
+    return false;
+  }
+}
+
 bool App::StopSweep(const std::string& name) {
   const std::string db = store_ ? store_->path() : "";
   const int pid = SweepRunnerPid(db, name);
@@ -293,21 +310,35 @@ void App::SweepsView() {
         ImGui::BeginDisabled(pid > 0);
         if (ImGui::SmallButton("Resume")) ResumeSweep(name);
         ImGui::SameLine();
-        if (ImGui::SmallButton("Rerun")) {
-          // Rerun trains every run again from the spec the database stored for the sweep.
-          try {
-            db::Reader reader(db);
-            const std::string spec = reader.SweepSpecJson(name);
-            const std::string path = sweeps::SweepDir(db, name) + "/gui-rerun-spec.json";
-            std::error_code ec;
-            fs::create_directories(fs::path(path).parent_path(), ec);
-            std::ofstream(path) << spec;
-            if (OpenSpec(path)) LaunchSpec(true);
-          } catch (const std::exception& ex) {
-            Report(false, ex.what());
-          }
+        // Rerun retrains every run of the sweep: it asks first.
+        if (ImGui::SmallButton("Rerun") ||
+            (sweeps_.rerun_open_request && sweeps_.rerun_confirm == name)) {
+          sweeps_.rerun_confirm = name;
+          sweeps_.rerun_open_request = false;
+          ImGui::OpenPopup("Rerun sweep?");
         }
         ImGui::EndDisabled();
+        if (ImGui::BeginPopupModal("Rerun sweep?", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
+          const size_t n = members[name].size();
+          ImGui::Text("Rerun sweep '%s'?", name.c_str());
+          ImGui::TextWrapped(
+              "This trains all %zu runs again from the spec the database stored "
+              "(moelab sweep run --rerun), replacing their results. Resume continues "
+              "unfinished runs instead.",
+              n);
+          // (--script answers through rerun_answer: 1 confirm, -1 cancel.)
+          if (ImGui::Button("Rerun all runs") || sweeps_.rerun_answer > 0) {
+            RerunSweep(sweeps_.rerun_confirm);
+            ImGui::CloseCurrentPopup();
+          }
+          ImGui::SameLine();
+          if (ImGui::Button("Cancel") || sweeps_.rerun_answer < 0 ||
+              ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape))) {
+            ImGui::CloseCurrentPopup();
+          }
+          sweeps_.rerun_answer = 0;
+          ImGui::EndPopup();
+        }
         ImGui::PopID();
       }
       ImGui::EndTable();
@@ -371,8 +402,15 @@ void App::SweepsView() {
   ImGui::TextDisabled(sweeps_.text != sweeps_.saved_text ? "modified" : "saved");
 
   const float editor_h = ImGui::GetContentRegionAvail().y * 0.5f;
-  if (ImGui::InputTextMultiline("##spec", &sweeps_.text, ImVec2(-1, editor_h),
-                                ImGuiInputTextFlags_AllowTabInput)) {
+  const SpecCheck* shown_check = sweeps_.check.get();
+  // The error's line while it is about the text shown (a JSON syntax error has one).
+  const int mark_line = shown_check && !shown_check->ok && sweeps_.checked_text == sweeps_.text
+                            ? shown_check->line
+                            : 0;
+  // A new error line is scrolled into view once; then the user scrolls as they like.
+  const bool reveal = mark_line > 0 && mark_line != sweeps_.revealed_line;
+  sweeps_.revealed_line = mark_line;
+  if (CodeEditor("##spec", &sweeps_.text, ImVec2(-1, editor_h), mark_line, reveal)) {
     sweeps_.edited_at = Clock::now();
   }
   // Validate as you type: once the text rested 150 ms (expanding a big spec takes a moment).

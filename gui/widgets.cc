@@ -1,6 +1,12 @@
 #include "gui/widgets.h"
 
 #include <imgui.h>
+#include <imgui_internal.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
 
 namespace moelab::gui {
 
@@ -52,6 +58,60 @@ bool KeyCombo(const char* label, std::string* key, const RunsSnapshot& runs, con
     ImGui::EndCombo();
   }
   return changed;
+}
+
+bool CodeEditor(const char* id, std::string* text, ImVec2 size, int mark_line, bool reveal_mark) {
+  const float fh = ImGui::GetFontSize();
+  int lines = 1;
+  for (char ch : *text) lines += ch == '\n';
+  const std::string widest = std::to_string(std::max(lines, 99));
+  const float gutter_w = ImGui::CalcTextSize(widest.c_str()).x + fh * 0.8f;
+  const ImVec2 gutter_min = ImGui::GetCursorScreenPos();
+  ImGui::Dummy(ImVec2(gutter_w, size.y));
+  ImGui::SameLine(0, 0);
+  ImGuiWindow* parent = ImGui::GetCurrentWindow();
+  const ImGuiID input_id = ImGui::GetID(id);
+  const bool edited = ImGui::InputTextMultiline(id, text, ImVec2(size.x, size.y),
+                                                ImGuiInputTextFlags_AllowTabInput);
+  const ImRect frame(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
+  // The text scrolls inside the input's own child window (imgui's BeginChildEx names it
+  // "<parent>/<label>_<id>"): its scroll places the line numbers and the highlight.
+  char child_name[512];
+  std::snprintf(child_name, sizeof(child_name), "%s/%s_%08X", parent->Name, id, input_id);
+  ImGuiWindow* child = ImGui::FindWindowByName(child_name);
+  const float scroll_y = child ? child->Scroll.y : 0;
+  const ImVec2 pad = ImGui::GetStyle().FramePadding;
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImRect gutter(ImVec2(gutter_min.x, frame.Min.y), ImVec2(frame.Min.x, frame.Max.y));
+  dl->AddRectFilled(gutter.Min, gutter.Max, ImGui::GetColorU32(ImGuiCol_FrameBg));
+  dl->PushClipRect(gutter.Min, gutter.Max, true);
+  const int first = std::max(0, static_cast<int>((scroll_y - pad.y) / fh));
+  const int last = std::min(lines, first + static_cast<int>(frame.GetHeight() / fh) + 2);
+  const ImU32 mark = IM_COL32(240, 110, 100, 255);
+  for (int i = first; i < last; ++i) {
+    const float y = frame.Min.y + pad.y + i * fh - scroll_y;
+    const std::string n = std::to_string(i + 1);
+    const float w = ImGui::CalcTextSize(n.c_str()).x;
+    dl->AddText(ImVec2(gutter.Max.x - w - fh * 0.4f, y),
+                i + 1 == mark_line ? mark : ImGui::GetColorU32(ImGuiCol_TextDisabled), n.c_str());
+  }
+  dl->PopClipRect();
+  if (child && reveal_mark && mark_line >= 1) {
+    // The marked line a third of the way down (applied next frame, as a scroll is).
+    const float target = pad.y + (mark_line - 1) * fh - frame.GetHeight() / 3;
+    ImGui::SetScrollY(child, std::max(0.0f, target));
+  }
+  if (mark_line >= 1 && mark_line <= lines) {
+    // Over the text (the input draws its own background): a translucent band and a marker.
+    ImDrawList* target = child ? child->DrawList : dl;
+    const float y = frame.Min.y + pad.y + (mark_line - 1) * fh - scroll_y;
+    target->PushClipRect(frame.Min, frame.Max, true);
+    target->AddRectFilled(ImVec2(frame.Min.x, y), ImVec2(frame.Max.x, y + fh),
+                          IM_COL32(240, 110, 100, 60));
+    target->AddRectFilled(ImVec2(frame.Min.x, y), ImVec2(frame.Min.x + 3, y + fh), mark);
+    target->PopClipRect();
+  }
+  return edited;
 }
 
 }  // namespace moelab::gui

@@ -17,5 +17,9 @@ void HelpMarker(const char* text);
 // A key chooser over sweep variables ("var:NAME") and config keys; `none` is the "" entry.
 // Returns true when the user picked another key.
 bool KeyCombo(const char* label, std::string* key, const RunsSnapshot& runs, const char* none);
+// A multi-line text editor with line numbers in a gutter; line `mark_line` (1-based; 0 = none)
+// is highlighted in the text and the gutter (where a JSON error is), and scrolled into view
+// when `reveal_mark`. True when edited.
+bool CodeEditor(const char* id, std::string* text, ImVec2 size, int mark_line, bool reveal_mark);
 
 }  // namespace moelab::gui

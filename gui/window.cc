@@ -111,11 +111,24 @@ void Window::Finish() const { glFinish(); }
 bool Window::SavePng(const std::string& path) const {
   int w = 0, h = 0;
   glfwGetFramebufferSize(window_, &w, &h);
+  return SavePng(path, 0, 0, w, h);
+}
+
+bool Window::SavePng(const std::string& path, int x0, int y0, int x1, int y1) const {
+  int fw = 0, fh = 0;
+  glfwGetFramebufferSize(window_, &fw, &fh);
+  x0 = std::clamp(x0, 0, fw);
+  x1 = std::clamp(x1, x0, fw);
+  y0 = std::clamp(y0, 0, fh);
+  y1 = std::clamp(y1, y0, fh);
+  const int w = x1 - x0, h = y1 - y0;
+  if (w <= 0 || h <= 0) return false;
   std::vector<unsigned char> pixels(static_cast<size_t>(w) * h * 4);
   glPixelStorei(GL_PACK_ALIGNMENT, 1);
   glReadBuffer(GL_BACK);
-  glReadPixels(0, 0, w, h, GL_RGBA, GL_UNSIGNED_BYTE, pixels.data());
-  // OpenGL's origin is bottom-left; PNG rows go top-down.
+  // OpenGL's origin is bottom-left.
+  glReadPixels(x0, fh - y1, w, h, GL_RGBA, GL_UNSIGNED_BYTE, pixels.data());
+  // PNG rows go top-down.
   std::vector<unsigned char> flipped(pixels.size());
   const size_t row = static_cast<size_t>(w) * 4;
   for (int y = 0; y < h; ++y) {

@@ -32,6 +32,8 @@ class Window {
   void EndFrame(bool swap = true);
   // Reads the back buffer of the frame just rendered (call EndFrame(false) first) into a PNG.
   bool SavePng(const std::string& path) const;
+  // The same for the rectangle [x0, x1) x [y0, y1) of the window (ImGui's coordinates).
+  bool SavePng(const std::string& path, int x0, int y0, int x1, int y1) const;
   void Swap();
   // Blocks until the GPU (llvmpipe under Xvfb) finished the frame, so timings are honest.
   void Finish() const;

@@ -102,6 +102,56 @@ void BuildFixture(const std::string& path, std::unique_ptr<db::RunWriter>* live)
   }
 }
 
+void BuildGapFixture(const std::string& path) {
+  std::filesystem::remove(path);
+  {
+    db::Connection c = db::OpenForWrite(path);
+    c.Exec("INSERT INTO sweeps(id, name, spec_json, created_at) VALUES (1, 'gaps', '{}', 0)");
+  }
+  auto create = [&](const std::string& name, double tau) {
+    nlohmann::json config = {
+        {"model", {{"layers", kLayers}, {"heads", kHeads}}},
+        {"moe", {{"experts_total", 8}}},
+        {"optimizer", {{"name", tau > 0 ? "muonclip" : "adamw"}, {"qk_clip_tau", tau}}},
+        {"train", {{"steps", kSteps}}}};
+    db::RunInfo info;
+    info.name = name;
+    info.config_json = config.dump();
+    info.config_hash = name;
+    info.sweep_id = 1;
+    info.shape =
+        db::RunShape{kLayers, kHeads, kMoeLayers, kExperts, 5000000, 1000000, 6.0e6, kSteps};
+    return db::RunWriter::Create(path, info);
+  };
+  {
+    auto w = create(kLongName1, 0);
+    WriteSteps(w.get(), 0, 150, false, 1.0);
+    WriteSteps(w.get(), 250, kSteps, false, 1.0);
+    w->OnEnd(RunStatus::kDone, "");
+  }
+  {
+    auto w = create(kLongName2, 0);
+    for (int step = 1; step <= kSteps; ++step) {
+      WriteSteps(w.get(), step - 1, step, false, 1.05);
+      // (At multiples of 50 this replaces the evaluation WriteSteps wrote: one smooth line.)
+      if (step % 3 == 0 || step % 50 == 0)
+        w->OnEval(step, int64_t{step} * 4096, step * 4096 * 6.0e6,
+                  2.2 + 6.0 * std::exp(-step / 60.0));
+    }
+    w->OnEnd(RunStatus::kDone, "");
+  }
+  {
+    auto w = create("stopped", 0);
+    WriteSteps(w.get(), 0, 100, false, 1.1);
+    w->OnEnd(RunStatus::kStopped, "stopped by the user");
+  }
+  {
+    auto w = create("clipped", kTau);
+    WriteSteps(w.get(), 0, 100, true, 1.0);
+    w->OnEnd(RunStatus::kDone, "");
+  }
+}
+
 void BuildScalingFixture(const std::string& path) {
   std::filesystem::remove(path);
   {

@@ -23,6 +23,18 @@ void BuildFixture(const std::string& path, std::unique_ptr<db::RunWriter>* live 
 // better at every budget.
 void BuildScalingFixture(const std::string& path);
 
+// Runs a newcomer's database has and the first fixture lacks, in sweep "gaps" (id 1):
+//   1 a run with missing steps 151..250 (a gap in every series), evaluations every 50 steps;
+//   2 a run evaluated every 3 steps (a dense validation line);
+//   3 a run stopped at step 100 of 400;
+//   4 a MuonClip run (τ = 30) for the max-logit view's clip panel.
+// Runs 1 and 2 have names longer than a Compare column (kLongName1, kLongName2).
+inline constexpr const char* kLongName1 =
+    "sparsity-law/seed-1/experts-32-active-8-shared-1/budget-3200-steps/lr-3e-3/wsd-decay-0.2/a";
+inline constexpr const char* kLongName2 =
+    "sparsity-law/seed-1/experts-32-active-8-shared-1/budget-3200-steps/lr-3e-3/wsd-decay-0.2/b";
+void BuildGapFixture(const std::string& path);
+
 // Appends steps (from, to] to a writer created by BuildFixture.
 void WriteSteps(db::RunWriter* writer, int from, int to, bool clip, double scale);
 

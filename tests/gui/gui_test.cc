@@ -2,7 +2,6 @@
 // imbalance), the background data store against a database another writer keeps appending to,
 // and headless screenshots of every view under xvfb-run checked for the elements they must show.
 #include <gtest/gtest.h>
-#include <stb_image.h>
 
 #include <chrono>
 #include <cmath>
@@ -24,6 +23,7 @@
 #include "gui/view_model.h"
 #include "tests/common/test_util.h"
 #include "tests/gui/fixture.h"
+#include "tests/gui/harness.h"
 
 namespace moelab::gui {
 namespace {
@@ -164,7 +164,7 @@ TEST(Colors, HeatmapScaleIsMonotoneInLightnessAndClamped) {
   EXPECT_EQ(ContrastText(Viridis(0)).r, 1.0f);  // white on dark purple
   EXPECT_EQ(ContrastText(Viridis(1)).r, 0.0f);  // black on yellow
   EXPECT_NE(CategoryColor(0).Packed(), CategoryColor(1).Packed());
-  EXPECT_EQ(CategoryColor(0).Packed(), CategoryColor(10).Packed());
+  EXPECT_EQ(CategoryColor(0).Packed(), CategoryColor(kPaletteSize).Packed());
   EXPECT_EQ(Rgba({1, 0, 0, 1}).Packed(), 0xFF0000FFu);  // IM_COL32(255, 0, 0, 255)
 }
 
@@ -385,15 +385,9 @@ TEST_F(GuiDb, MissingAndForeignFilesGiveAMessageNotACrash) {
 
 // ---- Screenshots ----------------------------------------------------------------------------
 
-struct Image {
-  int w = 0, h = 0;
-  std::vector<unsigned char> px;  // RGB
-  const unsigned char* at(int x, int y) const {
-    return px.data() + (static_cast<size_t>(y) * w + x) * 3;
-  }
-};
-
-bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 0; }
+using testing::CountNear;
+using testing::HaveXvfb;
+using testing::Image;
 
 // Runs moelab-gui headless; returns the PNG or an empty image.
 Image Shoot(const std::string& db, const std::string& args, const std::string& out) {
@@ -408,38 +402,14 @@ Image Shoot(const std::string& db, const std::string& args, const std::string& o
     fs::remove(out);
     rc = std::system(cmd.c_str());
   }
-  Image img;
   EXPECT_EQ(rc, 0) << cmd;
-  int n = 0;
-  unsigned char* data = stbi_load(out.c_str(), &img.w, &img.h, &n, 3);
-  if (!data) {
+  Image img = testing::LoadPng(out);
+  if (img.w == 0) {
     ADD_FAILURE() << "cannot read " << out;
     return img;
   }
-  img.px.assign(data, data + static_cast<size_t>(img.w) * img.h * 3);
-  stbi_image_free(data);
-  // MOELAB_GUI_DOCS_DIR=docs/images refreshes the screenshots docs/gui.md shows.
-  if (const char* docs = std::getenv("MOELAB_GUI_DOCS_DIR")) {
-    std::error_code ec;
-    fs::copy_file(out, fs::path(docs) / ("gui-" + fs::path(out).filename().string()),
-                  fs::copy_options::overwrite_existing, ec);
-  }
+  testing::CopyToDocs(out, fs::path(out).filename().string());
   return img;
-}
-
-// Pixels within `tol` (per channel) of rgb inside [x0, x1) x [y0, y1).
-int CountNear(const Image& img, int r, int g, int b, int tol = 12, int x0 = 0, int y0 = 0,
-              int x1 = -1, int y1 = -1) {
-  if (x1 < 0) x1 = img.w;
-  if (y1 < 0) y1 = img.h;
-  int n = 0;
-  for (int y = y0; y < y1; ++y) {
-    for (int x = x0; x < x1; ++x) {
-      const unsigned char* p = img.at(x, y);
-      n += std::abs(p[0] - r) <= tol && std::abs(p[1] - g) <= tol && std::abs(p[2] - b) <= tol;
-    }
-  }
-  return n;
 }
 
 int DistinctColors(const Image& img) {
@@ -498,11 +468,16 @@ TEST_F(GuiScreenshot, RunsViewShowsStatusesAndLiveProgress) {
 TEST_F(GuiScreenshot, CurvesViewDrawsEverySelectedRunInThePlots) {
   Image img = Shoot(db_, "--view curves --run 1 2 3", Out("curves"));
   ExpectNotBlank(img);
-  // Tableau colours of runs 1..3, below the toolbar and legend (y > 120).
-  EXPECT_GT(CountNear(img, 31, 119, 180, 10, 0, 120), 500);
-  EXPECT_GT(CountNear(img, 255, 127, 14, 10, 0, 120), 500);
-  EXPECT_GT(CountNear(img, 44, 160, 44, 10, 0, 120), 500);
-  EXPECT_LT(CountNear(img, 214, 39, 40, 10, 0, 120), 50) << "an unselected run is drawn";
+  // The colours of runs 1..3, below the toolbar and legend (y > 120), and not the fourth's.
+  auto near = [&](int i) {
+    const Rgba c = CategoryColor(i);
+    return CountNear(img, std::lround(c.r * 255), std::lround(c.g * 255), std::lround(c.b * 255),
+                     10, 0, 120);
+  };
+  EXPECT_GT(near(0), 500);
+  EXPECT_GT(near(1), 500);
+  EXPECT_GT(near(2), 500);
+  EXPECT_LT(near(3), 50) << "an unselected run is drawn";
 }
 
 TEST_F(GuiScreenshot, MaxLogitsViewShowsHeatmapsTauAndClips) {
@@ -521,8 +496,12 @@ TEST_F(GuiScreenshot, ExpertsViewShowsLoadHeatmapAndImbalance) {
 TEST_F(GuiScreenshot, CompareViewShowsDiffAndOverlaidCurves) {
   Image img = Shoot(db_, "--view compare --run 1 3", Out("compare"));
   ExpectNotBlank(img);
-  EXPECT_GT(CountNear(img, 31, 119, 180, 10, 0, 300), 300);
-  EXPECT_GT(CountNear(img, 255, 127, 14, 10, 0, 300), 300);
+  for (int i = 0; i < 2; ++i) {
+    const Rgba c = CategoryColor(i);
+    EXPECT_GT(CountNear(img, std::lround(c.r * 255), std::lround(c.g * 255), std::lround(c.b * 255),
+                        10, 0, 300),
+              300);
+  }
 }
 
 TEST_F(GuiScreenshot, NoDatabaseOpensTheWelcomeScreenAtOnce) {

@@ -3,9 +3,9 @@
 // a validation error at its path, and a tiny sweep launched, stopped, resumed (per sweep and per
 // run) with every step recorded exactly once.
 #include <gtest/gtest.h>
-#include <stb_image.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -20,6 +20,7 @@
 #include "gui/plan_calibration.h"
 #include "gui/sweep_control.h"
 #include "tests/common/test_util.h"
+#include "tests/gui/harness.h"
 
 namespace moelab::gui {
 namespace {
@@ -126,44 +127,14 @@ TEST(SweepControl, LaunchIsDetachedLoggedAndRecorded) {
 
 // ---- Under xvfb-run: the app driven by --script ---------------------------------------------
 
-bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 0; }
+using testing::CopyToDocs;
+using testing::HaveXvfb;
+using testing::RunGuiScript;
 
-int RunGuiScript(const std::string& db, const std::string& script, const std::string& log) {
-  std::ofstream(log + ".script") << script;
-  const std::string db_arg = db.empty() ? "" : " --db '" + db + "'";
-  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" timeout 300 " +
-                          test::BinPath("moelab-gui") + db_arg + " --script '" + log +
-                          ".script' > '" + log + "' 2>&1";
-  int rc = -1;
-  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {
-    rc = std::system(cmd.c_str());
-    // xvfb-run -a can race for a display with a parallel test: retry only that failure.
-    if (rc != 0 && test::Slurp(log).find("moelab-gui: script") != std::string::npos) break;
-  }
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-}
-
-// Pixels within tol of rgb.
+// Pixels within tol of rgb in the PNG (-1 when it cannot be read).
 int CountNear(const std::string& png, int r, int g, int b, int tol) {
-  int w = 0, h = 0, n = 0;
-  unsigned char* px = stbi_load(png.c_str(), &w, &h, &n, 3);
-  if (!px) return -1;
-  int count = 0;
-  for (int i = 0; i < w * h; ++i) {
-    const unsigned char* p = px + 3 * i;
-    count += std::abs(p[0] - r) <= tol && std::abs(p[1] - g) <= tol && std::abs(p[2] - b) <= tol;
-  }
-  stbi_image_free(px);
-  return count;
-}
-
-void CopyToDocs(const std::string& png, const std::string& name) {
-  // MOELAB_GUI_DOCS_DIR=docs/images refreshes the screenshots docs/gui.md shows.
-  if (const char* docs = std::getenv("MOELAB_GUI_DOCS_DIR")) {
-    std::error_code ec;
-    std::filesystem::copy_file(png, std::string(docs) + "/gui-" + name,
-                               std::filesystem::copy_options::overwrite_existing, ec);
-  }
+  const testing::Image img = testing::LoadPng(png);
+  return img.w > 0 ? testing::CountNear(img, r, g, b, tol) : -1;
 }
 
 TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
@@ -185,6 +156,43 @@ TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
   EXPECT_GT(CountNear(png, 240, 110, 100, 12), 30) << "no error text";
   EXPECT_LT(CountNear(dir / "ok.png", 240, 110, 100, 12), 5) << "an error on a valid spec";
   EXPECT_GT(CountNear(dir / "ok.png", 110, 200, 110, 20), 50) << "no 'valid' line";
+}
+
+// Columns where the error line's marker is: a 3 px wide, line-high bar of the error colour.
+int MarkerColumns(const std::string& png) {
+  const testing::Image img = testing::LoadPng(png);
+  if (img.w == 0) return -1;
+  int columns = 0;
+  for (int x = 0; x < img.w; ++x) {
+    int run = 0, longest = 0;
+    for (int y = 0; y < img.h; ++y) {
+      const unsigned char* p = img.at(x, y);
+      run = std::abs(p[0] - 240) <= 3 && std::abs(p[1] - 110) <= 3 && std::abs(p[2] - 100) <= 3
+                ? run + 1
+                : 0;
+      longest = std::max(longest, run);
+    }
+    columns += longest >= 12;
+  }
+  return columns;
+}
+
+TEST(SweepsScreenshot, EditorNumbersLinesAndMarksTheLineOfASyntaxError) {
+  if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("gui_editor_syntax");
+  const json spec = {{"name", "editor"},
+                     {"base", Base(dir.path(), 10)},
+                     {"grid", {{"moe.experts_total", {4, 8}}}}};
+  std::ofstream(dir / "spec.json") << spec.dump(2);
+  const std::string png = dir / "syntax.png";
+  // A stray comma after "grid": { is a JSON syntax error with a line and column.
+  const std::string script = "open " + (dir / "spec.json") + "\nscreenshot " + (dir / "ok.png") +
+                             "\nreplace \"grid\": { => \"grid\": {,\nscreenshot " + png +
+                             "\nquit\n";
+  ASSERT_EQ(RunGuiScript("", script, dir / "gui.log"), 0) << test::Slurp(dir / "gui.log");
+  CopyToDocs(png, "sweep-editor-syntax-error.png");
+  EXPECT_GE(MarkerColumns(png), 3) << "the error's line is not marked in the editor";
+  EXPECT_EQ(MarkerColumns(dir / "ok.png"), 0);
 }
 
 TEST(SweepsScreenshot, LaunchStopResumeFromTheGuiRecordsEveryStepOnce) {

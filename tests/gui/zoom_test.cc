@@ -4,7 +4,6 @@
 // through --script: one app zooms in steps with the least refinement budget, another opens at
 // the final range; their screenshots must be pixel-identical.
 #include <gtest/gtest.h>
-#include <stb_image.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -15,41 +14,17 @@
 
 #include "tests/common/test_util.h"
 #include "tests/gui/fixture.h"
+#include "tests/gui/harness.h"
 
 namespace moelab::gui {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Png {
-  int w = 0, h = 0;
-  std::vector<unsigned char> rgb;
-};
-
-Png Load(const std::string& path) {
-  Png img;
-  int n = 0;
-  unsigned char* data = stbi_load(path.c_str(), &img.w, &img.h, &n, 3);
-  if (!data) return img;
-  img.rgb.assign(data, data + static_cast<size_t>(img.w) * img.h * 3);
-  stbi_image_free(data);
-  return img;
-}
-
-// moelab-gui --script under xvfb-run; returns the exit status, the log in `log`.
+// moelab-gui --script on the first three runs; returns the exit status, the log in `log`.
 int RunScript(const std::string& db, const std::string& script, const std::string& extra,
               const std::string& log) {
-  std::ofstream(log + ".script") << script;
-  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" timeout 120 " +
-                          test::BinPath("moelab-gui") + " --db '" + db + "' --run 1 2 3 " + extra +
-                          " --script '" + log + ".script' > '" + log + "' 2>&1";
-  int rc = -1;
-  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {
-    rc = std::system(cmd.c_str());
-    // xvfb-run -a can race for a display with a parallel test: retry only that failure.
-    if (rc != 0 && test::Slurp(log).find("moelab-gui: script") != std::string::npos) break;
-  }
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+  return testing::RunGuiScript(db, script, log, "--run 1 2 3 " + extra);
 }
 
 int SettledAfter(const std::string& log) {
@@ -60,7 +35,7 @@ int SettledAfter(const std::string& log) {
 }
 
 TEST(GuiZoom, RefinementOverFramesEndsOnTheFullQualityPicture) {
-  if (std::system("command -v xvfb-run > /dev/null 2>&1") != 0) {
+  if (!testing::HaveXvfb()) {
     GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
   }
   test::TempDir dir("moelab_gui_zoom");
@@ -84,14 +59,15 @@ TEST(GuiZoom, RefinementOverFramesEndsOnTheFullQualityPicture) {
   EXPECT_GT(SettledAfter(dir / "zoom.log"), 1)
       << "the zoom was refined in one frame: the progressive path did not run\n"
       << test::Slurp(dir / "zoom.log");
-  const Png a = Load(dir / "zoomed.png"), b = Load(dir / "direct.png");
+  const testing::Image a = testing::LoadPng(dir / "zoomed.png"),
+                       b = testing::LoadPng(dir / "direct.png");
   ASSERT_EQ(a.w, 1280);
   ASSERT_EQ(a.h, 800);
   ASSERT_EQ(b.w, a.w);
   ASSERT_EQ(b.h, a.h);
   int differ = 0, first = -1;
-  for (size_t i = 0; i < a.rgb.size(); i += 3) {
-    if (a.rgb[i] != b.rgb[i] || a.rgb[i + 1] != b.rgb[i + 1] || a.rgb[i + 2] != b.rgb[i + 2]) {
+  for (size_t i = 0; i < a.px.size(); i += 3) {
+    if (a.px[i] != b.px[i] || a.px[i + 1] != b.px[i + 1] || a.px[i + 2] != b.px[i + 2]) {
       if (first < 0) first = static_cast<int>(i / 3);
       ++differ;
     }

@@ -1,0 +1,58 @@
+// Shared by the GUI tests that run the real app under xvfb-run: running it with --script,
+// reading its PNGs, and reading the SVG that File > Save plot as writes (gui/plot_export.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moelab::gui::testing {
+
+bool HaveXvfb();
+// moelab-gui --script under xvfb-run at 1280x800 (extra: more arguments); the exit status, the
+// app's output in `log`.
+int RunGuiScript(const std::string& db, const std::string& script, const std::string& log,
+                 const std::string& extra = "");
+
+struct Image {
+  int w = 0, h = 0;
+  std::vector<unsigned char> px;  // RGB
+  const unsigned char* at(int x, int y) const {
+    return px.data() + (static_cast<size_t>(y) * w + x) * 3;
+  }
+};
+Image LoadPng(const std::string& path);
+// Pixels within `tol` (per channel) of rgb inside [x0, x1) x [y0, y1) (x1, y1 < 0: the edge).
+int CountNear(const Image& img, int r, int g, int b, int tol = 12, int x0 = 0, int y0 = 0,
+              int x1 = -1, int y1 = -1);
+// MOELAB_GUI_DOCS_DIR=docs/images: copies the PNG there as gui-<name> (docs/gui.md's pictures).
+void CopyToDocs(const std::string& png, const std::string& name);
+
+// What a saved SVG plot holds, in its pixel coordinates.
+struct SvgPoint {
+  float x = 0, y = 0;
+};
+struct SvgPlot {
+  float width = 0, height = 0;
+  float clip_x0 = 0, clip_y0 = 0, clip_x1 = 0, clip_y1 = 0;  // the data area
+  std::vector<float> vertical_grid;                          // x of vertical grid lines
+  struct Polyline {
+    uint32_t rgb = 0;  // 0xRRGGBB
+    float opacity = 1;
+    std::vector<SvgPoint> points;
+  };
+  std::vector<Polyline> polylines;
+  struct Circle {
+    uint32_t rgb = 0;
+    float x = 0, y = 0, r = 0;
+  };
+  std::vector<Circle> circles;
+  std::vector<std::string> texts;
+  // Polylines of one colour.
+  std::vector<const Polyline*> Lines(uint32_t rgb) const;
+};
+// Parses the SVG moelab-gui writes; an empty plot (width 0) when the file cannot be read.
+SvgPlot LoadSvg(const std::string& path);
+uint32_t Rgb(float r, float g, float b);  // 0xRRGGBB of a colour with channels in [0, 1]
+
+}  // namespace moelab::gui::testing
