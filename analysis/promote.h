@@ -18,6 +18,7 @@
 
 #include "analysis/scaling.h"
 #include "core/config.h"
+#include "core/flops.h"
 
 namespace moelab::analysis {
 
@@ -47,12 +48,10 @@ struct MemoryEstimate {
 // sequences and `threads` OpenMP threads: the same carve-up as Model::Impl::Reserve plus the
 // MoE layers' buffers. Padding to 64-byte lines is included.
 size_t ActivationElements(const RunConfig& config, int batch, int threads);
-// Elements of the optimizer's persistent state (what checkpoints save: AdamW m and v; Muon's
-// momentum plus AdamW m, v for the non-matrix parameters).
-size_t OptimizerStateElements(const RunConfig& config);
-// Elements of the optimizer's scratch (Muon: the same-shape banks for batched Newton-Schulz,
-// one float per hidden-matrix parameter; AdamW: none). Counted in the memory estimate.
-size_t OptimizerWorkspaceElements(const RunConfig& config);
+// Optimizer state and workspace element counts live in core/flops.h (the trainers' memory plan
+// uses them too).
+using ::moelab::OptimizerStateElements;
+using ::moelab::OptimizerWorkspaceElements;
 MemoryEstimate EstimateMemory(const RunConfig& config, const PromoteLayout& layout);
 
 struct PromoteTarget {

@@ -205,31 +205,55 @@ RecordedPromotion RecordPromotion(const PromoteRequest& a, const PreparedPromoti
   db::RunWriter::SetRunVar(a.db_path, r.run_id, p.key, p.value);
 
   const int ranks = a.layout.ranks, ep = a.layout.ep, threads = a.layout.threads;
-  const std::string db_abs = fs::absolute(a.db_path).string();
-  const std::string cwd = fs::current_path().string();
-  const std::string train =
-      fmt::format("{} train {}/config.json --db {} --run-id {} --name {} --no-progress", bin,
-                  r.out_dir, db_abs, r.run_id, info.name);
+  // Paths relative to the folder promote runs in (ROOT): the checkout moves, the scripts work.
+  const fs::path root = fs::current_path();
+  const auto rel = [&](const fs::path& p) {
+    const fs::path r = fs::absolute(p).lexically_normal().lexically_relative(root);
+    return r.empty() || *r.begin() == ".." ? fs::absolute(p).lexically_normal().string()
+                                           : r.string();
+  };
+  const std::string bin_path =
+      bin.find('/') == std::string::npos ? bin : rel(fs::path(bin));  // "moelab": from PATH
+  const std::string root_from_out = root.lexically_relative(out).string();
+  const std::string prologue = fmt::format(
+      "# Train-or-continue: running this again continues run {} from its newest checkpoint (a\n"
+      "# finished run is left alone). Paths are relative to the folder `moelab promote` ran in;\n"
+      "# MOELAB, MOELAB_DB and MOELAB_ROOT override the binary, the database and that folder.\n"
+      "set -euo pipefail\n",
+      r.run_id);
+  const std::string vars =
+      fmt::format("MOELAB=${{MOELAB:-{}}}\nDB=${{MOELAB_DB:-{}}}\n", bin_path, rel(a.db_path));
+  const std::string train = fmt::format(
+      "\"$MOELAB\" train {}/config.json --db \"$DB\" --run-id {} --resume --no-progress", rel(out),
+      r.run_id);
+  const std::string cd_local =
+      fmt::format("cd \"${{MOELAB_ROOT:-$(dirname \"${{BASH_SOURCE[0]}}\")/{}}}\"\n",
+                  root_from_out.empty() ? "." : root_from_out);
   WriteFile(out / "launch_local.sh",
-            fmt::format("#!/usr/bin/env bash\n# Promotion {}: one process, {} threads.\n"
-                        "set -euo pipefail\ncd {}\nexec {}\n",
-                        r.promotion_id, threads, cwd, train),
+            fmt::format("#!/usr/bin/env bash\n# Promotion {}: one process, {} threads.\n{}{}{}"
+                        "export OMP_NUM_THREADS={}\nexec {}\n",
+                        r.promotion_id, threads, prologue, cd_local, vars, threads, train),
             true);
   WriteFile(out / "launch_mpirun.sh",
             fmt::format("#!/usr/bin/env bash\n# Promotion {}: {} ranks ({} data parallel × {} "
-                        "expert parallel) under mpirun.\nset -euo pipefail\ncd {}\n"
+                        "expert parallel) under mpirun.\n{}{}{}"
                         "exec mpirun -np {} --bind-to none -x OMP_NUM_THREADS={} {}\n",
-                        r.promotion_id, ranks, ranks / ep, ep, cwd, ranks, threads, train),
+                        r.promotion_id, ranks, ranks / ep, ep, prologue, cd_local, vars, ranks,
+                        threads, train),
             true);
   WriteFile(out / "launch_slurm.sbatch",
-            fmt::format("#!/usr/bin/env bash\n#SBATCH --job-name=moelab-promote-{}\n"
-                        "#SBATCH --ntasks={}\n#SBATCH --cpus-per-task={}\n{}"
-                        "#SBATCH --output={}/slurm-%j.out\n"
-                        "# Promotion {}: estimated {:.0f} s ({}).\nset -euo pipefail\ncd {}\n"
-                        "export OMP_NUM_THREADS={}\nsrun {}\n",
-                        r.promotion_id, ranks, threads,
-                        a.layout.device == "cuda" ? "#SBATCH --gpus-per-task=1\n" : "", r.out_dir,
-                        r.promotion_id, plan.time_s, plan.time_basis, cwd, threads, train),
+            fmt::format(
+                "#!/usr/bin/env bash\n#SBATCH --job-name=moelab-promote-{}\n"
+                "#SBATCH --ntasks={}\n#SBATCH --cpus-per-task={}\n{}"
+                "#SBATCH --output={}/slurm-%j.out\n{}"
+                "# Promotion {}: estimated {:.0f} s ({}).\n"
+                "# Submit from the folder `moelab promote` ran in: sbatch {}/launch_slurm.sbatch\n"
+                "{}cd \"${{MOELAB_ROOT:-${{SLURM_SUBMIT_DIR:-.}}}}\"\n{}"
+                "export OMP_NUM_THREADS={}\n{}",
+                r.promotion_id, ranks, threads,
+                a.layout.device == "cuda" ? "#SBATCH --gpus-per-task=1\n" : "", rel(out),
+                sweeps::SlurmDirectives(a.slurm), r.promotion_id, plan.time_s, plan.time_basis,
+                rel(out), prologue, vars, threads, sweeps::SlurmTrainStep("srun " + train)),
             true);
   for (const char* f : {"config.json", "plan.json", "plan.txt", "launch_local.sh",
                         "launch_mpirun.sh", "launch_slurm.sbatch"})

@@ -10,6 +10,7 @@
 
 #include "analysis/promote.h"
 #include "db/fits.h"
+#include "sweeps/slurm.h"
 
 namespace moelab::analysis {
 
@@ -22,6 +23,8 @@ struct PromoteRequest {
   PromoteLayout layout;
   PromoteOptions options;
   std::string out_dir;  // empty: <db>.promotions/<config hash 16>
+  // launch_slurm.sbatch's #SBATCH --partition/--time/--mem/--account/--gres.
+  sweeps::SlurmResources slurm;
   // Optional: measures this machine's training rate (FLOP/s of one rank) for a config; the
   // CLI passes sweeps::MeasureThroughput. Returns the rate and fills `how`.
   std::function<double(const RunConfig&, std::string* how)> measure;
@@ -47,7 +50,12 @@ struct RecordedPromotion {
 };
 
 // Writes config.json, plan.json, plan.txt, launch_local.sh, launch_mpirun.sh and
-// launch_slurm.sbatch, inserts the promotions row and the queued run it links to.
+// launch_slurm.sbatch, inserts the promotions row and the queued run it links to. Every launcher
+// trains or continues that run (`moelab train --run-id N --resume`): running one again, or
+// requeueing the Slurm job, continues from the run's newest checkpoint and never restarts it.
+// The scripts name the config, database and checkpoints relative to the folder `moelab promote`
+// ran in (the local ones find it from their own location; the Slurm one is submitted from it);
+// MOELAB, MOELAB_DB and MOELAB_ROOT override the binary, database and folder.
 RecordedPromotion RecordPromotion(const PromoteRequest& request, const PreparedPromotion& prepared,
                                   const std::string& moelab_bin);
 

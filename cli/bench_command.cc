@@ -190,6 +190,8 @@ void AddBenchCommand(CLI::App& app) {
     std::string only;
     std::string device = "cpu";  // cuda: cli/bench_cuda.cc (issue 11's shapes and yardstick)
     bool distributed = false, model_only = false;
+    bool plan = false;
+    int micro_batch = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -205,6 +207,13 @@ void AddBenchCommand(CLI::App& app) {
                   "cpu, or cuda: bf16 GEMM rate and the gpu-dense/gpu-moe shapes (docs/cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_flag("--plan", args->plan,
+                "With --device cuda: print each shape's device memory plan and the micro-batch it "
+                "runs at (no GPU needed), then exit");
+  cmd->add_option("--micro-batch", args->micro_batch,
+                  "With --device cuda: sequences per forward/backward (0 = the largest that fits "
+                  "75 GiB)")
+      ->capture_default_str();
   cmd->add_flag("--distributed", args->distributed,
                 "1 rank x T threads vs T ranks x 1 thread (mpirun), with bytes per step "
                 "(cli/bench_distributed.h)");
@@ -217,8 +226,10 @@ void AddBenchCommand(CLI::App& app) {
       o.steps = args->steps;
       o.warmup = args->warmup;
       o.only = args->only;
+      o.plan = args->plan;
+      o.micro_batch = args->micro_batch;
       if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
-      const int rc = RunCudaBench(o);
+      const int rc = o.plan ? PrintCudaBenchPlan(o) : RunCudaBench(o);
       if (rc != 0) throw CLI::RuntimeError(rc);
       return;
     }

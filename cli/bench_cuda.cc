@@ -13,6 +13,7 @@
 #include "core/flops.h"
 #include "core/model/cuda_model.h"
 #include "core/optim/cuda_optimizer.h"
+#include "core/train/micro_batch.h"
 #include "core/train/trainer.h"
 
 #if MOELAB_HAVE_CUDA
@@ -105,6 +106,18 @@ double MeasureBf16Gemm(int n, int reps) {
 }
 #endif
 
+// The micro-batch a case runs at: the option, or the largest divisor of the batch whose plan fits
+// the budget (an even split keeps every forward/backward the same shape).
+int CaseMicroBatch(const RunConfig& c, const CudaBenchOptions& o) {
+  const int B = c.train.batch_size;
+  if (o.micro_batch > 0) return std::min(o.micro_batch, B);
+  const double budget = o.memory_budget_gib * 1024.0 * 1024 * 1024;
+  for (int m = B; m >= 1; --m) {
+    if (B % m == 0 && PlanCudaMemory(c, m, B).total() <= budget) return m;
+  }
+  return 1;
+}
+
 struct CaseResult {
   std::string name;
   bool ran = false;
@@ -112,6 +125,8 @@ struct CaseResult {
   double fwd_bwd_ms = 0, opt_ms = 0, tokens_per_s = 0, flops_per_s = 0, utilisation = 0;
   double flops_per_token = 0;
   int64_t params = 0, active = 0;
+  int micro_batch = 0;
+  double planned_gib = 0;
   std::map<std::string, double> breakdown_ms;  // per op class, per step
 };
 
@@ -129,11 +144,17 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
     return r;
   }
 #if MOELAB_HAVE_CUDA
-  CudaModel model(c);
+  const int B = c.train.batch_size, S = c.model.seq_len;
+  RunConfig cm = c;
+  cm.train.micro_batch = CaseMicroBatch(c, o);
+  r.micro_batch = cm.train.micro_batch;
+  r.planned_gib = PlanCudaMemory(c, r.micro_batch, B).total() / 1073741824.0;
+  CudaModel model(cm);
   model.Init(c.train.seed);
   std::unique_ptr<CudaOptimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
+  const MicroBatchPlan micro = PlanMicroBatches(cm, B);
+  DeviceGradAccumulator accumulator(model.num_params());
   CudaOpProfiler profiler;
-  const int B = c.train.batch_size, S = c.model.seq_len;
   std::vector<int32_t> tokens;
   StepStats stats;
   double fb = 0, op = 0;
@@ -143,7 +164,7 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
     const bool timed = i >= o.warmup;
     model.set_profiler(timed ? &profiler : nullptr);
     t_fb.Start();
-    model.ForwardBackward(tokens.data(), B, &stats);
+    ForwardBackwardMicroBatched(model, tokens.data(), S, micro, &stats, accumulator);
     t_fb.Stop();
     const double s_fb = t_fb.Seconds();
     t_opt.Start();
@@ -169,7 +190,31 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
 
 }  // namespace
 
+int PrintCudaBenchPlan(const CudaBenchOptions& o) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const double budget = o.memory_budget_gib * kGiB;
+  int rc = 0;
+  fmt::print(
+      "Device memory plan per case (budget {:.0f} GiB; arithmetic from the config, no GPU "
+      "needed)\n",
+      o.memory_budget_gib);
+  for (const GpuCase& gc : GpuCases()) {
+    if (!o.only.empty() && gc.name.find(o.only) == std::string::npos) continue;
+    const RunConfig& c = gc.config;
+    const int B = c.train.batch_size;
+    const DeviceMemoryPlan whole = PlanCudaMemory(c, B, B);
+    const int m = CaseMicroBatch(c, o);
+    const DeviceMemoryPlan plan = PlanCudaMemory(c, m, B);
+    const bool fits = plan.total() <= budget;
+    if (!fits) rc = kExitConfig;
+    fmt::print("{:<20} unsplit (micro-batch {}): {:.1f} GiB\n{:<20} runs at: {}{}\n", gc.name, B,
+               whole.total() / kGiB, "", plan.Describe(), fits ? "" : "  DOES NOT FIT");
+  }
+  return rc;
+}
+
 int RunCudaBench(const CudaBenchOptions& o) {
+  if (o.plan) return PrintCudaBenchPlan(o);
   TrainConfig t;
   t.device = "cuda";
   try {
@@ -191,8 +236,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
   if (!o.json) {
     fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\n\n", dev.name,
                dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n, gemm / 1e12);
-    fmt::print("{:<20} {:>11} {:>11} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config", "params",
-               "active", "fwd+bwd ms", "optim ms", "tokens/s", "TFLOP/s", "util");
+    fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config",
+               "params", "active", "micro", "plan GB", "fwd+bwd ms", "optim ms", "tokens/s",
+               "TFLOP/s", "util");
   }
   for (const GpuCase& gc : GpuCases()) {
     if (!o.only.empty() && gc.name.find(o.only) == std::string::npos) continue;
@@ -209,6 +255,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
                         {"training_flops_per_token", r.flops_per_token},
                         {"ran", r.ran}};
     if (r.ran) {
+      j["micro_batch"] = r.micro_batch;
+      j["planned_memory_gib"] = r.planned_gib;
       j["fwd_bwd_ms"] = r.fwd_bwd_ms;
       j["optimizer_ms"] = r.opt_ms;
       j["optimizer_over_fwd_bwd"] = r.opt_ms / r.fwd_bwd_ms;
@@ -225,9 +273,10 @@ int RunCudaBench(const CudaBenchOptions& o) {
       fmt::print("{:<20} {:>11} {:>11}  not run: {}\n", r.name, r.params, r.active, r.skipped);
       continue;
     }
-    fmt::print("{:<20} {:>11} {:>11} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} {:>6.1f}%\n", r.name,
-               r.params, r.active, r.fwd_bwd_ms, r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12,
-               100 * r.utilisation);
+    fmt::print(
+        "{:<20} {:>11} {:>11} {:>5} {:>7.1f} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} {:>6.1f}%\n",
+        r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.fwd_bwd_ms, r.opt_ms,
+        r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation);
     for (const auto& [k, v] : r.breakdown_ms) fmt::print("    {:<18} {:>9.2f} ms\n", k, v);
     std::fflush(stdout);
   }

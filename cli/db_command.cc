@@ -153,6 +153,10 @@ void AddDbCommand(CLI::App& app) {
   merge->callback([path, source]() {
     const db::MergeResult r = db::MergeDatabase(*path, *source);
     fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
+    if (r.promotions_imported + r.promotions_skipped > 0) {
+      fmt::print("imported {} promotion(s), skipped {} already present\n", r.promotions_imported,
+                 r.promotions_skipped);
+    }
     // Runs of a sweep trained elsewhere (a Slurm job's database) join it now, by config hash.
     for (const auto& a : sweeps::AdoptRuns(*path)) {
       fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, ToString(a.status), a.sweep,

@@ -50,6 +50,13 @@ void AddPromoteCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--out", r.out_dir,
                   "Folder for the config and scripts (default <db>.promotions/<hash>)");
+  cmd->add_option("--partition", r.slurm.partition, "launch_slurm.sbatch: Slurm partition");
+  cmd->add_option("--time", r.slurm.time_limit,
+                  "launch_slurm.sbatch: time limit per job (HH:MM:SS); the job checkpoints and "
+                  "requeues itself before it");
+  cmd->add_option("--mem", r.slurm.mem, "launch_slurm.sbatch: memory per node (e.g. 16G)");
+  cmd->add_option("--account", r.slurm.account, "launch_slurm.sbatch: Slurm account");
+  cmd->add_option("--gres", r.slurm.gres, "launch_slurm.sbatch: generic resources (gpu:1)");
   cmd->add_flag("--plan-only", a->plan_only, "Print the plan; write and record nothing");
   cmd->add_flag("--launch", a->launch,
                 "Start the promoted run now (local, or mpirun for ranks > 1)");

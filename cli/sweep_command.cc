@@ -191,8 +191,11 @@ void AddSweepCommand(CLI::App& app) {
     cmd->add_option("--threads-per-run,-t", a->threads_per_run, "CPUs per task (per rank)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--max-parallel", a->max_parallel, "Array throttle (%N)");
-    cmd->add_option("--partition", a->partition, "Slurm partition");
-    cmd->add_option("--time", a->time_limit, "Time limit per task (HH:MM:SS)");
+    cmd->add_option("--partition", a->resources.partition, "Slurm partition");
+    cmd->add_option("--time", a->resources.time_limit, "Time limit per task (HH:MM:SS)");
+    cmd->add_option("--mem", a->resources.mem, "Memory per node (#SBATCH --mem, e.g. 8G)");
+    cmd->add_option("--account", a->resources.account, "Slurm account to charge");
+    cmd->add_option("--gres", a->resources.gres, "Generic resources (e.g. gpu:1)");
     cmd->add_option("--ranks", a->ranks, "Ranks (srun tasks) per run for every run")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--ntasks-per-node", a->ntasks_per_node, "#SBATCH --ntasks-per-node")

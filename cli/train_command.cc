@@ -1,15 +1,20 @@
-// `moelab train CONFIG.json --db FILE [--name NAME] [--resume] [--set path=value ...]`
+// `moelab train CONFIG.json --db FILE [--name NAME] [--set path=value ...]` trains a new run;
+// `moelab train [CONFIG.json] --db FILE --resume [RUN]` continues a recorded run from its
+// stored config (cli/train_resume.h chooses it).
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/train_resume.h"
 #include "core/config.h"
 #include "core/data/data.h"
 #include "core/device.h"
+#include "core/model/cuda_model.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"
@@ -28,42 +33,91 @@ std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
 
+// A string from rank 0 to every rank.
+void BroadcastString(Communicator& comm, std::string* s) {
+  uint64_t n = s->size();
+  comm.BroadcastBytes(&n, sizeof n, 0);
+  s->resize(n);
+  if (n > 0) comm.BroadcastBytes(s->data(), n, 0);
+}
+
+// "loss 2.3456, val loss 2.4567" from a run's recorded summary.
+std::string RecordedLosses(const db::RunRow& r) {
+  const auto f = [](const std::optional<double>& v) {
+    return v ? fmt::format("{:.4f}", *v) : std::string("(none recorded)");
+  };
+  return fmt::format("loss {}, val loss {}", f(r.last_loss), f(r.last_val_loss));
+}
+
+// The config a continued run trains with: the given file's (or the stored one with --set
+// applied); it must not differ from the stored config in a hashed key. Throws ConfigError.
+RunConfig ContinuedConfig(const TrainTarget& t, const std::optional<RunConfig>& file,
+                          const std::vector<std::string>& sets, const std::string& file_path,
+                          const std::string& db) {
+  nlohmann::json stored_json = nlohmann::json::parse(t.stored_config_json);
+  const RunConfig stored = ConfigFromJson(stored_json);
+  RunConfig given = stored;
+  if (file) {
+    given = *file;
+  } else if (!sets.empty()) {
+    for (const std::string& o : sets) ApplyOverride(stored_json, o);
+    given = ConfigFromJson(stored_json);
+  }
+  const std::vector<std::string> keys = DifferingKeys(stored, given);
+  if (!keys.empty()) {
+    std::string list;
+    for (const std::string& k : keys) list += "\n  " + k;
+    throw ConfigError(
+        file ? file_path : "--set",
+        fmt::format("differs from the stored config of run {} '{}' in:{}\n  to continue that "
+                    "run, drop the config file and --set: moelab train --db {} --resume {}{}",
+                    t.run->id, t.run->name, list, db, t.run->id,
+                    file ? "\n  to start a new run of this config, drop --resume" : ""));
+  }
+  return given;
+}
+
 }  // namespace
 
 void AddTrainCommand(CLI::App& app) {
   struct Args {
-    std::string config, db = "moelab.db", name, ckpt_dir;
+    std::string config, db = "moelab.db", name, ckpt_dir, resume_run;
     std::vector<std::string> set;
-    bool resume = false, no_progress = false;
+    bool no_progress = false;
     int64_t stop_at = -1, run_id = -1;
     std::string init_from;
     std::vector<int64_t> branch_steps;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "Train one run and record it in SQLite");
-  cmd->add_option("config", args->config, "Run config JSON (see docs/config.md)")
-      ->required()
+  cmd->add_option("config", args->config,
+                  "Run config JSON (see docs/config.md); optional with --resume")
       ->check(CLI::ExistingFile);
   cmd->add_option("--db", args->db, "SQLite database file (created if missing)");
   cmd->add_option("--name", args->name, "Run name (default: the config file's name)");
   cmd->add_option("--set", args->set, "Override a config field: path.to.key=value")
       ->allow_extra_args(false);
-  cmd->add_flag("--resume", args->resume,
-                "Continue this config's unfinished run from its newest checkpoint");
+  CLI::Option* resume =
+      cmd->add_option("--resume", args->resume_run,
+                      "Continue a recorded run (id or name; without one: this config's newest "
+                      "unfinished run, else the only unfinished run; a new run of CONFIG when "
+                      "there is none) from its own newest checkpoint and its stored config")
+          ->expected(0, 1);
   cmd->add_option("--checkpoint-dir", args->ckpt_dir,
-                  "Checkpoint folder (default: checkpoint.dir/<config hash>)");
+                  "Checkpoint folder (default: checkpoint.dir/<config hash>/<run uuid>)");
   cmd->add_option("--stop-at-step", args->stop_at,
                   "Stop with a checkpoint after this step (status stopped, resumable)");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
   cmd->add_option("--run-id", args->run_id,
-                  "Record into this existing run row (created queued by the sweep engine)");
+                  "Record into this existing run row, continuing it when it has a checkpoint "
+                  "(queued by the sweep engine or moelab promote)");
   cmd->add_option("--init-from", args->init_from,
                   "Start from a checkpoint of a run that differs only in length (WSD branch)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--branch-steps", args->branch_steps,
                   "Keep checkpoints at these steps for WSD branches")
       ->delimiter(',');
-  cmd->callback([args]() {
+  cmd->callback([args, resume]() {
     // Under mpirun/srun with several ranks: MPI; otherwise one process (no MPI at run time).
     std::unique_ptr<Communicator> comm;
     try {
@@ -74,10 +128,78 @@ void AddTrainCommand(CLI::App& app) {
     }
     const bool leader = comm->rank() == 0;
     const int world = comm->world_size();
+    const bool resuming = resume->count() > 0;
+    // `--resume CONFIG.json` (the config after the flag): the file is the config, not a run.
+    if (resuming && args->config.empty() && args->resume_run.ends_with(".json") &&
+        std::filesystem::is_regular_file(args->resume_run)) {
+      args->config = std::exchange(args->resume_run, "");
+    }
+    const auto config_error = [&](const std::string& what) {
+      // Every rank sees the same config and world size, so all of them stop here.
+      if (leader) fmt::print(stderr, "moelab train: config error: {}\n", what);
+      throw CLI::RuntimeError(kExitConfig);
+    };
+    if (args->config.empty() && !resuming && args->run_id < 0) {
+      config_error("a config file is required (or --resume [RUN] to continue a recorded run)");
+    }
+    std::optional<RunConfig> file_config;
+    if (!args->config.empty()) {
+      try {
+        file_config = LoadConfigFile(args->config, args->set);
+      } catch (const ConfigError& e) {
+        config_error(e.what());
+      }
+    }
+
+    // Rank 0 chooses the run (only it touches the database) and sends the others its verdict
+    // and the config to train.
+    TrainTarget target;
+    std::string config_json;
+    int verdict = 0;  // 0: train; -1: nothing to do (exit 0); else the exit code
+    if (leader) {
+      try {
+        TrainRequest q;
+        q.db = args->db;
+        q.resume = resuming;
+        q.resume_run = args->resume_run;
+        q.run_id = args->run_id;
+        q.name = args->name;
+        if (file_config) q.config_hash = ConfigHash(*file_config);
+        target = ChooseRun(q);
+        RunConfig config;
+        if (target.kind == TrainTarget::kNew) {
+          if (!file_config) throw ConfigError("config", "a config file is required for a new run");
+          config = *file_config;
+        } else {
+          config = ContinuedConfig(target, file_config, args->set, args->config, args->db);
+          if (!args->name.empty() && args->name != target.run->name) {
+            throw ConfigError("--name", fmt::format("'{}' is not the name of run {} ('{}')",
+                                                    args->name, target.run->id, target.run->name));
+          }
+        }
+        config_json = ConfigToJson(config).dump();
+      } catch (const TrainRefused& e) {
+        fmt::print(stderr, "moelab train: {}\n", e.what());
+        verdict = e.code();
+      } catch (const ConfigError& e) {
+        fmt::print(stderr, "moelab train: config error: {}\n", e.what());
+        verdict = kExitConfig;
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "moelab train: FAILED before training: {}\n", e.what());
+        verdict = kExitFailed;
+      }
+    }
+    if (world > 1) {
+      float v = static_cast<float>(verdict);
+      comm->Broadcast(&v, 1, 0);
+      verdict = static_cast<int>(v);
+      if (verdict == 0) BroadcastString(*comm, &config_json);
+    }
+    if (verdict != 0) throw CLI::RuntimeError(verdict);
     RunConfig config;
     DistLayout layout;
     try {
-      config = LoadConfigFile(args->config, args->set);
+      config = ConfigFromJson(nlohmann::json::parse(config_json));
       layout = MakeDistLayout(config, world, comm->rank());
       // Data problems (missing corpus, vocabulary too small) are config errors too: report
       // them before a run row or checkpoint exists.
@@ -93,59 +215,71 @@ void AddTrainCommand(CLI::App& app) {
       } catch (const DeviceError& e) {
         throw ConfigError("train.device", e.what());
       }
+      if (config.train.device == "cuda") {
+        try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
+          RequireCudaMemory(config, layout.local_batch, leader);
+        } catch (const DeviceError& e) {
+          throw ConfigError("train.micro_batch", e.what());
+        }
+      }
     } catch (const ConfigError& e) {
-      // Every rank sees the same config and world size, so all of them stop here.
-      if (leader) fmt::print(stderr, "moelab train: config error: {}\n", e.what());
-      throw CLI::RuntimeError(kExitConfig);
+      config_error(e.what());
     }
     const std::string hash = ConfigHash(config);
-    const std::string ckpt_dir =
-        args->ckpt_dir.empty() ? DefaultCheckpointDir(config) : args->ckpt_dir;
-    const std::string name =
-        args->name.empty() ? std::filesystem::path(args->config).stem().string() : args->name;
-
     const db::RunShape shape = RunShapeOf(config);
     const ParamCounts pc = CountParams(config);
 
-    const std::string latest = args->resume ? LatestCheckpoint(ckpt_dir) : "";
-    int64_t start_step = 0;
-    if (!latest.empty()) {
-      start_step = CheckpointStepOf(latest);
-    } else if (!args->init_from.empty()) {
-      start_step = CheckpointStepOf(args->init_from);
-    }
     // Only rank 0 touches the database: one run row per distributed run. It tells the other
     // ranks whether to train (0) or to exit with a code.
     std::unique_ptr<db::RunWriter> writer;
-    int verdict = 0;
+    std::string name, uuid, ckpt_dir;
+    ResumeFolder folder;
+    // The step training starts from: the resumed checkpoint's, else the WSD branch point's
+    // (whose rows the sweep engine copied into the run), else 0. Rows after it are dropped.
+    const int64_t init_step = args->init_from.empty() ? 0 : CheckpointStepOf(args->init_from);
+    int64_t start_step = init_step;
     if (leader) {
       try {
-        if (args->run_id >= 0) {
-          writer = db::RunWriter::Attach(args->db, args->run_id, start_step, shape);
-        } else if (args->resume) {
-          // The newest unfinished run of this config continues; a finished one is left alone.
-          std::optional<db::RunRow> previous;
-          const std::vector<int64_t> ids = db::RunWriter::FindRunsByHash(args->db, hash);
-          if (!ids.empty()) previous = db::Reader(args->db).GetRun(ids.back());
-          if (previous && previous->status == RunStatus::kDone) {
-            fmt::print(stderr, "moelab train: run {} ('{}') of this config is already done\n",
-                       previous->id, previous->name);
-            verdict = -1;  // nothing to do: every rank exits 0
+        if (!target.note.empty()) fmt::print(stderr, "moelab train: {}\n", target.note);
+        if (target.kind == TrainTarget::kFinished) {
+          const db::RunRow& r = *target.run;
+          const bool diverged = r.status == RunStatus::kDiverged;
+          fmt::print(stderr, "moelab train: run {} '{}' is already {} at step {}: {}{}\n", r.id,
+                     r.name, ToString(r.status),
+                     diverged ? r.diverged_step.value_or(r.last_step) : r.last_step,
+                     RecordedLosses(r), diverged ? " (not resumed: it would diverge again)" : "");
+          verdict = diverged ? kExitDiverged : -1;
+        } else if (target.kind == TrainTarget::kContinue) {
+          const db::RunRow& r = *target.run;
+          name = r.name;
+          uuid = r.uuid;
+          folder = FindResumeFolder(r, config, args->ckpt_dir);
+          ckpt_dir = folder.dir;
+          if (!folder.warning.empty()) {
+            fmt::print(stderr, "moelab train: warning: run {}: {}\n", r.id, folder.warning);
           }
-          if (previous && verdict == 0) {
-            writer = db::RunWriter::Attach(args->db, previous->id, start_step, shape);
-            fmt::print(stderr, "moelab train: resuming run {} from step {}\n", previous->id,
-                       start_step);
+          if (!folder.from.empty()) start_step = folder.start_step;
+          writer = db::RunWriter::Attach(args->db, r.id, start_step, shape);
+          if (folder.from.empty()) {
+            fmt::print(stderr, "moelab train: resuming run {} '{}' from step {}: it has no {}\n",
+                       r.id, r.name, start_step,
+                       r.last_step > start_step ? "checkpoint to continue from" : "checkpoint yet");
+          } else {
+            fmt::print(stderr, "moelab train: resuming run {} '{}' from step {} ({})\n", r.id,
+                       r.name, folder.start_step, folder.from);
           }
-        }
-        if (!writer && verdict == 0) {
+        } else {
+          name =
+              args->name.empty() ? std::filesystem::path(args->config).stem().string() : args->name;
           db::RunInfo info;
           info.name = name;
-          info.config_json = ConfigToJson(config).dump();
+          info.config_json = config_json;
           info.config_hash = hash;
           info.host = HostName();
           info.shape = shape;
           writer = db::RunWriter::Create(args->db, info);
+          uuid = db::Reader(args->db).GetRun(writer->run_id())->uuid;
+          ckpt_dir = args->ckpt_dir.empty() ? DefaultCheckpointDir(config, uuid) : args->ckpt_dir;
         }
 
         if (writer && config.data.source != "corpus") {
@@ -159,9 +293,17 @@ void AddTrainCommand(CLI::App& app) {
           db::RunWriter::SetRunLayout(args->db, writer->run_id(), layout.world, layout.dp,
                                       layout.ep);
         }
+      } catch (const TrainRefused& e) {
+        fmt::print(stderr, "moelab train: {}\n", e.what());
+        verdict = e.code();
       } catch (const std::exception& e) {
         fmt::print(stderr, "moelab train: FAILED before training: {}\n", e.what());
         verdict = kExitFailed;
+      }
+      if (verdict != 0 && writer) {
+        // Attached but not training: the row goes back to what it was (stopped, resumable).
+        writer->OnEnd(RunStatus::kStopped, "");
+        writer.reset();
       }
     }
     if (world > 1) {
@@ -177,8 +319,11 @@ void AddTrainCommand(CLI::App& app) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     TrainOptions options;
+    options.run_uuid = uuid;
     options.checkpoint_dir = ckpt_dir;
-    options.resume = args->resume;
+    options.resume = target.kind == TrainTarget::kContinue;
+    options.legacy_checkpoint = folder.legacy_checkpoint;
+    if (target.run) options.max_resume_step = target.run->last_step;
     options.stop_at_step = args->stop_at;
     options.init_from = args->init_from;
     options.branch_steps = args->branch_steps;
@@ -218,6 +363,8 @@ void AddTrainCommand(CLI::App& app) {
                                  fmt::format("{:.6f}", result.comm_time_share));
         db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.optimizer_state_bytes",
                                  fmt::format("{}", result.optimizer_state_bytes));
+        db::RunWriter::SetRunVar(args->db, writer->run_id(), "dist.param_bytes",
+                                 fmt::format("{}", result.param_bytes));
       } catch (const std::exception& e) {
         fmt::print(stderr,
                    "moelab train: warning: could not record the communication counters: "
@@ -227,16 +374,23 @@ void AddTrainCommand(CLI::App& app) {
     }
     switch (result.status) {
       case RunStatus::kDone:
-        fmt::print(stderr, "moelab train: done: {} steps, loss {:.4f}, val loss {:.4f}\n",
-                   result.steps_done, result.last_loss, result.last_val_loss);
+        if (result.steps_done > result.start_step) {
+          fmt::print(stderr, "moelab train: done: {} steps, loss {:.4f}, val loss {:.4f}\n",
+                     result.steps_done, result.last_loss, result.last_val_loss);
+        } else {
+          // Resumed from the final checkpoint: nothing ran, the recorded losses are the result.
+          fmt::print(stderr, "moelab train: done: {} steps (nothing left to train), {}\n",
+                     result.steps_done,
+                     RecordedLosses(*db::Reader(args->db).GetRun(writer->run_id())));
+        }
         fmt::print(stderr, "  recorded in {} as run {}; look at it with: moelab db runs --db {}\n",
                    args->db, writer->run_id(), args->db);
         return;
       case RunStatus::kStopped:
         fmt::print(stderr,
                    "moelab train: stopped at step {}; checkpoint {}\n  continue with: "
-                   "moelab train {} --db {} --resume\n",
-                   result.steps_done, result.checkpoint, args->config, args->db);
+                   "moelab train --db {} --resume {}\n",
+                   result.steps_done, result.checkpoint, args->db, writer->run_id());
         throw CLI::RuntimeError(kExitStopped);
       case RunStatus::kDiverged:
         fmt::print(stderr, "moelab train: DIVERGED: {}\n", result.error);

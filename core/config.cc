@@ -100,8 +100,9 @@ const std::vector<Field>& Fields() {
       {"moe.route_scale", FieldType::kDouble, Ref(&C::moe, &MoEConfig::route_scale),
        "Multiplier of the gates after renormalisation over the chosen experts."},
       {"moe.balance", FieldType::kString, Ref(&C::moe, &MoEConfig::balance),
-       "Load balancing: Switch aux loss, DeepSeek-V3 aux-loss-free bias, or none.",
-       {"aux_loss", "aux_free", "none"}},
+       "Load balancing: the aux-loss-free selection bias of DeepSeek-V3 and Kimi K2, the Switch "
+       "aux loss (on global-batch statistics), or none (docs/model.md).",
+       {"aux_free", "aux_loss", "none"}},
       {"moe.aux_loss_coef", FieldType::kDouble, Ref(&C::moe, &MoEConfig::aux_loss_coef),
        "Coefficient of the aux loss coef·E·Σ f_i·P_i (balance = aux_loss)."},
       {"moe.bias_update_rate", FieldType::kDouble, Ref(&C::moe, &MoEConfig::bias_update_rate),
@@ -183,6 +184,10 @@ const std::vector<Field>& Fields() {
       // train
       {"train.batch_size", FieldType::kInt, Ref(&C::train, &TrainConfig::batch_size),
        "Sequences per optimizer step."},
+      {"train.micro_batch", FieldType::kInt, Ref(&C::train, &TrainConfig::micro_batch),
+       "Sequences per forward/backward on each rank (gradient accumulation); 0 = the whole "
+       "local batch. Equal to the unsplit step up to float rounding.",
+       {}, false},
       {"train.steps", FieldType::kInt, Ref(&C::train, &TrainConfig::steps),
        "Optimizer steps (ignored when train.tokens > 0)."},
       {"train.tokens", FieldType::kInt64, Ref(&C::train, &TrainConfig::tokens),
@@ -206,7 +211,7 @@ const std::vector<Field>& Fields() {
       {"checkpoint.every", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::every),
        "Checkpoint every N steps (and at the end); 0 = only at the end.", {}, false},
       {"checkpoint.dir", FieldType::kString, Ref(&C::checkpoint, &CheckpointConfig::dir),
-       "Folder for checkpoints (a sub-folder per run, named by config hash).", {}, false},
+       "Folder for checkpoints (one sub-folder `<config hash16>/<run uuid>` per run).", {}, false},
       {"checkpoint.keep", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::keep),
        "How many recent checkpoints to keep per run.", {}, false},
       // dist (docs/dist-core.md)
@@ -611,6 +616,9 @@ void ValidateConfig(const RunConfig& c) {
 
   const TrainConfig& t = c.train;
   Require(t.batch_size >= 1, "train.batch_size", "must be positive");
+  Require(t.micro_batch >= 0 && t.micro_batch <= t.batch_size, "train.micro_batch",
+          fmt::format("must be between 0 (the whole local batch) and train.batch_size ({})",
+                      t.batch_size));
   Require(t.tokens >= 0, "train.tokens", "must be >= 0");
   if (t.tokens == 0) Require(t.steps >= 1, "train.steps", "must be positive (or set train.tokens)");
   Require(t.threads >= 1 && t.threads <= 1024, "train.threads", "must be between 1 and 1024");
@@ -697,6 +705,10 @@ std::string ConfigHash(const RunConfig& c) {
   // under AdamW, so AdamW configs hash with the old value and keep their hashes; Muon runs with
   // plain momentum are a different experiment and hash differently, as they should.
   if (c.optimizer.name == "adamw") j["optimizer"]["muon_nesterov"] = true;
+  // moe.balance changed its default (aux_loss -> aux_free, issue 23). It does nothing in a dense
+  // model, so dense configs hash with the old value and keep their hashes; an MoE config that
+  // leaves it unset is now a different experiment and hashes differently, as it should.
+  if (!c.moe.enabled()) j["moe"]["balance"] = "aux_loss";
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");

@@ -47,7 +47,9 @@ struct MoEConfig {
   int dense_layers = 0;      // the first dense_layers layers use the dense FFN
   std::string router = "softmax";    // "softmax" | "sigmoid"
   double route_scale = 1.0;          // multiplies the renormalised gates
-  std::string balance = "aux_loss";  // "aux_loss" | "aux_free" | "none"
+  // "aux_free" | "aux_loss" | "none". Default aux_free since issue 23 (docs/model.md, "Load
+  // balancing"); configs hashed before keep their hashes (ConfigHash).
+  std::string balance = "aux_free";
   double aux_loss_coef = 0.01;
   double bias_update_rate = 1e-3;
 
@@ -101,6 +103,9 @@ struct DataConfig {
 
 struct TrainConfig {
   int batch_size = 8;
+  // Sequences per forward/backward on each rank (gradient accumulation); 0 = the whole local
+  // batch. Not hashed: the step equals the unsplit one up to float rounding.
+  int micro_batch = 0;
   int steps = 200;
   int64_t tokens = 0;  // if > 0, steps = ceil(tokens / (batch_size * seq_len))
   uint64_t seed = 1;

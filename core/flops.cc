@@ -71,4 +71,39 @@ ParamCounts CountParams(const RunConfig& c) {
   return p;
 }
 
+namespace {
+
+// Elements of the non-hidden parameters (AdamW-updated under Muon): embedding, LM head, norms,
+// routers. Everything else is a 2-D hidden matrix.
+size_t NonHiddenParams(const RunConfig& c) {
+  const ModelConfig& m = c.model;
+  const size_t d = m.d_model, L = m.layers, V = m.vocab_size;
+  size_t n = V * d * (m.tie_embeddings ? 1 : 2);
+  n += (2 * L + 1) * d;  // attention, FFN and final norms
+  if (m.attention == "mla") {
+    n += L * (m.q_lora_rank > 0 ? m.q_lora_rank : 0) + L * m.kv_lora_rank;
+  } else if (m.qk_norm) {
+    n += L * 2 * m.head_dim_effective();
+  }
+  n += size_t(MoeLayers(m, c.moe)) * size_t(c.moe.experts_total) * d;
+  return n;
+}
+
+}  // namespace
+
+size_t OptimizerStateElements(const RunConfig& c) {
+  const size_t total = static_cast<size_t>(CountParams(c).total);
+  if (c.optimizer.name == "adamw") return 2 * total;
+  const size_t rest = NonHiddenParams(c);
+  const size_t hidden = total > rest ? total - rest : 0;
+  return hidden + 2 * rest;  // Muon momentum; AdamW m, v for the rest
+}
+
+size_t OptimizerWorkspaceElements(const RunConfig& c) {
+  if (c.optimizer.name == "adamw") return 0;
+  const size_t total = static_cast<size_t>(CountParams(c).total);
+  const size_t rest = NonHiddenParams(c);
+  return total > rest ? total - rest : 0;  // Muon's same-shape bank for batched Newton-Schulz
+}
+
 }  // namespace moelab

@@ -43,4 +43,11 @@ struct ParamCounts {
 };
 ParamCounts CountParams(const RunConfig& config);
 
+// Elements of the optimizer's persistent state (what checkpoints save: AdamW m and v; Muon's
+// momentum plus AdamW m, v for the non-matrix parameters).
+size_t OptimizerStateElements(const RunConfig& config);
+// Elements of the optimizer's scratch (Muon: the same-shape banks for batched Newton-Schulz,
+// one float per hidden-matrix parameter; AdamW: none).
+size_t OptimizerWorkspaceElements(const RunConfig& config);
+
 }  // namespace moelab

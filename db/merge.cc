@@ -29,6 +29,56 @@ std::string Without(const std::vector<std::string>& cols, const std::string& dro
   return fmt::format("{}", fmt::join(kept, ", "));
 }
 
+// Copies src's promotions that main lacks (matched by creation time, plan and config). A run
+// reference is mapped through the config hash: the destination run of the same hash is the
+// imported copy or the run that made the import unnecessary.
+template <typename MapSweep>
+void MergePromotions(Connection& db, MapSweep& map_sweep, MergeResult& result) {
+  // The references mean nothing here: inserted as NULL, re-linked below.
+  std::vector<std::string> kept, select;
+  for (const std::string& c : Columns(db, "promotions")) {
+    if (c == "id") continue;
+    kept.push_back(c);
+    const bool ref = c == "sweep_id" || c == "fit_id" || c == "run_id" || c == "source_run_id";
+    select.push_back(ref ? "NULL" : c);
+  }
+  const std::string cols = fmt::format("{}", fmt::join(kept, ", "));
+  const std::string values = fmt::format("{}", fmt::join(select, ", "));
+  Statement promos = db.Prepare(
+      "SELECT s.id, s.sweep_id, EXISTS (SELECT 1 FROM main.promotions m WHERE m.created_at = "
+      "s.created_at AND m.plan_json = s.plan_json AND m.config_json = s.config_json) "
+      "FROM src.promotions s ORDER BY s.id");
+  while (promos.Step()) {
+    const int64_t src_id = promos.Int(0);
+    const std::optional<int64_t> src_sweep = promos.OptInt(1);
+    if (promos.Int(2)) {
+      ++result.promotions_skipped;
+      continue;
+    }
+    db.Prepare(fmt::format("INSERT INTO main.promotions ({}) SELECT {} FROM src.promotions WHERE "
+                           "id = ?1",
+                           cols, values))
+        .Bind(1, src_id)
+        .Run();
+    const int64_t dst_id = db.last_insert_rowid();
+    // Runs by config hash (NULL when the destination has no such run), no fit, sweep by name.
+    for (const char* col : {"run_id", "source_run_id"}) {
+      db.Prepare(fmt::format("UPDATE main.promotions SET {0} = (SELECT m.id FROM main.runs m JOIN "
+                             "src.runs s ON s.config_hash = m.config_hash JOIN src.promotions p ON "
+                             "p.{0} = s.id WHERE p.id = ?1 ORDER BY m.id LIMIT 1) WHERE id = ?2",
+                             col))
+          .Bind(1, src_id)
+          .Bind(2, dst_id)
+          .Run();
+    }
+    db.Prepare("UPDATE main.promotions SET sweep_id = ?2 WHERE id = ?1")
+        .Bind(1, dst_id)
+        .Bind(2, src_sweep ? std::optional<int64_t>(map_sweep(*src_sweep)) : std::nullopt)
+        .Run();
+    ++result.promotions_imported;
+  }
+}
+
 }  // namespace
 
 MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_path) {
@@ -105,6 +155,7 @@ MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_pa
       ++result.imported;
     }
     runs = Statement();
+    MergePromotions(db, map_sweep, result);
     db.Exec("COMMIT");
   } catch (...) {
     sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);

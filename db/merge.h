@@ -13,11 +13,16 @@ struct MergeResult {
   int imported = 0;
   int skipped = 0;  // runs whose config hash the destination already has
   std::vector<std::pair<int64_t, int64_t>> id_map;  // (source run id, new destination run id)
+  int promotions_imported = 0;
+  int promotions_skipped = 0;  // already in dst (same creation time, plan and config)
 };
 
 // Copies every run of src whose config_hash is not yet in dst, with all its rows (summary,
 // variables, steps, evaluations, max logits, expert counts, clip events), in one transaction.
-// A run's sweep is matched by name and created in dst when missing. Both files must have this
+// A run's sweep is matched by name and created in dst when missing. Promotions of src travel
+// with their runs: each one dst does not have yet is copied, its launched and source runs
+// re-linked to the destination's runs of the same config hash (imported now or already there),
+// its sweep by name; its fit (fits are not merged) is dropped (NULL). Both files must have this
 // build's schema version (dst is migrated on open).
 MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_path);
 

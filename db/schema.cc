@@ -191,6 +191,18 @@ CREATE INDEX promotions_run ON promotions(run_id);
     R"sql(
 ALTER TABLE steps ADD COLUMN norm_gain_rms REAL;
 )sql",
+    // 7: a run's identity (issue 19): a random UUID per run row, written into its checkpoints
+    // (core/train/checkpoint.h) and naming its checkpoint folder, so a run never adopts another
+    // run's checkpoints (another database's, or a row of this one). Rows recorded before get
+    // one here (version 4 format from SQLite's randomblob); their checkpoints carry none and are
+    // adopted only by the run whose checkpoint_path names them (docs/database.md).
+    R"sql(
+ALTER TABLE runs ADD COLUMN uuid TEXT;
+UPDATE runs SET uuid = lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' ||
+  substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) ||
+  substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)));
+CREATE UNIQUE INDEX runs_uuid ON runs(uuid);
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));

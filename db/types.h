@@ -18,6 +18,7 @@ using RunShape = ::moelab::RunShape;
 // One run as listed: the runs row joined with its run_summary row.
 struct RunRow {
   int64_t id = 0;
+  std::string uuid;  // the run's identity (migration 7), written into its checkpoints
   std::string name;
   std::optional<int64_t> sweep_id;
   std::string config_hash;

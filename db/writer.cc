@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <limits>
+#include <random>
 #include <utility>
 
 #include "core/host.h"
@@ -157,8 +160,8 @@ int64_t RunWriter::CreateRun(const std::string& path, const RunInfo& info, RunSt
     db.Prepare(R"sql(
 INSERT INTO runs (name, sweep_id, config_json, config_hash, status, pid, host, created_at,
                   started_at, heartbeat_at, params_total, params_active, flops_per_token,
-                  layers, heads, moe_layers, experts)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16))sql")
+                  layers, heads, moe_layers, experts, uuid)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17))sql")
         .Bind(1, info.name)
         .Bind(2, info.sweep_id)
         .Bind(3, info.config_json)
@@ -176,6 +179,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?1
         .Bind(14, s.heads)
         .Bind(15, s.moe_layers)
         .Bind(16, s.experts)
+        .Bind(17, NewRunUuid())
         .Run();
     id = db.last_insert_rowid();
     db.Prepare("INSERT INTO run_summary (run_id, total_steps, updated_at) VALUES (?1, ?2, ?3)")
@@ -636,6 +640,23 @@ void RunWriter::DeleteRun(const std::string& path, int64_t run_id) {
     CheckRunExists(db, run_id);
     db.Prepare("DELETE FROM runs WHERE id = ?1").Bind(1, run_id).Run();
   });
+}
+
+std::string NewRunUuid() {
+  std::random_device rd;  // /dev/urandom on Linux: two processes never draw the same sequence
+  std::array<uint8_t, 16> b;
+  for (size_t i = 0; i < b.size(); i += 4) {
+    const uint32_t r = rd();
+    std::memcpy(&b[i], &r, 4);
+  }
+  b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  std::string s;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += fmt::format("{:02x}", b[i]);
+  }
+  return s;
 }
 
 int MarkStaleRunsFailed(const std::string& path, double max_age_s) {

@@ -38,7 +38,8 @@ struct WriterOptions {
 
 class RunWriter : public moelab::MetricsSink {
  public:
-  // Inserts a new run (status running, this pid and host) and starts recording into it.
+  // Inserts a new run (status running, this pid and host, a new uuid) and starts recording
+  // into it.
   static std::unique_ptr<RunWriter> Create(const std::string& path, const RunInfo& info,
                                            const WriterOptions& options = {});
   // Takes over an existing run (a queued run launched by the sweep engine, or a resume): sets it
@@ -133,6 +134,9 @@ class RunWriter : public moelab::MetricsSink {
   int64_t transactions_ = 0;
   std::thread thread_;
 };
+
+// A random (version 4) UUID from std::random_device: the identity of a new run row.
+std::string NewRunUuid();
 
 // Marks every running run whose heartbeat is older than max_age_s as failed (with an error
 // saying so); returns how many. Readers only report such runs as failed; this persists it.

@@ -326,26 +326,16 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
         job.state = State::kQueued;
       }
       if (job.ckpt_dir.empty() && !job.reused) {
-        // One folder per run row: a rerun, a second sweep's run of the same config, or a run
-        // of a deleted database whose checkpoints are still on disk never resumes from (or
-        // prunes) another run's checkpoints: every launch passes --resume.
-        // Run ids restart at 1 in a new database, so "<hash>-run<id>" may be a deleted
-        // database's folder as well: count up until the folder is free.
-        const fs::path root = fs::absolute(run->config.checkpoint.dir);
-        const std::string h16 = run->hash.substr(0, 16);
-        const auto free = [](const fs::path& p) {
-          std::error_code ec;
-          return !fs::exists(p, ec) || fs::is_empty(p, ec);
-        };
-        fs::path dir = root / h16;
-        if (!same.empty() || !free(dir)) dir = root / fmt::format("{}-run{}", h16, job.run_id);
-        for (int n = 2; !free(dir); ++n)
-          dir = root / fmt::format("{}-run{}-{}", h16, job.run_id, n);
-        job.ckpt_dir = dir.lexically_normal().string();
-        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
-      } else {
-        store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
+        // One folder per run row, named by its UUID (<checkpoint.dir>/<hash16>/<uuid>): a rerun,
+        // a second sweep's run of the same config, or a deleted database's run whose
+        // checkpoints are still on disk never shares it; the trainer adopts only checkpoints
+        // carrying the run's UUID anyway.
+        const std::optional<RunRow> row = reader.GetRun(job.run_id);
+        job.ckpt_dir = fs::absolute(DefaultCheckpointDir(run->config, row ? row->uuid : ""))
+                           .lexically_normal()
+                           .string();
       }
+      store_.Link(sweep_id_, job.run_id, run->index, job.ckpt_dir);
       job.log = fmt::format("{}/logs/run{}.log", dir_, job.run_id);
       jobs_.push_back(std::move(job));
     }

@@ -71,7 +71,53 @@ double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A path as the script names it: relative to the current folder (the submit folder) when it
+// lies inside it, else absolute.
+std::string ScriptPath(const fs::path& p) {
+  const fs::path abs = fs::absolute(p).lexically_normal();
+  const fs::path rel = abs.lexically_relative(fs::current_path());
+  return rel.empty() || *rel.begin() == ".." ? abs.string() : rel.string();
+}
+
 }  // namespace
+
+std::string SlurmDirectives(const SlurmResources& r) {
+  std::string s;
+  const auto line = [&](const char* key, const std::string& v) {
+    if (!v.empty()) s += fmt::format("#SBATCH --{}={}\n", key, v);
+  };
+  line("partition", r.partition);
+  line("time", r.time_limit);
+  line("mem", r.mem);
+  line("account", r.account);
+  line("gres", r.gres);
+  // A preempted task is requeued and resumes from its checkpoint instead of starting over.
+  s += "#SBATCH --requeue\n";
+  s += fmt::format("#SBATCH --signal=B:USR1@{}\n", r.signal_lead_s);
+  return s;
+}
+
+std::string SlurmTrainStep(const std::string& srun_command) {
+  return fmt::format(
+      "# USR1 (Slurm's warning before the time limit) and TERM (preemption, scancel) reach the\n"
+      "# trainer as SIGTERM: it checkpoints and exits 4. After USR1 the job requeues itself and\n"
+      "# continues from that checkpoint (the command trains or continues).\n"
+      "requeue=0\n"
+      "step=\n"
+      "trap 'requeue=1; kill -TERM \"$step\" 2>/dev/null || true' USR1\n"
+      "trap 'kill -TERM \"$step\" 2>/dev/null || true' TERM\n"
+      "{} &\n"
+      "step=$!\n"
+      "while :; do\n"
+      "  wait \"$step\" && rc=0 || rc=$?\n"
+      "  kill -0 \"$step\" 2>/dev/null || break  # a trap interrupted wait: the step still runs\n"
+      "done\n"
+      "if [ \"$requeue\" = 1 ] && [ \"$rc\" = 4 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then\n"
+      "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "fi\n"
+      "exit \"$rc\"\n",
+      srun_command);
+}
 
 std::string SlurmWsdNote(const Sweep& sweep) {
   const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
@@ -110,14 +156,11 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     }
     groups[ranks].push_back(r);
   }
-  const fs::path dir = fs::absolute(o.out_dir.empty() ? "." : o.out_dir);
+  const fs::path dir = fs::absolute(o.out_dir.empty() ? "." : o.out_dir).lexically_normal();
+  const std::string rel_dir = ScriptPath(dir);
   fs::create_directories(dir / "configs");
   fs::create_directories(dir / "logs");
   const std::string safe = Safe(sweep.name);
-  const std::string workdir =
-      fs::absolute(o.workdir.empty() ? fs::current_path() : fs::path(o.workdir))
-          .lexically_normal()
-          .string();
   const std::string wsd_note = SlurmWsdNote(sweep);
   std::vector<SlurmScript> out;
   for (const auto& [ranks, runs] : groups) {
@@ -127,7 +170,7 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
       c["train"]["threads"] = o.threads_per_run;
       const fs::path path = dir / "configs" / (r->hash.substr(0, 16) + ".json");
       std::ofstream(path) << c.dump(2) << "\n";
-      configs += "  " + Quote(path.string()) + "\n";
+      configs += "  " + Quote(ScriptPath(path)) + "\n";
       names += "  " + Quote(r->name) + "\n";
     }
     const std::string stem = groups.size() == 1 ? safe : fmt::format("{}.r{}", safe, ranks);
@@ -138,6 +181,8 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     s += "# Submit: sbatch " + script.filename().string() +
          "   (or: moelab sweep slurm ... --submit)\n";
     s += "# Merge back: moelab db merge <cluster db> --db <your db>   (docs/distributed.md)\n";
+    s += "# Paths are relative to the submit folder (or $MOELAB_ROOT). Each task trains or\n"
+         "# continues its run: running the script again never restarts a recorded run.\n";
     if (!wsd_note.empty()) s += "# Note: " + wsd_note + ".\n";
     s += fmt::format("#SBATCH --job-name={}\n", stem);
     s += fmt::format("#SBATCH --array=0-{}{}\n", runs.size() - 1,
@@ -146,17 +191,11 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     if (o.ntasks_per_node > 0)
       s += fmt::format("#SBATCH --ntasks-per-node={}\n", o.ntasks_per_node);
     s += fmt::format("#SBATCH --cpus-per-task={}\n", o.threads_per_run);
-    s += fmt::format("#SBATCH --output={}/logs/%x_%A_%a.log\n", dir.string());
-    if (!o.partition.empty()) s += fmt::format("#SBATCH --partition={}\n", o.partition);
-    if (!o.time_limit.empty()) s += fmt::format("#SBATCH --time={}\n", o.time_limit);
-    // A requeued or preempted task resumes from its checkpoint instead of starting over.
-    s += "#SBATCH --requeue\n";
-    s += "#SBATCH --signal=B:TERM@120\n";
+    s += fmt::format("#SBATCH --output={}/logs/%x_%A_%a.log\n", rel_dir);
+    s += SlurmDirectives(o.resources);
     if (!o.extra.empty()) s += o.extra + (o.extra.back() == '\n' ? "" : "\n");
     s += "set -euo pipefail\n";
-    // Relative data.path and checkpoint.dir resolve as for `sweep run` where this was written,
-    // wherever the job is submitted from.
-    s += fmt::format("WORKDIR=${{MOELAB_WORKDIR:-{}}}\ncd \"$WORKDIR\"\n", Quote(workdir));
+    s += "cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"\n";
     s += fmt::format("MOELAB=${{MOELAB:-{}}}\n", Quote(o.moelab_bin));
     s += fmt::format("DB_TEMPLATE=${{MOELAB_DB:-{}}}\n", Quote(o.db_path));
     s += "TASK=${SLURM_ARRAY_TASK_ID:?run me with sbatch (or set SLURM_ARRAY_TASK_ID)}\n";
@@ -167,13 +206,13 @@ std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOption
     s += "NAMES=(\n" + names + ")\n";
     s += "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-" + std::to_string(o.threads_per_run) +
          "}\nexport OPENBLAS_NUM_THREADS=$OMP_NUM_THREADS\n";
-    // One job step of `ranks` tasks is one run (rank 0 records it). exec: Slurm's TERM reaches
-    // srun, which forwards it to every rank; the trainer checkpoints and exits 4 (stopped).
-    s += fmt::format(
-        "exec srun --ntasks={} --cpus-per-task=$OMP_NUM_THREADS --kill-on-bad-exit=1{} "
+    // One job step of `ranks` tasks is one run (rank 0 records it); srun forwards the trainer's
+    // SIGTERM to every rank.
+    s += SlurmTrainStep(fmt::format(
+        "srun --ntasks={} --cpus-per-task=$OMP_NUM_THREADS --kill-on-bad-exit=1{} "
         "\"$MOELAB\" train \"${{CONFIGS[$TASK]}}\" --db \"$DB\" --name \"${{NAMES[$TASK]}}\" "
-        "--resume --no-progress\n",
-        ranks, o.srun_mpi.empty() ? "" : " --mpi=" + o.srun_mpi);
+        "--resume --no-progress",
+        ranks, o.srun_mpi.empty() ? "" : " --mpi=" + o.srun_mpi));
     std::ofstream(script) << s;
     fs::permissions(script, fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec,
                     fs::perm_options::add);

@@ -13,22 +13,39 @@
 
 namespace moelab::sweeps {
 
+// What a job asks Slurm for, from command-line options (moelab sweep slurm, moelab promote):
+// each non-empty field becomes one #SBATCH line.
+struct SlurmResources {
+  std::string partition;
+  std::string time_limit;  // --time, e.g. 04:00:00
+  std::string mem;         // --mem, e.g. 8G
+  std::string account;
+  std::string gres;         // e.g. gpu:1
+  int signal_lead_s = 120;  // USR1 this many seconds before the time limit
+};
+
+// The #SBATCH lines of `r`, then --requeue and --signal=B:USR1@<lead>: a preempted job is
+// requeued, and one about to hit its time limit checkpoints and requeues itself (SlurmTrainStep).
+std::string SlurmDirectives(const SlurmResources& r);
+
+// The end of a batch script that runs `srun_command` (one `srun ... moelab train ... --resume`
+// step) in the background and waits for it: USR1 (the time-limit warning) and TERM (preemption,
+// scancel) reach the trainer as SIGTERM, so it checkpoints and exits 4; after USR1 the job
+// requeues itself (scontrol requeue) and, its command being train-or-continue, goes on from that
+// checkpoint. Exits with the step's code.
+std::string SlurmTrainStep(const std::string& srun_command);
+
 struct SlurmOptions {
   std::string db_path;  // may contain {task}: one database file per array task
   std::string out_dir;  // where the script and the run configs go
   std::string moelab_bin = "moelab";
-  int threads_per_run = 2;  // --cpus-per-task (per rank) and train.threads
-  int max_parallel = 0;     // %N array throttle; 0 = none
-  std::string partition;
-  std::string time_limit;   // e.g. 04:00:00
-  std::string extra;        // more #SBATCH lines, verbatim
-  int ranks = 0;            // > 0: every run on this many ranks (overrides the spec)
-  int ntasks_per_node = 0;  // > 0: #SBATCH --ntasks-per-node
-  std::string srun_mpi;     // srun --mpi=<plugin> (e.g. pmix); "": the cluster's default
-  // The folder every task `cd`s into before training, so relative paths in the configs
-  // (data.path, checkpoint.dir) mean what they mean to `sweep run` here. "": the current folder
-  // when the scripts are written (absolute).
-  std::string workdir;
+  int threads_per_run = 2;   // --cpus-per-task (per rank) and train.threads
+  int max_parallel = 0;      // %N array throttle; 0 = none
+  SlurmResources resources;  // --partition, --time, --mem, --account, --gres
+  std::string extra;         // more #SBATCH lines, verbatim
+  int ranks = 0;             // > 0: every run on this many ranks (overrides the spec)
+  int ntasks_per_node = 0;   // > 0: #SBATCH --ntasks-per-node
+  std::string srun_mpi;      // srun --mpi=<plugin> (e.g. pmix); "": the cluster's default
 };
 
 // What Slurm does not do that `sweep run` would: WSD branching (every run trains from scratch,
@@ -46,6 +63,9 @@ struct SlurmScript {
 
 // Writes one script per distinct rank count — <out_dir>/<sweep>.sbatch when every run has the
 // same, else <sweep>.r<ranks>.sbatch — and <out_dir>/configs/<hash16>.json. Throws SpecError.
+// The scripts name their configs and logs relative to the folder they are submitted from (they
+// cd to $SLURM_SUBMIT_DIR, or $MOELAB_ROOT): submit from the folder `sweep slurm` ran in. Each
+// task trains or continues its run (`moelab train CONFIG --name NAME --resume`).
 std::vector<SlurmScript> WriteSlurmScripts(const Sweep& sweep, const SlurmOptions& options);
 // The first script's path (sweeps whose runs all have one rank count have only one).
 std::string WriteSlurmScript(const Sweep& sweep, const SlurmOptions& options);

@@ -1,58 +1,103 @@
 #include "core/dist/expert_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace moelab {
 
 namespace {
 
-void AllReduceBuckets(Communicator& comm, float* g, size_t n, size_t bucket) {
+size_t BucketElements(double bucket_mb) {
+  return std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
+}
+
+void AllReduceBuckets(Communicator& comm, float* g, ArenaRange r, size_t bucket) {
   if (comm.world_size() == 1) return;
-  for (size_t off = 0; off < n; off += bucket)
-    comm.AllReduceSum(g + off, std::min(bucket, n - off));
+  for (size_t off = r.begin; off < r.end; off += bucket)
+    comm.AllReduceSum(g + off, std::min(bucket, r.end - off));
+}
+
+// Σ g² over the parts of ranges inside mine, range by range in order.
+double SquaresWithin(const float* g, const std::vector<ArenaRange>& ranges, ArenaRange mine) {
+  double sq = 0;
+  for (const ArenaRange& r : ranges) {
+    const ArenaRange cut{std::max(r.begin, mine.begin), std::min(r.end, mine.end)};
+    if (cut.begin < cut.end) sq += RangeSquares(g, cut);
+  }
+  return sq;
+}
+
+// The pair summed over comm: each rank's partials in its slot (zeros elsewhere, so the
+// all-reduce is exact), then added in rank (= ZeRO-1 range) order, identically on every rank.
+std::vector<double> SumPairsInRankOrder(Communicator& comm, const std::vector<double>& pair) {
+  const int w = comm.world_size();
+  std::vector<double> slots(2 * static_cast<size_t>(w), 0.0);
+  slots[2 * comm.rank()] = pair[0];
+  slots[2 * comm.rank() + 1] = pair[1];
+  comm.AllReduceSum(slots.data(), slots.size());
+  std::vector<double> total = {0.0, 0.0};
+  for (int r = 0; r < w; ++r) {
+    total[0] += slots[2 * r];
+    total[1] += slots[2 * r + 1];
+  }
+  return total;
 }
 
 }  // namespace
 
-void ReduceExpertParallelGradients(Communicator& world, Communicator& ep, Communicator& dp,
+std::vector<ArenaRange> ExpertRanges(const std::vector<ParamInfo>& params, size_t n) {
+  std::vector<ArenaRange> out;
+  for (const ParamInfo& p : params) {
+    if (p.kind == ParamKind::kExpert) out.push_back({p.offset, p.offset + p.size()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const ArenaRange& a, const ArenaRange& b) { return a.begin < b.begin; });
+  size_t at = 0;
+  for (const ArenaRange& r : out) {
+    if (r.begin < at || r.end > n) throw std::invalid_argument("expert tensors overlap");
+    at = r.end;
+  }
+  return out;
+}
+
+std::vector<ArenaRange> NonExpertRanges(const std::vector<ParamInfo>& params, size_t n) {
+  std::vector<ArenaRange> out;
+  size_t at = 0;
+  for (const ArenaRange& e : ExpertRanges(params, n)) {
+    if (e.begin > at) out.push_back({at, e.begin});
+    at = e.end;
+  }
+  if (n > at) out.push_back({at, n});
+  return out;
+}
+
+void ReduceExpertParallelGradients(Communicator& world, Communicator& dp,
                                    const std::vector<ParamInfo>& params, float* g, size_t n,
                                    double bucket_mb) {
-  const size_t bucket =
-      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
-  const int P = ep.world_size(), me = ep.rank();
-  // Non-expert tensors: the gaps between the expert tensors, in arena order.
-  std::vector<const ParamInfo*> experts;
-  for (const ParamInfo& p : params) {
-    if (p.kind == ParamKind::kExpert) experts.push_back(&p);
-  }
-  std::sort(experts.begin(), experts.end(),
-            [](const ParamInfo* a, const ParamInfo* b) { return a->offset < b->offset; });
-  size_t at = 0;
-  for (const ParamInfo* p : experts) {
-    if (p->offset < at || p->offset + p->size() > n) {
-      throw std::invalid_argument("ReduceExpertParallelGradients: expert tensors overlap");
-    }
-    AllReduceBuckets(world, g + at, p->offset - at, bucket);
-    at = p->offset + p->size();
-  }
-  AllReduceBuckets(world, g + at, n - at, bucket);
-  // Expert tensors [E, rows, cols]: the owned block over the DP group, then every block from its
-  // owner to the whole EP group.
-  std::vector<size_t> counts(P);
-  for (const ParamInfo* p : experts) {
-    if (p->batch % P != 0) {
-      throw std::invalid_argument("ReduceExpertParallelGradients: " + p->name +
-                                  " does not split over the expert-parallel ranks");
-    }
-    const size_t block = static_cast<size_t>(p->batch / P) * p->rows * p->cols;
-    AllReduceBuckets(dp, g + p->offset + me * block, block, bucket);
-    std::fill(counts.begin(), counts.end(), block);
-    ep.AllGatherV(g + p->offset, counts.data());
-  }
+  const size_t bucket = BucketElements(bucket_mb);
+  for (const ArenaRange& r : NonExpertRanges(params, n)) AllReduceBuckets(world, g, r, bucket);
+  for (const ArenaRange& r : ExpertRanges(params, n)) AllReduceBuckets(dp, g, r, bucket);
   const float scale = 1.0f / static_cast<float>(world.world_size());
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) g[i] *= scale;
+}
+
+void SumNonExpertOverExpertGroup(Communicator& ep, const std::vector<ParamInfo>& params, float* g,
+                                 size_t n, double bucket_mb) {
+  const size_t bucket = BucketElements(bucket_mb);
+  for (const ArenaRange& r : NonExpertRanges(params, n)) AllReduceBuckets(ep, g, r, bucket);
+}
+
+double ExpertParallelGradNorm(Communicator& ep, Communicator* dp,
+                              const std::vector<ParamInfo>& params, const float* g, size_t n,
+                              ArenaRange mine) {
+  // [replicated, expert] squares of this rank's part.
+  std::vector<double> sq = {SquaresWithin(g, NonExpertRanges(params, n), mine),
+                            SquaresWithin(g, ExpertRanges(params, n), mine)};
+  if (dp != nullptr) sq = SumPairsInRankOrder(*dp, sq);
+  ep.AllReduceSum(&sq[1], 1);  // the other experts' squares
+  return std::sqrt(sq[0] + sq[1]);
 }
 
 }  // namespace moelab

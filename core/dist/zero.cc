@@ -147,7 +147,7 @@ ShardedOptimizer::ShardedOptimizer(const OptimizerConfig& config,
   }
 }
 
-void ShardedOptimizer::ReduceScatterGradients(float* grads, double bucket_mb) {
+void ShardedOptimizer::ReduceScatterGradients(float* grads, double bucket_mb, int average_over) {
   const size_t n = ranges_.back().end;
   const size_t bucket =
       std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
@@ -157,7 +157,7 @@ void ShardedOptimizer::ReduceScatterGradients(float* grads, double bucket_mb) {
     comm_.ReduceScatterSum(grads + a, counts.data());
   }
   const ArenaRange m = mine();
-  const float s = 1.0f / comm_.world_size();
+  const float s = 1.0f / (average_over > 0 ? average_over : comm_.world_size());
 #pragma omp parallel for simd schedule(static)
   for (size_t i = m.begin; i < m.end; ++i) grads[i] *= s;
 }

@@ -56,9 +56,10 @@ class ShardedOptimizer {
   const std::vector<ArenaRange>& ranges() const { return ranges_; }
   ArenaRange mine() const { return ranges_[comm_.rank()]; }
 
-  // Sums every rank's gradients of this rank's range into grads[mine] and averages them; in
-  // buckets of bucket_mb MiB. The rest of grads is left unspecified.
-  void ReduceScatterGradients(float* grads, double bucket_mb);
+  // Sums every rank's gradients of this rank's range into grads[mine] and divides by
+  // average_over (0: the ranks of comm; expert parallelism: the world, whose other ranks' sums
+  // are already in); in buckets of bucket_mb MiB. The rest of grads is left unspecified.
+  void ReduceScatterGradients(float* grads, double bucket_mb, int average_over = 0);
   // Global gradient norm from the reduce-scattered shards.
   double GradNorm(const float* grads);
   // The local optimizer steps this rank's range, then every rank's range is all-gathered.

@@ -3,12 +3,17 @@
 // Model<float> of the same config. See core/model/cuda_model.h and docs/cuda.md.
 #include "core/model/cuda_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
+#include <string>
 
 #include "core/device.h"
+#include "core/flops.h"
 #include "core/model/moe.h"
 
 #if MOELAB_HAVE_CUDA
@@ -19,6 +24,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
@@ -37,18 +43,46 @@ using cuda::bf16;
 template <typename T>
 using Buf = cuda::DeviceBuffer<T>;
 
-// Device MoE layer: core/model/moe.cc's Forward/Backward over device buffers.
+// Buffers every MoE layer uses only inside its own forward or backward (router logits, then
+// their gradient; gate gradients; expert input gradients; the extra shared experts' sums; the
+// SwiGLU backward scratch): one set per model, sized for the largest micro-batch.
+struct MoeScratch {
+  Buf<float> logits, dgates, dxe, sy, scratch;
+  int cap = 0;
+  // Floats for `rows` tokens; Reserve and the memory plan share this arithmetic.
+  static size_t Elements(const MoEConfig& e, int d, size_t rows) {
+    const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
+    return rows * e.experts_total + nk + nk * d + (S > 1 ? (S - 1) * rows * d : 0) +
+           std::max(nk, rows) * 2 * H;
+  }
+  void Reserve(const MoEConfig& e, int d, int rows) {
+    if (rows <= cap) return;
+    const size_t nn = rows, nk = nn * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
+    logits.Resize(nn * e.experts_total);
+    dgates.Resize(nk);
+    dxe.Resize(nk * d);
+    sy.Resize(S > 1 ? (S - 1) * nn * d : 0);
+    scratch.Resize(std::max(nk, nn) * 2 * H);
+    cap = rows;
+  }
+};
+
+// Device MoE layer: core/model/moe.cc's Forward/Backward over device buffers. It keeps what its
+// backward reads (scores, gates, the dispatch plan, expert and shared-expert activations); the
+// temporaries are the model's one MoeScratch.
 struct DeviceMoe {
   int d, H, E, k, S;
   bool sigmoid, aux_loss;
   double aux_coef, route_scale;
   int n = 0, cap = 0;
-  Buf<float> logits, scores, gates, dgates, xe, ye, dxe, h1, h3, act, sh1, sh3, sact, sy, scratch;
+  MoEConfig cfg;
+  MoeScratch* tmp;
+  Buf<float> scores, gates, xe, ye, h1, h3, act, sh1, sh3, sact;
   Buf<int> topk, row_token, slot_row;
   Buf<int64_t> counts, offsets;
   std::vector<int64_t> host_offsets, host_counts;
 
-  DeviceMoe(const ModelConfig& m, const MoEConfig& e)
+  DeviceMoe(const ModelConfig& m, const MoEConfig& e, MoeScratch* scratch)
       : d(m.d_model),
         H(e.expert_hidden),
         E(e.experts_total),
@@ -57,7 +91,9 @@ struct DeviceMoe {
         sigmoid(e.router == "sigmoid"),
         aux_loss(e.balance == "aux_loss"),
         aux_coef(e.aux_loss_coef),
-        route_scale(e.route_scale) {
+        route_scale(e.route_scale),
+        cfg(e),
+        tmp(scratch) {
     if (k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
     counts.Resize(E);
     offsets.Resize(E + 1);
@@ -65,27 +101,31 @@ struct DeviceMoe {
     host_counts.assign(E, 0);
   }
 
+  // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree).
+  static size_t Bytes(const MoEConfig& e, int d, size_t rows) {
+    const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
+    const size_t floats = rows * e.experts_total + nk + 2 * nk * d + 3 * nk * H + 3 * S * rows * H;
+    const size_t ints = 3 * nk;
+    return 4 * floats + 4 * ints + 8 * (2 * e.experts_total + 1);
+  }
+
   void Reserve(int rows) {
+    tmp->Reserve(cfg, d, rows);
     if (rows <= cap) return;
     const size_t nn = rows, nk = nn * k;
-    logits.Resize(nn * E);
     scores.Resize(nn * E);
     gates.Resize(nk);
-    dgates.Resize(nk);
     topk.Resize(nk);
     row_token.Resize(nk);
     slot_row.Resize(nk);
     xe.Resize(nk * d);
     ye.Resize(nk * d);
-    dxe.Resize(nk * d);
     h1.Resize(nk * H);
     h3.Resize(nk * H);
     act.Resize(nk * H);
     sh1.Resize(S * nn * H);
     sh3.Resize(S * nn * H);
     sact.Resize(S * nn * H);
-    sy.Resize(S > 1 ? (S - 1) * nn * d : 0);
-    scratch.Resize(std::max(nk, nn) * 2 * H);
     cap = rows;
   }
 
@@ -97,9 +137,9 @@ struct DeviceMoe {
     n = rows;
     const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
     const size_t snh = static_cast<size_t>(n) * H;
-    cuda::Gemm(false, true, n, E, d, 1.0f, x, d, router, d, 0.0f, logits.data(), E);
-    cuda::MoeRoute(logits.data(), n, E, k, sigmoid, bias, route_scale, scores.data(), topk.data(),
-                   gates.data(), counts.data());
+    cuda::Gemm(false, true, n, E, d, 1.0f, x, d, router, d, 0.0f, tmp->logits.data(), E);
+    cuda::MoeRoute(tmp->logits.data(), n, E, k, sigmoid, bias, route_scale, scores.data(),
+                   topk.data(), gates.data(), counts.data());
     const double aux =
         aux_loss ? cuda::MoeAuxLoss(scores.data(), counts.data(), n, E, k, sigmoid, aux_coef) : 0.0;
     if (counts_out) {
@@ -112,11 +152,11 @@ struct DeviceMoe {
     cuda::MoeExpertsForward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
                                    h3.data(), act.data(), ye.data());
     for (int s = 0; s < S; ++s) {
-      float* out = s == 0 ? y : sy.data() + (s - 1) * nd;
+      float* out = s == 0 ? y : tmp->sy.data() + (s - 1) * nd;
       cuda::SwigluForward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
                           sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, out);
     }
-    for (int s = 1; s < S; ++s) cudamodel::Add(y, sy.data() + (s - 1) * nd, y, nd);
+    for (int s = 1; s < S; ++s) cudamodel::Add(y, tmp->sy.data() + (s - 1) * nd, y, nd);
     cuda::MoeCombine(ye.data(), slot_row.data(), gates.data(), n, k, d, y, S > 0);
     return aux;
   }
@@ -128,72 +168,65 @@ struct DeviceMoe {
     const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
     const size_t snh = static_cast<size_t>(n) * H;
     cuda::MoeCombineBackward(dy, ye.data(), slot_row.data(), gates.data(), n, k, d, ye.data(),
-                             dgates.data());
-    cuda::MoeRouteBackward(scores.data(), topk.data(), dgates.data(), counts.data(), n, E, k,
-                           sigmoid, route_scale, aux_loss ? aux_coef : 0.0, logits.data());
+                             tmp->dgates.data());
+    cuda::MoeRouteBackward(scores.data(), topk.data(), tmp->dgates.data(), counts.data(), n, E, k,
+                           sigmoid, route_scale, aux_loss ? aux_coef : 0.0, tmp->logits.data());
     cuda::MoeExpertsBackward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
-                                    h3.data(), act.data(), ye.data(), dxe.data(), gw1, gw3, gw2,
-                                    scratch.data());
+                                    h3.data(), act.data(), ye.data(), tmp->dxe.data(), gw1, gw3,
+                                    gw2, tmp->scratch.data());
     for (int s = 0; s < S; ++s) {
       cuda::SwigluBackward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
                            sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, dy,
-                           s == 0 ? dx : sy.data() + (s - 1) * nd, gs1 + s * wsize, gs3 + s * wsize,
-                           gs2 + s * wsize, scratch.data());
+                           s == 0 ? dx : tmp->sy.data() + (s - 1) * nd, gs1 + s * wsize,
+                           gs3 + s * wsize, gs2 + s * wsize, tmp->scratch.data());
     }
-    cuda::Gemm(true, false, E, d, n, 1.0f, logits.data(), E, x, d, 0.0f, grouter, d);
-    for (int s = 1; s < S; ++s) cudamodel::Add(dx, sy.data() + (s - 1) * nd, dx, nd);
-    cuda::MoeGatherBackward(dxe.data(), slot_row.data(), n, k, d, dx, S > 0);
-    cuda::Gemm(false, false, n, d, E, 1.0f, logits.data(), E, router, d, 1.0f, dx, d);
+    cuda::Gemm(true, false, E, d, n, 1.0f, tmp->logits.data(), E, x, d, 0.0f, grouter, d);
+    for (int s = 1; s < S; ++s) cudamodel::Add(dx, tmp->sy.data() + (s - 1) * nd, dx, nd);
+    cuda::MoeGatherBackward(tmp->dxe.data(), slot_row.data(), n, k, d, dx, S > 0);
+    cuda::Gemm(false, false, n, d, E, 1.0f, tmp->logits.data(), E, router, d, 1.0f, dx, d);
   }
 };
 
 }  // namespace
 
-struct CudaModel::Impl {
-  struct Layer {
-    size_t attn_norm = 0, wo = 0, ffn_norm = 0, wq = 0, q_norm = 0, k_norm = 0;
-    size_t q_a = 0, q_a_norm = 0, q_b = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0;
-    size_t w1 = 0, w3 = 0, w2 = 0, router = 0, ew1 = 0, ew3 = 0, ew2 = 0, sw1 = 0, sw3 = 0, sw2 = 0;
-    int moe_index = -1;
-  };
-  struct Acts {
-    float *res, *ln1, *rstd1, *qkv, *qk_raw, *rstd_q, *rstd_k, *cq_raw, *cq, *rstd_cq, *qb, *kva,
-        *ckv, *rstd_kv, *kvb, *qf, *kf, *probs, *capped, *att, *mid, *ln2, *rstd2, *h1, *h3, *act;
-  };
+namespace {
 
-  explicit Impl(const RunConfig& c) : cfg(c), m(c.model), moe(c.moe), host(c) {}
-
-  RunConfig cfg;
-  ModelConfig m;
-  MoEConfig moe;
-  Model<float> host;
-  bool use_bf16 = false, mla = false, qk_norm = false;
+// Dimensions of the device model, from the config alone: what the activation layout and the
+// memory plan need (no parameters, no GPU).
+struct CudaShape {
+  bool use_bf16 = false, mla = false, qk_norm = false, softcap = false;
+  bool flash = false;  // attention through kernels/cuda/flash_attention.h (see ChooseFlash)
   int d = 0, L = 0, H = 0, KVH = 0, hd = 0, qdim = 0, kvdim = 0, qkv_dim = 0, F = 0, V = 0, S = 0;
   int E = 0, num_moe = 0, rq = 0, rkv = 0, dn = 0, dr = 0, dvh = 0, dqk = 0, odim = 0;
   int rot_dim = 0;
-  size_t embedding = 0, final_norm = 0, lm_head = 0;
-  std::vector<Layer> layers;
-  std::vector<std::unique_ptr<DeviceMoe>> moes;
+  std::vector<bool> moe_layer;  // per layer: an MoE FFN (else the dense SwiGLU)
   cpu::AttentionDims dims;
 
-  Buf<float> params, grads, bias, rope_cos, rope_sin;
-  Buf<cuda::bf16> params_bf16, xb, dyb;  // bf16 mode: weights, GEMM input / output-gradient casts
-  size_t cast_cap = 0;
+  static CudaShape Of(const RunConfig& c) {
+    CudaShape s;
+    s.Init(c);
+    return s;
+  }
 
-  int cap_batch = 0;
-  Buf<float> acts;
-  std::vector<Acts> la;
-  float *res_final = nullptr, *lnf = nullptr, *rstdf = nullptr, *logits = nullptr;
-  float *dres = nullptr, *dln = nullptr, *datt = nullptr, *dqkv = nullptr, *dqf = nullptr;
-  float *dkf = nullptr, *dqb = nullptr, *dkva = nullptr, *dkvb = nullptr, *dcq = nullptr;
-  float *ffn_scratch = nullptr, *att_scratch = nullptr, *pair_max = nullptr, *head_max = nullptr;
-  Buf<int32_t> inputs, targets;
-  Buf<double> row_scratch;
-  Buf<unsigned char> emb_scratch;
-  std::vector<int32_t> host_inputs, host_targets;
-  CudaOpProfiler* profiler = nullptr;
+  // Widest GEMM input (xb) and output gradient (dyb) of a step, for the bf16 cast buffers.
+  size_t CastInWidth() const {
+    return std::max<size_t>({static_cast<size_t>(d), static_cast<size_t>(F),
+                             static_cast<size_t>(odim), static_cast<size_t>(rq),
+                             static_cast<size_t>(rkv)});
+  }
+  size_t CastOutWidth() const {
+    return std::max<size_t>({static_cast<size_t>(d), static_cast<size_t>(F),
+                             static_cast<size_t>(qkv_dim), static_cast<size_t>(V),
+                             static_cast<size_t>(rq), static_cast<size_t>(H) * dqk,
+                             static_cast<size_t>(rkv + dr), static_cast<size_t>(H) * (dn + dvh)});
+  }
 
-  void Setup() {
+ private:
+  void Init(const RunConfig& c) {
+    const ModelConfig& m = c.model;
+    const MoEConfig& moe = c.moe;
+    use_bf16 = c.train.effective_precision() == "bf16";
+    softcap = m.logit_softcap > 0;
     d = m.d_model;
     L = m.layers;
     H = m.heads;
@@ -225,6 +258,184 @@ struct CudaModel::Impl {
       E = moe.experts_total;
       num_moe = MoeLayers(m, moe);
     }
+    moe_layer.assign(L, false);
+    for (int l = 0; l < L; ++l) moe_layer[l] = moe.enabled() && l >= moe.dense_layers;
+    dims.seq = S;
+    dims.heads = H;
+    dims.kv_heads = KVH;
+    if (mla) {
+      dims.qk_dim = dqk;
+      dims.v_dim = dvh;
+      dims.ldq = dims.ldk = H * dqk;
+      dims.ldv = H * (dn + dvh);
+      dims.scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+    } else {
+      dims.qk_dim = dims.v_dim = hd;
+      dims.ldq = dims.ldk = dims.ldv = qkv_dim;
+      dims.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    }
+    dims.ldo = odim;
+    dims.softcap = m.logit_softcap;
+    flash = ChooseFlash();
+  }
+
+  // The fused attention kernels (LSE kept, no [B,H,S,S] probabilities) in bf16 mode wherever they
+  // cover the shape; fp32 mode keeps the reference path, the one its CPU twin checks compare.
+  // MOELAB_ATTENTION=reference forces the reference path (for comparisons), =fused the fused one.
+  bool ChooseFlash() const {
+    const char* env = std::getenv("MOELAB_ATTENTION");
+    const std::string mode = env ? env : "";
+    if (!mode.empty() && mode != "reference" && mode != "fused") {
+      throw std::invalid_argument("MOELAB_ATTENTION must be \"reference\" or \"fused\", not \"" +
+                                  mode + "\"");
+    }
+    if (mode == "reference") return false;
+    // q, k and v are column slices of arena buffers (256-byte aligned): 16-byte aligned when
+    // their column offsets are multiples of 4 floats.
+    const bool aligned = mla ? (H * dn) % 4 == 0 : qdim % 4 == 0 && kvdim % 4 == 0;
+    std::string why = "q/k/v column offsets not 16-byte aligned";
+    const bool ok = aligned && cuda::FlashAttentionSupported(cuda::AttentionDims(dims), 4, &why);
+    if (mode == "fused" && !ok) {
+      throw std::invalid_argument(
+          "MOELAB_ATTENTION=fused: the fused kernels cannot run this model: " + why);
+    }
+    return ok && (use_bf16 || mode == "fused");
+  }
+};
+
+// One layer's activations inside the arena (null where the architecture has none).
+struct Acts {
+  float *res, *ln1, *rstd1, *qkv, *qk_raw, *rstd_q, *rstd_k, *cq_raw, *cq, *rstd_cq, *qb, *kva,
+      *ckv, *rstd_kv, *kvb, *qf, *kf, *probs, *capped, *att, *mid, *ln2, *rstd2, *h1, *h3, *act;
+  float* lse;  // fused attention: the log-sum-exp rows [B·H·S] (probs and capped stay null)
+};
+
+// The activation arena's views: per-layer activations, then the step's shared buffers.
+struct ActViews {
+  std::vector<Acts> la;
+  float *res_final = nullptr, *lnf = nullptr, *rstdf = nullptr, *logits = nullptr;
+  float *dres = nullptr, *dln = nullptr, *datt = nullptr, *dqkv = nullptr, *dqf = nullptr;
+  float *dkf = nullptr, *dqb = nullptr, *dkva = nullptr, *dkvb = nullptr, *dcq = nullptr;
+  float *ffn_scratch = nullptr, *att_scratch = nullptr, *pair_max = nullptr, *head_max = nullptr;
+};
+
+// Carves the activation arena for `batch` sequences out of base (null: counts only) into v.
+// Returns its size in floats. Reserve and the memory plan both call it: one arithmetic.
+size_t LayoutActivations(const CudaShape& s, int batch, float* base, ActViews* v) {
+  const size_t n = static_cast<size_t>(batch) * s.S;
+  const size_t att = static_cast<size_t>(batch) * s.H * s.S * s.S;
+  const int d = s.d, H = s.H, KVH = s.KVH, F = s.F, V = s.V, rq = s.rq, rkv = s.rkv, dr = s.dr;
+  const int dn = s.dn, dvh = s.dvh, dqk = s.dqk, odim = s.odim, qkv_dim = s.qkv_dim;
+  size_t total = 0;
+  auto take = [&](size_t count) -> float* {
+    if (count == 0) return nullptr;
+    float* p = base ? base + total : nullptr;
+    total += (count + 63) / 64 * 64;  // 256-byte aligned
+    return p;
+  };
+  v->la.assign(s.L, Acts{});
+  for (int l = 0; l < s.L; ++l) {
+    Acts& a = v->la[l];
+    a.res = take(n * d);
+    a.ln1 = take(n * d);
+    a.rstd1 = take(n);
+    if (s.mla) {
+      if (rq > 0) {
+        a.cq_raw = take(n * rq);
+        a.cq = take(n * rq);
+        a.rstd_cq = take(n);
+      }
+      a.qb = take(n * H * dqk);
+      a.kva = take(n * (rkv + dr));
+      a.ckv = take(n * rkv);
+      a.rstd_kv = take(n);
+      a.kvb = take(n * H * (dn + dvh));
+      a.qf = take(n * H * dqk);
+      a.kf = take(n * H * dqk);
+    } else {
+      a.qkv = take(n * qkv_dim);
+      if (s.qk_norm) {
+        a.qk_raw = take(n * (s.qdim + s.kvdim));
+        a.rstd_q = take(n * H);
+        a.rstd_k = take(n * KVH);
+      }
+    }
+    if (s.flash) {
+      a.lse = take(static_cast<size_t>(batch) * H * s.S);
+    } else {
+      a.probs = take(att);
+      a.capped = s.softcap ? take(att) : nullptr;
+    }
+    a.att = take(n * odim);
+    a.mid = take(n * d);
+    a.ln2 = take(n * d);
+    a.rstd2 = take(n);
+    if (!s.moe_layer[l]) {
+      a.h1 = take(n * F);
+      a.h3 = take(n * F);
+      a.act = take(n * F);
+    }
+  }
+  v->res_final = take(n * d);
+  v->lnf = take(n * d);
+  v->rstdf = take(n);
+  v->logits = take(n * V);
+  v->dres = take(n * d);
+  v->dln = take(n * d);
+  v->datt = take(n * odim);
+  if (s.mla) {
+    v->dqf = take(n * H * dqk);
+    v->dkf = take(n * H * dqk);
+    v->dqb = take(n * H * dqk);
+    v->dkva = take(n * (rkv + dr));
+    v->dkvb = take(n * H * (dn + dvh));
+    v->dcq = take(n * std::max(rq, rkv));
+  } else {
+    v->dqkv = take(n * qkv_dim);
+  }
+  v->ffn_scratch = take(n * 2 * F);
+  cpu::AttentionDims dims = s.dims;
+  dims.batch = batch;
+  v->att_scratch = take(s.flash ? cuda::FlashAttentionScratchSize(cuda::AttentionDims(dims))
+                                 : cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
+  v->pair_max = take(static_cast<size_t>(batch) * H);
+  v->head_max = take(static_cast<size_t>(s.L) * H);
+  return total;
+}
+
+}  // namespace
+
+struct CudaModel::Impl : CudaShape, ActViews {
+  struct Layer {
+    size_t attn_norm = 0, wo = 0, ffn_norm = 0, wq = 0, q_norm = 0, k_norm = 0;
+    size_t q_a = 0, q_a_norm = 0, q_b = 0, kv_a = 0, kv_a_norm = 0, kv_b = 0;
+    size_t w1 = 0, w3 = 0, w2 = 0, router = 0, ew1 = 0, ew3 = 0, ew2 = 0, sw1 = 0, sw3 = 0, sw2 = 0;
+    int moe_index = -1;
+  };
+  explicit Impl(const RunConfig& c) : cfg(c), m(c.model), moe(c.moe), host(c) {}
+
+  RunConfig cfg;
+  ModelConfig m;
+  MoEConfig moe;
+  Model<float> host;
+  size_t embedding = 0, final_norm = 0, lm_head = 0;
+  std::vector<Layer> layers;
+  std::vector<std::unique_ptr<DeviceMoe>> moes;
+  MoeScratch moe_scratch;
+
+  Buf<float> params, grads, bias, rope_cos, rope_sin;
+  Buf<cuda::bf16> params_bf16, xb, dyb;  // bf16 mode: weights, GEMM input / output-gradient casts
+
+  int cap_batch = 0;
+  Buf<float> acts;
+  Buf<int32_t> inputs, targets;
+  Buf<double> row_scratch;
+  Buf<unsigned char> emb_scratch;
+  std::vector<int32_t> host_inputs, host_targets;
+  CudaOpProfiler* profiler = nullptr;
+
+  void Setup() {
+    static_cast<CudaShape&>(*this) = CudaShape::Of(cfg);
     std::map<std::string, size_t> at;
     for (const ParamInfo& p : host.param_infos()) at[p.name] = p.offset;
     auto get = [&](const std::string& name) {
@@ -260,7 +471,7 @@ struct CudaModel::Impl {
         y.sw1 = get(p + "moe.shared.w1");
         y.sw3 = get(p + "moe.shared.w3");
         y.sw2 = get(p + "moe.shared.w2");
-        moes.push_back(std::make_unique<DeviceMoe>(m, moe));
+        moes.push_back(std::make_unique<DeviceMoe>(m, moe, &moe_scratch));
       } else {
         y.w1 = get(p + "ffn.w1");
         y.w3 = get(p + "ffn.w3");
@@ -277,106 +488,35 @@ struct CudaModel::Impl {
     cpu::RopeTables<float>(S, rot_dim, m.rope_theta, cs.data(), sn.data());
     rope_cos.Upload(cs);
     rope_sin.Upload(sn);
-    dims.seq = S;
-    dims.heads = H;
-    dims.kv_heads = KVH;
-    if (mla) {
-      dims.qk_dim = dqk;
-      dims.v_dim = dvh;
-      dims.ldq = dims.ldk = H * dqk;
-      dims.ldv = H * (dn + dvh);
-      dims.scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+  }
+
+  void AttendForward(Acts& a, const float* q, const float* k, const float* v) {
+    if (flash) {
+      cuda::FlashAttentionForward<float>(cuda::AttentionDims(dims), q, k, v, a.att, a.lse,
+                                         pair_max);
     } else {
-      dims.qk_dim = dims.v_dim = hd;
-      dims.ldq = dims.ldk = dims.ldv = qkv_dim;
-      dims.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      cuda::AttentionForward(cuda::AttentionDims(dims), q, k, v, a.probs, a.capped, a.att,
+                             pair_max);
     }
-    dims.ldo = odim;
-    dims.softcap = m.logit_softcap;
+  }
+  void AttendBackward(Acts& a, const float* q, const float* k, const float* v, float* dq, float* dk,
+                      float* dv) {
+    if (flash) {
+      cuda::FlashAttentionBackward<float>(cuda::AttentionDims(dims), q, k, v, a.att, a.lse, datt,
+                                          dq, dk, dv, att_scratch);
+    } else {
+      cuda::AttentionBackward(cuda::AttentionDims(dims), q, k, v, a.probs, a.capped, datt, dq, dk,
+                              dv, att_scratch);
+    }
   }
 
   void Reserve(int batch) {
     if (batch <= cap_batch) return;
     cap_batch = batch;
     const size_t n = static_cast<size_t>(batch) * S;
-    const size_t att = static_cast<size_t>(batch) * H * S * S;
     dims.batch = batch;
-    size_t total = 0;
-    float* base = nullptr;
-    auto take = [&](size_t count) -> float* {
-      if (count == 0) return nullptr;
-      float* p = base ? base + total : nullptr;
-      total += (count + 63) / 64 * 64;  // 256-byte aligned
-      return p;
-    };
-    la.assign(L, Acts{});
-    for (int pass = 0; pass < 2; ++pass) {
-      total = 0;
-      for (int l = 0; l < L; ++l) {
-        Acts& a = la[l];
-        a = Acts{};
-        a.res = take(n * d);
-        a.ln1 = take(n * d);
-        a.rstd1 = take(n);
-        if (mla) {
-          if (rq > 0) {
-            a.cq_raw = take(n * rq);
-            a.cq = take(n * rq);
-            a.rstd_cq = take(n);
-          }
-          a.qb = take(n * H * dqk);
-          a.kva = take(n * (rkv + dr));
-          a.ckv = take(n * rkv);
-          a.rstd_kv = take(n);
-          a.kvb = take(n * H * (dn + dvh));
-          a.qf = take(n * H * dqk);
-          a.kf = take(n * H * dqk);
-        } else {
-          a.qkv = take(n * qkv_dim);
-          if (qk_norm) {
-            a.qk_raw = take(n * (qdim + kvdim));
-            a.rstd_q = take(n * H);
-            a.rstd_k = take(n * KVH);
-          }
-        }
-        a.probs = take(att);
-        a.capped = m.logit_softcap > 0 ? take(att) : nullptr;
-        a.att = take(n * odim);
-        a.mid = take(n * d);
-        a.ln2 = take(n * d);
-        a.rstd2 = take(n);
-        if (layers[l].moe_index < 0) {
-          a.h1 = take(n * F);
-          a.h3 = take(n * F);
-          a.act = take(n * F);
-        }
-      }
-      res_final = take(n * d);
-      lnf = take(n * d);
-      rstdf = take(n);
-      logits = take(n * V);
-      dres = take(n * d);
-      dln = take(n * d);
-      datt = take(n * odim);
-      if (mla) {
-        dqf = take(n * H * dqk);
-        dkf = take(n * H * dqk);
-        dqb = take(n * H * dqk);
-        dkva = take(n * (rkv + dr));
-        dkvb = take(n * H * (dn + dvh));
-        dcq = take(n * std::max(rq, rkv));
-      } else {
-        dqkv = take(n * qkv_dim);
-      }
-      ffn_scratch = take(n * 2 * F);
-      att_scratch = take(cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
-      pair_max = take(static_cast<size_t>(batch) * H);
-      head_max = take(static_cast<size_t>(L) * H);
-      if (pass == 0) {
-        acts.Resize(total);
-        base = acts.data();
-      }
-    }
+    acts.Resize(LayoutActivations(*this, batch, nullptr, this));
+    LayoutActivations(*this, batch, acts.data(), this);
     inputs.Resize(n);
     targets.Resize(n);
     row_scratch.Resize(2 * n + 2);
@@ -384,13 +524,9 @@ struct CudaModel::Impl {
     host_inputs.resize(n);
     host_targets.resize(n);
     if (use_bf16) {
-      // The largest GEMM input and output-gradient of a step.
-      const size_t widest = std::max<size_t>(
-          {static_cast<size_t>(d), static_cast<size_t>(F), static_cast<size_t>(odim),
-           static_cast<size_t>(qkv_dim), static_cast<size_t>(V), static_cast<size_t>(H) * dqk,
-           static_cast<size_t>(rkv + dr), static_cast<size_t>(H) * (dn + dvh)});
-      xb.Resize(n * widest);
-      dyb.Resize(n * widest);
+      // Sized by the widest GEMM input and output gradient (only dyb ever holds vocab columns).
+      xb.Resize(n * CastInWidth());
+      dyb.Resize(n * CastOutWidth());
     }
   }
 
@@ -439,8 +575,7 @@ struct CudaModel::Impl {
       }
       cuda::RopeApply(a.qkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, false);
       cuda::RopeApply(a.qkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, false);
-      cuda::AttentionForward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim,
-                             a.probs, a.capped, a.att, pair_max);
+      AttendForward(a, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim);
       return;
     }
     const float* qin = a.ln1;
@@ -465,8 +600,7 @@ struct CudaModel::Impl {
     cudamodel::CopyHeads(a.kvb, ldb, dn, 0, a.kf, ldf, dqk, 0, n, H, dn, false);
     cudamodel::CopyHeads(a.kva, lda, 0, rkv, a.kf, ldf, dqk, dn, n, H, dr, false);
     cuda::RopeApply(a.qf, n, S, ldf, H, dqk, dn, dr, cs, sn, false);
-    cuda::AttentionForward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs, a.capped,
-                           a.att, pair_max);
+    AttendForward(a, a.qf, a.kf, a.kvb + H * dn);
   }
 
   void AttentionBackward(int l, int n) {
@@ -479,9 +613,8 @@ struct CudaModel::Impl {
     if (!mla) {
       {
         ProfileScope ps(profiler, "attention");
-        cuda::AttentionBackward(cuda::AttentionDims(dims), a.qkv, a.qkv + qdim,
-                                a.qkv + qdim + kvdim, a.probs, a.capped, datt, dqkv, dqkv + qdim,
-                                dqkv + qdim + kvdim, att_scratch);
+        AttendBackward(a, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, dqkv, dqkv + qdim,
+                       dqkv + qdim + kvdim);
         cuda::RopeApply(dqkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, true);
         cuda::RopeApply(dqkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, true);
         if (qk_norm) {
@@ -498,8 +631,7 @@ struct CudaModel::Impl {
     const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
     {
       ProfileScope ps(profiler, "attention");
-      cuda::AttentionBackward(cuda::AttentionDims(dims), a.qf, a.kf, a.kvb + H * dn, a.probs,
-                              a.capped, datt, dqf, dkf, dkvb + H * dn, att_scratch);
+      AttendBackward(a, a.qf, a.kf, a.kvb + H * dn, dqf, dkf, dkvb + H * dn);
       cuda::RopeApply(dqf, n, S, ldf, H, dqk, dn, dr, cs, sn, true);
       cudamodel::CopyHeads(dqf, ldf, dqk, 0, dqb, H * dqk, dn, 0, n, H, dn, false);
       cudamodel::CopyHeads(dqf, ldf, dqk, dn, dqb, H * dqk, dr, H * dn, n, H, dr, false);
@@ -760,6 +892,75 @@ void CudaModel::ParamsChanged() {
 
 void CudaModel::set_profiler(CudaOpProfiler* profiler) { impl_->profiler = profiler; }
 
+DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_batch) {
+  DeviceMemoryPlan plan;
+  plan.micro_batch = micro_batch;
+  const CudaShape s = CudaShape::Of(c);
+  const double np = static_cast<double>(CountParams(c).total);
+  plan.params = 4 * np + (s.use_bf16 ? 2 * np : 0);
+  plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);
+  // Muon's Newton–Schulz: the same-shape bank plus one ping buffer of the largest bank (bounded
+  // here by the bank itself), in the compute precision.
+  const double ns_elem = s.use_bf16 ? 2 : 4;
+  plan.optimizer = 4.0 * static_cast<double>(OptimizerStateElements(c)) +
+                   2 * ns_elem * static_cast<double>(OptimizerWorkspaceElements(c));
+  ActViews views;
+  const size_t n = static_cast<size_t>(micro_batch) * s.S;
+  double act = 4.0 * static_cast<double>(LayoutActivations(s, micro_batch, nullptr, &views));
+  act += 8.0 * n + 8.0 * (2 * n + 2) + static_cast<double>(cuda::EmbeddingScratchBytes(n));
+  if (s.use_bf16) act += 2.0 * n * (s.CastInWidth() + s.CastOutWidth());
+  if (c.moe.enabled()) {
+    act += static_cast<double>(s.num_moe) * DeviceMoe::Bytes(c.moe, s.d, n);
+    act += 4.0 * static_cast<double>(MoeScratch::Elements(c.moe, s.d, n));
+  }
+  plan.activations = act;
+  plan.runtime = 1.0 * (1 << 30);
+  return plan;
+}
+
+int LargestFittingMicroBatch(const RunConfig& c, int local_batch, double budget_bytes) {
+  for (int m = local_batch; m >= 1; --m) {
+    if (PlanCudaMemory(c, m, local_batch).total() <= budget_bytes) return m;
+  }
+  return 0;
+}
+
+void RequireCudaMemory(const RunConfig& c, int local_batch, bool print) {
+  const int micro = c.train.micro_batch > 0 && c.train.micro_batch < local_batch
+                        ? c.train.micro_batch
+                        : local_batch;
+  const DeviceMemoryPlan plan = PlanCudaMemory(c, micro, local_batch);
+  size_t free_bytes = 0, total_bytes = 0;
+  MOELAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (print) {
+    fmt::print(stderr, "moelab train: device memory estimate: {} ({:.1f} GiB free of {:.1f})\n",
+               plan.Describe(), free_bytes / kGiB, total_bytes / kGiB);
+  }
+  if (plan.total() <= static_cast<double>(free_bytes)) return;
+  const int fits = LargestFittingMicroBatch(c, local_batch, static_cast<double>(free_bytes));
+  throw DeviceError(fmt::format(
+      "the run needs about {:.1f} GiB of device memory ({}) but {:.1f} GiB are free; {}",
+      plan.total() / kGiB, plan.Describe(), free_bytes / kGiB,
+      fits > 0 ? fmt::format("set train.micro_batch to {} or less (the largest that fits)", fits)
+               : std::string("no micro-batch fits: use a smaller model or more GPUs")));
+}
+
+DeviceGradAccumulator::~DeviceGradAccumulator() {
+  if (buf_) cudaFree(buf_);
+}
+
+void DeviceGradAccumulator::Add(const float* g, double w, bool first) {
+  if (!buf_) MOELAB_CUDA_CHECK(cudaMalloc(&buf_, sizeof(float) * std::max<size_t>(n_, 1)));
+  cudamodel::Axpy(g, static_cast<float>(w), first, buf_, n_);
+  MOELAB_CUDA_CHECK(cudaGetLastError());
+}
+
+void DeviceGradAccumulator::Finish(float* g, double w) {
+  cudamodel::FinishAxpy(buf_, static_cast<float>(w), g, n_);
+  MOELAB_CUDA_CHECK(cudaGetLastError());
+}
+
 #else  // no CUDA in this build: every entry point reports that.
 
 struct CudaModel::Impl {};
@@ -800,6 +1001,33 @@ void CudaModel::UpdateRouterBias(const std::vector<int64_t>&, double) {}
 void CudaModel::ParamsChanged() {}
 void CudaModel::set_profiler(CudaOpProfiler*) {}
 
+DeviceMemoryPlan PlanCudaMemory(const RunConfig&, int, int) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+int LargestFittingMicroBatch(const RunConfig&, int, double) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+
+void RequireCudaMemory(const RunConfig&, int, bool) {
+  throw DeviceError("this moelab was built without CUDA");
+}
+DeviceGradAccumulator::~DeviceGradAccumulator() = default;
+void DeviceGradAccumulator::Add(const float*, double, bool) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+void DeviceGradAccumulator::Finish(float*, double) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+
 #endif
+
+std::string DeviceMemoryPlan::Describe() const {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return fmt::format(
+      "params {:.2f} GiB, grads {:.2f} GiB, optimizer {:.2f} GiB, activations {:.2f} GiB "
+      "(micro-batch {}), runtime {:.2f} GiB: total {:.2f} GiB",
+      params / kGiB, grads / kGiB, optimizer / kGiB, activations / kGiB, micro_batch,
+      runtime / kGiB, total() / kGiB);
+}
 
 }  // namespace moelab

@@ -19,6 +19,46 @@
 
 namespace moelab {
 
+// Device memory of a CUDA run on one rank, from the config alone (no GPU needed): what CudaModel,
+// the micro-batch gradient accumulator and the CUDA optimizer allocate, in bytes.
+struct DeviceMemoryPlan {
+  int micro_batch = 0;     // sequences per forward/backward
+  double params = 0;       // fp32 masters + the bf16 compute copy
+  double grads = 0;        // fp32 gradients + the accumulator when the batch is split
+  double optimizer = 0;    // state (AdamW m, v; Muon momentum) + Newton–Schulz workspace
+  double activations = 0;  // activation arena, MoE layers and scratch, casts, token buffers
+  double runtime = 0;      // allowance for the CUDA context and cuBLAS workspaces
+  double total() const { return params + grads + optimizer + activations + runtime; }
+  std::string Describe() const;  // "params 1.2 GiB, grads ..., total 9.9 GiB"
+};
+
+// micro_batch: sequences per forward/backward; local_batch: the rank's sequences per step.
+// Throws std::runtime_error in a build without CUDA.
+DeviceMemoryPlan PlanCudaMemory(const RunConfig& config, int micro_batch, int local_batch);
+// The largest micro-batch (<= local_batch) whose plan fits in budget_bytes; 0 when none does.
+int LargestFittingMicroBatch(const RunConfig& config, int local_batch, double budget_bytes);
+
+// Checks the plan at train.micro_batch against device 0's free memory before a run starts;
+// prints it to stderr when print is set. Throws DeviceError naming the numbers and the largest
+// micro-batch that fits when it does not.
+void RequireCudaMemory(const RunConfig& config, int local_batch, bool print);
+
+// The device twin of HostGradAccumulator (core/train/micro_batch.h): sum_i w_i·g_i in a device
+// buffer of n floats, allocated on first use.
+class DeviceGradAccumulator {
+ public:
+  explicit DeviceGradAccumulator(size_t n) : n_(n) {}
+  ~DeviceGradAccumulator();
+  DeviceGradAccumulator(const DeviceGradAccumulator&) = delete;
+  DeviceGradAccumulator& operator=(const DeviceGradAccumulator&) = delete;
+  void Add(const float* device_grads, double w, bool first);
+  void Finish(float* device_grads, double w);
+
+ private:
+  size_t n_;
+  float* buf_ = nullptr;
+};
+
 class CudaModel {
  public:
   // Allocates the device arenas; precision from config.train.effective_precision(). Throws

@@ -47,7 +47,33 @@ __global__ void SumHeadsKernel(const float* src, int lds, int src_stride, int sr
   }
 }
 
+__global__ void AxpyKernel(const float* g, float w, bool first, float* acc, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    // Separate multiply and add (no FMA contraction), as the CPU accumulator's loop.
+    const float v = __fmul_rn(w, g[i]);
+    acc[i] = first ? v : __fadd_rn(acc[i], v);
+  }
+}
+
+__global__ void FinishAxpyKernel(const float* acc, float w, float* g, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    g[i] = __fadd_rn(acc[i], __fmul_rn(w, g[i]));
+  }
+}
+
 }  // namespace
+
+void Axpy(const float* g, float w, bool first, float* acc, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  AxpyKernel<<<Blocks(n), kThreads, 0, stream>>>(g, w, first, acc, n);
+}
+
+void FinishAxpy(const float* acc, float w, float* g, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  FinishAxpyKernel<<<Blocks(n), kThreads, 0, stream>>>(acc, w, g, n);
+}
 
 void Add(const float* a, const float* b, float* out, size_t n, cudaStream_t stream) {
   if (n) AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, out, n);

@@ -19,4 +19,9 @@ void CopyHeads(const float* src, int lds, int src_stride, int src_off, float* ds
 void SumHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd, int n,
               int heads, int width, cudaStream_t stream = nullptr);
 
+// Gradient accumulation over micro-batches: acc = w·g (first) or acc += w·g; FinishAxpy writes
+// g = acc + w·g (the last micro-batch joins without another pass).
+void Axpy(const float* g, float w, bool first, float* acc, size_t n, cudaStream_t stream = nullptr);
+void FinishAxpy(const float* acc, float w, float* g, size_t n, cudaStream_t stream = nullptr);
+
 }  // namespace moelab::cudamodel

@@ -12,6 +12,7 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/data/random.h"
 #include "core/model/moe.h"
@@ -134,7 +135,8 @@ struct Model<T>::Impl {
     T* act = nullptr;
   };
 
-  explicit Impl(const RunConfig& config);
+  // allocate false: the layout only (FullLayout).
+  Impl(const RunConfig& config, ExpertShard shard, bool allocate);
   size_t AddParam(const std::string& name, ParamKind kind, int layer, int batch, int rows, int cols,
                   bool align = true);
   void Reserve(int batch);
@@ -159,6 +161,7 @@ struct Model<T>::Impl {
   MoEConfig moe;
   bool mla = false, qk_norm = false;
   int d, L, H, KVH, hd, qdim, kvdim, qkv_dim, F, V, S, E = 0, EH = 0, num_moe = 0;
+  int expert_first = 0, expert_count = 0;                 // the routed experts held (ExpertShard)
   int rq = 0, rkv = 0, dn = 0, dr = 0, dvh = 0, dqk = 0;  // MLA dims
   int odim = 0;                                           // attention output width (wo's input)
   int rot_dim = 0;                                        // RoPE dims per head
@@ -217,7 +220,8 @@ size_t Model<T>::Impl::AddParam(const std::string& name, ParamKind kind, int lay
 }
 
 template <typename T>
-Model<T>::Impl::Impl(const RunConfig& config) : cfg(config), m(config.model), moe(config.moe) {
+Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard, bool allocate)
+    : cfg(config), m(config.model), moe(config.moe) {
   d = m.d_model;
   L = m.layers;
   H = m.heads;
@@ -257,6 +261,13 @@ Model<T>::Impl::Impl(const RunConfig& config) : cfg(config), m(config.model), mo
     E = moe.experts_total;
     EH = moe.expert_hidden;
     num_moe = MoeLayers(m, moe);
+    expert_first = shard.first;
+    expert_count = shard.count < 0 ? E : shard.count;
+    if (expert_first < 0 || expert_count < 1 || expert_first + expert_count > E) {
+      throw std::invalid_argument("model: expert shard outside moe.experts_total");
+    }
+  } else if (shard.count >= 0) {
+    throw std::invalid_argument("model: an expert shard needs an MoE model");
   }
 
   embedding = AddParam("embedding", ParamKind::kEmbedding, -1, 1, V, d);
@@ -298,9 +309,16 @@ Model<T>::Impl::Impl(const RunConfig& config) : cfg(config), m(config.model), mo
     if (moe.enabled() && l >= moe.dense_layers) {
       ly.moe_index = mi++;
       ly.router = AddParam(p + "moe.router", ParamKind::kRouter, l, 1, E, d);
-      ly.ew1 = AddParam(p + "moe.experts.w1", ParamKind::kExpert, l, E, EH, d);
-      ly.ew3 = AddParam(p + "moe.experts.w3", ParamKind::kExpert, l, E, EH, d);
-      ly.ew2 = AddParam(p + "moe.experts.w2", ParamKind::kExpert, l, E, d, EH);
+      // The held experts only (all unless sharded).
+      const std::tuple<size_t*, const char*, int, int> expert_tensors[] = {
+          {&ly.ew1, "w1", EH, d}, {&ly.ew3, "w3", EH, d}, {&ly.ew2, "w2", d, EH}};
+      for (auto [off, name, rows, cols] : expert_tensors) {
+        *off = AddParam(p + "moe.experts." + name, ParamKind::kExpert, l, expert_count, rows, cols);
+        if (expert_count != E) {
+          infos.back().batch_first = expert_first;
+          infos.back().batch_total = E;
+        }
+      }
       const int sh = moe.shared_experts;
       if (sh > 0) {
         ly.sw1 = AddParam(p + "moe.shared.w1", ParamKind::kSharedExpert, l, sh, EH, d);
@@ -316,10 +334,14 @@ Model<T>::Impl::Impl(const RunConfig& config) : cfg(config), m(config.model), mo
   final_norm = AddParam("final_norm", ParamKind::kNorm, -1, 1, 1, d);
   if (!m.tie_embeddings) lm_head = AddParam("lm_head", ParamKind::kLmHead, -1, 1, V, d);
   arena = PadCount<T>(arena);
+  if (!allocate) return;
   params.Resize(arena);
   grads.Resize(arena);
   router_bias.assign(static_cast<size_t>(num_moe) * E, T(0));
-  for (int i = 0; i < num_moe; ++i) moe_layers.push_back(std::make_unique<MoeLayer<T>>(m, moe));
+  for (int i = 0; i < num_moe; ++i) {
+    moe_layers.push_back(std::make_unique<MoeLayer<T>>(m, moe));
+    if (expert_count != E) moe_layers.back()->SetExpertShard(expert_first, expert_count);
+  }
   rope_cos.resize(static_cast<size_t>(S) * rot_dim / 2);
   rope_sin.resize(static_cast<size_t>(S) * rot_dim / 2);
   cpu::RopeTables<T>(S, rot_dim, m.rope_theta, rope_cos.data(), rope_sin.data());
@@ -665,7 +687,15 @@ void Model<T>::Impl::Backward(int batch) {
 }
 
 template <typename T>
-Model<T>::Model(const RunConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Model<T>::Model(const RunConfig& config, ExpertShard shard)
+    : impl_(std::make_unique<Impl>(config, shard, true)) {}
+
+template <typename T>
+std::vector<ParamInfo> Model<T>::FullLayout(const RunConfig& config, size_t* num_params) {
+  const Impl layout(config, ExpertShard{}, false);
+  if (num_params) *num_params = layout.arena;
+  return layout.infos;
+}
 
 template <typename T>
 Model<T>::~Model() = default;
@@ -685,13 +715,17 @@ void Model<T>::Init(uint64_t seed) {
     const bool is_out = p.name.ends_with(".wo") || p.name.ends_with(".w2");
     const double std = I.m.init_std * (is_out ? out_scale : 1.0);
     const uint64_t key = data::SplitMix64(seed ^ data::SplitMix64(HashName(p.name)));
-    const long pairs = (count + 1) / 2;
+    // Element i is element base + i of the whole tensor (base > 0 for a sharded expert block),
+    // so every layout initialises every expert alike.
+    const long base = static_cast<long>(p.batch_first) * p.rows * p.cols;
+    const long first_pair = base / 2, end_pair = (base + count + 1) / 2;
 #pragma omp parallel for schedule(static) if (count > 4096)
-    for (long pr = 0; pr < pairs; ++pr) {
+    for (long pr = first_pair; pr < end_pair; ++pr) {
       double z0, z1;
       NormalPair(key, pr, &z0, &z1);
-      w[2 * pr] = static_cast<T>(std * z0);
-      if (2 * pr + 1 < count) w[2 * pr + 1] = static_cast<T>(std * z1);
+      const long i = 2 * pr - base;
+      if (i >= 0) w[i] = static_cast<T>(std * z0);
+      if (i + 1 < count) w[i + 1] = static_cast<T>(std * z1);
     }
   }
   std::fill(I.router_bias.begin(), I.router_bias.end(), T(0));
@@ -757,6 +791,12 @@ void Model<T>::UpdateRouterBias(const std::vector<int64_t>& counts, double rate)
   for (int mi = 0; mi < I.num_moe; ++mi)
     UpdateSelectionBias(I.router_bias.data() + static_cast<size_t>(mi) * I.E,
                         counts.data() + static_cast<size_t>(mi) * I.E, I.E, rate);
+}
+
+template <typename T>
+void Model<T>::SetMoeBatchStatsHook(MoeBatchStatsHook hook) {
+  for (size_t mi = 0; mi < impl_->moe_layers.size(); ++mi)
+    impl_->moe_layers[mi]->SetBatchStatsHook(hook, static_cast<int>(mi));
 }
 
 template class Model<float>;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/model/moe.h"
 #include "core/model/step_stats.h"
 
 namespace moelab {
@@ -56,7 +57,12 @@ struct ParamInfo {
   int batch = 1;     // stacked same-shape matrices (experts)
   int rows = 1;      // every matrix is row-major [rows, cols]; a linear layer is y = x·Wᵀ
   int cols = 1;
+  // A sharded tensor (routed experts under expert parallelism, ExpertShard) holds matrices
+  // batch_first … batch_first + batch − 1 of the model's batch_total; batch_total 0: whole.
+  int batch_first = 0;
+  int batch_total = 0;
   size_t size() const { return static_cast<size_t>(batch) * rows * cols; }
+  bool sharded() const { return batch_total > 0 && batch_total != batch; }
   // A 2-D hidden weight (what Muon updates): not embedding, LM head, norm or router.
   bool is_hidden_matrix() const {
     switch (kind) {
@@ -71,10 +77,21 @@ struct ParamInfo {
   }
 };
 
+// The routed experts a process holds (issue 23, sharded expert parallelism): every MoE layer's
+// experts first … first+count−1. Their parameters, gradients (and so optimizer state) are the
+// only expert tensors in the arenas; parameter names stay those of the whole model.
+struct ExpertShard {
+  int first = 0;
+  int count = -1;  // -1: every expert
+};
+
 template <typename T>
 class Model {
  public:
-  explicit Model(const RunConfig& config);
+  explicit Model(const RunConfig& config, ExpertShard shard = {});
+  // The parameter layout of the whole (unsharded) model and its arena size, without allocating
+  // it: the checkpoint format.
+  static std::vector<ParamInfo> FullLayout(const RunConfig& config, size_t* num_params);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -107,6 +124,10 @@ class Model {
   // Aux-loss-free balancing: b_i += rate·sign(mean load − load_i) from the step's global counts
   // [moe_layers * experts_total].
   void UpdateRouterBias(const std::vector<int64_t>& counts, double rate);
+  // Global-batch statistics for the Switch aux loss of every MoE layer (core/model/moe.h,
+  // MoeBatchStatsHook; the hook gets the MoE layer index 0 … moe_layers()−1). Null: this call's
+  // tokens are the batch.
+  void SetMoeBatchStatsHook(MoeBatchStatsHook hook);
 
  private:
   struct Impl;

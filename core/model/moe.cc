@@ -81,6 +81,26 @@ MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
   }
   counts_.assign(experts_, 0);
   offsets_.assign(experts_ + 1, 0);
+  expert_count_ = experts_;
+}
+
+template <typename T>
+void MoeLayer<T>::SetExpertShard(int first, int count) {
+  if (first < 0 || count < 1 || first + count > experts_) {
+    throw std::invalid_argument("MoeLayer: expert shard outside the layer's experts");
+  }
+  expert_first_ = first;
+  expert_count_ = count;
+}
+
+template <typename T>
+void MoeLayer<T>::CheckShard(const Communicator* ep) const {
+  if (expert_count_ == experts_) return;
+  const int J = ep ? experts_ / ep->world_size() : experts_;
+  if (!ep || expert_first_ != ep->rank() * J || expert_count_ != J) {
+    throw std::logic_error(
+        "MoeLayer: the sharded experts are not this rank's expert-parallel block");
+  }
 }
 
 template <typename T>
@@ -141,14 +161,17 @@ void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
                        w.shared_w3 + s * wsize, w.shared_w2 + s * wsize, sh1_.data() + hoff,
                        sh3_.data() + hoff, sact_.data() + hoff, out + static_cast<long>(r0) * d);
   };
-  auto routed = [&](int e) {
-    cpu::MoeExpertForward(e, xe_.data(), offsets_.data(), d, H, w.w1, w.w3, w.w2, h1_.data(),
+  // Held expert j (0 … expert_count_−1) is expert expert_first_ + j: its weights are block j,
+  // its rows those of that expert.
+  const int64_t* held_offsets = offsets_.data() + expert_first_;
+  auto routed = [&](int j) {
+    cpu::MoeExpertForward(j, xe_.data(), held_offsets, d, H, w.w1, w.w3, w.w2, h1_.data(),
                           h3_.data(), act_.data(), ye_.data());
   };
   if (expert_parallel_) {
     const int shared_tasks = shared_ * chunks;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < shared_tasks + experts_; ++task) {
+    for (int task = 0; task < shared_tasks + expert_count_; ++task) {
       if (task < shared_tasks) {
         const int r0 = (task % chunks) * chunk_rows;
         shared(task / chunks, r0, std::min(chunk_rows, n - r0));
@@ -157,7 +180,7 @@ void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
       }
     }
   } else {
-    for (int e = 0; e < experts_; ++e) routed(e);
+    for (int j = 0; j < expert_count_; ++j) routed(j);
     for (int s = 0; s < shared_; ++s) shared(s, 0, n);
   }
 }
@@ -191,8 +214,9 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
                         (s == 0 ? dx : sy_.data() + (s - 1) * nd) + xoff, dw1, dw3, dw2,
                         scratch_.data() + (nk + s * static_cast<long>(n) + r0) * 2 * H);
   };
-  auto routed = [&](int e) {
-    cpu::MoeExpertBackward(e, xe_.data(), offsets_.data(), d, H, w.w1, w.w3, w.w2, h1_.data(),
+  const int64_t* held_offsets = offsets_.data() + expert_first_;  // as in ExpertForward
+  auto routed = [&](int j) {
+    cpu::MoeExpertBackward(j, xe_.data(), held_offsets, d, H, w.w1, w.w3, w.w2, h1_.data(),
                            h3_.data(), act_.data(), ye_.data(), dxe_.data(), g.w1, g.w3, g.w2,
                            scratch_.data());
   };
@@ -203,11 +227,11 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
   if (expert_parallel_) {
     const int shared_tasks = shared_ * chunks;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < shared_tasks + experts_ + 1; ++task) {
+    for (int task = 0; task < shared_tasks + expert_count_ + 1; ++task) {
       if (task < shared_tasks) {
         const int c = task % chunks, r0 = c * chunk_rows;
         shared(task / chunks, c, r0, std::min(chunk_rows, n - r0));
-      } else if (task < shared_tasks + experts_) {
+      } else if (task < shared_tasks + expert_count_) {
         routed(task - shared_tasks);
       } else {
         router();
@@ -230,7 +254,7 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
       }
     }
   } else {
-    for (int e = 0; e < experts_; ++e) routed(e);
+    for (int j = 0; j < expert_count_; ++j) routed(j);
     for (int s = 0; s < shared_; ++s) shared(s, 0, 0, n);
     router();
   }
@@ -244,7 +268,7 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   if (n == 0) {
     std::fill(counts_.begin(), counts_.end(), int64_t{0});
     if (counts) std::copy(counts_.begin(), counts_.end(), counts);
-    return 0.0;
+    return aux_loss_ ? AuxLoss(0) : 0.0;  // the hook is collective: join it with no tokens
   }
   const int E = experts_, k = top_k_, d = d_;
   const long nk = static_cast<long>(n) * k;
@@ -253,9 +277,7 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   RowChunkedGemm(/*trans_b=*/true, n, E, d, x, w.router, d, logits_.data(), false);
   cpu::MoeRoute(logits_.data(), n, E, k, sigmoid_, bias, route_scale_, scores_.data(), topk_.data(),
                 gates_.data(), counts_.data());
-  const double aux =
-      aux_loss_ ? cpu::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, sigmoid_, aux_coef_)
-                : 0.0;
+  const double aux = aux_loss_ ? AuxLoss(n) : 0.0;
   if (counts) std::copy(counts_.begin(), counts_.end(), counts);
 
   // Dispatch.
@@ -266,6 +288,7 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   // rows received for the owned experts (swapped in), and their outputs go back to their tokens.
   Communicator* ep = g_expert_parallel;
   ep_active_ = ep != nullptr;
+  CheckShard(ep);
   if (ep) {
     EpPlan(*ep);
     EpToOwners(*ep, xe_.data(), xr_);
@@ -300,7 +323,7 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   const long wsize = static_cast<long>(H) * d;
   if (n == 0) {  // no tokens: every gradient is zero
     std::fill(g.router, g.router + static_cast<long>(E) * d, T(0));
-    for (T* p : {g.w1, g.w3, g.w2}) std::fill(p, p + E * wsize, T(0));
+    for (T* p : {g.w1, g.w3, g.w2}) std::fill(p, p + expert_count_ * wsize, T(0));
     if (shared_ > 0) {
       for (T* p : {g.shared_w1, g.shared_w3, g.shared_w2}) std::fill(p, p + shared_ * wsize, T(0));
     }
@@ -314,8 +337,16 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
 
   // Route backward (gates and aux loss -> logits; the logits buffer is reused for dz). It only
   // needs the gate gradients, so the router weight gradient can run with the experts.
-  cpu::MoeRouteBackward(scores_.data(), topk_.data(), dgates_.data(), counts_.data(), n, E, k,
-                        sigmoid_, route_scale_, aux_loss_ ? aux_coef_ : 0.0, logits_.data());
+  // With the batch's statistics (AuxLoss) this piece's share of the batch objective's gradient
+  // is coef·E·f_i/N per token and score; the data-parallel mean multiplies it by N/n, so the
+  // kernel (which forms coef·E·f_i/n from counts and n) gets coef·n/N. n/N is 1 exactly in one
+  // process, so that gradient keeps its bits.
+  const bool aux = aux_loss_ && batch_tokens_ > 0;
+  const double aux_coef =
+      aux ? aux_coef_ * (static_cast<double>(n) / static_cast<double>(batch_tokens_)) : 0.0;
+  cpu::MoeRouteBackward(scores_.data(), topk_.data(), dgates_.data(),
+                        aux ? batch_counts_.data() : counts_.data(), n, E, k, sigmoid_,
+                        route_scale_, aux_coef, logits_.data());
 
   // ExpertCompute backward, routed and shared, and the router weight gradient; the first shared
   // expert's dx lands in dx. Under expert parallelism the output gradients travel to the owners
@@ -351,6 +382,36 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
 
   // Router dx, after the experts' (dx is theirs while they run).
   RowChunkedGemm(/*trans_b=*/false, n, d, E, logits_.data(), w.router, d, dx, true);
+}
+
+template <typename T>
+double MoeLayer<T>::AuxLoss(int n) {
+  const int E = experts_;
+  batch_counts_.assign(counts_.begin(), counts_.end());
+  score_sums_.assign(E, 0.0);
+  // P's numerators: the normalised scores (softmax: the score; sigmoid: s_i/Σ_j s_j, nothing
+  // where every score underflowed), summed per expert serially in token order (reproducible).
+  for (int t = 0; t < n; ++t) {
+    const T* s = scores_.data() + static_cast<long>(t) * E;
+    double sum = 1.0;
+    if (sigmoid_) {
+      sum = 0;
+      for (int e = 0; e < E; ++e) sum += s[e];
+      if (!(sum > 0)) continue;
+    }
+    for (int e = 0; e < E; ++e) score_sums_[e] += static_cast<double>(s[e]) / sum;
+  }
+  batch_tokens_ = n;
+  if (batch_hook_) {
+    MoeBatchStats stats{E, batch_counts_.data(), score_sums_.data(), &batch_tokens_};
+    batch_hook_(moe_layer_, stats);
+  }
+  if (batch_tokens_ <= 0) return 0.0;
+  // coef·E·Σ_i f_i·P_i with f_i = C_i/(N·k), P_i = score_sums_i/N.
+  double acc = 0;
+  for (int e = 0; e < E; ++e) acc += static_cast<double>(batch_counts_[e]) * score_sums_[e];
+  const double N = static_cast<double>(batch_tokens_);
+  return aux_coef_ * E * acc / (N * top_k_ * N);
 }
 
 // Expert parallelism. P ranks, J = E/P experts each; this rank (p) owns experts p·J … p·J+J−1.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/config.h"
@@ -23,6 +24,29 @@ class Communicator;
 // trainer sets it for a run and clears it at the end). Per thread (the thread that calls the
 // layers).
 void SetMoeExpertParallel(Communicator* comm);
+
+// Global-batch balancing (issue 23). A layer sees only this process's tokens (one rank's rows of
+// the global batch, or one micro-batch of them), but the Switch aux loss coef·E·Σ_i f_i·P_i is
+// defined on the whole batch: f_i = C_i/(N·k) from the batch's top-k assignment counts C_i and
+// P_i = Σ_t s̃_{t,i}/N from the batch's normalised router scores, N its tokens. A hook turns the
+// layer's local statistics into the batch's, in place, before the aux loss is formed:
+//   counts [E]      top-k assignments of the local tokens   -> of the batch
+//   score_sums [E]  Σ_t s̃_{t,i} over the local tokens       -> over the batch
+//   tokens          local tokens                            -> the batch's tokens N
+// The trainer's hook all-reduces them over the data-parallel ranks (E+E+1 numbers per layer);
+// a micro-batching loop can instead supply the step's counts (and score sums) gathered
+// beforehand. The gradient is then that of the batch objective averaged over its N/n equal
+// pieces: each piece's backward uses the batch's f_i, scaled by n/N, so averaging the pieces'
+// gradients (the data-parallel mean) gives the one-process gradient. The expert counts the layer
+// reports to StepStats stay local (the trainer sums them). Called once per MoE layer per
+// Forward, on every rank, in layer order (for double models too); null: the local batch.
+struct MoeBatchStats {
+  int experts;         // E
+  int64_t* counts;     // [E]
+  double* score_sums;  // [E]
+  int64_t* tokens;
+};
+using MoeBatchStatsHook = std::function<void(int moe_layer, MoeBatchStats& stats)>;
 
 template <typename T>
 struct MoeWeights {  // pointers into the param arena (or grad arena)
@@ -53,6 +77,17 @@ class MoeLayer {
   // (it overwrites saved expert outputs with their gradients).
   void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy, int n,
                 T* dx);
+  // Sharded expert parallelism (issue 23): the weights and gradients passed to Forward/Backward
+  // hold only routed experts first … first+count−1 (w1/w3/w2 are [count, …]). Must equal this
+  // rank's block of the expert-parallel communicator while one is set; without one only the
+  // whole set (first 0, count E) is valid.
+  void SetExpertShard(int first, int count);
+  // Global-batch statistics for the aux loss (see MoeBatchStatsHook); moe_layer is passed to
+  // the hook. Only consulted when balance == "aux_loss".
+  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) {
+    batch_hook_ = std::move(hook);
+    moe_layer_ = moe_layer;
+  }
   // Bytes of the dispatch and activation buffers (sized by the largest n seen so far).
   size_t workspace_bytes() const;
 
@@ -60,6 +95,9 @@ class MoeLayer {
   friend class MoeLayerTestPeer;  // tests and benchmarks switch the expert-loop strategy
 
   void Reserve(int n);
+  // The Switch aux loss from the batch statistics (local, or the hook's); fills batch_counts_
+  // and batch_tokens_ for Backward.
+  double AuxLoss(int n);
   void ExpertForward(const MoeWeights<T>& w, const T* x, T* y);
   void ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
                       T* dx);
@@ -69,7 +107,12 @@ class MoeLayer {
   void EpToOwners(Communicator& ep, const T* local, std::vector<T>& owned);
   void EpFromOwners(Communicator& ep, const std::vector<T>& owned, T* local);
 
+  // The routed experts the weights hold (all unless sharded), and a check that they are the
+  // ones whose rows this rank computes.
+  void CheckShard(const Communicator* ep) const;
+
   int d_, hidden_, experts_, top_k_, shared_;
+  int expert_first_ = 0, expert_count_ = 0;
   bool sigmoid_;
   bool aux_loss_;
   double aux_coef_;
@@ -79,13 +122,18 @@ class MoeLayer {
   // inside; false: experts one after another, BLAS threading inside each GEMM.
   bool expert_parallel_ = true;
 
-  int n_ = 0;                        // tokens of the last Forward
-  int capacity_ = 0;                 // tokens the buffers are sized for
-  std::vector<T> logits_;            // [n, E] router logits, reused for their gradient dz
-  std::vector<T> scores_;            // [n, E] softmax/sigmoid scores (unbiased)
-  std::vector<int> topk_;            // [n, k] chosen experts, slot order = descending biased score
-  std::vector<T> gates_;             // [n, k]
-  std::vector<int64_t> counts_;      // [E]
+  int n_ = 0;                    // tokens of the last Forward
+  int capacity_ = 0;             // tokens the buffers are sized for
+  std::vector<T> logits_;        // [n, E] router logits, reused for their gradient dz
+  std::vector<T> scores_;        // [n, E] softmax/sigmoid scores (unbiased)
+  std::vector<int> topk_;        // [n, k] chosen experts, slot order = descending biased score
+  std::vector<T> gates_;         // [n, k]
+  std::vector<int64_t> counts_;  // [E] local top-k assignment counts
+  std::vector<int64_t> batch_counts_;  // [E] the aux loss's counts (the batch's, via the hook)
+  std::vector<double> score_sums_;     // [E] Σ_t s̃_{t,i} (the batch's, via the hook)
+  int64_t batch_tokens_ = 0;           // the aux loss's token count N
+  MoeBatchStatsHook batch_hook_;
+  int moe_layer_ = 0;
   std::vector<int64_t> offsets_;     // [E+1] expert-contiguous row offsets
   std::vector<int> row_token_;       // [n*k] dispatched row -> token
   std::vector<int> slot_row_;        // [n*k] token*k + slot -> dispatched row

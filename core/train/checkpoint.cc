@@ -1,6 +1,7 @@
 #include "core/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,15 +11,16 @@
 #include <fstream>
 #include <stdexcept>
 
-#include <fmt/format.h>
-
 namespace moelab {
 
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '1'};
+// Format 2 adds the run's UUID after the branch hash; format 1 (no UUID) is still read.
+constexpr char kMagic1[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '1'};
+constexpr char kMagic2[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '2'};
+constexpr size_t kMagicSize = sizeof kMagic2;
 
 // FNV-1a over the payload: detects truncation and bit rot (not an adversary).
 uint64_t Fnv1a(const char* data, size_t n, uint64_t h = 1469598103934665603ull) {
@@ -74,8 +76,8 @@ class Reader {
   void Floats(std::span<float> out, const std::string& what) {
     const uint64_t n = Pod<uint64_t>();
     if (n != out.size()) {
-      throw std::runtime_error(fmt::format("{}: {} has {} values, the model expects {}", path_,
-                                           what, n, out.size()));
+      throw std::runtime_error(
+          fmt::format("{}: {} has {} values, the model expects {}", path_, what, n, out.size()));
     }
     Raw(out.data(), n * sizeof(float));
   }
@@ -94,11 +96,15 @@ void FsyncPath(const std::string& path, int flags) {
   }
 }
 
+// step_<9 digits>.ckpt (legacy and anonymous runs) or step_<9 digits>.<uuid8>.ckpt: two runs
+// sharing an explicit folder never write the same file name.
 int64_t StepOf(const fs::path& p) {
   const std::string name = p.filename().string();
   if (name.rfind("step_", 0) != 0 || p.extension() != ".ckpt") return -1;
+  const std::string digits = name.substr(5, name.find('.') - 5);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   try {
-    return std::stoll(name.substr(5, name.size() - 10));
+    return std::stoll(digits);
   } catch (...) {
     return -1;
   }
@@ -122,6 +128,39 @@ std::vector<char> ReadAll(const std::string& path) {
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});
 }
 
+// The first bytes of a file: enough for any header (three short strings and three numbers).
+std::vector<char> ReadPrefix(const std::string& path, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open checkpoint");
+  std::vector<char> buf(n);
+  in.read(buf.data(), static_cast<std::streamsize>(n));
+  buf.resize(static_cast<size_t>(in.gcount()));
+  return buf;
+}
+
+// Checks the magic and returns the format (1 or 2).
+int FormatOf(const std::vector<char>& buf, const std::string& path) {
+  if (buf.size() >= kMagicSize && std::memcmp(buf.data(), kMagic2, kMagicSize) == 0) return 2;
+  if (buf.size() >= kMagicSize && std::memcmp(buf.data(), kMagic1, kMagicSize) == 0) return 1;
+  throw std::runtime_error(path + ": not a moelab checkpoint");
+}
+
+// Everything up to the payload; leaves r at the parameters.
+CheckpointHeader ParseHeader(Reader& r, int format) {
+  char magic[kMagicSize];
+  r.Raw(magic, sizeof magic);
+  CheckpointHeader h;
+  h.config_hash = r.Str();
+  h.branch_hash = r.Str();
+  if (format >= 2) h.run_uuid = r.Str();
+  h.step = r.Pod<int64_t>();
+  h.tokens = r.Pod<int64_t>();
+  h.flops = r.Pod<double>();
+  return h;
+}
+
+std::string Short(const std::string& uuid) { return uuid.empty() ? "(none)" : uuid.substr(0, 8); }
+
 }  // namespace
 
 std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& header,
@@ -129,9 +168,10 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
                             const std::vector<StateBuffer>& optimizer_state, int keep) {
   fs::create_directories(dir);
   Writer w;
-  w.Raw(kMagic, sizeof kMagic);
+  w.Raw(kMagic2, sizeof kMagic2);
   w.Str(header.config_hash);
   w.Str(header.branch_hash);
+  w.Str(header.run_uuid);
   w.Pod(header.step);
   w.Pod(header.tokens);
   w.Pod(header.flops);
@@ -145,7 +185,25 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
   const uint64_t sum = Fnv1a(w.buf().data(), w.buf().size());
   w.Pod(sum);
 
-  const std::string path = fmt::format("{}/step_{:09d}.ckpt", dir, header.step);
+  const std::string path =
+      header.run_uuid.empty()
+          ? fmt::format("{}/step_{:09d}.ckpt", dir, header.step)
+          : fmt::format("{}/step_{:09d}.{}.ckpt", dir, header.step, header.run_uuid.substr(0, 8));
+  // Same-named files of two runs (an explicit folder shared by both): never replace the other's.
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    std::string owner;
+    try {
+      owner = ReadCheckpointHeader(path).run_uuid;
+    } catch (const std::exception&) {
+      owner = header.run_uuid;  // unreadable: a torn file of ours is replaced
+    }
+    if (owner != header.run_uuid) {
+      throw std::runtime_error(fmt::format(
+          "{} belongs to run {}, not this run {}: give each run its own checkpoint folder", path,
+          Short(owner), Short(header.run_uuid)));
+    }
+  }
   const std::string tmp = path + ".tmp";
   {
     FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -161,8 +219,19 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
   fs::rename(tmp, path);
   FsyncPath(dir, O_RDONLY | O_DIRECTORY);
 
-  auto all = ListCheckpoints(dir);
-  for (size_t i = 0; i + keep < all.size(); ++i) fs::remove(all[i].second);
+  // Prune this run's checkpoints only: another run's (or a legacy) file in the folder stays. So
+  // do this run's files beyond this step (a copy of its database went further): they are not
+  // counted, and this run's trajectory replaces them when it gets there.
+  std::vector<fs::path> own;
+  for (const auto& [step, p] : ListCheckpoints(dir)) {
+    if (step > header.step) continue;
+    try {
+      if (ReadCheckpointHeader(p.string()).run_uuid == header.run_uuid) own.push_back(p);
+    } catch (const std::exception&) {
+      // Not readable: not provably ours, left alone.
+    }
+  }
+  for (size_t i = 0; i + keep < own.size(); ++i) fs::remove(own[i], ec);
   return path;
 }
 
@@ -171,9 +240,9 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
                                 const std::vector<StateBuffer>& optimizer_state,
                                 bool match_branch) {
   const std::vector<char> buf = ReadAll(path);
-  if (buf.size() < sizeof kMagic + sizeof(uint64_t) ||
-      std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0) {
-    throw std::runtime_error(path + ": not a moelab checkpoint");
+  const int format = FormatOf(buf, path);
+  if (buf.size() < kMagicSize + sizeof(uint64_t)) {
+    throw std::runtime_error(path + ": checkpoint is truncated");
   }
   uint64_t stored = 0;
   std::memcpy(&stored, buf.data() + buf.size() - sizeof stored, sizeof stored);
@@ -181,27 +250,20 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
     throw std::runtime_error(path + ": checkpoint checksum mismatch (corrupt or truncated)");
   }
   Reader r(buf, path);
-  char magic[8];
-  r.Raw(magic, sizeof magic);
-  CheckpointHeader h;
-  h.config_hash = r.Str();
-  h.branch_hash = r.Str();
+  CheckpointHeader h = ParseHeader(r, format);
   const std::string& got = match_branch ? h.branch_hash : h.config_hash;
   if (!expected_hash.empty() && got != expected_hash) {
-    throw std::runtime_error(fmt::format(
-        "{}: checkpoint is of {} {}, not {}", path,
-        match_branch ? "a config family (all but length)" : "config", got.substr(0, 12),
-        expected_hash.substr(0, 12)));
+    throw std::runtime_error(
+        fmt::format("{}: checkpoint is of {} {}, not {}", path,
+                    match_branch ? "a config family (all but length)" : "config", got.substr(0, 12),
+                    expected_hash.substr(0, 12)));
   }
-  h.step = r.Pod<int64_t>();
-  h.tokens = r.Pod<int64_t>();
-  h.flops = r.Pod<double>();
   r.Floats(params, "params");
   r.Floats(router_bias, "router bias");
   const uint64_t n = r.Pod<uint64_t>();
   if (n != optimizer_state.size()) {
-    throw std::runtime_error(fmt::format("{}: {} optimizer buffers, expected {}", path, n,
-                                         optimizer_state.size()));
+    throw std::runtime_error(
+        fmt::format("{}: {} optimizer buffers, expected {}", path, n, optimizer_state.size()));
   }
   for (const StateBuffer& s : optimizer_state) {
     const std::string name = r.Str();
@@ -226,12 +288,77 @@ std::vector<std::string> CheckpointsNewestFirst(const std::string& dir) {
   return out;
 }
 
-std::string ReadNewestValidCheckpoint(const std::string& dir, const std::string& expected_hash,
-                                      std::span<float> params, std::span<float> router_bias,
+CheckpointHeader ReadCheckpointHeader(const std::string& path) {
+  const std::vector<char> buf = ReadPrefix(path, 4096);
+  Reader r(buf, path);
+  return ParseHeader(r, FormatOf(buf, path));
+}
+
+std::vector<std::string> ResumeCandidates(const std::string& dir, const ResumeIdentity& id,
+                                          const std::function<void(const std::string&)>& warn) {
+  const auto say = [&](const std::string& s) {
+    if (warn) warn(s);
+  };
+  std::vector<std::pair<int64_t, std::string>> out;
+  const auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return !a.empty() && !b.empty() && fs::equivalent(a, b, ec);
+  };
+  const auto consider = [&](const std::string& path) {
+    CheckpointHeader h;
+    try {
+      h = ReadCheckpointHeader(path);
+    } catch (const std::exception& e) {
+      say(fmt::format("skipping checkpoint {}: {}", path, e.what()));
+      return;
+    }
+    if (h.run_uuid != id.run_uuid) {
+      const bool recorded_legacy = h.run_uuid.empty() && same_file(path, id.legacy_checkpoint);
+      if (!recorded_legacy) {
+        say(h.run_uuid.empty()
+                ? fmt::format("skipping legacy checkpoint {} (step {}, written before runs had "
+                              "UUIDs): it is not the checkpoint this run recorded, so it may be "
+                              "another run's",
+                              path, h.step)
+                : fmt::format("skipping foreign checkpoint {} (step {}): it belongs to run {} "
+                              "(config {}), not to this run {} (config {})",
+                              path, h.step, Short(h.run_uuid), h.config_hash.substr(0, 12),
+                              Short(id.run_uuid), id.config_hash.substr(0, 12)));
+        return;
+      }
+    }
+    if (id.max_step >= 0 && h.step > id.max_step) {
+      say(
+          fmt::format("skipping checkpoint {} (step {}): the database recorded this run only up "
+                      "to step {} (a copy of the database, or a trainer killed between the "
+                      "checkpoint and its record, went further)",
+                      path, h.step, id.max_step));
+      return;
+    }
+    out.push_back({h.step, path});
+  };
+  bool legacy_seen = false;
+  for (const std::string& path : CheckpointsNewestFirst(dir)) {
+    legacy_seen = legacy_seen || same_file(path, id.legacy_checkpoint);
+    consider(path);
+  }
+  std::error_code ec;
+  if (!legacy_seen && !id.legacy_checkpoint.empty() && fs::exists(id.legacy_checkpoint, ec)) {
+    consider(id.legacy_checkpoint);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> paths;
+  for (auto& [step, path] : out) paths.push_back(std::move(path));
+  return paths;
+}
+
+std::string ReadNewestValidCheckpoint(const std::vector<std::string>& all,
+                                      const std::string& expected_hash, std::span<float> params,
+                                      std::span<float> router_bias,
                                       const std::vector<StateBuffer>& optimizer_state,
                                       CheckpointHeader* header,
                                       const std::function<void(const std::string&)>& warn) {
-  const std::vector<std::string> all = CheckpointsNewestFirst(dir);
   std::string errors;
   for (const std::string& path : all) {
     try {
@@ -244,7 +371,7 @@ std::string ReadNewestValidCheckpoint(const std::string& dir, const std::string&
   }
   if (!all.empty()) {
     throw std::runtime_error(
-        fmt::format("no valid checkpoint in {} ({} tried):{}", dir, all.size(), errors));
+        fmt::format("no valid checkpoint of this run ({} tried):{}", all.size(), errors));
   }
   return "";
 }

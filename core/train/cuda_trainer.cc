@@ -18,6 +18,7 @@
 #include "core/optim/cuda_optimizer.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
+#include "core/train/micro_batch.h"
 #include "core/train/progress.h"
 
 namespace moelab {
@@ -38,8 +39,9 @@ double Evaluate(CudaModel& model, TokenSource& data, const RunConfig& c,
   const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
-                  layout.local_batch, &stats);
+    ForwardMicroBatched(model,
+                        tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                        c.model.seq_len, PlanMicroBatches(c, layout.local_batch), &stats);
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
@@ -97,8 +99,9 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
   const bool leader = comm->rank() == 0;
   if (!leader) sink = &null_sink;
   const int local_batch = layout.local_batch;
-  const std::string ckpt_dir =
-      options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
+  const std::string ckpt_dir = options.checkpoint_dir.empty()
+                                   ? DefaultCheckpointDir(c, options.run_uuid)
+                                   : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
@@ -108,6 +111,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
 
   try {
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
+    RequireCudaMemory(c, local_batch, false);  // refuses what cannot fit (the CLI printed it)
     CudaModel model(c);
     model.Init(c.train.seed);
     std::unique_ptr<CudaOptimizer> optimizer =
@@ -119,12 +123,22 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
 
     int64_t step = 0, tokens_seen = 0;
     double flops = 0;
-    const std::string latest = options.resume ? LatestCheckpoint(ckpt_dir) : "";
-    if (!latest.empty() || !options.init_from.empty()) {
-      const bool branch = latest.empty();
-      const std::string& from = branch ? options.init_from : latest;
-      CheckpointHeader h = ReadCheckpoint(from, branch ? branch_hash : hash, params, bias,
-                                          optimizer->state(), branch);
+    // The same choice as the CPU trainer: this run's newest valid checkpoint (another run's are
+    // skipped with a warning), else the WSD branch point. Every rank reads (shared filesystem).
+    std::string from;
+    CheckpointHeader h;
+    const std::function<void(const std::string&)> warn =
+        leader ? std::function<void(const std::string&)>(WarnResume) : nullptr;
+    if (options.resume) {
+      from = ReadNewestValidCheckpoint(
+          ResumeCandidates(ckpt_dir, ResumeIdentityOf(options, hash), warn), hash, params, bias,
+          optimizer->state(), &h, warn);
+    }
+    if (from.empty() && !options.init_from.empty()) {
+      from = options.init_from;
+      h = ReadCheckpoint(from, branch_hash, params, bias, optimizer->state(), true);
+    }
+    if (!from.empty()) {
       if (h.step > total) {
         throw std::runtime_error(
             fmt::format("{} is at step {}, beyond this run's {} steps", from, h.step, total));
@@ -144,7 +158,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       if (!leader) return "";
       model.DownloadParams(host_params.data());
       optimizer->SyncToHost();
-      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
+      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops, options.run_uuid};
       return WriteCheckpoint(dir, h, params, bias, optimizer->state(), keep);
     };
     auto is_branch_step = [&](int64_t at) {
@@ -156,6 +170,8 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     const int32_t* local_tokens =
         tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
+    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
+    DeviceGradAccumulator accumulator(n);
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     auto last_heartbeat = Clock::now();
@@ -174,7 +190,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
       if (stop) break;
       const auto t0 = Clock::now();
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
-      model.ForwardBackward(local_tokens, local_batch, &stats);
+      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator);
       float* grads = model.grads();
       if (layout.world > 1) {
         comm->AllReduceSum(grads, n);  // device pointer: NCCL all-reduce in place
@@ -256,11 +272,9 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
     }
     result.steps_done = step;
     if (step < total) {
-      if (leader && (result.checkpoint.empty() || step != result.start_step)) {
-        if (CheckpointAtStep(ckpt_dir, step).empty()) {
-          result.checkpoint = write(ckpt_dir, step, c.checkpoint.keep);
-          sink->OnCheckpoint(step, result.checkpoint);
-        }
+      if (leader && CheckpointStepOf(result.checkpoint) != step) {
+        result.checkpoint = write(ckpt_dir, step, c.checkpoint.keep);
+        sink->OnCheckpoint(step, result.checkpoint);
       }
       result.status = RunStatus::kStopped;
       bar.Finish(fmt::format("stopped at step {}", step));

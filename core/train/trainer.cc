@@ -12,7 +12,9 @@
 #include <fmt/format.h>
 
 #include "core/data/data.h"
+#include "core/dist/batch_stats.h"
 #include "core/dist/expert_parallel.h"
+#include "core/dist/expert_shard.h"
 #include "core/dist/layout.h"
 #include "core/dist/zero.h"
 #include "core/flops.h"
@@ -23,6 +25,7 @@
 #include "core/optim/qk_clip.h"
 #include "core/train/checkpoint.h"
 #include "core/train/cuda_trainer.h"
+#include "core/train/micro_batch.h"
 #include "core/train/progress.h"
 
 namespace moelab {
@@ -67,8 +70,9 @@ double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
   const size_t row = static_cast<size_t>(c.model.seq_len) + 1;
   for (int b = 0; b < c.eval.batches; ++b) {
     data.ValBatch(b, c.train.batch_size, c.model.seq_len, tokens.data());
-    model.Forward(tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
-                  layout.local_batch, &stats);
+    ForwardMicroBatched(model,
+                        tokens.data() + static_cast<size_t>(layout.rank) * layout.local_batch * row,
+                        c.model.seq_len, PlanMicroBatches(c, layout.local_batch), &stats);
     sum += stats.loss;
   }
   if (layout.world > 1) comm.AllReduceSum(&sum, 1);
@@ -84,11 +88,48 @@ void AllReduceGradients(Communicator& comm, float* g, size_t n, double bucket_mb
   Scale(g, n, 1.0f / comm.world_size());
 }
 
+// What checkpoints are read into: this rank's parameters and optimizer buffers, or, under
+// sharded expert parallelism (Allocate with a map), whole-model buffers that Scatter then cuts
+// into this rank's (transiently full size on every rank, only while resuming).
+struct WholeModelBuffers {
+  WholeModelBuffers(std::span<float> local_params, const std::vector<StateBuffer>& local_state)
+      : params(local_params), state(local_state) {}
+  void Allocate(const ExpertShardMap* map) {
+    if (!map || !full_params.empty()) return;
+    full_params.resize(map->full_size("params"));
+    params = full_params;
+    storage.reserve(state.size());
+    for (StateBuffer& sb : state) {
+      storage.emplace_back(map->full_size(sb.name));
+      sb.data = &storage.back();
+    }
+  }
+  void Scatter(const ExpertShardMap* map, std::span<float> local_params,
+               const std::vector<StateBuffer>& local_state) const {
+    if (!map) return;
+    map->Scatter("params", params.data(), local_params.data());
+    for (size_t i = 0; i < state.size(); ++i) {
+      map->Scatter(state[i].name, state[i].data->data(), local_state[i].data->data());
+    }
+  }
+  std::span<float> params;
+  std::vector<StateBuffer> state;
+  std::vector<float> full_params;
+  std::vector<std::vector<float>> storage;
+};
+
 }  // namespace
 
-std::string DefaultCheckpointDir(const RunConfig& config) {
-  return config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
+std::string DefaultCheckpointDir(const RunConfig& config, const std::string& run_uuid) {
+  const std::string base = config.checkpoint.dir + "/" + ConfigHash(config).substr(0, 16);
+  return run_uuid.empty() ? base : base + "/" + run_uuid;
 }
+
+ResumeIdentity ResumeIdentityOf(const TrainOptions& options, const std::string& config_hash) {
+  return {options.run_uuid, config_hash, options.legacy_checkpoint, options.max_resume_step};
+}
+
+void WarnResume(const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); }
 
 std::string BranchCheckpointDir(const std::string& checkpoint_dir) {
   return checkpoint_dir + "/branches";
@@ -104,8 +145,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   NullSink null_sink;
   const bool leader = comm->rank() == 0;
   if (!leader) sink = &null_sink;
-  const std::string ckpt_dir =
-      options.checkpoint_dir.empty() ? DefaultCheckpointDir(c) : options.checkpoint_dir;
+  const std::string ckpt_dir = options.checkpoint_dir.empty()
+                                   ? DefaultCheckpointDir(c, options.run_uuid)
+                                   : options.checkpoint_dir;
   const std::string hash = ConfigHash(c);
   const std::string branch_hash = BranchHash(c);
   const int64_t total = c.total_steps();
@@ -120,11 +162,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
     const int local_batch = layout.local_batch;
     // Expert parallelism: consecutive groups of EP ranks split each MoE layer's experts; tokens
-    // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). Every
-    // rank keeps the full arena: the gradients of experts a rank does not own come out zero;
-    // expert gradients are summed over the DP group of their owners only, then all-gathered in
-    // the EP group (core/dist/expert_parallel.h), so every rank applies the same update. With
-    // ZeRO-1 the arena-wide reduce-scatter sums them (the zeros of non-owners included).
+    // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). A rank
+    // holds only its experts (parameters, gradients, optimizer state: the model is built with
+    // its ExpertShard); their gradients are summed over the DP group of same-expert owners only
+    // (core/dist/expert_parallel.h); checkpoints gather the whole model inside the EP group of
+    // rank 0 and keep the unsharded format (core/dist/expert_shard.h).
+    const bool sharded_ep = layout.ep > 1;
     std::unique_ptr<Communicator> ep_comm, dp_comm;
     if (layout.ep > 1) {
       ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
@@ -135,16 +178,24 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
     } ep_scope(ep_comm.get());
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
-    Model<float> model(c);
+    const int held = c.moe.experts_total / layout.ep;
+    Model<float> model(
+        c, sharded_ep ? ExpertShard{(layout.rank % layout.ep) * held, held} : ExpertShard{});
     model.Init(c.train.seed);
+    // Global-batch balancing: every rank holds other rows of the global batch, so the Switch aux
+    // loss takes its f_i and P_i from the statistics summed over all ranks (the objective of one
+    // process; core/dist/batch_stats.h). The aux-loss-free bias already uses the summed counts.
+    if (layout.world > 1 && c.moe.enabled() && c.moe.balance == "aux_loss") {
+      model.SetMoeBatchStatsHook(AllReduceBatchStatsHook(*comm));
+    }
     // ZeRO-1 (with distributed Muon): a sharded optimizer; otherwise every rank steps all.
     const bool zero = c.dist.zero1 && layout.world > 1;
     const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
     std::unique_ptr<Optimizer> optimizer;
     std::unique_ptr<ShardedOptimizer> sharded;
-    if (zero) {
-      sharded = std::make_unique<ShardedOptimizer>(c.optimizer, model.param_infos(),
-                                                   model.num_params(), *comm);
+    if (zero) {  // over the ranks holding the same parameters
+      sharded = std::make_unique<ShardedOptimizer>(
+          c.optimizer, model.param_infos(), model.num_params(), sharded_ep ? *dp_comm : *comm);
     } else {
       optimizer = MakeOptimizer(c.optimizer, model.param_infos());
     }
@@ -153,7 +204,15 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         layout.world > 1 ? PartitionArena(model.param_infos(), model.num_params(), layout.world,
                                           muon)
                          : std::vector<ArenaRange>{};
-    // Optimizer buffers in the unsharded checkpoint layout; with ZeRO-1 gathered into storage.
+    std::unique_ptr<ExpertShardMap> shard_map;  // this rank's arena <-> the checkpoint format
+    if (sharded_ep) {
+      size_t full_n = 0;
+      const std::vector<ParamInfo> full = Model<float>::FullLayout(c, &full_n);
+      shard_map = std::make_unique<ExpertShardMap>(model.param_infos(), model.num_params(), full,
+                                                   full_n, muon);
+    }
+    // Optimizer buffers in this rank's arena layout (not ZeRO-sharded); with ZeRO-1 gathered
+    // into storage. Without expert parallelism that is the checkpoint layout.
     auto checkpoint_state = [&](std::vector<std::vector<float>>& storage, bool gather) {
       if (!zero) return optimizer->state();
       if (gather) {
@@ -179,16 +238,20 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     CheckpointHeader h;
     std::vector<std::vector<float>> resume_storage;
     const std::vector<StateBuffer> resume_state = checkpoint_state(resume_storage, false);
+    // Sharded expert parallelism reads and broadcasts the whole model (the checkpoint format);
+    // every rank then takes its block (ckpt.Scatter below).
+    WholeModelBuffers ckpt(params, resume_state);
+    if (leader && (options.resume || !options.init_from.empty())) ckpt.Allocate(shard_map.get());
     if (leader) {
       try {
         if (options.resume) {
           from = ReadNewestValidCheckpoint(
-              ckpt_dir, hash, params, bias, resume_state, &h,
-              [](const std::string& w) { fmt::print(stderr, "moelab train: warning: {}\n", w); });
+              ResumeCandidates(ckpt_dir, ResumeIdentityOf(options, hash), WarnResume), hash,
+              ckpt.params, bias, ckpt.state, &h, WarnResume);
         }
         if (from.empty() && !options.init_from.empty()) {
           from = options.init_from;
-          h = ReadCheckpoint(from, branch_hash, params, bias, resume_state, true);
+          h = ReadCheckpoint(from, branch_hash, ckpt.params, bias, ckpt.state, true);
         }
         if (!from.empty() && h.step > total) {
           throw std::runtime_error(
@@ -209,15 +272,18 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         comm->BroadcastBytes(&h.flops, sizeof h.flops, 0);
         h.step = hdr[0];
         h.tokens = hdr[1];
-        comm->Broadcast(params.data(), params.size(), 0);
+        ckpt.Allocate(shard_map.get());
+        comm->Broadcast(ckpt.params.data(), ckpt.params.size(), 0);
         comm->Broadcast(bias.data(), bias.size(), 0);
-        for (const StateBuffer& sb : resume_state) {
+        for (const StateBuffer& sb : ckpt.state) {
           comm->Broadcast(sb.data->data(), sb.data->size(), 0);
         }
         if (!leader) from = "(broadcast from rank 0)";
       }
     }
     if (!read_error.empty()) throw std::runtime_error(read_error);
+    if (!from.empty()) ckpt.Scatter(shard_map.get(), params, resume_state);
+    ckpt = WholeModelBuffers(params, resume_state);
     if (zero && !from.empty()) sharded->LoadFullState(resume_storage);
     resume_storage = {};
     if (!from.empty()) {
@@ -237,17 +303,37 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         for (const StateBuffer& sb : optimizer->state()) full += sb.data->size() * sizeof(float);
         result.optimizer_state_bytes = full;
       }
+      // Parameters + gradients held here (the expert-parallel saving), and the unsharded sizes.
+      result.param_bytes = 2 * model.num_params() * sizeof(float);
+      size_t full_params = result.param_bytes;
+      if (shard_map) {
+        full_params = 2 * shard_map->full_size("params") * sizeof(float);
+        full = 0;
+        for (const StateBuffer& sb : resume_state) full += shard_map->full_size(sb.name) * 4;
+      }
       bytes[layout.rank] = static_cast<int64_t>(result.optimizer_state_bytes);
+      std::vector<int64_t> param_bytes(layout.world, 0);
+      param_bytes[layout.rank] = static_cast<int64_t>(result.param_bytes);
       comm->AllReduceSum(bytes.data(), bytes.size());
+      comm->AllReduceSum(param_bytes.data(), param_bytes.size());
       if (leader) {
         fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(),
                    comm->kind());
+        fmt::print(stderr,
+                   "moelab train: parameters + gradients per rank: {:.3f} MiB max, {:.3f} MiB min "
+                   "({}; unsharded {:.3f} MiB)\n",
+                   *std::max_element(param_bytes.begin(), param_bytes.end()) / 1048576.0,
+                   *std::min_element(param_bytes.begin(), param_bytes.end()) / 1048576.0,
+                   sharded_ep ? fmt::format("experts sharded over EP {}", layout.ep) : "replicated",
+                   full_params / 1048576.0);
         fmt::print(stderr,
                    "moelab train: optimizer state per rank: {:.3f} MiB max, {:.3f} MiB min ({}; "
                    "unsharded {:.3f} MiB)\n",
                    *std::max_element(bytes.begin(), bytes.end()) / 1048576.0,
                    *std::min_element(bytes.begin(), bytes.end()) / 1048576.0,
-                   zero ? fmt::format("ZeRO-1 over {} ranks", layout.world) : "replicated",
+                   zero         ? fmt::format("ZeRO-1 over {} ranks", layout.dp)
+                   : sharded_ep ? fmt::format("experts sharded over EP {}", layout.ep)
+                                : "replicated",
                    full / 1048576.0);
       }
       comm->ResetStats();
@@ -255,14 +341,31 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     result.start_step = step;
     if (options.on_start) options.on_start(step);
 
-    // Collective with ZeRO-1 (the state is gathered); only rank 0 writes.
+    // Collective with ZeRO-1 (the state is gathered over the DP ranks) and with sharded expert
+    // parallelism (the whole model is gathered inside rank 0's EP group); only rank 0 writes.
+    const bool in_writer_group = sharded_ep && layout.rank < layout.ep;
     auto write_checkpoint = [&](const std::string& dir, int64_t at, int keep) -> std::string {
-      if (!leader && !zero) return "";
+      if (!leader && !zero && !in_writer_group) return "";
       std::vector<std::vector<float>> storage;
-      const std::vector<StateBuffer> state = checkpoint_state(storage, true);
+      std::vector<StateBuffer> state = checkpoint_state(storage, true);
+      std::span<const float> out_params = params;
+      std::vector<float> full_params;
+      std::vector<std::vector<float>> full_state;
+      if (sharded_ep) {
+        if (!in_writer_group) return "";
+        full_params.resize(shard_map->full_size("params"));
+        shard_map->Gather(*ep_comm, "params", params.data(), full_params.data());
+        out_params = full_params;
+        full_state.reserve(state.size());
+        for (StateBuffer& sb : state) {
+          full_state.emplace_back(shard_map->full_size(sb.name));
+          shard_map->Gather(*ep_comm, sb.name, sb.data->data(), full_state.back().data());
+          sb.data = &full_state.back();
+        }
+      }
       if (!leader) return "";
-      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops};
-      return WriteCheckpoint(dir, h, params, bias, state, keep);
+      CheckpointHeader h{hash, branch_hash, at, tokens_seen, flops, options.run_uuid};
+      return WriteCheckpoint(dir, h, out_params, bias, state, keep);
     };
     auto checkpoint = [&](int64_t at) {
       const std::string path = write_checkpoint(ckpt_dir, at, c.checkpoint.keep);
@@ -281,6 +384,15 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const int32_t* local_tokens =
         tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
+    // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
+    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
+    HostGradAccumulator accumulator(model.num_params());
+    // The Switch aux loss over micro-batches takes the step's statistics (one extra forward).
+    std::unique_ptr<StepAuxStats> step_aux;
+    if (micro.count() > 1 && c.moe.enabled() && c.moe.balance == "aux_loss") {
+      step_aux = std::make_unique<StepAuxStats>(
+          layout.world > 1 ? AllReduceBatchStatsHook(*comm) : MoeBatchStatsHook{});
+    }
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
     const auto t_start = Clock::now();
@@ -307,14 +419,20 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
       const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
-      model.ForwardBackward(local_tokens, local_batch, &stats);
+      ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator,
+                                  step_aux.get());
       const size_t n = model.num_params();
       float* grads = model.grads();
       if (layout.world > 1) {
-        if (zero) {
+        if (zero && sharded_ep) {
+          // Replicated tensors: summed in the EP group, then the DP reduce-scatter completes the
+          // world sum; experts over the DP group only.
+          SumNonExpertOverExpertGroup(*ep_comm, model.param_infos(), grads, n, c.dist.bucket_mb);
+          sharded->ReduceScatterGradients(grads, c.dist.bucket_mb, layout.world);
+        } else if (zero) {
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
-        } else if (ep_comm) {
-          ReduceExpertParallelGradients(*comm, *ep_comm, *dp_comm, model.param_infos(), grads, n,
+        } else if (sharded_ep) {
+          ReduceExpertParallelGradients(*comm, *dp_comm, model.param_infos(), grads, n,
                                         c.dist.bucket_mb);
         } else {
           AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
@@ -331,7 +449,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       ++step;
       double grad_norm = 0;
-      if (zero) {
+      if (sharded_ep) {
+        grad_norm =
+            ExpertParallelGradNorm(*ep_comm, zero ? dp_comm.get() : nullptr, model.param_infos(),
+                                   grads, n, zero ? sharded->mine() : ArenaRange{0, n});
+      } else if (zero) {
         grad_norm = sharded->GradNorm(grads);
       } else if (layout.world > 1) {
         double sq = 0;
@@ -438,7 +560,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         if (ep_comm) {
           fmt::print(stderr,
                      "moelab train: expert parallel: {:.3f} MiB per step inside the EP group "
-                     "(token all-to-all, expert gradient all-gather)\n",
+                     "(token all-to-all)\n",
                      static_cast<double>(step_ep_bytes) / steps_timed / 1048576.0);
         }
       }
@@ -446,10 +568,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     if (step < total) {
       // Stopped early (signal or stop_at_step): leave a checkpoint so the run can resume.
       // Rank 0 decides (it alone sees the folder); with ZeRO-1 every rank joins the gather.
-      float need = leader && (result.checkpoint.empty() || step != result.start_step) &&
-                           CheckpointAtStep(ckpt_dir, step).empty()
-                       ? 1.0f
-                       : 0.0f;
+      float need = leader && CheckpointStepOf(result.checkpoint) != step ? 1.0f : 0.0f;
       if (layout.world > 1) comm->Broadcast(&need, 1, 0);
       if (need > 0) checkpoint(step);
       result.status = RunStatus::kStopped;

@@ -11,14 +11,24 @@
 #include "core/config.h"
 #include "core/dist/communicator.h"
 #include "core/metrics.h"
+#include "core/train/checkpoint.h"
 
 namespace moelab {
 
 struct TrainOptions {
-  // Folder for this run's checkpoints; "" = <checkpoint.dir>/<first 16 hex of config hash>.
+  // The run's identity (runs.uuid): written into every checkpoint; resume adopts only
+  // checkpoints with the same one. "" = anonymous (library callers): adopts only checkpoints
+  // without one. `moelab train` always passes the run row's.
+  std::string run_uuid;
+  // Folder for this run's checkpoints; "" = DefaultCheckpointDir(config, run_uuid).
   std::string checkpoint_dir;
-  // Continue from the newest checkpoint in checkpoint_dir (fresh start if there is none).
+  // Continue from the newest checkpoint of this run in checkpoint_dir (fresh start if there is
+  // none); another run's checkpoints there are skipped with a warning (ResumeCandidates).
   bool resume = false;
+  // With resume: a legacy checkpoint (no UUID) this run recorded, adopted as its own, and the
+  // last step the database holds for the run (newer checkpoints skipped; -1: no limit).
+  std::string legacy_checkpoint;
+  int64_t max_resume_step = -1;
   // Stop (with a checkpoint, status stopped) after this many total steps; -1 = run to the end.
   int64_t stop_at_step = -1;
   // Set asynchronously (e.g. by SIGINT) to stop gracefully with a checkpoint.
@@ -49,13 +59,20 @@ struct TrainResult {
   double comm_bytes_per_step = 0;
   double comm_time_share = 0;
   size_t optimizer_state_bytes = 0;
+  size_t param_bytes = 0;  // parameters + gradients held by this rank (issue 23)
 };
 
 // Exit codes of `moelab train`, distinct so a sweep scheduler can tell outcomes apart.
 enum ExitCode { kExitDone = 0, kExitFailed = 1, kExitConfig = 2, kExitDiverged = 3,
                 kExitStopped = 4 };
 
-std::string DefaultCheckpointDir(const RunConfig& config);
+// <checkpoint.dir>/<first 16 hex of the config hash>/<run uuid>: one folder per run (without a
+// uuid: <checkpoint.dir>/<hash16>, the layout before runs had UUIDs).
+std::string DefaultCheckpointDir(const RunConfig& config, const std::string& run_uuid);
+// Which checkpoints a run with these options may resume from (both trainers use it).
+ResumeIdentity ResumeIdentityOf(const TrainOptions& options, const std::string& config_hash);
+// Prints a resume warning (a skipped checkpoint) to stderr.
+void WarnResume(const std::string& warning);
 // Where Train writes the branch-point checkpoints of a run (see TrainOptions::branch_steps).
 std::string BranchCheckpointDir(const std::string& checkpoint_dir);
 

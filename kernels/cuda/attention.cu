@@ -105,8 +105,11 @@ __global__ void MaxOverBatchKernel(const float* pair_max, int batch, int heads, 
   out[h] = m;
 }
 
-// Shapes the strided-batched layout relies on; checked on the host before any CUDA call.
-void Validate(const AttentionDims& a, const char* who) {
+int RowThreads(int seq) { return seq >= 512 ? 256 : (seq >= 128 ? 128 : 32); }
+
+}  // namespace
+
+void ValidateAttentionDims(const AttentionDims& a, const char* who) {
   auto fail = [&](const std::string& why) {
     throw std::invalid_argument(std::string(who) + ": " + why);
   };
@@ -121,10 +124,6 @@ void Validate(const AttentionDims& a, const char* who) {
   if (a.ldo < a.heads * a.v_dim) fail("ldo smaller than heads*v_dim");
 }
 
-int RowThreads(int seq) { return seq >= 512 ? 256 : (seq >= 128 ? 128 : 32); }
-
-}  // namespace
-
 size_t AttentionScratchSize(const AttentionDims& a) {
   return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
 }
@@ -132,7 +131,7 @@ size_t AttentionScratchSize(const AttentionDims& a) {
 template <typename T>
 void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
                       T* capped, T* out, T* pair_max, cudaStream_t stream) {
-  Validate(a, "cuda::AttentionForward");
+  ValidateAttentionDims(a, "cuda::AttentionForward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -161,7 +160,7 @@ template <typename T>
 void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
                        const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
                        cudaStream_t stream) {
-  Validate(a, "cuda::AttentionBackward");
+  ValidateAttentionDims(a, "cuda::AttentionBackward");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -209,7 +208,7 @@ void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,
 void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
                           float* probs, bf16* probs16, float* capped, bf16* out, float* pair_max,
                           cudaStream_t stream) {
-  Validate(a, "cuda::AttentionForwardBf16");
+  ValidateAttentionDims(a, "cuda::AttentionForwardBf16");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -238,7 +237,7 @@ void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k,
                            const float* probs, const bf16* probs16, const float* capped,
                            const bf16* dout, float* dq, float* dk, float* dv, float* scratch,
                            bf16* scratch16, cudaStream_t stream) {
-  Validate(a, "cuda::AttentionBackwardBf16");
+  ValidateAttentionDims(a, "cuda::AttentionBackwardBf16");
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;

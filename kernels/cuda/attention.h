@@ -46,6 +46,11 @@ struct AttentionDims {
   }
 };
 
+// Throws std::invalid_argument("<who>: <why>") for shapes no attention kernel accepts
+// (non-positive dims, heads not a multiple of kv_heads, row strides narrower than the heads).
+// Host-only: callable before any CUDA call.
+void ValidateAttentionDims(const AttentionDims& a, const char* who);
+
 // Elements (of T) of device scratch AttentionBackward needs: B·H·S·S.
 size_t AttentionScratchSize(const AttentionDims& a);
 

@@ -2,6 +2,7 @@
 // cross-entropy, and the optimizer arithmetic. One translation unit to keep nvcc time down.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cub/device/device_radix_sort.cuh>
 #include <vector>
@@ -439,17 +440,39 @@ template void CrossEntropyAsync<float>(float*, const int32_t*, int, int, double,
 
 namespace {
 // The CPU loop's operations one by one with round-to-nearest intrinsics (no FMA contraction).
+// One element of AdamW: the loop of core/optim/adamw.cc, operation for operation without FMA
+// contraction (bit-equal to the CPU). Returns the updated weight.
+__device__ __forceinline__ float AdamWElement(float& w, float gi, float& m, float& v,
+                                              const AdamWScalars& s, float decay) {
+  const float mi = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(1.0f - s.b1, gi));
+  const float vi = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(1.0f - s.b2, gi), gi));
+  m = mi;
+  v = vi;
+  const float denom = __fadd_rn(__fmul_rn(sqrtf(vi), s.inv_sqrt_c2), s.eps);
+  w = __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step_size, mi), denom));
+  return w;
+}
+
 __global__ void AdamWKernel(float* w, const float* g, float* m, float* v, size_t n,
                             AdamWScalars s) {
-  const float one_b1 = 1.0f - s.b1, one_b2 = 1.0f - s.b2;
-  MOELAB_GRID_STRIDE(i, n) {
-    const float gi = g[i];
-    const float mi = __fadd_rn(__fmul_rn(s.b1, m[i]), __fmul_rn(one_b1, gi));
-    const float vi = __fadd_rn(__fmul_rn(s.b2, v[i]), __fmul_rn(__fmul_rn(one_b2, gi), gi));
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = __fadd_rn(__fmul_rn(sqrtf(vi), s.inv_sqrt_c2), s.eps);
-    w[i] = __fsub_rn(__fmul_rn(w[i], s.decay), __fdiv_rn(__fmul_rn(s.step_size, mi), denom));
+  MOELAB_GRID_STRIDE(i, n) AdamWElement(w[i], g[i], m[i], v[i], s, s.decay);
+}
+
+// blockIdx.y = segment; the bf16 copy is written from the updated fp32 weight in the same pass.
+__global__ void AdamWFusedKernel(const AdamWSegment* segs, float* w_all, const float* g_all,
+                                 float* m_all, float* v_all, bf16* w16_all, AdamWScalars s) {
+  const AdamWSegment seg = segs[blockIdx.y];
+  float* w = w_all + seg.offset;
+  const float* g = g_all + seg.offset;
+  float* m = m_all + seg.state_offset;
+  float* v = v_all + seg.state_offset;
+  bf16* w16 = w16_all ? w16_all + seg.offset : nullptr;
+  const float decay = seg.decay ? s.decay : 1.0f;
+  MOELAB_GRID_STRIDE(i, seg.size) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    AdamWElement(wi, g[i], mi, vi, s, decay);
+    w[i] = wi, m[i] = mi, v[i] = vi;
+    if (w16) w16[i] = __float2bfloat16(wi);
   }
 }
 
@@ -516,6 +539,16 @@ void AdamWUpdate(float* w, const float* g, float* m, float* v, size_t n, const A
   if (!n) return;
   AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(w, g, m, v, n, s);
   CheckLaunch("AdamWUpdate");
+}
+
+void AdamWFused(const AdamWSegment* segments, int num_segments, uint64_t max_size, float* w,
+                const float* g, float* m, float* v, bf16* w16, const AdamWScalars& s,
+                cudaStream_t stream) {
+  if (num_segments <= 0 || max_size == 0) return;
+  // Enough blocks per segment for the largest one; smaller segments' extra blocks exit at once.
+  const dim3 grid(std::min<unsigned>(Blocks(max_size, kThreads), 4096), num_segments);
+  AdamWFusedKernel<<<grid, kThreads, 0, stream>>>(segments, w, g, m, v, w16, s);
+  CheckLaunch("AdamWFused");
 }
 
 void MuonMomentum(const float* g, float* m, float* u, size_t n, float mu, bool nesterov,

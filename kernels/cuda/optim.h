@@ -25,6 +25,21 @@ AdamWScalars MakeAdamWScalars(double lr, double beta1, double beta2, double eps,
 void AdamWUpdate(float* w, const float* g, float* m, float* v, size_t n, const AdamWScalars& s,
                  cudaStream_t stream = nullptr);
 
+// Multi-tensor AdamW in one launch that also refreshes the bf16 weight copy (bf16 mode's GEMM
+// operand) from the updated fp32 masters in the same pass, instead of a separate cast over the
+// whole arena after the step. Same arithmetic as AdamWUpdate (bit-equal to the CPU AdamW).
+struct AdamWSegment {
+  uint64_t offset = 0;        // into w, g and w16
+  uint64_t size = 0;          // elements
+  uint64_t state_offset = 0;  // into m and v
+  int decay = 0;              // 1: weight decay applies (s.decay), 0: not
+};
+// segments: a device array of num_segments entries; max_size: the largest segment's size. w16
+// may be null (fp32 mode: no copy). s: MakeAdamWScalars(..., decay = true, step).
+void AdamWFused(const AdamWSegment* segments, int num_segments, uint64_t max_size, float* w,
+                const float* g, float* m, float* v, bf16* w16, const AdamWScalars& s,
+                cudaStream_t stream = nullptr);
+
 // Muon momentum: m = μ·m + g; u = g + μ·m (nesterov) or m. u may be a bank slot.
 void MuonMomentum(const float* g, float* m, float* u, size_t n, float mu, bool nesterov,
                   cudaStream_t stream = nullptr);

@@ -108,9 +108,11 @@ TEST_F(CliTest, TrainsAndRecords) {
 // that command exists and works (the message once named a command that did not).
 TEST_F(CliTest, OlderSchemaIsRefusedByReadersAndMigratedOnRequest) {
   ASSERT_EQ(Wait(Spawn({"train", WriteConfig(4), "--db", db_}, Log())), 0) << Slurp(Log());
-  {  // Roll the file back to schema 5 (before steps.norm_gain_rms).
+  {  // Roll the file back to schema 5 (before steps.norm_gain_rms and runs.uuid).
     db::Connection c(db_, SQLITE_OPEN_READWRITE);
     c.Exec("ALTER TABLE steps DROP COLUMN norm_gain_rms");
+    c.Exec("DROP INDEX runs_uuid");
+    c.Exec("ALTER TABLE runs DROP COLUMN uuid");
     c.Exec("PRAGMA user_version = 5");
   }
   EXPECT_NE(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0);

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -62,6 +63,55 @@ TEST(CudaOptim, AdamWMatchesCpuOverSteps) {
   }
   // The CPU loop's operations in the same order without FMA: expected bit-equal; 1 ulp allowed.
   ExpectNear(gw.Download(), w, 1e-9, 2.5e-7, "adamw weights");
+}
+
+TEST(CudaOptim, FusedAdamWMatchesCpuAndWritesTheBf16Copy) {
+  MOELAB_REQUIRE_GPU();
+  OptimizerConfig cfg;
+  cfg.lr = 1e-2;
+  cfg.weight_decay = 0.1;
+  // A decayed matrix, a norm gain (no decay) and a large embedding-like tensor (several blocks
+  // per segment); a gap of 16 elements between the first two that nothing may touch.
+  const std::vector<ParamInfo> params = {Param("w", ParamKind::kAttnQ, 0, 0, 8, 16),
+                                         Param("g", ParamKind::kNorm, 0, 144, 1, 16),
+                                         Param("e", ParamKind::kEmbedding, -1, 160, 300, 40)};
+  const size_t total = 160 + 300 * 40;
+  auto w = Random(total, 1);
+  const auto w0 = w;
+  AdamW cpu_opt(cfg, params);
+  std::vector<AdamWSegment> segs;
+  uint64_t state = 0, max_size = 0;
+  for (const ParamInfo& p : params) {
+    segs.push_back({p.offset, p.size(), state, ExcludedFromDecay(cfg, p) ? 0 : 1});
+    state += p.size();
+    max_size = std::max<uint64_t>(max_size, p.size());
+  }
+  auto gsegs = ToDevice(segs);
+  auto gw = ToDevice(w);
+  DeviceBuffer<float> gm(state), gv(state), gg(total);
+  DeviceBuffer<bf16> gw16(total);
+  gm.Zero();
+  gv.Zero();
+  gw16.Zero();
+  for (int64_t step = 1; step <= 3; ++step) {
+    auto g = Random(total, 10 + static_cast<uint32_t>(step));
+    for (size_t i = 128; i < 144; ++i) g[i] = 0;  // the gap: no parameter there
+    cpu_opt.Step(w.data(), g.data(), cfg.lr, step);
+    gg.Upload(g);
+    const AdamWScalars s =
+        MakeAdamWScalars(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, true, step);
+    AdamWFused(gsegs.data(), static_cast<int>(segs.size()), max_size, gw.data(), gg.data(),
+               gm.data(), gv.data(), gw16.data(), s);
+  }
+  const auto got = gw.Download();
+  ExpectNear(got, w, 1e-9, 2.5e-7, "fused adamw weights");
+  for (size_t i = 128; i < 144; ++i) EXPECT_EQ(got[i], w0[i]) << "gap element " << i << " moved";
+  // The copy is the rounding of the updated masters, element for element (gap: never written).
+  const auto w16 = gw16.Download();
+  for (size_t i = 0; i < total; ++i) {
+    const float want = (i >= 128 && i < 144) ? 0.0f : __bfloat162float(__float2bfloat16(got[i]));
+    ASSERT_EQ(__bfloat162float(w16[i]), want) << "bf16 copy at " << i;
+  }
 }
 
 TEST(CudaNewtonSchulz, WideTallAndSquareBanksMatchCpu) {

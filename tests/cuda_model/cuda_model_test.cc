@@ -1,13 +1,14 @@
 // GPU twins of the whole training step (skip with the reason where no GPU is usable): Train()
 // with device cuda (fp32) against device cpu over 20 steps for dense, MoE with shared experts,
-// MLA, GQA and MuonClip; bf16 against fp32 over 200 steps; S_max equal to the CPU's; QK-Clip
-// exact on the device; same seed ⇒ same losses.
+// MLA, GQA and MuonClip; bf16 against fp32 over 200 steps; bf16's fused attention against the
+// reference path; S_max equal to the CPU's; QK-Clip exact on the device; same seed ⇒ same losses.
 #include "core/model/cuda_model.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -163,6 +164,45 @@ TEST_F(CudaModelTest, Bf16TracksFp32Over200Steps) {
   for (size_t i = 180; i < 200; ++i) a += fp32.loss[i], b += bf16.loss[i];
   EXPECT_NEAR(a / 20, b / 20, 0.05);
   for (size_t i = 0; i < 200; ++i) EXPECT_NEAR(bf16.loss[i], fp32.loss[i], 0.15) << i + 1;
+}
+
+// bf16 mode's fused attention (kernels/cuda/flash_attention.h) against the reference path on
+// the same run (MOELAB_ATTENTION forces each): per-step loss within 0.05 nats over 20 steps and
+// the first step's S_max within 2e-2 relative (the fused kernels attend with bf16 q, k, v and
+// round P and dS to bf16; the reference path keeps them fp32). MHA with head dim 16 and 64 with
+// a soft-cap, GQA, and MLA's 48/32.
+TEST_F(CudaModelTest, FusedAttentionTracksReferencePathInBf16) {
+  struct Shape {
+    const char* name;
+    int heads, kv_heads;
+    double softcap;
+    const char* attention;
+  };
+  for (const Shape& shape :
+       {Shape{"mha 16", 4, 0, 0.0, "mha"}, Shape{"mha 64 cap", 1, 0, 5.0, "mha"},
+        Shape{"gqa 16", 4, 2, 0.0, "mha"}, Shape{"mla 48/32", 4, 0, 0.0, "mla"}}) {
+    SCOPED_TRACE(shape.name);
+    RunConfig c = Small();
+    c.model.heads = shape.heads;
+    c.model.kv_heads = shape.kv_heads;
+    c.model.logit_softcap = shape.softcap;
+    c.model.attention = shape.attention;
+    setenv("MOELAB_ATTENTION", "reference", 1);
+    const Recorder ref = RunOn(c, "cuda", "bf16");
+    setenv("MOELAB_ATTENTION", "fused", 1);
+    const Recorder fused = RunOn(c, "cuda", "bf16");
+    unsetenv("MOELAB_ATTENTION");
+    ASSERT_EQ(ref.status, RunStatus::kDone) << ref.error;
+    ASSERT_EQ(fused.status, RunStatus::kDone) << fused.error;
+    for (size_t i = 0; i < ref.loss.size(); ++i) {
+      EXPECT_NEAR(fused.loss[i], ref.loss[i], 0.05) << "step " << i + 1;
+    }
+    ASSERT_EQ(fused.s_max[0].size(), ref.s_max[0].size());
+    for (size_t h = 0; h < ref.s_max[0].size(); ++h) {
+      EXPECT_NEAR(fused.s_max[0][h], ref.s_max[0][h], 2e-2 * std::fabs(ref.s_max[0][h]) + 1e-3)
+          << "head " << h;
+    }
+  }
 }
 
 TEST_F(CudaModelTest, SameSeedSameLosses) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "db/merge.h"
+#include "db/promotions.h"
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
@@ -108,6 +109,36 @@ TEST_F(DbTest, MigrationsCreateSchemaAndAreIdempotent) {
   EXPECT_EQ(again.QueryInt("PRAGMA user_version"), SchemaVersion());
   EXPECT_EQ(Migrate(again), 0);
   EXPECT_EQ(IntegrityCheck(path_), "ok");
+}
+
+// Migration 7 (issue 19): every run has a UUID. Rows recorded before it get distinct random
+// ones; new rows get one from the writer; no two runs share one.
+TEST_F(DbTest, EveryRunHasItsOwnUuidAfterMigrationSeven) {
+  const int64_t old1 = RunWriter::CreateRun(path_, TestRun("old1"));
+  const int64_t old2 = RunWriter::CreateRun(path_, TestRun("old2"));
+  {  // Roll the file back to schema 6: the runs of an older database have no uuid column.
+    Connection c(path_, SQLITE_OPEN_READWRITE);
+    c.Exec("DROP INDEX runs_uuid");
+    c.Exec("ALTER TABLE runs DROP COLUMN uuid");
+    c.Exec("PRAGMA user_version = 6");
+  }
+  const int64_t fresh = RunWriter::CreateRun(path_, TestRun("new"));  // migrates first
+  Reader reader(path_);
+  const std::string u1 = reader.GetRun(old1)->uuid, u2 = reader.GetRun(old2)->uuid,
+                    u3 = reader.GetRun(fresh)->uuid;
+  for (const std::string& u : {u1, u2, u3}) {
+    ASSERT_EQ(u.size(), 36u) << u;
+    EXPECT_EQ(u[8], '-');
+    EXPECT_EQ(u[14], '4') << u;  // version 4
+    EXPECT_NE(std::string("89ab").find(u[19]), std::string::npos) << u;
+    EXPECT_EQ(u.find_first_not_of("0123456789abcdef-"), std::string::npos) << u;
+  }
+  EXPECT_NE(u1, u2);
+  EXPECT_NE(u1, u3);
+  EXPECT_NE(NewRunUuid(), NewRunUuid());
+  Connection c(path_, SQLITE_OPEN_READWRITE);
+  EXPECT_THROW(c.Exec("UPDATE runs SET uuid = '" + u1 + "' WHERE id = " + std::to_string(old2)),
+               SqliteError);
 }
 
 TEST_F(DbTest, ReaderRejectsMissingForeignAndNewerFiles) {
@@ -454,6 +485,83 @@ TEST_F(DbTest, MergeImportsNewRunsByConfigHashOnce) {
   EXPECT_EQ(r.ClipEvents(id).size(), 1u);
   EXPECT_EQ(r.RunVars(id).at("sparsity"), "8");
   EXPECT_THROW(MergeDatabase(path_, dir_ + "/missing.db"), std::runtime_error);
+  EXPECT_EQ(IntegrityCheck(path_), "ok");
+}
+
+// Promotions travel with their runs: the launched run and the source run are re-linked to the
+// destination's runs of the same config hash (imported now, or already there), the sweep by
+// name, the fit (not merged) dropped; a second merge copies nothing twice.
+TEST_F(DbTest, MergeCopiesPromotionsWithTheirRuns) {
+  const std::string other = dir_ + "/promoted.db";
+  {
+    auto w = RunWriter::Create(path_, TestRun("source here too", "source-hash"));
+    w->OnEnd(RunStatus::kDone, "");
+  }
+  int64_t src_source = 0, src_launched = 0;
+  {
+    Connection db = OpenForWrite(other);
+    db.Exec("INSERT INTO sweeps (name, created_at) VALUES ('family', 0)");
+    const int64_t sweep = db.last_insert_rowid();
+    RunInfo source = TestRun("source", "source-hash");
+    source.sweep_id = sweep;
+    auto s = RunWriter::Create(other, source);
+    src_source = s->run_id();
+    s->OnEnd(RunStatus::kDone, "");
+    auto l = RunWriter::Create(other, TestRun("promoted", "promoted-hash"));
+    src_launched = l->run_id();
+    l->OnEnd(RunStatus::kDone, "");
+    db.Exec(
+        "INSERT INTO fits (created_at, family_key, form, options_json, inputs_json, result_json, "
+        "bootstrap_seed) VALUES (0, '', 'power', '{}', '{}', '{}', 1)");
+    PromotionRecord p;
+    p.sweep_id = sweep;
+    p.fit_id = db.last_insert_rowid();
+    p.law = "power";
+    p.source_run_id = src_source;
+    p.target_json = R"({"target_loss": 3})";
+    p.plan_json = R"({"steps": 100})";
+    p.config_json = R"({"train": {"steps": 100}})";
+    p.predicted_loss = 3.0;
+    const int64_t pid = SavePromotion(other, p);
+    LinkPromotionRun(other, pid, src_launched);
+    PromotionRecord unlaunched = p;
+    unlaunched.plan_json = R"({"steps": 50})";
+    unlaunched.source_run_id.reset();
+    SavePromotion(other, unlaunched);
+  }
+  const MergeResult first = MergeDatabase(path_, other);
+  EXPECT_EQ(first.imported, 1);  // the source run was here already
+  EXPECT_EQ(first.promotions_imported, 2);
+  EXPECT_EQ(first.promotions_skipped, 0);
+  ASSERT_EQ(first.id_map.size(), 1u);
+  EXPECT_EQ(first.id_map[0].first, src_launched);
+  const int64_t launched = first.id_map[0].second;
+  const std::vector<PromotionRecord> got = ListPromotions(path_);
+  ASSERT_EQ(got.size(), 2u);
+  const bool first_linked = got[0].plan_json == R"({"steps": 100})";
+  const PromotionRecord& linked = first_linked ? got[0] : got[1];
+  const PromotionRecord& plain = first_linked ? got[1] : got[0];
+  EXPECT_EQ(linked.run_id, launched);
+  EXPECT_EQ(linked.source_run_id, std::optional<int64_t>(1));  // this file's run of that hash
+  EXPECT_FALSE(linked.fit_id);
+  ASSERT_TRUE(linked.sweep_id);
+  EXPECT_EQ(linked.plan_json, R"({"steps": 100})");
+  EXPECT_EQ(linked.predicted_loss, 3.0);
+  EXPECT_FALSE(plain.run_id);
+  EXPECT_FALSE(plain.source_run_id);
+  ASSERT_TRUE(PromotionOfRun(path_, launched));
+  EXPECT_EQ(PromotionOfRun(path_, launched)->id, linked.id);
+  {
+    Connection db = OpenForRead(path_);
+    Statement st = db.Prepare("SELECT name FROM sweeps WHERE id = ?1");
+    st.Bind(1, *linked.sweep_id);
+    ASSERT_TRUE(st.Step());
+    EXPECT_EQ(st.Text(0), "family");
+  }
+  const MergeResult again = MergeDatabase(path_, other);
+  EXPECT_EQ(again.promotions_imported, 0);
+  EXPECT_EQ(again.promotions_skipped, 2);
+  EXPECT_EQ(ListPromotions(path_).size(), 2u);
   EXPECT_EQ(IntegrityCheck(path_), "ok");
 }
 

@@ -23,8 +23,14 @@ TEST(DistConfig, HashOfConfigsWithoutDistUnchanged) {
                     {"optimizer", {{"name", "muonclip"}, {"qk_clip_tau", 100}}}};
   // MuonClip's default momentum became plain (K2 Algorithm 1; issue 13), a different experiment,
   // so this hash changed with it (was 1d65bf2a...); AdamW hashes, like the default above, did not.
-  EXPECT_EQ(ConfigHash(ConfigFromJson(moe)),
+  // moe.balance's default became aux_free (issue 23): the config as it was (aux_loss, now
+  // explicit) keeps its hash, the unset one is the new experiment.
+  json aux_loss = moe;
+  aux_loss["moe"]["balance"] = "aux_loss";
+  EXPECT_EQ(ConfigHash(ConfigFromJson(aux_loss)),
             "585368ddc332d6579ba3568c38daf78c0f0900baaa1c1fd0de909da368363644");
+  EXPECT_EQ(ConfigHash(ConfigFromJson(moe)),
+            "eed37c9b2ec2e55a62bbf5f42822d9e3113e27bf8d7c333146c2f623537f147d");
   // The layout is not part of the experiment: a run resumes at another layout.
   json with_dist = moe;
   with_dist["dist"] = {{"zero1", true}, {"expert_parallel", 2}, {"bucket_mb", 1}};

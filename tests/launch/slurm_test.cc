@@ -28,7 +28,15 @@ TEST_F(LaunchRunTest, SlurmScriptsPerRankCountUseSrun) {
   o.out_dir = (dir_ / "slurm").string();
   o.threads_per_run = 3;
   o.srun_mpi = "pmix";
+  o.resources.partition = "cpu";
+  o.resources.time_limit = "02:00:00";
+  o.resources.mem = "8G";
+  o.resources.account = "proj";
+  o.resources.gres = "gpu:1";
   const std::vector<SlurmScript> scripts = WriteSlurmScripts(s, o);
+  EXPECT_HAS(Slurp(scripts[0].path),
+             "#SBATCH --partition=cpu\n#SBATCH --time=02:00:00\n#SBATCH --mem=8G\n"
+             "#SBATCH --account=proj\n#SBATCH --gres=gpu:1\n");
   ASSERT_EQ(scripts.size(), 2u);
   EXPECT_EQ(scripts[0].ranks, 1);
   EXPECT_EQ(scripts[0].tasks, 1);
@@ -40,8 +48,13 @@ TEST_F(LaunchRunTest, SlurmScriptsPerRankCountUseSrun) {
   EXPECT_HAS(two, "#SBATCH --ntasks=2\n");
   EXPECT_HAS(two, "#SBATCH --cpus-per-task=3\n");
   EXPECT_HAS(two,
-             "exec srun --ntasks=2 --cpus-per-task=$OMP_NUM_THREADS --kill-on-bad-exit=1 "
+             "srun --ntasks=2 --cpus-per-task=$OMP_NUM_THREADS --kill-on-bad-exit=1 "
              "--mpi=pmix \"$MOELAB\" train");
+  // Train or continue; a preempted or timed-out task checkpoints (SIGTERM) and is requeued.
+  EXPECT_HAS(two, "--resume --no-progress &\n");
+  EXPECT_HAS(two, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@120\n");
+  EXPECT_HAS(two, "scontrol requeue \"$SLURM_JOB_ID\"");
+  EXPECT_HAS(two, "cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"\n");
   // Databases of the two scripts' tasks do not collide.
   EXPECT_HAS(two, "/r2_$TASK}");
   EXPECT_HAS(Slurp(scripts[0].path), "#SBATCH --ntasks=1\n");
@@ -139,6 +152,9 @@ TEST_F(LaunchRunTest, MergedRunsJoinTheirSweep) {
                             "':$PATH SLURM_ARRAY_TASK_ID=" + std::to_string(task) + " bash '" +
                             script + "' > '" + log + "' 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << Slurp(log);
+    // A requeued or resubmitted task continues its run: here, finished, it trains nothing.
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << Slurp(log);
+    EXPECT_HAS(Slurp(log), "is already done at step 6");
   }
   // Two tasks come back now, the third later.
   for (int task : {0, 2}) {

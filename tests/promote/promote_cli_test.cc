@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -55,23 +56,22 @@ RunConfig Tiny(int d) {
   return c;
 }
 
-TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
-  const test::TempDir tmp("promote");  // kept when the test fails (or MOELAB_KEEP_TEST_DIR is set)
-  const fs::path& dir = tmp.path();
-  // The output (stdout and stderr) of a shell command line, and its exit code.
-  const auto Capture = [&dir](const std::string& cmd, int* code) {
-    const std::string log = (dir / "capture.log").string();
-    *code = test::Run({"/bin/sh", "-c", cmd}, log);
-    return test::Slurp(log);
-  };
-  const std::string path = (dir / "p.db").string();
+// The output (stdout and stderr) of a shell command line, and its exit code.
+std::string Capture(const fs::path& dir, const std::string& cmd, int* code) {
+  const std::string log = (dir / "capture.log").string();
+  *code = test::Run({"/bin/sh", "-c", cmd}, log);
+  return test::Slurp(log);
+}
+
+// A sweep database at `path` with a known law L = 3.2 + 2·(C/1e6)^−0.3 over five runs of
+// growing width (sweep 'law', family sparsity=2) and an empty sweep; returns the law's id.
+int64_t MakeLawDatabase(const std::string& path) {
   int64_t sweep_id = 0;
   {
     db::Connection c = db::OpenForWrite(path);
     c.Exec("INSERT INTO sweeps (name, created_at) VALUES ('law', 0), ('empty', 0)");
     sweep_id = c.QueryInt("SELECT id FROM sweeps WHERE name = 'law'");
   }
-  // Known law L = 3.2 + 2·(C/1e6)^−0.3 over five runs of growing width.
   for (int r = 0; r < 5; ++r) {
     const RunConfig cfg = Tiny(8 + 4 * r);
     db::RunInfo info;
@@ -91,6 +91,17 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
     }
     w->OnEnd(RunStatus::kDone, "");
   }
+  return sweep_id;
+}
+
+TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
+  const test::TempDir tmp("promote");  // kept when the test fails (or MOELAB_KEEP_TEST_DIR is set)
+  const fs::path& dir = tmp.path();
+  const auto Capture = [&dir](const std::string& cmd, int* code) {
+    return ::moelab::Capture(dir, cmd, code);
+  };
+  const std::string path = (dir / "p.db").string();
+  const int64_t sweep_id = MakeLawDatabase(path);
   const std::string base = Bin() + " promote --db " + path;
   int code = 0;
   // A sweep without fits.
@@ -193,6 +204,89 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
                     fs::copy_options::overwrite_existing);
   }
 #endif
+}
+
+// Issue 19, path 3: every launcher promote writes trains or continues the promoted run. Run in a
+// folder that is then moved (another path, as on another machine): the scripts name everything
+// relative to it. Stopped at step 5, launch_local.sh continues from that checkpoint (before,
+// it restarted at step 0 and deleted the recorded rows); the Slurm script asks for what the
+// options say, requeues itself after the time-limit signal, and continues too; run again
+// after the end, a launcher changes nothing.
+TEST(PromoteCli, LaunchersTrainOrContinueTheirRun) {
+  const test::TempDir tmp("promote_launchers");
+  const fs::path work = tmp.path() / "work";
+  fs::create_directories(work);
+  const std::string db = (work / "p.db").string();
+  MakeLawDatabase(db);
+  int code = 0;
+  std::string out =
+      Capture(work, Bin() + " fit --db " + db + " --sweep law --by sparsity --resamples 50", &code);
+  ASSERT_EQ(code, 0) << out;
+  out = Capture(work,
+                "cd '" + work.string() + "' && " + Bin() +
+                    " promote --db p.db --sweep law --family sparsity=2 --budget-flops 1.5e8 "
+                    "--threads 1 --out promo --time 01:00:00 --partition cpu --mem 4G "
+                    "--account proj --gres gpu:1",
+                &code);
+  ASSERT_EQ(code, 0) << out;
+  const int64_t run_id = db::ListPromotions(db).front().run_id.value();
+  const std::string sbatch = test::Slurp((work / "promo" / "launch_slurm.sbatch").string());
+  for (const char* line :
+       {"#SBATCH --time=01:00:00\n", "#SBATCH --partition=cpu\n", "#SBATCH --mem=4G\n",
+        "#SBATCH --account=proj\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --requeue\n",
+        "#SBATCH --signal=B:USR1@120\n", "#SBATCH --output=promo/slurm-%j.out",
+        "cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"", "--resume"}) {
+    EXPECT_NE(sbatch.find(line), std::string::npos) << line << "\n" << sbatch;
+  }
+  for (const char* f : {"launch_local.sh", "launch_mpirun.sh", "launch_slurm.sbatch"}) {
+    const std::string text = test::Slurp((work / "promo" / f).string());
+    EXPECT_EQ(text.find(work.string()), std::string::npos) << f << " names the folder:\n" << text;
+  }
+  const fs::path moved = tmp.path() / "moved";
+  fs::rename(work, moved);
+  const std::string mdb = (moved / "p.db").string();
+  const fs::path tools = tmp.path() / "bin";
+  fs::create_directories(tools);
+  const auto tool = [&](const std::string& name, const std::string& body) {
+    std::ofstream(tools / name) << "#!/bin/bash\n" << body;
+    fs::permissions(tools / name, fs::perms::owner_all);
+  };
+  tool("stop5", "exec '" + Bin() + "' \"$@\" --stop-at-step 5\n");
+  tool("srun", "while [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n");
+  tool("scontrol", "echo \"scontrol $*\" >> '" + (tools / "calls").string() + "'\n");
+  // Leaves SIGTERM to bash's default until it is up, tells the batch shell "time limit near",
+  // and stops like the trainer does (exit 4) when the shell passes SIGTERM on.
+  tool("fake_trainer",
+       "trap 'exit 4' TERM\nsleep 0.3\nkill -USR1 $PPID\nwhile :; do sleep 0.05; done\n");
+  const std::string env = "cd / && PATH='" + tools.string() + "':$PATH ";
+  const std::string local = "bash '" + (moved / "promo" / "launch_local.sh").string() + "'";
+  const std::string slurm = "SLURM_JOB_ID=77 SLURM_SUBMIT_DIR='" + moved.string() + "' bash '" +
+                            (moved / "promo" / "launch_slurm.sbatch").string() + "'";
+  out = Capture(moved, env + "MOELAB='" + (tools / "stop5").string() + "' " + local, &code);
+  ASSERT_EQ(code, 4) << out;
+  EXPECT_EQ(db::Reader(mdb).GetRun(run_id)->last_step, 5);
+  out = Capture(moved, env + "MOELAB='" + (tools / "fake_trainer").string() + "' " + slurm, &code);
+  EXPECT_EQ(code, 4) << out;
+  EXPECT_EQ(test::Slurp((tools / "calls").string()), "scontrol requeue 77\n");
+  out = Capture(moved, env + slurm, &code);  // the requeued job
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("from step 5"), std::string::npos) << out;
+  db::Reader reader(mdb);
+  const db::RunRow row = *reader.GetRun(run_id);
+  EXPECT_EQ(row.status, RunStatus::kDone);
+  const db::Series loss = reader.GetSeries(run_id, "loss");
+  ASSERT_EQ(static_cast<int64_t>(loss.steps.size()), row.shape.total_steps);
+  for (size_t i = 0; i < loss.steps.size(); ++i) EXPECT_EQ(loss.steps[i], int64_t(i + 1));
+  // Run again after the end (local, and under a stand-in mpirun): nothing changes.
+  tool("mpirun",
+       "while [[ $# -gt 0 && $1 == -* ]]; do case $1 in -np|--bind-to|-x) shift 2;; *) shift;; "
+       "esac; done\nexec \"$@\"\n");
+  for (const char* script : {"launch_local.sh", "launch_mpirun.sh"}) {
+    out = Capture(moved, env + "bash '" + (moved / "promo" / script).string() + "'", &code);
+    EXPECT_EQ(code, 0) << script << "\n" << out;
+    EXPECT_NE(out.find("is already done"), std::string::npos) << script << "\n" << out;
+  }
+  EXPECT_EQ(db::Reader(mdb).GetSeries(run_id, "loss").values, loss.values);
 }
 
 }  // namespace

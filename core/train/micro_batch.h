@@ -1,0 +1,136 @@
+// Gradient accumulation (train.micro_batch): one optimizer step over a rank's rows, split into
+// micro-batches that each run one forward/backward. Written once for every model type
+// (Model<float>, CudaModel): the caller supplies how gradients accumulate on its device.
+//
+// The step equals the unsplit one up to float rounding: each micro-batch's mean loss and
+// gradient are weighted by its share of the rows, S_max is the maximum over micro-batches, and
+// expert counts add up. The Switch aux loss is not linear in the batch (f_i·P_i): StepAuxStats
+// below gives every micro-batch the step's statistics.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "core/model/moe.h"
+#include "core/model/step_stats.h"
+
+namespace moelab {
+
+struct MicroBatchPlan {
+  int rows = 0;   // the rank's local batch (sequences)
+  int micro = 0;  // sequences per forward/backward
+  int count() const { return micro > 0 ? (rows + micro - 1) / micro : 0; }
+  int begin(int i) const { return i * micro; }
+  int size(int i) const { return std::min(micro, rows - i * micro); }
+  double weight(int i) const { return static_cast<double>(size(i)) / rows; }
+};
+
+// train.micro_batch over a rank's local batch: 0 (or anything larger) = one micro-batch.
+MicroBatchPlan PlanMicroBatches(const RunConfig& config, int local_batch);
+
+// Folds one micro-batch's statistics into the step's (the first call overwrites).
+void AccumulateStats(const StepStats& part, double weight, bool first, StepStats* step);
+
+// Host-memory gradient accumulator (the CPU model): sum_i w_i·g_i, written back into the
+// model's gradient arena by Finish so optimizers see one ordinary gradient.
+class HostGradAccumulator {
+ public:
+  explicit HostGradAccumulator(size_t n) : n_(n) {}
+  // acc = w·g (first) or acc += w·g.
+  void Add(const float* g, double w, bool first);
+  // g = acc + w·g: the last micro-batch's gradient joins without another pass.
+  void Finish(float* g, double w);
+  size_t bytes() const { return buf_.size() * sizeof(float); }
+
+ private:
+  size_t n_;
+  std::vector<float> buf_;
+};
+
+// The Switch aux loss coef·E·Σ_i f_i·P_i is a product of two means over the step's batch, so a
+// micro-batch's own statistics would give another objective. With balance "aux_loss" and
+// several micro-batches, a forward-only pass over every micro-batch first records each MoE
+// layer's top-k counts, score sums and tokens (the MoeBatchStatsHook of core/model/moe.h); their
+// sums, passed through `ranks` (the data-parallel all-reduce, core/dist/batch_stats.h; null in
+// one process), then replace each micro-batch's own in its forward/backward. It costs one extra
+// forward per step, only in that case.
+class StepAuxStats {
+ public:
+  explicit StepAuxStats(MoeBatchStatsHook ranks) : ranks_(std::move(ranks)) {}
+  // Clears the sums; then a hook that adds each call's local statistics to them.
+  MoeBatchStatsHook Recorder();
+  // The sums through `ranks` (once, after the recording pass).
+  void Combine();
+  // A hook that overwrites a layer's statistics with the step's.
+  MoeBatchStatsHook Replayer();
+  // What the model's hook was before (restored after the step).
+  const MoeBatchStatsHook& ranks() const { return ranks_; }
+
+ private:
+  struct Layer {
+    std::vector<int64_t> counts;
+    std::vector<double> score_sums;
+    int64_t tokens = 0;
+  };
+  std::vector<Layer> layers_;
+  MoeBatchStatsHook ranks_;
+};
+
+// tokens: the rank's rows [plan.rows, seq_len + 1]. Returns the step's objective; stats gets the
+// merged statistics and model.grads() the step's gradient. aux: the step's aux-loss statistics
+// (balance "aux_loss" on a model with MoE batch hooks), or null.
+template <class ModelT, class Accumulator>
+double ForwardBackwardMicroBatched(ModelT& model, const int32_t* tokens, int seq_len,
+                                   const MicroBatchPlan& plan, StepStats* stats, Accumulator& acc,
+                                   StepAuxStats* aux = nullptr) {
+  if (plan.count() <= 1) return model.ForwardBackward(tokens, plan.rows, stats);
+  const size_t row = static_cast<size_t>(seq_len) + 1;
+  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
+    if (aux) {
+      model.SetMoeBatchStatsHook(aux->Recorder());
+      for (int i = 0; i < plan.count(); ++i) {
+        model.Forward(tokens + plan.begin(i) * row, plan.size(i), nullptr);
+      }
+      aux->Combine();
+      model.SetMoeBatchStatsHook(aux->Replayer());
+    }
+  }
+  StepStats part;
+  double objective = 0;
+  const int last = plan.count() - 1;
+  for (int i = 0; i <= last; ++i) {
+    const double w = plan.weight(i);
+    objective += w * model.ForwardBackward(tokens + plan.begin(i) * row, plan.size(i), &part);
+    if (i < last) {
+      acc.Add(model.grads(), w, i == 0);
+    } else {
+      acc.Finish(model.grads(), w);
+    }
+    AccumulateStats(part, w, i == 0, stats);
+  }
+  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
+    if (aux) model.SetMoeBatchStatsHook(aux->ranks());
+  }
+  return objective;
+}
+
+// Forward only (evaluation), in the same micro-batches.
+template <class ModelT>
+double ForwardMicroBatched(ModelT& model, const int32_t* tokens, int seq_len,
+                           const MicroBatchPlan& plan, StepStats* stats) {
+  if (plan.count() <= 1) return model.Forward(tokens, plan.rows, stats);
+  const size_t row = static_cast<size_t>(seq_len) + 1;
+  StepStats part;
+  double objective = 0;
+  for (int i = 0; i < plan.count(); ++i) {
+    const double w = plan.weight(i);
+    objective += w * model.Forward(tokens + plan.begin(i) * row, plan.size(i), &part);
+    AccumulateStats(part, w, i == 0, stats);
+  }
+  return objective;
+}
+
+}  // namespace moelab

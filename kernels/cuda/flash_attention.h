@@ -1,0 +1,56 @@
+// Fused causal attention (FlashAttention-2 style) on bf16 tensor cores, with the raw pre-soft-cap
+// max logit (S_max) emitted from the kernel's own scores and the log-sum-exp kept instead of the
+// probabilities. Same layout and AttentionDims as kernels/cuda/attention.h (and its CPU twin
+// kernels/cpu/attention.h): q [B·S, ldq] with head h in columns h·qk_dim.., k and v with kv head
+// g = h / (heads / kv_heads) in columns g·qk_dim.. and g·v_dim.., out [B·S, ldo].
+//
+// Forward: one block per (batch·head, 64-query tile); each of its 4 warps owns 16 query rows and
+// walks the 64-key tiles up to the diagonal only (causal tile skipping), with an fp32 online
+// softmax. Scores and P·V run on nvcuda::wmma 16×16×16 bf16 fragments with fp32 accumulation;
+// fp32 inputs are rounded to bf16 as the tiles are loaded into shared memory.
+//
+// Backward (deterministic, no float atomics): D = rowsum(dO ∘ O) first; then one kernel per
+// 64-key tile of a kv head computes dK and dV, looping over the query heads of its group in head
+// order and over the query tiles from the diagonal on; a second kernel per 64-query tile computes
+// dQ looping over the key tiles up to the diagonal. Both recompute P = exp(s' − LSE) from the
+// scores (7 tile products instead of FlashAttention-2's 5: the price of no atomics on dQ).
+//
+// Covered shapes (FlashAttentionSupported): (qk_dim, v_dim) ∈ {(16,16), (32,32), (64,64),
+// (128,128), (48,32) (MLA's default 32+16 / 32), (96,64), (192,128) (DeepSeek's MLA 128+64 / 128)},
+// any heads / kv_heads ratio (MHA, GQA, MQA), any seq ≥ 1, soft-cap or not; row strides and base
+// pointers 16-byte aligned. Anything else: use kernels/cuda/attention.h (the reference path).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda {
+
+// True when the fused kernels cover a (head dims, strides of elements of elem_bytes, and — when a
+// device is present — its opt-in shared memory per block). Otherwise false, with the reason in
+// *why. Pointer alignment is checked by the launchers (they throw).
+bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::string* why = nullptr);
+
+// T = float or bf16 for q, k, v and out (fp32 inputs are rounded to bf16 on load).
+// lse [B·H·S] (fp32, index (b·heads + h)·seq + i) receives log Σ_j exp(s'_ij) of the (soft-capped)
+// logits s' the softmax used. pair_max [B·H] receives each (batch, head)'s max raw logit
+// scale·q·k over unmasked j ≤ i, before any soft-cap (reduced inside the kernel with an atomic max
+// on the float's bits: order-independent, so deterministic).
+template <typename T>
+void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* out,
+                           float* lse, float* pair_max, cudaStream_t stream = nullptr);
+
+// Floats of device scratch FlashAttentionBackward needs: B·H·S (the rows of D).
+size_t FlashAttentionScratchSize(const AttentionDims& a);
+
+// out and lse from the forward; dout in out's layout. dq, dk, dv (fp32, in q's, k's and v's
+// layouts: head columns overwritten, other columns untouched). Bitwise reproducible.
+template <typename T>
+void FlashAttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v,
+                            const T* out, const float* lse, const T* dout, float* dq, float* dk,
+                            float* dv, float* scratch, cudaStream_t stream = nullptr);
+
+}  // namespace moelab::cuda

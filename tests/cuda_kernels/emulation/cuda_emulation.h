@@ -1,0 +1,190 @@
+// A CPU emulation of the CUDA primitives the fused attention kernels use, so that the kernels'
+// own source (kernels/cuda/flash_attention_kernels.cuh) runs on machines without a GPU: one
+// std::thread per CUDA thread, blocks one after another; __syncthreads and __syncwarp are real
+// barriers, warp shuffles go through a per-warp exchange buffer, atomics are std::atomic_ref,
+// and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
+// sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
+// store without a barrier between them sees stale data here too). Pointers and strides handed
+// to wmma are checked for the alignment the hardware requires. What it cannot show: the
+// hardware's own wmma rounding and layout, memory-model subtleties beyond the barriers, speed.
+//
+// Include this first, then the kernel header; put tests/cuda_kernels/emulation before the CUDA
+// include directory so that its mma.h replaces CUDA's.
+#pragma once
+
+#define MOELAB_CUDA_EMULATION 1
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace emu {
+struct Ctx {
+  uint3 tid, bid;
+  dim3 grid, block;
+  std::barrier<>* block_bar;
+  std::barrier<>* warp_bar;
+  double* xbuf;
+  unsigned char* smem;
+};
+inline thread_local Ctx ctx;
+}  // namespace emu
+
+// The kernels' dynamic shared memory: the emulated block's buffer.
+#define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
+#undef threadIdx
+#undef blockIdx
+#undef gridDim
+#undef blockDim
+#define threadIdx (emu::ctx.tid)
+#define blockIdx (emu::ctx.bid)
+#define gridDim (emu::ctx.grid)
+#define blockDim (emu::ctx.block)
+
+inline void __syncthreads() { emu::ctx.block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::ctx.warp_bar->arrive_and_wait(); }
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int o) {
+  static_assert(sizeof(T) <= 8);
+  const int lane = threadIdx.x & 31;
+  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
+  __syncwarp();
+  T r;
+  std::memcpy(&r, &emu::ctx.xbuf[lane ^ o], sizeof(T));
+  __syncwarp();
+  return r;
+}
+inline int atomicMax(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int cur = a.load();
+  while (cur < v && !a.compare_exchange_weak(cur, v)) {
+  }
+  return cur;
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  std::atomic_ref<unsigned> a(*p);
+  unsigned cur = a.load();
+  while (cur > v && !a.compare_exchange_weak(cur, v)) {
+  }
+  return cur;
+}
+inline int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+using std::signbit;
+inline float __expf(float x) { return std::exp(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static constexpr int num_elements = 256;
+  T x[256];  // logical [16][16], row-major
+};
+inline void CheckPtr(const void* p, unsigned ldm, size_t elem) {
+  if (reinterpret_cast<uintptr_t>(p) % 32 != 0 || (ldm * elem) % 16 != 0) {
+    std::fprintf(stderr, "wmma: misaligned pointer %p or ldm %u\n", p, ldm);
+    std::abort();
+  }
+}
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  CheckPtr(p, ldm, sizeof(T));
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.x[r * 16 + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[r + c * ldm];
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t l) {
+  CheckPtr(p, ldm, 4);
+  if (l != mem_row_major) std::abort();
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[r * ldm + c];
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t l) {
+  CheckPtr(p, ldm, 4);
+  if (l != mem_row_major) std::abort();
+  if ((threadIdx.x & 31) != 0) return;  // lane 0 writes; the kernel's __syncwarp publishes
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r * 16 + c];
+}
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float v) {
+  for (float& x : f.x) x = v;
+}
+template <typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  float t[256];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      float s = c.x[i * 16 + j];
+      for (int k = 0; k < 16; ++k)
+        s += __bfloat162float(a.x[i * 16 + k]) * __bfloat162float(b.x[k * 16 + j]);
+      t[i * 16 + j] = s;
+    }
+  std::memcpy(d.x, t, sizeof t);
+}
+}  // namespace nvcuda::wmma
+
+namespace emu {
+// Runs body() as grid × threads CUDA threads, one block at a time.
+template <typename F>
+void Launch(dim3 grid, int threads, size_t smem_bytes, F body) {
+  std::vector<unsigned char> smem_store(smem_bytes + 256);
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_store.data()) + 255) / 256 * 256);
+  const int warps = (threads + 31) / 32;
+  for (unsigned by = 0; by < grid.y; ++by) {
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      std::memset(smem, 0xff, smem_bytes);  // garbage (NaN) shared memory
+      std::barrier<> block_bar(threads);
+      std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+      for (int w = 0; w < warps; ++w) warp_bars.push_back(std::make_unique<std::barrier<>>(32));
+      std::vector<double> xbuf(warps * 32);
+      std::vector<std::thread> ts;
+      for (int t = 0; t < threads; ++t) {
+        ts.emplace_back([&, t] {
+          ctx.tid = make_uint3(t, 0, 0);
+          ctx.bid = make_uint3(bx, by, 0);
+          ctx.grid = grid;
+          ctx.block = dim3(threads);
+          ctx.block_bar = &block_bar;
+          ctx.warp_bar = warp_bars[t / 32].get();
+          ctx.xbuf = xbuf.data() + (t / 32) * 32;
+          ctx.smem = smem;
+          body();
+        });
+      }
+      for (auto& th : ts) th.join();
+    }
+  }
+}
+}  // namespace emu

@@ -1,0 +1,207 @@
+// Fused (flash) attention against the CPU attention in double (tests/cuda_kernels/
+// flash_reference.h): output, log-sum-exp, raw S_max, dQ/dK/dV, at shapes whose sequence is not a
+// multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
+// strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
+// reproducible; and a micro-benchmark against the reference path. The same kernels also run on
+// the CPU emulation in flash_emulation_test.cc.
+#include "kernels/cuda/flash_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.h"
+#include "tests/cuda_kernels/cuda_test_util.h"
+#include "tests/cuda_kernels/flash_reference.h"
+
+namespace moelab::cuda {
+namespace {
+
+using testing::FlashCase;
+using testing::FlashReference;
+using testing::Random;
+
+template <typename T>
+std::vector<T> Convert(const std::vector<float>& x) {
+  std::vector<T> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<T>(x[i]);
+  return out;
+}
+template <>
+std::vector<bf16> Convert<bf16>(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = __float2bfloat16(x[i]);
+  return out;
+}
+std::vector<float> Download(const DeviceBuffer<float>& d) { return d.Download(); }
+std::vector<float> Download(const DeviceBuffer<bf16>& d) {
+  const auto h = d.Download();
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) out[i] = __bfloat162float(h[i]);
+  return out;
+}
+
+template <typename T>
+void Poison(DeviceBuffer<T>& d) {
+  d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
+}
+
+template <typename T>
+void RunCase(const FlashCase& c) {
+  SCOPED_TRACE(c.name);
+  const FlashReference ref(c);
+  const AttentionDims& a = ref.a;
+  std::string why;
+  ASSERT_TRUE(FlashAttentionSupported(a, sizeof(T), &why)) << why;
+  const long q_off = ref.q_off, k_off = ref.k_off, v_off = ref.v_off;
+  const size_t pairs = size_t(c.batch) * c.heads;
+  auto gx = testing::ToDevice(Convert<T>(ref.x));
+  auto gdout = testing::ToDevice(Convert<T>(ref.dout));
+  DeviceBuffer<T> gout(ref.out.size());
+  DeviceBuffer<float> glse(ref.lse.size()), gpmax(pairs), gdx(ref.total),
+      gscratch(FlashAttentionScratchSize(a));
+  Poison(gout), Poison(glse), Poison(gpmax), Poison(gdx), Poison(gscratch);
+  FlashAttentionForward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout.data(),
+                           glse.data(), gpmax.data());
+  FlashAttentionBackward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout.data(),
+                            glse.data(), gdout.data(), gdx.data() + q_off, gdx.data() + k_off,
+                            gdx.data() + v_off, gscratch.data());
+  const auto got_out = Download(gout), got_dx = Download(gdx);
+  ref.Expect(got_out, Download(glse), Download(gpmax), got_dx);
+
+  // Deterministic: a second forward + backward into freshly poisoned buffers, bit for bit.
+  DeviceBuffer<T> gout2(ref.out.size());
+  DeviceBuffer<float> glse2(ref.lse.size()), gpmax2(pairs), gdx2(ref.total);
+  Poison(gout2), Poison(glse2), Poison(gpmax2), Poison(gdx2);
+  FlashAttentionForward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off, gout2.data(),
+                           glse2.data(), gpmax2.data());
+  FlashAttentionBackward<T>(a, gx.data() + q_off, gx.data() + k_off, gx.data() + v_off,
+                            gout2.data(), glse2.data(), gdout.data(), gdx2.data() + q_off,
+                            gdx2.data() + k_off, gdx2.data() + v_off, gscratch.data());
+  auto same_bits = [](const std::vector<float>& u, const std::vector<float>& w) {
+    return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(Download(gout2), got_out)) << "out differs between runs";
+  EXPECT_TRUE(same_bits(Download(gpmax2), Download(gpmax))) << "S_max differs between runs";
+  EXPECT_TRUE(same_bits(Download(gdx2), got_dx)) << "dq/dk/dv differ between runs";
+}
+
+TEST(CudaFlashAttention, UnsupportedShapesAreRefusedWithTheReason) {
+  // Runs without a GPU: the checks come before any device work.
+  AttentionDims a;
+  a.batch = 1, a.seq = 8, a.heads = 2, a.kv_heads = 2, a.qk_dim = 40, a.v_dim = 40;
+  a.ldq = a.ldk = a.ldv = a.ldo = 80;
+  std::string why;
+  EXPECT_FALSE(FlashAttentionSupported(a, 2, &why));
+  EXPECT_NE(why.find("40"), std::string::npos) << why;
+  a.qk_dim = a.v_dim = 64, a.ldq = a.ldk = a.ldv = a.ldo = 129;  // rows not 16-byte aligned
+  EXPECT_FALSE(FlashAttentionSupported(a, 2, &why));
+  a.ldq = a.ldk = a.ldv = a.ldo = 128;
+  EXPECT_TRUE(FlashAttentionSupported(a, 2, &why)) << why;
+  a.kv_heads = 3;  // 2 heads over 3 kv heads
+  const bf16* none = nullptr;
+  bf16* out = nullptr;
+  EXPECT_THROW(FlashAttentionForward(a, none, none, none, out, nullptr, nullptr),
+               std::invalid_argument);
+  a.kv_heads = 2, a.qk_dim = a.v_dim = 40;
+  EXPECT_THROW(FlashAttentionBackward(a, none, none, none, none, nullptr, none, nullptr, nullptr,
+                                      nullptr, nullptr),
+               std::invalid_argument);
+}
+
+TEST(CudaFlashAttention, Mha64OddLength) {
+  MOELAB_REQUIRE_GPU();
+  RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false});
+}
+
+TEST(CudaFlashAttention, Gqa128FusedQkvFp32Inputs) {
+  MOELAB_REQUIRE_GPU();
+  RunCase<float>({"gqa 128 fused fp32, S=130", 1, 130, 4, 2, 128, 128, 0.0, true});
+}
+
+TEST(CudaFlashAttention, MqaSoftCapKeepsRawSmax) {
+  MOELAB_REQUIRE_GPU();
+  // Logits up to ~8 against a cap of 3: the raw S_max lies well above what the softmax saw.
+  RunCase<bf16>({"mqa softcap 3, S=77", 2, 77, 4, 1, 64, 64, 3.0, false});
+}
+
+TEST(CudaFlashAttention, MlaUnequalHeadDims) {
+  MOELAB_REQUIRE_GPU();
+  RunCase<bf16>({"mla 48/32, S=65", 2, 65, 2, 2, 48, 32, 0.0, false});
+  RunCase<float>({"mla 192/128 softcap, S=70", 1, 70, 2, 2, 192, 128, 5.0, false});
+  RunCase<bf16>({"96/64 gqa, S=64", 1, 64, 4, 2, 96, 64, 0.0, true});
+}
+
+TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
+  MOELAB_REQUIRE_GPU();
+  RunCase<bf16>({"32/32, S=1", 3, 1, 2, 1, 32, 32, 0.0, false});
+  RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
+}
+
+// Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, against
+// the reference path (cuBLAS over the full square, probabilities stored). FLOPs counted as
+// FlashAttention does: forward 4·B·H·S²·D / 2 (causal), backward 2.5× the forward.
+TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
+  MOELAB_REQUIRE_GPU();
+  AttentionDims a;
+  a.batch = 32, a.seq = 1024, a.heads = 16, a.kv_heads = 16, a.qk_dim = 64, a.v_dim = 64;
+  a.ldq = a.ldk = a.ldv = a.ldo = 16 * 64;
+  a.scale = 0.125;
+  const size_t n = size_t(a.batch) * a.seq * a.ldq, pairs = size_t(a.batch) * a.heads;
+  auto x = testing::ToDevice(Convert<bf16>(Random(n, 1)));
+  auto gy = testing::ToDevice(Convert<bf16>(Random(n, 2)));
+  DeviceBuffer<bf16> out(n);
+  DeviceBuffer<float> lse(FlashAttentionScratchSize(a)), pmax(pairs), dq(n), dk(n), dv(n),
+      scratch(FlashAttentionScratchSize(a));
+  const double fwd_flops = 4.0 * a.batch * a.heads * double(a.seq) * a.seq * a.qk_dim / 2;
+  auto time_ms = [](auto&& f) {
+    f();  // warm-up
+    MOELAB_CUDA_CHECK(cudaDeviceSynchronize());
+    const int reps = 5;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) f();
+    MOELAB_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+               .count() /
+           reps;
+  };
+  const double f_fwd = time_ms([&] {
+    FlashAttentionForward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), pmax.data());
+  });
+  const double f_bwd = time_ms([&] {
+    FlashAttentionBackward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), gy.data(),
+                           dq.data(), dk.data(), dv.data(), scratch.data());
+  });
+  std::printf(
+      "[flash] B=32 H=16 S=1024 D=64 bf16: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms"
+      " (%.1f TFLOP/s)\n",
+      f_fwd, fwd_flops / f_fwd / 1e9, f_bwd, 2.5 * fwd_flops / f_bwd / 1e9);
+  // The reference path needs [B,H,S,S] probabilities (fp32 + bf16) and an fp32 scratch: 6 GiB.
+  const size_t square = AttentionScratchSize(a);
+  DeviceBuffer<float> probs(square), rscratch(square);
+  DeviceBuffer<bf16> probs16(square), rscratch16(square);
+  const double r_fwd = time_ms([&] {
+    AttentionForwardBf16(a, x.data(), x.data(), x.data(), probs.data(), probs16.data(), nullptr,
+                         out.data(), pmax.data());
+  });
+  const double r_bwd = time_ms([&] {
+    AttentionBackwardBf16(a, x.data(), x.data(), x.data(), probs.data(), probs16.data(), nullptr,
+                          gy.data(), dq.data(), dk.data(), dv.data(), rscratch.data(),
+                          rscratch16.data());
+  });
+  std::printf(
+      "[reference] same shape: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms"
+      " (%.1f TFLOP/s); fused speed-up %.2fx forward, %.2fx backward\n",
+      r_fwd, fwd_flops / r_fwd / 1e9, r_bwd, 2.5 * fwd_flops / r_bwd / 1e9, r_fwd / f_fwd,
+      r_bwd / f_bwd);
+}
+
+}  // namespace
+}  // namespace moelab::cuda
