@@ -287,18 +287,15 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
   for (const db::RunRow& run : reader.ListRuns()) {
     if (!sweep_id || run.sweep_id == sweep_id) runs.push_back(run);
   }
-  // CSV needs every column up front: the widest shape among the runs (read from one matrix each).
+  // CSV needs every column up front: the widest recorded shape among the runs.
   std::vector<std::string> header = FixedNames();
   if (format == StepsFormat::kCsv) {
     int layers = 0, heads = 0, moe_layers = 0, experts = 0;
     for (const db::RunRow& run : runs) {
-      if (const auto m = reader.GetMaxLogitMatrix(run.id)) {
-        layers = std::max(layers, m->layers);
-        heads = std::max(heads, m->heads);
-      }
-      const db::ExpertLoads el = reader.GetExpertLoads(run.id, run.last_step, run.last_step);
-      moe_layers = std::max(moe_layers, el.moe_layers);
-      experts = std::max(experts, el.experts);
+      layers = std::max(layers, run.shape.layers);
+      heads = std::max(heads, run.shape.heads);
+      moe_layers = std::max(moe_layers, run.shape.moe_layers);
+      experts = std::max(experts, run.shape.experts);
     }
     for (auto& n : WideNames(layers, heads, moe_layers, experts)) header.push_back(n);
     out << "run_id,run_name,step";
@@ -323,7 +320,10 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
       std::vector<std::string> cells(header.size());
       for (size_t i = 0; i < steps.size(); ++i) {
         std::fill(cells.begin(), cells.end(), std::string());
-        for (size_t c = 0; c < names.size(); ++c) cells[col_of[c]] = CsvValue(rows[i][c]);
+        for (size_t c = 0; c < names.size(); ++c) {
+          // A matrix wider than the run's recorded shape has no column: left out.
+          if (col_of[c] < static_cast<int>(cells.size())) cells[col_of[c]] = CsvValue(rows[i][c]);
+        }
         out << prefix << steps[i];
         for (const auto& v : cells) out << ',' << v;
         out << '\n';

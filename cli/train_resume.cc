@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -29,10 +30,17 @@ bool Unfinished(const db::RunRow& r) {
 
 // A trainer is recording into the run right now: a fresh heartbeat, and (on this host) its
 // process exists. Continuing it would put two trainers on one run.
+// The sweep that launched this trainer claimed the run for it first (sweeps/runner.cc, Claim):
+// a row held by that pid is this trainer's to take over.
+bool ClaimedForUs(int64_t pid) {
+  const char* by = std::getenv("MOELAB_CLAIMED_BY");
+  return by != nullptr && std::to_string(pid) == by;
+}
+
 bool LiveElsewhere(const db::RunRow& r) {
   if (r.status != RunStatus::kRunning || r.stale) return false;
   if (r.host != HostName()) return true;
-  if (!r.pid || *r.pid == getpid()) return false;
+  if (!r.pid || *r.pid == getpid() || ClaimedForUs(*r.pid)) return false;
   return ::kill(static_cast<pid_t>(*r.pid), 0) == 0 || errno == EPERM;
 }
 

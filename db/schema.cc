@@ -275,9 +275,8 @@ Connection OpenForRead(const std::string& path, double busy_timeout_s) {
   if (::stat(path.c_str(), &st) != 0) {
     throw std::runtime_error(fmt::format("database '{}' does not exist", path));
   }
-  Connection db = OpenReadOnly(path);
   // No PRAGMA that writes: foreign keys only matter to writers.
-  sqlite3_busy_timeout(db.get(), static_cast<int>(busy_timeout_s * 1000));
+  Connection db = OpenReadOnly(path, busy_timeout_s);
   int64_t version = 0;
   try {
     version = db.QueryInt("PRAGMA user_version");

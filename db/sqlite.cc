@@ -202,9 +202,11 @@ bool CannotWriteBeside(const std::string& path) {
 
 }  // namespace
 
-Connection OpenReadOnly(const std::string& path) {
+Connection OpenReadOnly(const std::string& path, double busy_timeout_s) {
+  const int busy_ms = static_cast<int>(busy_timeout_s * 1000);
   {
     Connection db(path, SQLITE_OPEN_READONLY);
+    sqlite3_busy_timeout(db.get(), busy_ms);
     try {
       db.QueryInt(
           "PRAGMA schema_version");  // reads the header: fails here when -shm cannot be made
@@ -224,7 +226,9 @@ Connection OpenReadOnly(const std::string& path) {
         "file to a writable folder and read it there",
         path, path));
   }
-  return Connection(FileUri(path, "immutable=1"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+  Connection db(FileUri(path, "immutable=1"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
+  sqlite3_busy_timeout(db.get(), busy_ms);
+  return db;
 }
 
 }  // namespace moelab::db

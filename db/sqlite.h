@@ -103,7 +103,8 @@ class Connection {
 // readonly database". Such a file is opened as immutable instead (nobody can be writing it
 // there either); when it has a non-empty -wal, whose transactions immutable mode would not see,
 // the error says to copy the database to a writable folder.
-Connection OpenReadOnly(const std::string& path);
+// busy_timeout_s is set on the connection before its first read (a writer may hold a lock).
+Connection OpenReadOnly(const std::string& path, double busy_timeout_s = 10.0);
 
 // Seconds since the Unix epoch, as stored in every *_at column.
 double UnixNow();

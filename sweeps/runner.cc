@@ -126,6 +126,9 @@ struct Job {
   pid_t pid = -1;
   double launched_at = 0;
   std::string log;
+  // The run row's recorded name: another sweep's when the row is shared (`moelab train` checks
+  // --name against it), else run->name.
+  std::string row_name;
   // WSD branching: this run starts its decay from parent's checkpoint at branch_step.
   int parent = -1;
   int64_t branch_step = -1;
@@ -283,6 +286,7 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
       }
       if (mine) {
         job.run_id = mine->id;
+        job.row_name = mine->name;
         const Member& m = members[mine->id];
         job.failures = m.failures;
         job.retryable = m.retryable;
@@ -394,7 +398,8 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
     }
     std::vector<std::string> args;
     args.insert(args.end(), {bin_, "train", cfg_path, "--db", opt_.db_path, "--run-id",
-                             std::to_string(job.run_id), "--name", job.run->name, "--no-progress",
+                             std::to_string(job.run_id), "--name",
+                             job.row_name.empty() ? job.run->name : job.row_name, "--no-progress",
                              "--checkpoint-dir", job.ckpt_dir, "--resume"});
     if (!init_from.empty()) {
       args.insert(args.end(), {"--init-from", init_from});
@@ -426,6 +431,9 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
         dup2(fd, 2);
         close(fd);
       }
+      // The run row carries this sweep's pid since Claim: the trainer takes over from it
+      // (cli/train_resume.cc) instead of refusing a run "being trained right now".
+      setenv("MOELAB_CLAIMED_BY", std::to_string(parent_pid).c_str(), 1);
       setenv("OMP_NUM_THREADS", threads.c_str(), 1);
       setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
       for (const auto& [k, v] : mpi_env) setenv(k.c_str(), v.c_str(), 1);

@@ -359,8 +359,8 @@ TEST_F(SweepRunTest, SlurmScript) {
 }
 
 // `sweep slurm` without --submit: writes scripts and nothing else (no moelab.db where it runs),
-// says that Slurm trains WSD branches from scratch and at what cost, and the script `cd`s to
-// where it was written so relative data and checkpoint paths mean the same on the cluster.
+// says that Slurm trains WSD branches from scratch and at what cost, and the script `cd`s to the
+// submit folder so relative data and checkpoint paths mean the same on the cluster.
 TEST_F(SweepRunTest, SlurmWithoutSubmitWritesNoDatabaseAndSaysWhatItDoesNotDo) {
   json base = Base(24);
   base["schedule"] = {{"type", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.25}};
@@ -383,8 +383,8 @@ TEST_F(SweepRunTest, SlurmWithoutSubmitWritesNoDatabaseAndSaysWhatItDoesNotDo) {
   // 16 + 24 steps from scratch against 24 + the 16-step run's decay (4 steps): 40/28.
   EXPECT_NE(log.find("(1.43x)"), std::string::npos) << log;
   const std::string script = Slurp((dir_ / "slurm" / "wsd-slurm.sbatch").string());
-  EXPECT_NE(script.find("WORKDIR=${MOELAB_WORKDIR:-'" + work.string() + "'}\ncd \"$WORKDIR\"\n"),
-            std::string::npos)
+  // Every task cds to the submit folder (or $MOELAB_ROOT) before training.
+  EXPECT_NE(script.find("cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"\n"), std::string::npos)
       << script;
   EXPECT_NE(script.find("# Note: WSD branching is not done on Slurm"), std::string::npos);
   // --local-db asks for the record.
