@@ -124,13 +124,14 @@ std::optional<double> VarNumber(const std::map<std::string, std::string>& vars,
 }
 
 Measured Train(const Case& c, const std::string& layout, int ranks, int threads, int ep,
-               const DistributedBenchOptions& o, const fs::path& dir) {
+               bool overlap, const DistributedBenchOptions& o, const fs::path& dir) {
   Measured m;
   json config = c.config;
   config["train"]["steps"] = o.warmup + o.steps;
   config["train"]["threads"] = threads;
   config["checkpoint"]["dir"] = (dir / "ckpt").string();
   if (ep > 1) config["dist"]["expert_parallel"] = ep;
+  if (!overlap) config["dist"]["overlap"] = false;
   const std::string stem = c.name + "-" + layout;
   const std::string cfg = (dir / (stem + ".json")).string();
   const std::string db = (dir / (stem + ".db")).string();
@@ -197,16 +198,23 @@ int RunDistributedBench(const DistributedBenchOptions& o) {
   for (const Case& c : Cases()) {
     if (!o.only.empty() && c.name.find(o.only) == std::string::npos) continue;
     const RunConfig rc = ConfigFromJson(c.config);
-    const Measured one = Train(c, "1x" + std::to_string(o.threads), 1, o.threads, 1, o, dir);
-    std::vector<std::pair<std::string, int>> layouts = {{"dp", 1}};
+    const Measured one = Train(c, "1x" + std::to_string(o.threads), 1, o.threads, 1, true, o, dir);
+    // Data parallel with the gradient reduction after the backward ("dp-seq") and overlapped
+    // with it ("dp", dist.overlap: the default).
+    struct Layout {
+      std::string name;
+      int ep;
+      bool overlap;
+    };
+    std::vector<Layout> layouts = {{"dp-seq", 1, false}, {"dp", 1, true}};
     if (rc.moe.enabled() && sweeps::LayoutOf(rc, ranks).expert_parallel == 1) {
       // Expert parallel needs the config's dist section (the distributed core).
-      if (nlohmann::json(ConfigToJson(rc)).contains("dist")) layouts.push_back({"ep", ranks});
+      if (nlohmann::json(ConfigToJson(rc)).contains("dist")) layouts.push_back({"ep", ranks, true});
     }
-    for (const auto& [layout, ep] : layouts) {
+    for (const auto& [layout, ep, overlap] : layouts) {
       Measured many;
       if (why_not.empty()) {
-        many = Train(c, fmt::format("{}x1-{}", ranks, layout), ranks, 1, ep, o, dir);
+        many = Train(c, fmt::format("{}x1-{}", ranks, layout), ranks, 1, ep, overlap, o, dir);
       } else {
         many.error = why_not;
       }

@@ -1,6 +1,8 @@
 // `moelab bench --distributed`: tokens/s of one run at 1 rank × T threads against T ranks × 1
 // thread (mpirun) on the reference shapes, with the bytes each rank communicates per step from
-// the analytic model (analysis/comm_model.h) beside the communicator's measured counters.
+// the analytic model (analysis/comm_model.h) beside the communicator's measured counters. Data
+// parallelism runs twice: the gradient reduction after the backward ("dp-seq",
+// dist.overlap=false) and overlapped with it ("dp", the default), for the comm share of each.
 #pragma once
 
 #include <string>

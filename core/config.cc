@@ -224,6 +224,11 @@ const std::vector<Field>& Fields() {
        false},
       {"dist.bucket_mb", FieldType::kDouble, Ref(&C::dist, &DistConfig::bucket_mb),
        "Gradient all-reduce bucket size in MiB.", {}, false},
+      {"dist.overlap", FieldType::kBool, Ref(&C::dist, &DistConfig::overlap),
+       "Data parallelism: start each gradient bucket's all-reduce as soon as the backward has "
+       "finished it (same bits as after the backward).",
+       {},
+       false},
   };
   return fields;
 }

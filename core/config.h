@@ -142,6 +142,7 @@ struct DistConfig {
   bool zero1 = false;       // shard optimizer state over the data-parallel ranks
   int expert_parallel = 1;  // ranks that split each MoE layer's experts (EP size)
   double bucket_mb = 4.0;   // gradient all-reduce bucket size in MiB
+  bool overlap = true;      // start each bucket's reduction as the backward finishes it
 };
 
 struct RunConfig {

@@ -50,6 +50,13 @@ class Communicator {
   // n elements of root's data copied to every rank.
   virtual void Broadcast(float* data, size_t n, int root);
   virtual void BroadcastBytes(void* data, size_t bytes, int root);
+  // Overlap (issue 23): a float sum started now and completed by WaitAll, so gradient buckets
+  // travel while the backward computes the rest; the result has the bits of AllReduceSum.
+  // Progress lets started sums advance (MPI moves non-blocking collectives only inside MPI
+  // calls). Defaults: sum at once, nothing pending.
+  virtual void StartAllReduceSum(float* data, size_t n) { AllReduceSum(data, n); }
+  virtual void Progress() {}
+  virtual void WaitAll() {}
   // A communicator over the ranks passing the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> Split(int color, int key);
   // Ends every rank of the job (a failure on one rank must not leave the others waiting in a

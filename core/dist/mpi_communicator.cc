@@ -183,6 +183,62 @@ void MpiCommunicator::AllToAllV(const float* send, const size_t* send_counts, fl
         "MPI_Alltoallv");
 }
 
+void MpiCommunicator::StartAllReduceSum(float* data, size_t n) {
+  if (size_ == 1 || n == 0) return;
+  const std::vector<size_t> counts = EvenCounts(n, size_);
+  const size_t mine = counts[rank_];
+  Timed t(stats_, 2 * (n - mine) * sizeof(float));  // what AllReduceSum sends
+  PendingSum& p = pending_.emplace_back();
+  p.data = data;
+  p.counts.resize(size_);
+  p.displs.resize(size_);
+  p.rcounts.assign(size_, ToInt(mine, "StartAllReduceSum"));
+  p.rdispls.resize(size_);
+  size_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    p.counts[r] = ToInt(counts[r], "StartAllReduceSum");
+    p.displs[r] = ToInt(off, "StartAllReduceSum");
+    p.rdispls[r] = ToInt(r * mine, "StartAllReduceSum");
+    off += counts[r];
+  }
+  p.recv.resize(size_ * mine);
+  Check(MPI_Ialltoallv(data, p.counts.data(), p.displs.data(), MPI_FLOAT, p.recv.data(),
+                       p.rcounts.data(), p.rdispls.data(), MPI_FLOAT, comm_, &p.request),
+        "MPI_Ialltoallv (reduce-scatter)");
+}
+
+void MpiCommunicator::Progress() {
+  if (pending_.empty()) return;
+  const auto t0 = Clock::now();
+  for (PendingSum& p : pending_) {
+    int done = 0;
+    Check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+  }
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void MpiCommunicator::WaitAll() {
+  if (pending_.empty()) return;
+  const auto t0 = Clock::now();
+  for (PendingSum& p : pending_) {
+    Check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), "MPI_Wait");
+    // Rank order 0..W−1, as ReduceScatterT: the bits of AllReduceSum.
+    const size_t mine = static_cast<size_t>(p.rcounts[rank_]);
+    float* out = p.data + p.displs[rank_];
+    std::memcpy(out, p.recv.data(), mine * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* src = p.recv.data() + r * mine;
+      for (size_t i = 0; i < mine; ++i) out[i] += src[i];
+    }
+    Check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, p.data, p.counts.data(), p.displs.data(),
+                          MPI_FLOAT, comm_, &p.request),
+          "MPI_Iallgatherv");
+  }
+  for (PendingSum& p : pending_) Check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), "MPI_Wait");
+  pending_.clear();
+  stats_.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 void MpiCommunicator::Barrier() {
   Timed t(stats_, 0);
   Check(MPI_Barrier(comm_), "MPI_Barrier");

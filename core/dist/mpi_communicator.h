@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,9 @@ class MpiCommunicator : public Communicator {
   void AllGatherV(float* data, const size_t* counts) override;
   void Broadcast(float* data, size_t n, int root) override;
   void BroadcastBytes(void* data, size_t bytes, int root) override;
+  void StartAllReduceSum(float* data, size_t n) override;
+  void Progress() override;
+  void WaitAll() override;
   std::unique_ptr<Communicator> Split(int color, int key) override;
   [[noreturn]] void Abort(int exit_code) override;
   std::string kind() const override { return "mpi"; }
@@ -63,6 +67,15 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   std::vector<int> icounts_, idispls_, rcounts_, rdispls_;  // scratch for the v-collectives
   std::vector<char> scratch_;
+  // Started sums: the reduce-scatter's all-to-all in flight, then (WaitAll) the rank-order sum
+  // and the all-gather, as AllReduceSum does them.
+  struct PendingSum {
+    float* data = nullptr;
+    std::vector<int> counts, displs, rcounts, rdispls;
+    std::vector<float> recv;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<PendingSum> pending_;
 };
 
 }  // namespace moelab

@@ -170,6 +170,8 @@ struct Model<T>::Impl {
   size_t arena = 0;
   size_t embedding = 0, final_norm = 0, lm_head = 0;
   std::vector<Layer> layers;
+  std::vector<size_t> layer_begin;  // arena offset of each layer's first tensor
+  GradReadyHook grad_ready;
   AlignedBuffer<T> params, grads;
   std::vector<T> router_bias;
   std::vector<std::unique_ptr<MoeLayer<T>>> moe_layers;
@@ -277,6 +279,7 @@ Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard, bool allocate)
     Layer& ly = layers[l];
     const std::string p = "layers." + std::to_string(l) + ".";
     ly.attn_norm = AddParam(p + "attn_norm", ParamKind::kNorm, l, 1, 1, d);
+    layer_begin.push_back(ly.attn_norm);
     if (mla) {
       const int qin = rq > 0 ? rq : d;
       if (rq > 0) {
@@ -667,6 +670,7 @@ void Model<T>::Impl::Backward(int batch) {
   cpu::LinearBackward(lnf, P + head, logits, n, d, V, dln, G + head);
   if (!m.tie_embeddings) std::memset(G + embedding, 0, sizeof(T) * V * static_cast<size_t>(d));
   cpu::RmsNormBackward(res_final, P + final_norm, rstdf, dln, n, d, dres, G + final_norm, false);
+  if (grad_ready) grad_ready(final_norm, arena);
   for (int l = L - 1; l >= 0; --l) {
     const Layer& ly = layers[l];
     LayerActs& a = la[l];
@@ -682,8 +686,10 @@ void Model<T>::Impl::Backward(int batch) {
     cpu::LinearBackward(a.att, P + ly.wo, dres, n, odim, d, datt, G + ly.wo);
     AttentionBackward(l, n);
     cpu::RmsNormBackward(a.res, P + ly.attn_norm, a.rstd1, dln, n, d, dres, G + ly.attn_norm, true);
+    if (grad_ready) grad_ready(layer_begin[l], l + 1 < L ? layer_begin[l + 1] : final_norm);
   }
   cpu::EmbeddingBackward(inputs.data(), dres, n, d, G + embedding);
+  if (grad_ready) grad_ready(0, layer_begin[0]);
 }
 
 template <typename T>
@@ -791,6 +797,11 @@ void Model<T>::UpdateRouterBias(const std::vector<int64_t>& counts, double rate)
   for (int mi = 0; mi < I.num_moe; ++mi)
     UpdateSelectionBias(I.router_bias.data() + static_cast<size_t>(mi) * I.E,
                         counts.data() + static_cast<size_t>(mi) * I.E, I.E, rate);
+}
+
+template <typename T>
+void Model<T>::SetGradReadyHook(GradReadyHook hook) {
+  impl_->grad_ready = std::move(hook);
 }
 
 template <typename T>

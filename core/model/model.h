@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -128,6 +129,12 @@ class Model {
   // MoeBatchStatsHook; the hook gets the MoE layer index 0 … moe_layers()−1). Null: this call's
   // tokens are the batch.
   void SetMoeBatchStatsHook(MoeBatchStatsHook hook);
+  // Overlap (issue 23): called in ForwardBackward's backward pass each time the gradients of a
+  // contiguous arena range are final, in backward order: [final_norm, arena) (final norm, LM
+  // head), each layer's range from the last layer to the first, then [0, layer 0) (embedding).
+  // The ranges tile the arena from its end to its start. Null: none.
+  using GradReadyHook = std::function<void(size_t begin, size_t end)>;
+  void SetGradReadyHook(GradReadyHook hook);
 
  private:
   struct Impl;

@@ -15,6 +15,7 @@
 #include "core/dist/batch_stats.h"
 #include "core/dist/expert_parallel.h"
 #include "core/dist/expert_shard.h"
+#include "core/dist/grad_overlap.h"
 #include "core/dist/layout.h"
 #include "core/dist/zero.h"
 #include "core/flops.h"
@@ -204,6 +205,14 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         layout.world > 1 ? PartitionArena(model.param_infos(), model.num_params(), layout.world,
                                           muon)
                          : std::vector<ArenaRange>{};
+    // Plain data parallelism reduces each gradient bucket as soon as the backward has finished
+    // it (core/dist/grad_overlap.h), with the bits of the reduction after the backward.
+    std::unique_ptr<OverlappedGradReduce> overlap;
+    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap) {
+      overlap = std::make_unique<OverlappedGradReduce>(*comm, model.grads(), model.num_params(),
+                                                       c.dist.bucket_mb);
+      model.SetGradReadyHook([o = overlap.get()](size_t b, size_t e) { o->Ready(b, e); });
+    }
     std::unique_ptr<ExpertShardMap> shard_map;  // this rank's arena <-> the checkpoint format
     if (sharded_ep) {
       size_t full_n = 0;
@@ -431,6 +440,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb, layout.world);
         } else if (zero) {
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
+        } else if (overlap) {
+          overlap->Finish();
         } else if (sharded_ep) {
           ReduceExpertParallelGradients(*comm, *dp_comm, model.param_infos(), grads, n,
                                         c.dist.bucket_mb);

@@ -62,6 +62,7 @@ TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
   j.erase("dist");                   // as are the dist fields (ConfigHash drops the section)
   j["optimizer"].erase("adamw_lr");  // unset adamw_lr is left out of the hash (issue 13)
   j["optimizer"]["muon_nesterov"] = true;  // AdamW configs hash with the old Muon default
+  j["moe"]["balance"] = "aux_loss";  // dense configs hash with the old balance default (issue 23)
   EXPECT_EQ(ConfigHash(defaults), Sha256Hex(CanonicalJson(j)));
   const RunConfig explicit_defaults =
       ConfigFromJson({{"train", {{"device", "cpu"}, {"precision", "auto"}}}});

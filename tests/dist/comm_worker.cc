@@ -47,6 +47,19 @@ int main() {
   for (size_t i = 0; i < noisy.size(); ++i) ok &= hi[i] == noisy[i] && -lo[i] == noisy[i];
   Expect(ok, "AllReduceSum(float) not identical on every rank", r);
 
+  // Overlap (issue 23): sums started together and completed by WaitAll have the bits of
+  // AllReduceSum, in any number of pieces of any sizes.
+  std::vector<float> started(1001);
+  for (size_t i = 0; i < started.size(); ++i) started[i] = std::sin(2.0f + r * 0.71f + i) * 1e-2f;
+  std::vector<float> blocking = started;
+  comm->AllReduceSum(blocking.data(), blocking.size());
+  comm->StartAllReduceSum(started.data() + 600, 401);
+  comm->StartAllReduceSum(started.data() + 3, 597);
+  comm->Progress();
+  comm->StartAllReduceSum(started.data(), 3);
+  comm->WaitAll();
+  Expect(started == blocking, "StartAllReduceSum + WaitAll differs from AllReduceSum", r);
+
   std::vector<double> d = {0.5 * r, 1.0};
   comm->AllReduceSum(d.data(), d.size());
   Expect(d[0] == 0.25 * w * (w - 1) && d[1] == w, "AllReduceSum(double)", r);
