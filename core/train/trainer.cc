@@ -206,9 +206,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                           muon)
                          : std::vector<ArenaRange>{};
     // Plain data parallelism reduces each gradient bucket as soon as the backward has finished
-    // it (core/dist/grad_overlap.h), with the bits of the reduction after the backward.
+    // it (core/dist/grad_overlap.h), with the bits of the reduction after the backward. Not with
+    // micro-batches: their gradients are final only after the accumulator's last pass.
     std::unique_ptr<OverlappedGradReduce> overlap;
-    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap) {
+    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap &&
+        PlanMicroBatches(c, local_batch).count() == 1) {
       overlap = std::make_unique<OverlappedGradReduce>(*comm, model.grads(), model.num_params(),
                                                        c.dist.bucket_mb);
       model.SetGradReadyHook([o = overlap.get()](size_t b, size_t e) { o->Ready(b, e); });
