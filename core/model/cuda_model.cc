@@ -18,6 +18,7 @@
 
 #if MOELAB_HAVE_CUDA
 #include "core/model/cuda_model_kernels.h"
+#include "core/model/cuda_moe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/attention.h"
@@ -26,8 +27,6 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/swiglu.h"
@@ -42,154 +41,6 @@ namespace {
 using cuda::bf16;
 template <typename T>
 using Buf = cuda::DeviceBuffer<T>;
-
-// Buffers every MoE layer uses only inside its own forward or backward (router logits, then
-// their gradient; gate gradients; expert input gradients; the extra shared experts' sums; the
-// SwiGLU backward scratch): one set per model, sized for the largest micro-batch.
-struct MoeScratch {
-  Buf<float> logits, dgates, dxe, sy, scratch;
-  int cap = 0;
-  // Floats for `rows` tokens; Reserve and the memory plan share this arithmetic.
-  static size_t Elements(const MoEConfig& e, int d, size_t rows) {
-    const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
-    return rows * e.experts_total + nk + nk * d + (S > 1 ? (S - 1) * rows * d : 0) +
-           std::max(nk, rows) * 2 * H;
-  }
-  void Reserve(const MoEConfig& e, int d, int rows) {
-    if (rows <= cap) return;
-    const size_t nn = rows, nk = nn * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
-    logits.Resize(nn * e.experts_total);
-    dgates.Resize(nk);
-    dxe.Resize(nk * d);
-    sy.Resize(S > 1 ? (S - 1) * nn * d : 0);
-    scratch.Resize(std::max(nk, nn) * 2 * H);
-    cap = rows;
-  }
-};
-
-// Device MoE layer: core/model/moe.cc's Forward/Backward over device buffers. It keeps what its
-// backward reads (scores, gates, the dispatch plan, expert and shared-expert activations); the
-// temporaries are the model's one MoeScratch.
-struct DeviceMoe {
-  int d, H, E, k, S;
-  bool sigmoid, aux_loss;
-  double aux_coef, route_scale;
-  int n = 0, cap = 0;
-  MoEConfig cfg;
-  MoeScratch* tmp;
-  Buf<float> scores, gates, xe, ye, h1, h3, act, sh1, sh3, sact;
-  Buf<int> topk, row_token, slot_row;
-  Buf<int64_t> counts, offsets;
-  std::vector<int64_t> host_offsets, host_counts;
-
-  DeviceMoe(const ModelConfig& m, const MoEConfig& e, MoeScratch* scratch)
-      : d(m.d_model),
-        H(e.expert_hidden),
-        E(e.experts_total),
-        k(e.experts_active),
-        S(e.shared_experts),
-        sigmoid(e.router == "sigmoid"),
-        aux_loss(e.balance == "aux_loss"),
-        aux_coef(e.aux_loss_coef),
-        route_scale(e.route_scale),
-        cfg(e),
-        tmp(scratch) {
-    if (k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
-    counts.Resize(E);
-    offsets.Resize(E + 1);
-    host_offsets.assign(E + 1, 0);
-    host_counts.assign(E, 0);
-  }
-
-  // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree).
-  static size_t Bytes(const MoEConfig& e, int d, size_t rows) {
-    const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
-    const size_t floats = rows * e.experts_total + nk + 2 * nk * d + 3 * nk * H + 3 * S * rows * H;
-    const size_t ints = 3 * nk;
-    return 4 * floats + 4 * ints + 8 * (2 * e.experts_total + 1);
-  }
-
-  void Reserve(int rows) {
-    tmp->Reserve(cfg, d, rows);
-    if (rows <= cap) return;
-    const size_t nn = rows, nk = nn * k;
-    scores.Resize(nn * E);
-    gates.Resize(nk);
-    topk.Resize(nk);
-    row_token.Resize(nk);
-    slot_row.Resize(nk);
-    xe.Resize(nk * d);
-    ye.Resize(nk * d);
-    h1.Resize(nk * H);
-    h3.Resize(nk * H);
-    act.Resize(nk * H);
-    sh1.Resize(S * nn * H);
-    sh3.Resize(S * nn * H);
-    sact.Resize(S * nn * H);
-    cap = rows;
-  }
-
-  // x [n,d] → y [n,d]; counts_out (host, may be null). Returns the aux loss.
-  double Forward(const float* router, const float* w1, const float* w3, const float* w2,
-                 const float* s1, const float* s3, const float* s2, const float* bias,
-                 const float* x, int rows, float* y, int64_t* counts_out) {
-    Reserve(rows);
-    n = rows;
-    const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
-    const size_t snh = static_cast<size_t>(n) * H;
-    cuda::Gemm(false, true, n, E, d, 1.0f, x, d, router, d, 0.0f, tmp->logits.data(), E);
-    cuda::MoeRoute(tmp->logits.data(), n, E, k, sigmoid, bias, route_scale, scores.data(),
-                   topk.data(), gates.data(), counts.data());
-    const double aux =
-        aux_loss ? cuda::MoeAuxLoss(scores.data(), counts.data(), n, E, k, sigmoid, aux_coef) : 0.0;
-    if (counts_out) {
-      MOELAB_CUDA_CHECK(
-          cudaMemcpy(counts_out, counts.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
-    }
-    cuda::MoeDispatchPlan(topk.data(), n, E, k, offsets.data(), row_token.data(), slot_row.data());
-    cuda::DownloadOffsets(offsets.data(), E, host_offsets.data());
-    cuda::MoeGather(x, d, row_token.data(), static_cast<int64_t>(n) * k, xe.data());
-    cuda::MoeExpertsForward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
-                                   h3.data(), act.data(), ye.data());
-    for (int s = 0; s < S; ++s) {
-      float* out = s == 0 ? y : tmp->sy.data() + (s - 1) * nd;
-      cuda::SwigluForward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
-                          sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, out);
-    }
-    for (int s = 1; s < S; ++s) cudamodel::Add(y, tmp->sy.data() + (s - 1) * nd, y, nd);
-    cuda::MoeCombine(ye.data(), slot_row.data(), gates.data(), n, k, d, y, S > 0);
-    return aux;
-  }
-
-  void Backward(const float* router, const float* w1, const float* w3, const float* w2,
-                const float* s1, const float* s3, const float* s2, float* grouter, float* gw1,
-                float* gw3, float* gw2, float* gs1, float* gs3, float* gs2, const float* x,
-                const float* dy, float* dx) {
-    const size_t wsize = static_cast<size_t>(H) * d, nd = static_cast<size_t>(n) * d;
-    const size_t snh = static_cast<size_t>(n) * H;
-    cuda::MoeCombineBackward(dy, ye.data(), slot_row.data(), gates.data(), n, k, d, ye.data(),
-                             tmp->dgates.data());
-    cuda::MoeRouteBackward(scores.data(), topk.data(), tmp->dgates.data(), counts.data(), n, E, k,
-                           sigmoid, route_scale, aux_loss ? aux_coef : 0.0, tmp->logits.data());
-    cuda::MoeExpertsBackward<float>(xe.data(), host_offsets.data(), E, d, H, w1, w3, w2, h1.data(),
-                                    h3.data(), act.data(), ye.data(), tmp->dxe.data(), gw1, gw3,
-                                    gw2, tmp->scratch.data());
-    for (int s = 0; s < S; ++s) {
-      cuda::SwigluBackward(x, n, d, H, s1 + s * wsize, s3 + s * wsize, s2 + s * wsize,
-                           sh1.data() + s * snh, sh3.data() + s * snh, sact.data() + s * snh, dy,
-                           s == 0 ? dx : tmp->sy.data() + (s - 1) * nd, gs1 + s * wsize,
-                           gs3 + s * wsize, gs2 + s * wsize, tmp->scratch.data());
-    }
-    cuda::Gemm(true, false, E, d, n, 1.0f, tmp->logits.data(), E, x, d, 0.0f, grouter, d);
-    for (int s = 1; s < S; ++s) cudamodel::Add(dx, tmp->sy.data() + (s - 1) * nd, dx, nd);
-    cuda::MoeGatherBackward(tmp->dxe.data(), slot_row.data(), n, k, d, dx, S > 0);
-    cuda::Gemm(false, false, n, d, E, 1.0f, tmp->logits.data(), E, router, d, 1.0f, dx, d);
-  }
-};
-
-}  // namespace
-
-namespace {
 
 // Dimensions of the device model, from the config alone: what the activation layout and the
 // memory plan need (no parameters, no GPU).
@@ -397,7 +248,7 @@ size_t LayoutActivations(const CudaShape& s, int batch, float* base, ActViews* v
   cpu::AttentionDims dims = s.dims;
   dims.batch = batch;
   v->att_scratch = take(s.flash ? cuda::FlashAttentionScratchSize(cuda::AttentionDims(dims))
-                                 : cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
+                                : cuda::AttentionScratchSize(cuda::AttentionDims(dims)));
   v->pair_max = take(static_cast<size_t>(batch) * H);
   v->head_max = take(static_cast<size_t>(s.L) * H);
   return total;
@@ -420,8 +271,8 @@ struct CudaModel::Impl : CudaShape, ActViews {
   Model<float> host;
   size_t embedding = 0, final_norm = 0, lm_head = 0;
   std::vector<Layer> layers;
-  std::vector<std::unique_ptr<DeviceMoe>> moes;
-  MoeScratch moe_scratch;
+  std::vector<std::unique_ptr<cudamodel::DeviceMoe>> moes;
+  cudamodel::MoeScratch moe_scratch;
 
   Buf<float> params, grads, bias, rope_cos, rope_sin;
   Buf<cuda::bf16> params_bf16, xb, dyb;  // bf16 mode: weights, GEMM input / output-gradient casts
@@ -471,7 +322,7 @@ struct CudaModel::Impl : CudaShape, ActViews {
         y.sw1 = get(p + "moe.shared.w1");
         y.sw3 = get(p + "moe.shared.w3");
         y.sw2 = get(p + "moe.shared.w2");
-        moes.push_back(std::make_unique<DeviceMoe>(m, moe, &moe_scratch));
+        moes.push_back(std::make_unique<cudamodel::DeviceMoe>(m, moe, use_bf16, &moe_scratch));
       } else {
         y.w1 = get(p + "ffn.w1");
         y.w3 = get(p + "ffn.w3");
@@ -528,6 +379,23 @@ struct CudaModel::Impl : CudaShape, ActViews {
       xb.Resize(n * CastInWidth());
       dyb.Resize(n * CastOutWidth());
     }
+  }
+
+  // An MoE layer's weights in the arenas: fp32 masters, and the bf16 copy in bf16 mode.
+  cudamodel::MoeLayerParams MoeParams(const Layer& ly) const {
+    const float* P = params.data();
+    cudamodel::MoeLayerParams p;
+    p.router = P + ly.router;
+    p.w1 = P + ly.ew1, p.w3 = P + ly.ew3, p.w2 = P + ly.ew2;
+    p.bias = bias.data() + static_cast<size_t>(ly.moe_index) * E;
+    const bool shared = moe.shared_experts > 0;
+    if (shared) p.s1 = P + ly.sw1, p.s3 = P + ly.sw3, p.s2 = P + ly.sw2;
+    if (use_bf16) {
+      const cuda::bf16* B = params_bf16.data();
+      p.w1b = B + ly.ew1, p.w3b = B + ly.ew3, p.w2b = B + ly.ew2;
+      if (shared) p.s1b = B + ly.sw1, p.s3b = B + ly.sw3, p.s2b = B + ly.sw2;
+    }
+    return p;
   }
 
   // y = x·Wᵀ at weight offset w: fp32, or bf16 inputs (cast here) with fp32 accumulation/output.
@@ -733,11 +601,7 @@ struct CudaModel::Impl : CudaShape, ActViews {
         const int mi = ly.moe_index;
         int64_t* counts =
             stats ? stats->expert_counts.data() + static_cast<size_t>(mi) * E : nullptr;
-        aux += moes[mi]->Forward(P + ly.router, P + ly.ew1, P + ly.ew3, P + ly.ew2,
-                                 moe.shared_experts > 0 ? P + ly.sw1 : nullptr,
-                                 moe.shared_experts > 0 ? P + ly.sw3 : nullptr,
-                                 moe.shared_experts > 0 ? P + ly.sw2 : nullptr,
-                                 bias.data() + static_cast<size_t>(mi) * E, a.ln2, n, dln, counts);
+        aux += moes[mi]->Forward(MoeParams(ly), a.ln2, n, dln, counts);
       }
       cudamodel::Add(a.mid, dln, next, nd);
     }
@@ -793,12 +657,9 @@ struct CudaModel::Impl : CudaShape, ActViews {
         FfnBackward(ly, a, n, dres, dln);
       } else {
         ProfileScope ps(profiler, "moe");
-        const bool sh = moe.shared_experts > 0;
-        moes[ly.moe_index]->Backward(
-            P + ly.router, P + ly.ew1, P + ly.ew3, P + ly.ew2, sh ? P + ly.sw1 : nullptr,
-            sh ? P + ly.sw3 : nullptr, sh ? P + ly.sw2 : nullptr, G + ly.router, G + ly.ew1,
-            G + ly.ew3, G + ly.ew2, sh ? G + ly.sw1 : nullptr, sh ? G + ly.sw3 : nullptr,
-            sh ? G + ly.sw2 : nullptr, a.ln2, dres, dln);
+        cudamodel::MoeLayerGrads g{G + ly.router, G + ly.ew1, G + ly.ew3, G + ly.ew2};
+        if (moe.shared_experts > 0) g.s1 = G + ly.sw1, g.s3 = G + ly.sw3, g.s2 = G + ly.sw2;
+        moes[ly.moe_index]->Backward(MoeParams(ly), g, a.ln2, dres, dln);
       }
       {
         ProfileScope ps(profiler, "norm");
@@ -910,8 +771,9 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   act += 8.0 * n + 8.0 * (2 * n + 2) + static_cast<double>(cuda::EmbeddingScratchBytes(n));
   if (s.use_bf16) act += 2.0 * n * (s.CastInWidth() + s.CastOutWidth());
   if (c.moe.enabled()) {
-    act += static_cast<double>(s.num_moe) * DeviceMoe::Bytes(c.moe, s.d, n);
-    act += 4.0 * static_cast<double>(MoeScratch::Elements(c.moe, s.d, n));
+    act += static_cast<double>(s.num_moe) *
+           static_cast<double>(cudamodel::DeviceMoe::Bytes(c.moe, s.d, n, s.use_bf16));
+    act += static_cast<double>(cudamodel::MoeScratch::Bytes(c.moe, s.d, n, s.use_bf16));
   }
   plan.activations = act;
   plan.runtime = 1.0 * (1 << 30);

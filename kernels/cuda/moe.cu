@@ -187,21 +187,23 @@ __global__ void GatherKernel(const T* x, int d, const int* row_token, T* xe) {
   for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
 }
 
-template <typename T>
-__global__ void GatherBackwardKernel(const T* dxe, const int* slot_row, int k, int d, T* dx,
+// T: the token side (x, y, gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32,
+// or bf16 in bf16 mode). Sums run in fp32 either way, so TE = float is the fp32 twin unchanged.
+template <typename T, typename TE>
+__global__ void GatherBackwardKernel(const TE* dxe, const int* slot_row, int k, int d, T* dx,
                                      bool accumulate) {
   const long t = blockIdx.x;
   T* out = dx + t * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     T acc = accumulate ? out[c] : T(0);
     for (int slot = 0; slot < k; ++slot)
-      acc += dxe[static_cast<long>(slot_row[t * k + slot]) * d + c];
+      acc += detail::ToFloat(dxe[static_cast<long>(slot_row[t * k + slot]) * d + c]);
     out[c] = acc;
   }
 }
 
-template <typename T>
-__global__ void CombineKernel(const T* ye, const int* slot_row, const T* gates, int k, int d, T* y,
+template <typename T, typename TE>
+__global__ void CombineKernel(const TE* ye, const int* slot_row, const T* gates, int k, int d, T* y,
                               bool accumulate) {
   const long t = blockIdx.x;
   T* out = y + t * d;
@@ -209,29 +211,31 @@ __global__ void CombineKernel(const T* ye, const int* slot_row, const T* gates, 
     T acc = accumulate ? out[c] : T(0);
     for (int slot = 0; slot < k; ++slot) {
       const long i = t * k + slot;
-      acc = __fadd_rn(acc, __fmul_rn(gates[i], ye[static_cast<long>(slot_row[i]) * d + c]));
+      acc = __fadd_rn(
+          acc, __fmul_rn(gates[i], detail::ToFloat(ye[static_cast<long>(slot_row[i]) * d + c])));
     }
     out[c] = acc;
   }
 }
 
-template <typename T>
-__global__ void CombineBackwardKernel(const T* dy, const T* ye, const int* slot_row, const T* gates,
-                                      int k, int d, T* dye, T* dgates) {
+template <typename T, typename TE>
+__global__ void CombineBackwardKernel(const T* dy, const TE* ye, const int* slot_row,
+                                      const T* gates, int k, int d, TE* dye, T* dgates) {
   __shared__ double shared[32];
   const long t = blockIdx.x;
   const T* dyt = dy + t * d;
   for (int slot = 0; slot < k; ++slot) {
     const long i = t * k + slot;
     const long r = slot_row[i];
-    const T* src = ye + r * d;
-    T* dst = dye + r * d;
+    const TE* src = ye + r * d;
+    TE* dst = dye + r * d;
     double dot = 0;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dot += static_cast<double>(dyt[c]) * src[c];
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+      dot += static_cast<double>(dyt[c]) * detail::ToFloat(src[c]);
     dot = detail::BlockSum(dot, shared);  // synchronises: the row is read before it is written
     if (threadIdx.x == 0) dgates[i] = static_cast<T>(dot);
     const T g = gates[i];
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = g * dyt[c];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = detail::FromFloat<TE>(g * dyt[c]);
   }
 }
 
@@ -301,29 +305,61 @@ void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe, cud
   CheckLaunch("MoeGather");
 }
 
-template <typename T>
-void MoeGatherBackward(const T* dxe, const int* slot_row, int n, int k, int d, T* dx,
-                       bool accumulate, cudaStream_t stream) {
+namespace {
+template <typename T, typename TE>
+void LaunchGatherBackward(const TE* dxe, const int* slot_row, int n, int k, int d, T* dx,
+                          bool accumulate, cudaStream_t stream) {
   if (n <= 0) return;
   GatherBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dxe, slot_row, k, d, dx, accumulate);
   CheckLaunch("MoeGatherBackward");
 }
 
-template <typename T>
-void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
-                bool accumulate, cudaStream_t stream) {
+template <typename T, typename TE>
+void LaunchCombine(const TE* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
+                   bool accumulate, cudaStream_t stream) {
   if (n <= 0) return;
   CombineKernel<<<n, RowThreads(d), 0, stream>>>(ye, slot_row, gates, k, d, y, accumulate);
   CheckLaunch("MoeCombine");
 }
 
-template <typename T>
-void MoeCombineBackward(const T* dy, const T* ye, const int* slot_row, const T* gates, int n, int k,
-                        int d, T* dye, T* dgates, cudaStream_t stream) {
+template <typename T, typename TE>
+void LaunchCombineBackward(const T* dy, const TE* ye, const int* slot_row, const T* gates, int n,
+                           int k, int d, TE* dye, T* dgates, cudaStream_t stream) {
   if (n <= 0) return;
   CombineBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dy, ye, slot_row, gates, k, d, dye,
                                                          dgates);
   CheckLaunch("MoeCombineBackward");
+}
+}  // namespace
+
+template <typename T>
+void MoeGatherBackward(const T* dxe, const int* slot_row, int n, int k, int d, T* dx,
+                       bool accumulate, cudaStream_t stream) {
+  LaunchGatherBackward(dxe, slot_row, n, k, d, dx, accumulate, stream);
+}
+void MoeGatherBackward(const bf16* dxe, const int* slot_row, int n, int k, int d, float* dx,
+                       bool accumulate, cudaStream_t stream) {
+  LaunchGatherBackward(dxe, slot_row, n, k, d, dx, accumulate, stream);
+}
+
+template <typename T>
+void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
+                bool accumulate, cudaStream_t stream) {
+  LaunchCombine(ye, slot_row, gates, n, k, d, y, accumulate, stream);
+}
+void MoeCombine(const bf16* ye, const int* slot_row, const float* gates, int n, int k, int d,
+                float* y, bool accumulate, cudaStream_t stream) {
+  LaunchCombine(ye, slot_row, gates, n, k, d, y, accumulate, stream);
+}
+
+template <typename T>
+void MoeCombineBackward(const T* dy, const T* ye, const int* slot_row, const T* gates, int n, int k,
+                        int d, T* dye, T* dgates, cudaStream_t stream) {
+  LaunchCombineBackward(dy, ye, slot_row, gates, n, k, d, dye, dgates, stream);
+}
+void MoeCombineBackward(const float* dy, const bf16* ye, const int* slot_row, const float* gates,
+                        int n, int k, int d, bf16* dye, float* dgates, cudaStream_t stream) {
+  LaunchCombineBackward(dy, ye, slot_row, gates, n, k, d, dye, dgates, stream);
 }
 
 template void MoeRoute<float>(const float*, int, int, int, bool, const float*, double, float*, int*,
@@ -333,6 +369,7 @@ template double MoeAuxLoss<float>(const float*, const int64_t*, int, int, int, b
 template void MoeRouteBackward<float>(const float*, const int*, const float*, const int64_t*, int,
                                       int, int, bool, double, double, float*, cudaStream_t);
 template void MoeGather<float>(const float*, int, const int*, int64_t, float*, cudaStream_t);
+template void MoeGather<bf16>(const bf16*, int, const int*, int64_t, bf16*, cudaStream_t);
 template void MoeGatherBackward<float>(const float*, const int*, int, int, int, float*, bool,
                                        cudaStream_t);
 template void MoeCombine<float>(const float*, const int*, const float*, int, int, int, float*, bool,

@@ -1,7 +1,8 @@
-// CUDA twin of kernels/cpu/moe_routing.h (fp32): Route, Dispatch, Combine and their backward
-// passes, same arguments over device pointers. Every kernel is one thread (or one block) per
-// token / row with per-token serial loops in the CPU's order, so the results do not depend on
-// the launch shape; counts and the dispatch plan use integer atomics only (exact).
+// CUDA twin of kernels/cpu/moe_routing.h (fp32, and bf16 expert rows for bf16 mode): Route,
+// Dispatch, Combine and their backward passes, same arguments over device pointers. Every kernel is
+// one thread (or one block) per token / row with per-token serial loops in the CPU's order, so the
+// results do not depend on the launch shape; counts and the dispatch plan use integer atomics only
+// (exact).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offset
 void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
                      cudaStream_t stream = nullptr);
 
+// T = float, or bf16 (a copy: bf16 mode gathers the bf16 cast of x).
 template <typename T>
 void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe,
                cudaStream_t stream = nullptr);
@@ -54,5 +56,16 @@ void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, 
 template <typename T>
 void MoeCombineBackward(const T* dy, const T* ye, const int* slot_row, const T* gates, int n, int k,
                         int d, T* dye, T* dgates, cudaStream_t stream = nullptr);
+
+// bf16 mode: the expert rows (dxe, ye, dye) are bf16, the token side (dx, y, dy, gates, dgates)
+// fp32. Same kernels and summation order as the fp32 versions, each bf16 element widened exactly
+// to fp32, so on bf16-representable rows they equal the fp32 results; dye is g·dy rounded to bf16.
+void MoeGatherBackward(const bf16* dxe, const int* slot_row, int n, int k, int d, float* dx,
+                       bool accumulate, cudaStream_t stream = nullptr);
+void MoeCombine(const bf16* ye, const int* slot_row, const float* gates, int n, int k, int d,
+                float* y, bool accumulate, cudaStream_t stream = nullptr);
+void MoeCombineBackward(const float* dy, const bf16* ye, const int* slot_row, const float* gates,
+                        int n, int k, int d, bf16* dye, float* dgates,
+                        cudaStream_t stream = nullptr);
 
 }  // namespace moelab::cuda

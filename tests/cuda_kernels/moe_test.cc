@@ -1,5 +1,5 @@
 // MoE routing, dispatch/combine and expert twins against kernels/cpu, fp32 (and the bf16 expert
-// path against fp32).
+// path and bf16 expert rows in dispatch/combine against fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,6 +120,62 @@ TEST(CudaMoeDispatch, PlanGatherCombineMatchCpu) {
   ExpectNear(gdgates.Download(), dgates, 1e-6, 1e-6, "dgates");
 }
 
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+std::vector<float> ToFloat(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+// bf16 mode's dispatch side: bf16 expert rows (ye, dxe, dye), fp32 tokens and gates. On
+// bf16-representable rows the sums are the fp32 kernels' to the last bit (same order, exact
+// widening), and dye is the fp32 g·dy rounded once to bf16.
+TEST(CudaMoeDispatch, Bf16ExpertRowsMatchFp32Kernels) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 300, E = 6, k = 2, d = 40;
+  std::mt19937 rng(21);
+  std::vector<int> topk(size_t(n) * k);
+  for (int t = 0; t < n; ++t) {
+    const int a = rng() % E;
+    topk[size_t(t) * k] = a;
+    topk[size_t(t) * k + 1] = (a + 1 + rng() % (E - 1)) % E;
+  }
+  auto gtopk = ToDevice(topk);
+  DeviceBuffer<int64_t> goffsets(E + 1);
+  DeviceBuffer<int> grow_token(size_t(n) * k), gslot_row(size_t(n) * k);
+  MoeDispatchPlan(gtopk.data(), n, E, k, goffsets.data(), grow_token.data(), gslot_row.data());
+  const int64_t rows = int64_t(n) * k;
+  // Rows rounded to bf16 first, so the fp32 kernels see exactly the values the bf16 ones widen.
+  const auto ye = ToFloat(ToBf16(Random(size_t(rows) * d, 31)));
+  const auto gates = Random(size_t(n) * k, 32), dy = Random(size_t(n) * d, 33),
+             y0 = Random(size_t(n) * d, 34), dx0 = Random(size_t(n) * d, 35);
+  auto fye = ToDevice(ye), ggates = ToDevice(gates), gdy = ToDevice(dy);
+  auto bye = ToDevice(ToBf16(ye));
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    auto fy = ToDevice(y0), by = ToDevice(y0), fdx = ToDevice(dx0), bdx = ToDevice(dx0);
+    MoeCombine(fye.data(), gslot_row.data(), ggates.data(), n, k, d, fy.data(), accumulate);
+    MoeCombine(bye.data(), gslot_row.data(), ggates.data(), n, k, d, by.data(), accumulate);
+    EXPECT_EQ(by.Download(), fy.Download());
+    MoeGatherBackward(fye.data(), gslot_row.data(), n, k, d, fdx.data(), accumulate);
+    MoeGatherBackward(bye.data(), gslot_row.data(), n, k, d, bdx.data(), accumulate);
+    EXPECT_EQ(bdx.Download(), fdx.Download());
+  }
+  DeviceBuffer<float> fdye(ye.size()), fdgates(gates.size()), bdgates(gates.size());
+  MoeCombineBackward(gdy.data(), fye.data(), gslot_row.data(), ggates.data(), n, k, d, fdye.data(),
+                     fdgates.data());
+  // In place, as the model calls it: dye overwrites ye.
+  MoeCombineBackward(gdy.data(), bye.data(), gslot_row.data(), ggates.data(), n, k, d, bye.data(),
+                     bdgates.data());
+  EXPECT_EQ(bdgates.Download(), fdgates.Download());
+  const auto want = ToFloat(ToBf16(fdye.Download()));
+  EXPECT_EQ(ToFloat(bye.Download()), want);
+}
+
 TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
   MOELAB_REQUIRE_GPU();
   const int E = 4, d = 32, hidden = 48;
@@ -159,13 +215,8 @@ TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
 
   // bf16 path: bf16 activations and weights, fp32 weight gradients; within bf16 rounding of the
   // fp32 result (inputs in [-1, 1], inner dimensions ≤ 48).
-  auto to_bf16 = [](const std::vector<float>& v) {
-    std::vector<bf16> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-    return out;
-  };
-  auto bxe = ToDevice(to_bf16(xe)), bw1 = ToDevice(to_bf16(w1)), bw3 = ToDevice(to_bf16(w3)),
-       bw2 = ToDevice(to_bf16(w2)), bdye = ToDevice(to_bf16(dye));
+  auto bxe = ToDevice(ToBf16(xe)), bw1 = ToDevice(ToBf16(w1)), bw3 = ToDevice(ToBf16(w3)),
+       bw2 = ToDevice(ToBf16(w2)), bdye = ToDevice(ToBf16(dye));
   DeviceBuffer<bf16> bh1(rh), bh3(rh), bact(rh), bye(ye.size()), bdxe(dxe.size()), bscratch(2 * rh);
   MoeExpertsForward(bxe.data(), offsets.data(), E, d, hidden, bw1.data(), bw3.data(), bw2.data(),
                     bh1.data(), bh3.data(), bact.data(), bye.data());
