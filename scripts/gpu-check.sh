@@ -54,7 +54,8 @@ while read -r t; do TARGETS+=("$t"); done < <(cmake --build "$BUILD" --target he
 say "building ${TARGETS[*]} in $BUILD (sm_$ARCH, no -march=native)"
 cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
 for t in "${TARGETS[@]}"; do  # a binary without the CUDA runtime has nothing to do there
-  ldd "$BUILD/bin/$t" | grep -q libcudart || die "$t does not load libcudart: not a GPU binary"
+  # (grep without -q: quitting at the first match would end ldd with SIGPIPE, failing pipefail)
+  ldd "$BUILD/bin/$t" | grep libcudart >/dev/null || die "$t does not load libcudart: not a GPU binary"
 done
 if grep -q 'march=native' "$BUILD/compile_commands.json"; then
   die "-march=native in $BUILD/compile_commands.json"
