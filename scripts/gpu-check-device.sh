@@ -288,7 +288,8 @@ BENCHLOG=$OUTD/bench.log
 if want bench; then
   stage "bench --plan" 20 "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda --plan
   if [ $STAGE_RC != 125 ]; then
-    plan=$(segment "bench --plan" "$BENCHLOG" | grep -iE 'GiB|fits|micro' | tail -3 | tr -s ' \n' ' ')
+    plan=$(segment "bench --plan" "$BENCHLOG" | awk '/unsplit/ {n = $1} /runs at:/ {sub(/^ */, "");
+      printf "%s %s; ", n, $0}' | tr -s ' ' | head -c 600)
     record "bench --plan" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${plan:-$(last_words "bench --plan" "$BENCHLOG")}"
   fi

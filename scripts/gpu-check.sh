@@ -45,12 +45,18 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     -DMOELAB_BUILD_BENCH=OFF -DCMAKE_SKIP_RPATH=ON >/dev/null
 fi
 grep -q '^MOELAB_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || die "$BUILD is not a portable build"
+# moelab and the CUDA test binaries; not cuda_kernels_emulation_test, the CPU emulation of the
+# kernels (it runs in CI; on the device it would only spend the budget).
 TARGETS=(moelab)
 while read -r t; do TARGETS+=("$t"); done < <(cmake --build "$BUILD" --target help |
-  sed -n 's/^\.\.\. \(cuda_[a-z_]*test\)$/\1/p')
+  sed -n 's/^\.\.\. \(cuda_[a-z_]*test\)$/\1/p' | grep -v emulation)
 ((${#TARGETS[@]} > 1)) || die "no cuda_*_test target in $BUILD (was CUDA found?)"
 say "building ${TARGETS[*]} in $BUILD (sm_$ARCH, no -march=native)"
 cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
+for t in "${TARGETS[@]}"; do  # a binary without the CUDA runtime has nothing to do there
+  # (grep without -q: quitting at the first match would end ldd with SIGPIPE, failing pipefail)
+  ldd "$BUILD/bin/$t" | grep libcudart >/dev/null || die "$t does not load libcudart: not a GPU binary"
+done
 if grep -q 'march=native' "$BUILD/compile_commands.json"; then
   die "-march=native in $BUILD/compile_commands.json"
 fi

@@ -93,7 +93,9 @@ EOF
 cat >"$B/stage/bin/moelab" <<'EOF'
 #!/usr/bin/env bash
 case "$*" in
-  *--plan*) echo "gpu-dense: 41.0 GiB at micro-batch 32: fits" ;;
+  *--plan*) echo "Device memory plan per case (budget 75 GiB)"
+    echo "gpu-dense            unsplit (micro-batch 32): 81.0 GiB"
+    echo "                     runs at: micro-batch 8: 41.0 GiB" ;;
   *"--only gpu-moe"*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"
     [ -n "${FAKE_HANG:-}" ] && exec sleep 60
     echo "fake: out of memory"; exit 1 ;;
@@ -120,7 +122,7 @@ check "tests: failure named" has "$S" "failed: Fake.Fails"
 check "tests: no-GPU skip flagged" has "$S" "THE GPU WAS NOT USED"
 check "tests: log in OUT" has "$B/out/tests.log" "Fake.NeedsGpu"
 check "tests: xml tar in OUT" test -s "$B/out/tests-xml.tar"
-check "bench: plan recorded" has "$S" "bench --plan .*ok.*41.0 GiB"
+check "bench: plan recorded" has "$S" "bench --plan .*ok.*gpu-dense runs at: micro-batch 8: 41.0 GiB"
 check "bench: row recorded" has "$S" "bench gpu-dense .*ok.*gpu-dense 272000000 .*15.2%.*790.0 TFLOP/s"
 check "bench: a hang times out" has "$S" "bench gpu-moe .*TIMEOUT"
 check "budget: later stages skipped" has "$S" "bench gpu-dense-muonclip .*SKIP.*budget is spent"
