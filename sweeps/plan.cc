@@ -212,6 +212,15 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                "training FLOPs (already left out of the FLOPs and times above)\n",
                Si(saved_flops));
   }
+  if (options.gpu_peak_tflops > 0 && options.gpu_mfu > 0) {
+    const double rate = options.gpu_peak_tflops * 1e12 * options.gpu_mfu;
+    fmt::print(out,
+               "GPU time: {} training FLOPs at {:.0f} % of {}'s {:g} TFLOP/s peak ({} FLOP/s): "
+               "{:.1f} GPU-hours (stated utilisation, not measured; the model FLOPs counted as "
+               "above, optimizer and evaluation excluded)\n",
+               Si(total_flops), 100 * options.gpu_mfu, options.gpu_name, options.gpu_peak_tflops,
+               Si(rate), total_flops / rate / 3600);
+  }
   fmt::print(out, "time estimate: {}\n", tp.how.empty() ? options.uncalibrated : tp.how);
   if (tp.flops_per_s > 0) {
     fmt::print(out,
