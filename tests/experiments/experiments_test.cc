@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/flops.h"
+#include "sweeps/plan.h"
 #include "sweeps/spec.h"
 
 namespace moelab::sweeps {
@@ -110,6 +111,25 @@ TEST(Experiments, SparsityLawGpuDesign) {
   EXPECT_EQ(seeds.size(), 3u);
   std::printf("GPU design: router at most %.2f %% of the active forward FLOPs\n", 100 * router);
   EXPECT_LE(router, 0.056);
+
+  // `sweep plan --gpu-peak-tflops 790 --gpu-mfu 0.05` prints the GPU-hours of the design.
+  PlanOptions po;
+  po.calibrate = false;
+  po.gpu_peak_tflops = 790;
+  po.gpu_mfu = 0.05;
+  po.gpu_name = "H100";
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  PrintPlan(s, po, f);
+  std::rewind(f);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof(buf), f)) text += buf;
+  std::fclose(f);
+  const size_t at = text.find("GPU time: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NE(text.find("at 5 % of H100's 790 TFLOP/s peak", at), std::string::npos) << text;
+  EXPECT_NE(text.find("stated utilisation, not measured", at), std::string::npos) << text;
 }
 
 TEST(Experiments, DemoHoldsActiveComputeFixed) {
