@@ -10,14 +10,16 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "analysis/bootstrap.h"
+#include "analysis/fit_common.h"
 #include "core/flops.h"
 
 namespace moelab::analysis {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using internal::kNaN;
 
 // Last evaluation (largest token count) of every run of a family with a finite loss.
 std::map<std::string, Observation> FinalPoints(const std::vector<Observation>& obs,
@@ -91,10 +93,16 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
     out.warnings.push_back(fmt::format("equal-FLOPs deltas unavailable: {}", e.what()));
   }
 
-  // Per budget, the bootstrap draws of the equal-token delta (empty: one run per arm). The mean
-  // over budgets resamples these too, so seed noise is in its interval (resampling only the
-  // budget means ignored it: ±0.3 % around a mean whose budgets each had ±10 %).
-  std::vector<std::vector<double>> budget_draws;
+  // Equal tokens: arms are paired by seed (the same data order); the replicate is a seed, whose
+  // budgets are branches of one trunk and share its noise, so every interval resamples whole
+  // seeds with both arms and all budgets together. Runs without a seed pair only when a budget
+  // has one run per arm (seed "").
+  struct Pair {
+    std::string seed;
+    double delta;
+  };
+  std::vector<std::vector<Pair>> pairs;  // per budget
+  std::set<std::string> all_seeds;
   for (const auto& tg : treat_groups) {
     const std::vector<Observation>* bg = nullptr;
     for (const auto& g : base_groups) {
@@ -112,39 +120,37 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
     d.treatment_loss = MeanLoss(tg);
     d.base_flops = MeanFlops(*bg);
     d.treatment_flops = MeanFlops(tg);
-    double point = d.treatment_loss / d.base_loss - 1;
-    d.replicated = bg->size() >= 2 && tg.size() >= 2;
-    if (d.replicated) {
-      // Replicates (seeds) of each arm are resampled independently.
-      std::vector<int> sb(bg->size()), st(tg.size());
-      std::iota(sb.begin(), sb.end(), 0);
-      std::iota(st.begin(), st.end(), static_cast<int>(bg->size()));
-      const int n = static_cast<int>(bg->size() + tg.size());
-      const uint64_t budget_seed =
-          internal::StreamSeed(opt.seed, fmt::format("budget-{}", budget_draws.size()));
-      auto rows = internal::Bootstrap({sb, st}, n, opt.bootstrap_resamples, budget_seed, 1, 1,
-                                      [&](int, const std::vector<int>& c) -> std::vector<double> {
-                                        double lb = 0, lt = 0, nb = 0, nt = 0;
-                                        for (size_t i = 0; i < bg->size(); ++i)
-                                          lb += c[i] * (*bg)[i].loss, nb += c[i];
-                                        for (size_t i = 0; i < tg.size(); ++i) {
-                                          lt += c[bg->size() + i] * tg[i].loss,
-                                              nt += c[bg->size() + i];
-                                        }
-                                        return {(lt / nt) / (lb / nb) - 1};
-                                      });
-      std::vector<double> v;
-      for (const auto& r : rows) v.push_back(r[0]);
-      auto [lo, hi] = internal::PercentileInterval(v, opt.level);
-      d.delta_equal_tokens = {point, lo, hi};
-      budget_draws.push_back(v);
-    } else {
-      budget_draws.push_back({});
-      d.delta_equal_tokens = {point, point, point};
-      d.note =
-          "one run per arm at this budget: no replicate spread, interval collapses to the "
-          "point; add seeds for an interval";
+    // Within a seed, runs of one arm that differ in other ways (model sizes) pair with the
+    // other arm's by rank of size; runs without a seed pair only one-to-one.
+    std::vector<Pair> p;
+    std::map<std::string,
+             std::pair<std::vector<const Observation*>, std::vector<const Observation*>>>
+        by_seed;
+    for (const auto& t : tg) by_seed[t.seed].first.push_back(&t);
+    for (const auto& b : *bg) by_seed[b.seed].second.push_back(&b);
+    for (auto& [seed, arms] : by_seed) {
+      auto& [ts, bs] = arms;
+      if (seed.empty() && (ts.size() != 1 || bs.size() != 1)) continue;
+      auto by_size = [](const Observation* x, const Observation* y) {
+        return x->params < y->params;
+      };
+      std::stable_sort(ts.begin(), ts.end(), by_size);
+      std::stable_sort(bs.begin(), bs.end(), by_size);
+      for (size_t k = 0; k < std::min(ts.size(), bs.size()); ++k) {
+        p.push_back({seed, ts[k]->loss / bs[k]->loss - 1});
+      }
     }
+    if (p.empty()) {
+      out.warnings.push_back(fmt::format(
+          "{:.3g} tokens: no run of '{}' shares a seed with one of '{}' (unpaired; skipped)",
+          d.tokens, treatment_family, base_family));
+      continue;
+    }
+    double s = 0;
+    for (const auto& x : p) s += x.delta, all_seeds.insert(x.seed);
+    d.delta_equal_tokens = {s / p.size(), kNaN, kNaN};
+    d.replicated = p.size() >= 2;
+    pairs.push_back(p);
     if (base_fit) {
       const PowerLawFit& f = *base_fit;
       double c = d.treatment_flops;
@@ -157,9 +163,11 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
       auto [lo, hi] = internal::PercentileInterval(v, opt.level);
       d.delta_equal_flops = {d.treatment_loss / f.LossAtCompute(c) - 1, lo, hi};
       if (c > f.max_flops || c < f.min_flops) {
-        d.note +=
-            (d.note.empty() ? "" : "; ") +
+        d.note =
             fmt::format("equal-FLOPs base loss extrapolated from the '{}' frontier", base_family);
+      }
+      if (!f.interval_note.empty()) {
+        d.note += (d.note.empty() ? "" : "; ") + ("equal FLOPs: " + f.interval_note);
       }
     } else {
       d.delta_equal_flops = {kNaN, kNaN, kNaN};
@@ -170,37 +178,81 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
     throw AnalysisError(fmt::format("heads ablation: no token budget shared by '{}' and '{}'",
                                     base_family, treatment_family));
   }
-  // Mean over budgets with a bootstrap over budgets (and replicates, for equal tokens).
   const int nb = static_cast<int>(out.budgets.size());
-  std::vector<int> all(nb);
+  const std::vector<std::string> seeds(all_seeds.begin(), all_seeds.end());
+  const int ns = static_cast<int>(seeds.size());
+  std::map<std::string, int> seed_index;
+  for (int k = 0; k < ns; ++k) seed_index[seeds[k]] = k;
+  // Resample b draws seeds; a budget's delta is the mean over its drawn seeds' paired deltas
+  // (NaN when none of its seeds was drawn; the mean over budgets then skips it).
+  std::vector<int> all(ns);
   std::iota(all.begin(), all.end(), 0);
-  // Two levels: resample budgets, and within each drawn budget take its replicate bootstrap
-  // draw of the same index (when it has replicates), so both budget and seed noise count.
-  auto mean_of = [&](auto get, bool with_replicates) {
-    double s = 0;
-    for (const auto& b : out.budgets) s += get(b);
-    double point = s / nb;
-    auto rows = internal::Bootstrap({all}, nb, opt.bootstrap_resamples, opt.seed, 1, 1,
-                                    [&](int b, const std::vector<int>& c) -> std::vector<double> {
-                                      double t = 0;
-                                      for (int i = 0; i < nb; ++i) {
-                                        const auto& dr = budget_draws[i];
-                                        const double v = with_replicates && !dr.empty()
-                                                             ? dr[b % dr.size()]
-                                                             : get(out.budgets[i]);
-                                        t += c[i] * v;
-                                      }
-                                      return {t / nb};
-                                    });
+  auto rows = internal::Bootstrap({all}, ns, opt.bootstrap_resamples, opt.seed, 1, nb + 1,
+                                  [&](int, const std::vector<int>& c) -> std::vector<double> {
+                                    std::vector<double> r;
+                                    double mean = 0;
+                                    int used = 0;
+                                    for (const auto& p : pairs) {
+                                      double s = 0, w = 0;
+                                      for (const auto& x : p)
+                                        s += c[seed_index.at(x.seed)] * x.delta,
+                                            w += c[seed_index.at(x.seed)];
+                                      r.push_back(w > 0 ? s / w : kNaN);
+                                      if (w > 0) mean += s / w, used++;
+                                    }
+                                    if (used == 0) return {};
+                                    r.push_back(mean / used);
+                                    return r;
+                                  });
+  const std::string too_few = internal::TooFewUnits(ns, std::max(opt.min_units, 2));
+  for (int i = 0; i < nb; ++i) {
+    auto& d = out.budgets[i];
+    const std::string budget_few =
+        internal::TooFewUnits(static_cast<int>(pairs[i].size()), std::max(opt.min_units, 2));
+    if (!budget_few.empty()) {
+      d.note += (d.note.empty() ? "" : "; ") + ("equal tokens: " + budget_few);
+      continue;
+    }
     std::vector<double> v;
-    for (const auto& r : rows) v.push_back(r[0]);
+    for (const auto& r : rows) v.push_back(r[i]);
     auto [lo, hi] = internal::PercentileInterval(v, opt.level);
-    return Estimate{point, lo, hi};
-  };
-  out.mean_delta_equal_tokens =
-      mean_of([](const HeadsBudgetDelta& b) { return b.delta_equal_tokens.estimate; }, true);
-  out.mean_delta_equal_flops =
-      mean_of([](const HeadsBudgetDelta& b) { return b.delta_equal_flops.estimate; }, false);
+    d.delta_equal_tokens.lo = lo;
+    d.delta_equal_tokens.hi = hi;
+  }
+  double mean_point = 0;
+  for (const auto& b : out.budgets) mean_point += b.delta_equal_tokens.estimate;
+  out.mean_delta_equal_tokens = {mean_point / nb, kNaN, kNaN};
+  if (too_few.empty()) {
+    std::vector<double> v;
+    for (const auto& r : rows) v.push_back(r[nb]);
+    auto [lo, hi] = internal::PercentileInterval(v, opt.level);
+    out.mean_delta_equal_tokens.lo = lo;
+    out.mean_delta_equal_tokens.hi = hi;
+  } else {
+    out.warnings.push_back("mean over budgets at equal tokens: " + too_few);
+  }
+  // Equal FLOPs: the base arm's law at the treatment's FLOPs; its interval comes from that fit's
+  // seed-level draws (budgets are not independent replicates, so they are not resampled).
+  double mf = 0;
+  for (const auto& b : out.budgets) mf += b.delta_equal_flops.estimate;
+  out.mean_delta_equal_flops = {mf / nb, kNaN, kNaN};
+  if (base_fit && !base_fit->draws.empty()) {
+    std::vector<double> v;
+    for (const auto& dr : base_fit->draws) {
+      if (std::isnan(dr[0])) continue;
+      double s = 0;
+      for (const auto& b : out.budgets) {
+        const double c = b.treatment_flops;
+        s += b.treatment_loss /
+                 (dr[0] + std::exp(dr[1] - dr[2] * std::log(c / base_fit->flops_unit))) -
+             1;
+      }
+      v.push_back(s / nb);
+    }
+    auto [lo, hi] = internal::PercentileInterval(v, opt.level);
+    out.mean_delta_equal_flops.lo = lo;
+    out.mean_delta_equal_flops.hi = hi;
+  }
   if (nb < 3) {
     out.warnings.push_back(fmt::format(
         "only {} budget(s): the interval of the mean over budgets is not meaningful", nb));

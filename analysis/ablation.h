@@ -22,8 +22,8 @@ struct HeadsBudgetDelta {
   double tokens = 0;
   double base_loss = 0, treatment_loss = 0;
   double base_flops = 0, treatment_flops = 0;
-  // (L_treatment − L_base)/L_base at equal tokens: the paired runs' final losses; interval by
-  // bootstrap over replicate runs of the budget (collapses to the point with one run per arm).
+  // (L_treatment − L_base)/L_base at equal tokens: mean over seeds of the seed-paired runs'
+  // final losses; interval by bootstrap over seeds (NaN ends with too few seeds, see note).
   Estimate delta_equal_tokens;
   bool replicated = false;
   // Same at equal FLOPs: treatment's final loss against the base family's frontier law at the
@@ -35,7 +35,7 @@ struct HeadsBudgetDelta {
 struct HeadsAblation {
   std::string base_family, treatment_family;
   std::vector<HeadsBudgetDelta> budgets;
-  Estimate mean_delta_equal_tokens;  // bootstrap over budgets
+  Estimate mean_delta_equal_tokens;  // bootstrap over seeds (all budgets of a seed together)
   Estimate mean_delta_equal_flops;
   std::vector<std::string> warnings;
 };

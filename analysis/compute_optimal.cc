@@ -55,7 +55,7 @@ FitOptions FitOptionsFromJson(const json& j) {
   o.bootstrap_resamples = j.value("bootstrap_resamples", o.bootstrap_resamples);
   o.seed = j.value("seed", o.seed);
   o.level = j.value("level", o.level);
-  o.min_runs = j.value("min_runs", o.min_runs);
+  o.min_units = j.value("min_units", o.min_units);
   o.final_only = j.value("final_only", o.final_only);
   o.expanded_percentile = j.value("expanded_percentile", o.expanded_percentile);
   o.skip_failed_families = j.value("skip_failed_families", o.skip_failed_families);

@@ -148,6 +148,7 @@ ObservationSet ObservationsFromExport(const json& e, const std::string& family_k
       o.flops = NumberOr(*p, "flops", NAN);
       o.tokens = NumberOr(*p, "tokens", NAN);
       o.params = NumberOr(run, "params_active", NAN);
+      SetTrunk(c, &o);
       out.points.push_back(o);
     }
     ++out.runs_used;

@@ -22,13 +22,12 @@ void to_json(nlohmann::json& j, const FitOptions& v) {
        {"bootstrap_resamples", v.bootstrap_resamples},
        {"seed", v.seed},
        {"level", v.level},
-       {"min_runs", v.min_runs},
+       {"min_units", v.min_units},
        {"final_only", v.final_only},
        {"expanded_percentile", v.expanded_percentile},
        {"skip_failed_families", v.skip_failed_families},
        {"max_failed_fraction", v.max_failed_fraction},
        {"min_span_fraction", v.min_span_fraction},
-       {"paired", v.paired},
        {"max_iterations", v.max_iterations}};
 }
 
@@ -49,6 +48,13 @@ void to_json(nlohmann::json& j, const FrontierPoint& v) {
   j = {{"run", v.run}, {"flops", v.flops}, {"loss", v.loss}};
 }
 
+void to_json(nlohmann::json& j, const MisfitCheck& v) {
+  j = {{"n_budgets", v.n_budgets}, {"positives", v.positives},
+       {"negatives", v.negatives}, {"runs", v.runs},
+       {"runs_p", v.runs_p},       {"unconstrained_E", v.unconstrained_E},
+       {"rejected", v.rejected},   {"reason", v.reason}};
+}
+
 void to_json(nlohmann::json& j, const PowerLawFit& v) {
   j = {{"family", v.family},
        {"form", "L = E + A*(C/flops_unit)^(-alpha)"},
@@ -56,6 +62,9 @@ void to_json(nlohmann::json& j, const PowerLawFit& v) {
        {"diagnostics", v.diagnostics},
        {"flops_unit", v.flops_unit},
        {"paired", v.paired},
+       {"n_units", v.n_units},
+       {"interval_note", v.interval_note},
+       {"misfit", v.misfit},
        {"flops_range", {v.min_flops, v.max_flops}},
        {"loss_range", {v.min_loss, v.max_loss}},
        {"frontier", v.frontier}};
@@ -76,6 +85,7 @@ void to_json(nlohmann::json& j, const Multiplier& v) {
        {"compute_reference", v.compute_reference},
        {"undefined_fraction", v.undefined_fraction},
        {"paired", v.paired},
+       {"interval_note", v.interval_note},
        {"flags", v.flags}};
 }
 

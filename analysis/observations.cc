@@ -35,6 +35,17 @@ std::optional<std::string> FamilyOf(const std::map<std::string, std::string>& ru
   return node.dump();
 }
 
+void SetTrunk(const json& config, Observation* o) {
+  if (!config.is_object()) return;
+  try {
+    const RunConfig rc = ConfigFromJson(config);
+    o->seed = fmt::format("{}", rc.train.seed);
+    o->unit = fmt::format("seed {}, trunk {}", o->seed, BranchHash(rc).substr(0, 12));
+  } catch (const std::exception&) {
+    // An export from another build whose config no longer parses: the run is its own unit.
+  }
+}
+
 ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_t> sweep_id,
                                 const std::string& family_key) {
   db::Reader reader(db_path);
@@ -60,6 +71,7 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
       out.skipped.push_back(fmt::format("{}: no evaluations", label));
       continue;
     }
+    const json c = json::parse(config, nullptr, false);
     for (size_t i = 0; i < loss.steps.size(); ++i) {
       Observation o;
       o.run = fmt::format("{}", run.id);
@@ -68,10 +80,10 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
       o.flops = i < flops.values.size() ? flops.values[i] : NAN;
       o.tokens = i < tokens.values.size() ? tokens.values[i] : NAN;
       o.params = static_cast<double>(run.shape.params_active);
+      SetTrunk(c, &o);
       out.points.push_back(o);
     }
     ++out.runs_used;
-    const json c = json::parse(config, nullptr, false);
     if (!c.is_discarded() && c.contains("schedule") && c["schedule"].is_object() &&
         c["schedule"].value("type", "") == "wsd") {
       ++out.wsd_runs;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@ struct ObservationSet {
   // Runs left out and why (not finished, no evaluations, no value for the family key).
   std::vector<std::string> skipped;
 };
+
+// The resampling unit and pairing seed of a run from its config JSON: seed = train.seed, unit =
+// "seed S, trunk H" with H the BranchHash (every field but the run length), so a trunk and its
+// WSD branches form one unit. Both stay empty for a config that does not parse.
+void SetTrunk(const nlohmann::json& config, Observation* o);
 
 // The family of a run: the run variable `key` when the run has one, else the value at the
 // dotted config path `key` (numbers printed canonically: 8, 0.5, 3000000).

@@ -245,7 +245,10 @@ PromotionPlan PlanFromPowerLaw(const PowerLawFit& fit, const RunConfig& source,
                                double source_tokens, const PromoteTarget& target,
                                const PromoteLayout& layout, const PromoteOptions& o) {
   const std::string what = fmt::format("family {}", fit.family);
-  if (fit.draws.empty()) throw PromotionRefused(what + ": the fit has no bootstrap draws");
+  if (fit.draws.empty()) {
+    throw PromotionRefused(what + ": the fit has no bootstrap draws" +
+                           (fit.interval_note.empty() ? "" : " (" + fit.interval_note + ")"));
+  }
   PromotionPlan p;
   p.law = "power";
   p.family = fit.family;

@@ -36,6 +36,11 @@ struct Observation {
   double tokens = 0;
   double params = 0;
   double loss = 0;
+  // The resampling unit: a seed's trunk with its WSD branches (runs sharing seed and
+  // BranchHash family). Empty: the run is its own unit. Loaders fill it from the config.
+  std::string unit;
+  // The seed (train.seed): arms are paired by it. Empty when unknown.
+  std::string seed;
 };
 
 // A value with its bootstrap percentile interval. `estimate` is the full-data value.
@@ -71,10 +76,10 @@ struct FitOptions {
   // default: on the synthetic tests the plain interval already covers the parameters at or above
   // nominal (docs/analysis.md has the measured rates).
   bool expanded_percentile = false;
-  // Fewer runs in a family cannot be bootstrapped over runs: at 3–4 runs that each own a slice
-  // of the compute range, the run-level bootstrap's alpha interval measured 74–124x wider than
-  // the actual spread of the estimate (tests/analysis: CoverageAtTheRunCountsTheExperimentsUse).
-  int min_runs = 5;
+  // Fewest resampling units (seeds' trunks) per family for an interval. Below it the fit
+  // reports its point estimate and "n seeds: too few for an interval" instead of an interval
+  // that only measures which budgets were kept (docs/analysis.md).
+  int min_units = 3;
   bool final_only = false;  // frontier from each run's last evaluation only
   int max_iterations = 200;
   int threads = 0;  // OpenMP threads for the bootstrap; 0 = runtime default
@@ -88,11 +93,6 @@ struct FitOptions {
   // A resample whose frontier spans less than this fraction of the full frontier's log-compute
   // range counts as failed (it dropped whole budgets at an end of the design).
   double min_span_fraction = 0.5;
-  // Paired bootstrap across families (opt-in): every family draws the same run positions in
-  // resample b (runs ordered by their final compute, so position i is budget i in every family)
-  // and needs the same run count. Off: each family gets its own resample stream (seed mixed with
-  // the family name), so multipliers combine independent draws.
-  bool paired = false;
 };
 
 // Fit bookkeeping: which start of the multi-start grid won, how the solver ended, bounds hit.
@@ -115,7 +115,18 @@ struct FrontierPoint {
   double loss = 0;
 };
 
-// L(C) = E + A·(C/unit)^(−alpha) on one family's frontier.
+// Does the form describe the data? (analysis/misfit.h)
+struct MisfitCheck {
+  int n_budgets = 0;                 // residuals averaged per compute value, in compute order
+  int positives = 0, negatives = 0;  // residual signs
+  int runs = 0;                      // same-sign runs
+  double runs_p = 0;                 // Wald–Wolfowitz P(R ≤ runs), exact; NaN if undefined
+  double unconstrained_E = 0;        // best E with its lower bound removed
+  bool rejected = false;
+  std::string reason;  // why rejected (empty otherwise)
+};
+
+// L(C) = E + A·(C/unit)^(−alpha) on one family's frontier (each seed's lower envelope, merged).
 struct PowerLawFit {
   std::string family;
   std::vector<FrontierPoint> frontier;
@@ -128,7 +139,10 @@ struct PowerLawFit {
   // resample number (failed resamples hold NaN) so families can be paired.
   std::vector<std::array<double, 3>> draws;
   uint64_t bootstrap_seed = 0;  // the resample stream this family used
-  bool paired = false;          // drawn with FitOptions::paired (positions shared by families)
+  bool paired = false;          // resample b drew the same seeds in every family
+  int n_units = 0;              // resampling units (seeds' trunks)
+  std::string interval_note;    // why there is no interval (too few seeds); draws then empty
+  MisfitCheck misfit;
 
   double E() const;
   double log_A() const;
@@ -151,8 +165,8 @@ std::vector<FrontierPoint> ComputeFrontier(const std::vector<Observation>& obs,
                                            bool final_only = false);
 
 // Drops non-finite / non-positive points (listed in `warnings`), groups by family, fits the
-// frontier power law per family with bootstrap over runs. Throws AnalysisError on degenerate
-// families (one point, all-equal losses, no frontier, too few runs) unless
+// frontier power law per family with a seed-level bootstrap (no interval below min_units).
+// Throws AnalysisError on degenerate families (one point, all-equal losses, no frontier) unless
 // skip_failed_families, which lists them in `warnings` (and still throws if none is left).
 FamilyFits FitFamilies(const std::vector<Observation>& obs, const FitOptions& options = {});
 
@@ -177,7 +191,8 @@ struct Multiplier {
   Estimate compute_family;  // FLOPs to reach L*
   Estimate compute_reference;
   double undefined_fraction = 0;   // resamples with L* ≤ E in either family
-  bool paired = false;             // draws combined by resample position (both fits paired)
+  bool paired = false;             // draws combined by seed (both fits paired by seed)
+  std::string interval_note;       // why there is no interval (too few seeds)
   std::vector<std::string> flags;  // caveats that do not refuse (E of resamples at a bound, ...)
 };
 
@@ -264,6 +279,7 @@ void to_json(nlohmann::json& j, const ParamEstimate& v);
 void to_json(nlohmann::json& j, const FitOptions& v);
 void to_json(nlohmann::json& j, const FitDiagnostics& v);
 void to_json(nlohmann::json& j, const FrontierPoint& v);
+void to_json(nlohmann::json& j, const MisfitCheck& v);
 void to_json(nlohmann::json& j, const PowerLawFit& v);  // without the raw draws
 void to_json(nlohmann::json& j, const FamilyFits& v);
 void to_json(nlohmann::json& j, const Multiplier& v);

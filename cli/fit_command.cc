@@ -1,18 +1,19 @@
 // `moelab fit`: scaling-law fits with bootstrap intervals over a sweep's runs, stored in the
 // database's fits table.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
-#include "analysis/compute_optimal.h"
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
-#include "analysis/export.h"
-#include "analysis/observations.h"
 #include "analysis/ablation.h"
+#include "analysis/compute_optimal.h"
+#include "analysis/export.h"
+#include "analysis/model_free.h"
+#include "analysis/observations.h"
 #include "analysis/scaling.h"
 #include "cli/commands.h"
 #include "core/train/trainer.h"
@@ -26,6 +27,9 @@ using analysis::Estimate;
 using nlohmann::json;
 
 std::string Interval(const Estimate& e, const char* spec = "{:.4g}") {
+  if (std::isnan(e.lo) && std::isnan(e.hi)) {
+    return fmt::format(fmt::runtime(spec), e.estimate) + " (no interval)";
+  }
   return fmt::format("{} [{}, {}]", fmt::format(fmt::runtime(spec), e.estimate),
                      fmt::format(fmt::runtime(spec), e.lo), fmt::format(fmt::runtime(spec), e.hi));
 }
@@ -50,19 +54,55 @@ void PrintWarnings(const std::vector<std::string>& warnings) {
   for (const auto& w : warnings) fmt::print("  warning: {}\n", w);
 }
 
+// "1.133 [1.05, 1.21]", or the point with why there is no interval.
+std::string RatioText(const Estimate& e, const std::string& note) {
+  if (!note.empty()) return fmt::format("{:.3f} (no interval)", e.estimate);
+  return Interval(e, "{:.3f}");
+}
+
+void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
+  fmt::print(
+      "\nModel-free (primary): FLOPs and tokens to reach L*, log-log interpolated on each "
+      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed)\n",
+      by, t.reference);
+  fmt::print("loss range every (family, seed) covers: [{:.4f}, {:.4f}]\n", t.range_lo, t.range_hi);
+  fmt::print("{:<8} {:<10} {:>5}  {:<26} {:<26} {}\n", "L*", by, "seeds", "FLOPs ratio",
+             "tokens ratio", "per seed (FLOPs ratio)");
+  std::set<std::string> notes;
+  std::vector<analysis::ModelFreeRow> rows = t.rows;
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
+    if (x.target_loss != y.target_loss) return x.target_loss < y.target_loss;
+    return FamilyLess(x.family, y.family);
+  });
+  for (const auto& r : rows) {
+    std::vector<std::string> per_seed;
+    for (size_t i = 0; i < r.seeds.size(); ++i)
+      per_seed.push_back(
+          fmt::format("s{} {:.3f}", r.seeds[i], r.flops_family[i] / r.flops_reference[i]));
+    fmt::print("{:<8.4f} {:<10} {:>5}  {:<26} {:<26} {}\n", r.target_loss, r.family, r.seeds.size(),
+               RatioText(r.flops_ratio, r.interval_note),
+               RatioText(r.tokens_ratio, r.interval_note), fmt::join(per_seed, ", "));
+    if (!r.interval_note.empty()) notes.insert(r.interval_note);
+  }
+  for (const auto& n : notes) fmt::print("intervals: {}\n", n);
+  for (const auto& n : t.notes) fmt::print("  note: {}\n", n);
+}
+
 }  // namespace
 
 void AddFitCommand(CLI::App& app) {
   struct Args {
     std::string db = "moelab.db", sweep, by = "sparsity", form = "power", reference, base,
-                treatment, inputs;
-    double target_loss = NAN, level = 0.90;
+                treatment;
+    std::vector<std::string> inputs;
+    std::vector<double> target_losses;
+    double level = 0.90;
     int resamples = 1000, threads = 2;
     uint64_t seed = 12345;
-    bool json = false, no_store = false, final_only = false, all_points = false, paired = false,
+    bool json = false, no_store = false, final_only = false, all_points = false,
          allow_e_at_bound = false;
     double max_failed_fraction = 0.10;
-    int min_runs = 5;
+    int min_seeds = 3;
     std::string budgets;  // chinchilla form: N_opt/D_opt at these FLOPs
   };
   auto a = std::make_shared<Args>();
@@ -71,16 +111,17 @@ void AddFitCommand(CLI::App& app) {
   cmd->add_option("--db", a->db, "Database file")->capture_default_str();
   cmd->add_option("--sweep", a->sweep, "Sweep name (default: every run in the database)");
   cmd->add_option("--inputs", a->inputs,
-                  "Fit the runs of a `moelab db export` JSON file instead of a database (not "
-                  "stored)")
+                  "Fit the runs of `moelab db export` JSON files instead of a database (not "
+                  "stored); several files (e.g. one per seed) are fitted together")
       ->check(CLI::ExistingFile);
   cmd->add_option("--by", a->by, "Family key: a sweep variable or a config path")
       ->capture_default_str();
   cmd->add_option("--form", a->form, "power | joint | chinchilla | heads | isoflop")
       ->check(CLI::IsMember({"power", "joint", "chinchilla", "heads", "isoflop"}))
       ->capture_default_str();
-  cmd->add_option("--target-loss", a->target_loss,
-                  "L* for the FLOPs multipliers (default: middle of the shared loss range)");
+  cmd->add_option("--target-loss", a->target_losses,
+                  "L* for the FLOPs multipliers; repeat for several (default: 3 losses inside "
+                  "the range every (family, seed) covers; the fitted law uses the middle one)");
   cmd->add_option("--reference", a->reference,
                   "Reference family of the multipliers (default: the largest value)");
   cmd->add_option("--base", a->base, "heads form: the base family (e.g. 1)");
@@ -99,16 +140,14 @@ void AddFitCommand(CLI::App& app) {
                   "Refuse a fit when more than this fraction of bootstrap resamples fail")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--min-runs", a->min_runs,
-                  "Fewest runs per family to bootstrap over (below 5 the run-level intervals "
-                  "are far too wide; see docs/analysis.md)")
+  cmd->add_option("--min-seeds", a->min_seeds,
+                  "Fewest seeds (trunks with their branches) for an interval; below it the "
+                  "point estimate is printed with \"n seeds: too few for an interval\"")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_flag("--paired", a->paired,
-                "Paired bootstrap across families: resample b draws the same run positions "
-                "(runs ordered by final compute) in every family; needs equal run counts");
   cmd->add_flag("--allow-e-at-bound", a->allow_e_at_bound,
-                "Report multipliers even when a family's fitted E sits on its bound (flagged)");
+                "Report fitted multipliers even when a family's E sits on its bound or its form "
+                "is rejected (flagged; the model-free estimate stays the primary reading)");
   cmd->add_option(
       "--budgets", a->budgets,
       "chinchilla form: FLOPs budgets for N_opt/D_opt, comma-separated (e.g. 1e15,1e16)");
@@ -121,18 +160,29 @@ void AddFitCommand(CLI::App& app) {
       if (!sweep) {
         std::string names;
         for (const auto& s : db::ListSweeps(a->db)) names += (names.empty() ? "" : ", ") + s.name;
-        throw std::runtime_error(fmt::format("no sweep '{}' in {} (sweeps: {})", a->sweep,
-                                             a->db, names.empty() ? "none" : names));
+        throw std::runtime_error(fmt::format("no sweep '{}' in {} (sweeps: {})", a->sweep, a->db,
+                                             names.empty() ? "none" : names));
       }
       sweep_id = sweep->id;
     }
     analysis::ObservationSet obs;
     if (!a->inputs.empty()) {
-      std::ifstream in(a->inputs);
-      const nlohmann::json e = nlohmann::json::parse(in, nullptr, false);
-      if (e.is_discarded()) throw std::runtime_error(a->inputs + ": not valid JSON");
-      obs = analysis::ObservationsFromExport(e, a->by);
-      if (a->sweep.empty() && e["sweep"].is_string()) a->sweep = e["sweep"].get<std::string>();
+      for (size_t k = 0; k < a->inputs.size(); ++k) {
+        std::ifstream in(a->inputs[k]);
+        const nlohmann::json e = nlohmann::json::parse(in, nullptr, false);
+        if (e.is_discarded()) throw std::runtime_error(a->inputs[k] + ": not valid JSON");
+        analysis::ObservationSet part = analysis::ObservationsFromExport(e, a->by);
+        // Run ids are per database: exports of different databases could share them.
+        for (auto& p : part.points) {
+          if (a->inputs.size() > 1) p.run = fmt::format("{}:{}", k + 1, p.run);
+        }
+        obs.points.insert(obs.points.end(), part.points.begin(), part.points.end());
+        obs.skipped.insert(obs.skipped.end(), part.skipped.begin(), part.skipped.end());
+        obs.runs_used += part.runs_used;
+        obs.wsd_runs += part.wsd_runs;
+        for (const auto& [f, sp] : part.sparsity) obs.sparsity[f] = sp;
+        if (a->sweep.empty() && e["sweep"].is_string()) a->sweep = e["sweep"].get<std::string>();
+      }
       a->no_store = true;
     } else {
       obs = analysis::LoadObservations(a->db, sweep_id, a->by);
@@ -153,24 +203,24 @@ void AddFitCommand(CLI::App& app) {
     fo.final_only = a->final_only || (obs.wsd_runs > 0 && !a->all_points);
     fo.skip_failed_families = true;
     fo.max_failed_fraction = a->max_failed_fraction;
-    fo.min_runs = a->min_runs;
-    fo.paired = a->paired;
+    fo.min_units = a->min_seeds;
 
     json result;
     if (!a->json) {
-      fmt::print("{} runs, {} evaluation points, families by '{}'{}{}; bootstrap {} resamples "
-                 "over runs (seed {}), {:.0f}% intervals\n",
-                 obs.runs_used, obs.points.size(), a->by,
-                 a->sweep.empty() ? "" : " in sweep " + a->sweep,
-                 a->inputs.empty() ? "" : " (from the export " + a->inputs + ")", a->resamples,
-                 a->seed, 100 * a->level);
+      fmt::print(
+          "{} runs, {} evaluation points, families by '{}'{}{}; bootstrap {} resamples "
+          "over seeds (a seed's trunk with its branches is one replicate; seed {}), {:.0f}% "
+          "intervals\n",
+          obs.runs_used, obs.points.size(), a->by, a->sweep.empty() ? "" : " in sweep " + a->sweep,
+          a->inputs.empty() ? "" : fmt::format(" (from {})", fmt::join(a->inputs, ", ")),
+          a->resamples, a->seed, 100 * a->level);
       for (const auto& s : obs.skipped) fmt::print("  skipped {}\n", s);
       if (fo.final_only && !a->final_only) {
-        fmt::print("{} WSD run(s): final (post-decay) points only (--all-points to use every "
-                   "evaluation)\n",
-                   obs.wsd_runs);
+        fmt::print(
+            "{} WSD run(s): final (post-decay) points only (--all-points to use every "
+            "evaluation)\n",
+            obs.wsd_runs);
       }
-      if (fo.paired) fmt::print("paired bootstrap across families (--paired)\n");
     }
 
     if (a->form == "power") {
@@ -179,36 +229,85 @@ void AddFitCommand(CLI::App& app) {
       for (const auto& f : fits.families) names.push_back(f.family);
       std::sort(names.begin(), names.end(), FamilyLess);
       const std::string reference = a->reference.empty() ? names.back() : a->reference;
-      double target = a->target_loss;
+
+      // The primary reading: FLOPs/tokens to target losses, interpolated per seed.
+      analysis::ModelFreeOptions mfo;
+      mfo.resamples = a->resamples;
+      mfo.seed = a->seed;
+      mfo.level = a->level;
+      mfo.min_seeds = a->min_seeds;
+      mfo.final_only = fo.final_only;
+      std::optional<analysis::ModelFreeTable> model_free;
+      std::string model_free_error;
+      try {
+        model_free = analysis::ModelFreeMultipliers(obs.points, reference, a->target_losses, mfo);
+      } catch (const analysis::AnalysisError& e) {
+        model_free_error = e.what();
+      }
+      double target =
+          a->target_losses.empty() ? NAN : a->target_losses[a->target_losses.size() / 2];
       if (std::isnan(target)) {
-        // The middle of the loss range every family's frontier covers.
-        double lo = -INFINITY, hi = INFINITY;
-        for (const auto& f : fits.families) lo = std::max(lo, f.min_loss), hi = std::min(hi, f.max_loss);
-        target = lo < hi ? 0.5 * (lo + hi) : fits.Get(reference).min_loss;
+        if (model_free) {
+          target = model_free->targets[model_free->targets.size() / 2];
+        } else {
+          // The middle of the loss range every family's frontier covers.
+          double lo = -INFINITY, hi = INFINITY;
+          for (const auto& f : fits.families)
+            lo = std::max(lo, f.min_loss), hi = std::min(hi, f.max_loss);
+          target = lo < hi ? 0.5 * (lo + hi) : fits.Get(reference).min_loss;
+        }
       }
       analysis::MultiplierOptions mo;
       mo.level = a->level;
       mo.allow_e_at_bound = a->allow_e_at_bound;
       const analysis::MultiplierTable table =
           analysis::ComputeMultiplierTable(fits, reference, target, mo);
-      result = {{"fits", fits}, {"multipliers", table}};
+      const std::string basis =
+          model_free && !model_free->rows.empty()
+              ? "model-free (FLOPs/tokens to L* interpolated on each seed's points)"
+              : "fitted law (no model-free estimate: " + model_free_error + ")";
+      result = {{"fits", fits}, {"multipliers", table}, {"verdict_basis", basis}};
+      if (model_free) result["model_free"] = *model_free;
       if (!a->json) {
-        fmt::print("\nL(C) = E + A·(C/1e15)^(-alpha) on each family's compute-optimal frontier\n");
-        fmt::print("{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9} {:>6}\n", a->by, "runs",
+        if (model_free)
+          PrintModelFree(*model_free, a->by);
+        else
+          fmt::print("\nmodel-free estimate unavailable: {}\n", model_free_error);
+        // One model size per family (a WSD sweep of one shape) gives a training curve, not a
+        // compute-optimal frontier: say which one was fitted.
+        std::map<std::string, std::set<double>> sizes;
+        for (const auto& p : obs.points) sizes[p.family].insert(p.params);
+        bool single_size = true;
+        for (const auto& [f, s] : sizes) single_size = single_size && s.size() == 1;
+        fmt::print(
+            "\nFitted law (secondary, smoothed): L(C) = E + A·(C/1e15)^(-alpha) on each "
+            "family's {}\n",
+            single_size ? "loss-compute curve (one model size per family: a training "
+                          "curve, not a compute-optimal frontier)"
+                        : "compute frontier (lower envelope over its model sizes)");
+        fmt::print("{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9} {:>6}\n", a->by, "seeds",
                    "points", "E", "A", "alpha", "rmse(log)", "start");
         for (const std::string& name : names) {
           const auto& f = fits.Get(name);
-          fmt::print("{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9.4f} {:>6}{}\n", name,
-                     f.diagnostics.n_runs, f.diagnostics.n_points,
-                     Interval(Param(f.params, "E")->value), Interval(Param(f.params, "A")->value),
-                     Interval(Param(f.params, "alpha")->value), f.diagnostics.rmse_log,
-                     f.diagnostics.winning_start,
-                     f.diagnostics.params_at_bound.empty()
-                         ? ""
-                         : fmt::format("  at bound: {}",
-                                       fmt::join(f.diagnostics.params_at_bound, ",")));
+          fmt::print(
+              "{:<10} {:>5} {:>6}  {:<26} {:<26} {:<26} {:>9.4f} {:>6}{}\n", name, f.n_units,
+              f.diagnostics.n_points, Interval(Param(f.params, "E")->value),
+              Interval(Param(f.params, "A")->value), Interval(Param(f.params, "alpha")->value),
+              f.diagnostics.rmse_log, f.diagnostics.winning_start,
+              f.diagnostics.params_at_bound.empty()
+                  ? ""
+                  : fmt::format("  at bound: {}", fmt::join(f.diagnostics.params_at_bound, ",")));
         }
-        fmt::print("\nFLOPs multiplier C_family(L*) / C_{}(L*) at L* = {:.4f} ({} = {})\n",
+        fmt::print("misfit (runs test on residual signs by budget; unconstrained E):\n");
+        for (const std::string& name : names) {
+          const auto& m = fits.Get(name).misfit;
+          fmt::print("{:<10} {} +/{} - in {} runs, p = {:.3f}; unconstrained E = {:.3g}: {}\n",
+                     name, m.positives, m.negatives, m.runs, m.runs_p, m.unconstrained_E,
+                     m.rejected ? "REJECTED (" + m.reason + ")" : "not rejected");
+        }
+        const std::string& note = fits.Get(reference).interval_note;
+        if (!note.empty()) fmt::print("intervals: {}\n", note);
+        fmt::print("\nFitted FLOPs multiplier C_family(L*) / C_{}(L*) at L* = {:.4f} ({} = {})\n",
                    reference, target, a->by, reference);
         fmt::print("{:<10} {:<30} {:<34}\n", a->by, "multiplier", "FLOPs to reach L*");
         for (const std::string& name : names) {
@@ -223,6 +322,7 @@ void AddFitCommand(CLI::App& app) {
             }
           }
         }
+        fmt::print("\nverdict rests on: {}\n", basis);
         PrintWarnings(fits.warnings);
       }
     } else if (a->form == "joint") {
@@ -236,7 +336,8 @@ void AddFitCommand(CLI::App& app) {
           fmt::print("\n{}: {}\n  held-out RMSE(log) {:.4f} on {} points ({})\n", form.form,
                      form.formula, form.holdout_rmse_log, form.holdout_points, fit.holdout_rule);
           for (const auto& p : form.params)
-            fmt::print("  {:<8} {}{}\n", p.name, Interval(p.value), p.at_bound ? "  (at bound)" : "");
+            fmt::print("  {:<8} {}{}\n", p.name, Interval(p.value),
+                       p.at_bound ? "  (at bound)" : "");
         }
         fmt::print("\nbetter on held-out points: {}\n", fit.better_form);
         PrintWarnings(fit.warnings);
@@ -296,8 +397,14 @@ void AddFitCommand(CLI::App& app) {
       rec.options_json = json(fo).dump();
       json inputs = json::array();
       for (const auto& p : obs.points)
-        inputs.push_back({{"run", p.run}, {"family", p.family}, {"flops", p.flops},
-                          {"tokens", p.tokens}, {"params", p.params}, {"loss", p.loss}});
+        inputs.push_back({{"run", p.run},
+                          {"family", p.family},
+                          {"flops", p.flops},
+                          {"tokens", p.tokens},
+                          {"params", p.params},
+                          {"loss", p.loss},
+                          {"seed", p.seed},
+                          {"unit", p.unit}});
       rec.inputs_json = inputs.dump();
       rec.result_json = result.dump();
       rec.bootstrap_seed = a->seed;

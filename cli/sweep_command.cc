@@ -106,8 +106,10 @@ void AddSweepCommand(CLI::App& app) {
     struct Args {
       std::string spec, db;
       int parallel = 1, threads = 0;
-      bool no_calibrate = false;
+      bool no_calibrate = false, no_data_check = false;
       int64_t max_runs = 0;
+      double gpu_tflops = 0, gpu_mfu = 0;
+      std::string gpu_name = "GPU";
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = sweep->add_subcommand(
@@ -120,6 +122,15 @@ void AddSweepCommand(CLI::App& app) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--no-calibrate", a->no_calibrate,
                   "Skip the few timed training steps that calibrate the time estimate");
+    cmd->add_flag("--no-data-check", a->no_data_check,
+                  "Plan a spec whose data is prepared elsewhere (e.g. on the GPU machine)");
+    cmd->add_option("--gpu-peak-tflops", a->gpu_tflops,
+                    "Print GPU-hours at this peak TFLOP/s per GPU (e.g. 989: H100 SXM, BF16)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--gpu-mfu", a->gpu_mfu,
+                    "Model-FLOPs utilisation for --gpu-peak-tflops (measured or stated)")
+        ->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--gpu-name", a->gpu_name, "Name of the GPU in the GPU-time line");
     cmd->add_option("--max-runs", a->max_runs,
                     "Refuse specs expanding to more runs than this (default 10000 or the "
                     "spec's max_runs)")
@@ -127,15 +138,22 @@ void AddSweepCommand(CLI::App& app) {
     cmd->callback([a] {
       Guard("plan", [&] {
         sweeps::ExpandOptions eo;
-        eo.check_data = true;
-        eo.check_device = true;
+        eo.check_data = !a->no_data_check;
+        // A plan with a stated GPU rate is arithmetic for another machine: no device needed.
+        eo.check_device = a->gpu_tflops <= 0;
         eo.max_runs = a->max_runs;
+        if ((a->gpu_tflops > 0) != (a->gpu_mfu > 0)) {
+          throw std::runtime_error("--gpu-peak-tflops and --gpu-mfu go together");
+        }
         const sweeps::Sweep s = sweeps::LoadSweep(a->spec, eo);
         sweeps::PlanOptions po;
         po.parallel = a->parallel;
         po.threads_per_run = a->threads;
         po.calibrate = !a->no_calibrate;
         po.db_path = a->db;
+        po.gpu_peak_tflops = a->gpu_tflops;
+        po.gpu_mfu = a->gpu_mfu;
+        po.gpu_name = a->gpu_name;
         sweeps::PrintPlan(s, po, stdout);
       });
     });

@@ -167,6 +167,13 @@ bool ParseFamily(const json& j, analysis::PowerLawFit* f) {
       f->max_loss = std::max(f->max_loss, p.loss);
     }
   }
+  const json& mf = j.value("misfit", json::object());
+  if (mf.is_object()) {
+    f->misfit.rejected = mf.value("rejected", false);
+    f->misfit.reason = Str(mf, "reason");
+  }
+  f->interval_note = Str(j, "interval_note");
+  f->n_units = j.value("n_units", 0);
   const json& d = j.value("diagnostics", json::object());
   if (d.is_object()) {
     f->diagnostics.n_runs = d.value("n_runs", 0);
@@ -218,6 +225,8 @@ std::optional<FitResult> ParseStored(const db::FitRecord& record, Fail fail) {
       o.tokens = Num(p, "tokens");
       o.params = Num(p, "params");
       o.loss = Num(p, "loss");
+      o.seed = Str(p, "seed");  // rows from before issue 21 have none: one seed group
+      o.unit = Str(p, "unit");
       runs.insert(o.run);
       out.observations.points.push_back(std::move(o));
     }

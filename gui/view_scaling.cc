@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 
+#include "analysis/model_free.h"
 #include "gui/app.h"
 #include "gui/app_internal.h"
 #include "gui/fits.h"
@@ -134,6 +135,63 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
   }
   return true;
 }
+
+namespace {
+
+// The model-free primary reading (analysis/model_free.h) beside the fit: FLOPs to each target
+// loss interpolated on every seed's own points, as a ratio to the reference, paired by seed.
+// Cheap (interpolation and a bootstrap over a handful of seeds), so it is recomputed per frame
+// from the observations of the live or stored fit.
+void DrawModelFree(const std::vector<analysis::Observation>& obs, const std::string& reference,
+                   const std::string& key, std::map<std::string, ImU32>& fam_color,
+                   ImGuiTableFlags tflags) {
+  ImGui::TextUnformatted(
+      "Model-free (primary; verdicts rest on it): FLOPs to reach L*, interpolated on each "
+      "seed's points, relative to the reference (geometric mean over seeds):");
+  analysis::ModelFreeTable t;
+  try {
+    analysis::ModelFreeOptions o;
+    o.resamples = 200;
+    t = analysis::ModelFreeMultipliers(obs, reference, {}, o);
+  } catch (const std::exception& e) {
+    ImGui::TextDisabled("unavailable: %s (the fitted law below is the only reading)", e.what());
+    return;
+  }
+  std::stable_sort(t.rows.begin(), t.rows.end(), [](const auto& a, const auto& b) {
+    if (a.target_loss != b.target_loss) return a.target_loss < b.target_loss;
+    return ValueLess(a.family, b.family);
+  });
+  std::string note;
+  if (ImGui::BeginTable("model free", 4, tflags)) {
+    ImGui::TableSetupColumn("L*");
+    ImGui::TableSetupColumn(key.c_str());
+    ImGui::TableSetupColumn("seeds");
+    ImGui::TableSetupColumn("FLOPs ratio");
+    ImGui::TableHeadersRow();
+    for (const auto& r : t.rows) {
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      ImGui::Text("%.4f", r.target_loss);
+      ImGui::TableSetColumnIndex(1);
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[r.family]), "%s",
+                         r.family.c_str());
+      ImGui::TableSetColumnIndex(2);
+      ImGui::Text("%zu", r.seeds.size());
+      ImGui::TableSetColumnIndex(3);
+      if (r.interval_note.empty()) {
+        ImGui::Text("%.3f\xc3\x97 [%.3f, %.3f]", r.flops_ratio.estimate, r.flops_ratio.lo,
+                    r.flops_ratio.hi);
+      } else {
+        ImGui::Text("%.3f\xc3\x97 (no interval)", r.flops_ratio.estimate);
+        note = r.interval_note;
+      }
+    }
+    ImGui::EndTable();
+  }
+  if (!note.empty()) ImGui::TextDisabled("intervals: %s", note.c_str());
+}
+
+}  // namespace
 
 void App::ScalingView() {
   if (!scaling_.fit_job) scaling_.fit_job = std::make_unique<FitJob>();
@@ -402,12 +460,15 @@ void App::ScalingView() {
     ImGui::TextWrapped("%s", e.what());
   }
   ImGui::Spacing();
-  ImGui::TextUnformatted("Fitted L(C) = E + A·(C/1e15)^-α per family:");
+  DrawModelFree(res->observations.points, scaling_.fit_reference, req.family_key, fam_color,
+                tflags);
+  ImGui::Spacing();
+  ImGui::TextUnformatted("Fitted L(C) = E + A·(C/1e15)^-α per family (secondary, smoothed):");
   if (ImGui::BeginTable("params", 4, tflags)) {
     ImGui::TableSetupColumn("family");
     ImGui::TableSetupColumn("E");
     ImGui::TableSetupColumn("α");
-    ImGui::TableSetupColumn("runs / frontier");
+    ImGui::TableSetupColumn("seeds / frontier");
     ImGui::TableHeadersRow();
     for (const auto& name : families) {
       const analysis::PowerLawFit& f = fits.Get(name);
@@ -423,9 +484,16 @@ void App::ScalingView() {
                     p.at_bound ? " (bound)" : "");
       }
       ImGui::TableSetColumnIndex(3);
-      ImGui::Text("%d / %zu", f.diagnostics.n_runs, f.frontier.size());
+      ImGui::Text("%d / %zu%s", f.n_units, f.frontier.size(),
+                  f.misfit.rejected ? "  form rejected" : "");
+      if (f.misfit.rejected && ImGui::IsItemHovered()) {
+        ImGui::SetTooltip("%s", f.misfit.reason.c_str());
+      }
     }
     ImGui::EndTable();
+  }
+  if (!fits.families.empty() && !fits.families.front().interval_note.empty()) {
+    ImGui::TextDisabled("intervals: %s", fits.families.front().interval_note.c_str());
   }
   for (const auto& w : fits.warnings) ImGui::TextDisabled("%s", w.c_str());
 

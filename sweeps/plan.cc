@@ -117,7 +117,7 @@ std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
     return leaf == "seed" || leaf.ends_with("steps") || leaf.ends_with("tokens");
   };
   struct Family {
-    int runs = 0;
+    std::set<uint64_t> seeds;     // replicates: a seed's trunk and its branches are one
     std::set<double> eval_flops;  // every evaluation's training FLOPs: frontier candidates
   };
   std::map<std::string, Family> families;
@@ -128,7 +128,7 @@ std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
       label += fmt::format("{}{}={}", label.empty() ? "" : ",", it.key(), ShortValue(it.value()));
     }
     Family& f = families[label];
-    ++f.runs;
+    f.seeds.insert(r->config.train.seed);
     const double per_step =
         ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
     const int64_t total = r->config.total_steps(), every = r->config.eval.every;
@@ -136,11 +136,12 @@ std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
       f.eval_flops.insert(per_step * s);
     f.eval_flops.insert(per_step * total);
   }
-  const int min_runs = analysis::FitOptions{}.min_runs;
+  const int min_seeds = analysis::FitOptions{}.min_units;
   std::vector<std::string> few_runs, few_points;
   for (const auto& [label, f] : families) {
     const std::string name = label.empty() ? "the sweep" : label;
-    if (f.runs < min_runs) few_runs.push_back(fmt::format("{} has {}", name, f.runs));
+    const int seeds = static_cast<int>(f.seeds.size());
+    if (seeds < min_seeds) few_runs.push_back(fmt::format("{} has {}", name, seeds));
     if (static_cast<int>(f.eval_flops.size()) < analysis::kMinFrontierPoints) {
       few_points.push_back(fmt::format("{} has {}", name, f.eval_flops.size()));
     }
@@ -154,11 +155,10 @@ std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
   };
   if (!few_runs.empty()) {
     out.push_back(fmt::format(
-        "`moelab fit` cannot fit this design: it needs at least {} runs per family (runs that "
-        "differ only in budget or seed; the bootstrap resamples whole runs), and {} of {} "
-        "families have fewer ({}). Add budgets (train.steps values) or seeds, or fit with "
-        "--min-runs N at the cost of unreliable intervals",
-        min_runs, few_runs.size(), families.size(), list(few_runs)));
+        "`moelab fit` gives no interval for this design: the replicate is the seed (a trunk and "
+        "its branches), it needs at least {} seeds per family, and {} of {} families have "
+        "fewer ({}). Add seeds (train.seed values); fewer seeds give point estimates only",
+        min_seeds, few_runs.size(), families.size(), list(few_runs)));
   }
   if (!few_points.empty()) {
     out.push_back(fmt::format(
@@ -269,6 +269,15 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                "WSD branching: shorter runs start from the longest run's stable phase, saving {} "
                "training FLOPs (already left out of the FLOPs and times above)\n",
                Si(saved_flops));
+  }
+  if (options.gpu_peak_tflops > 0 && options.gpu_mfu > 0) {
+    const double rate = options.gpu_peak_tflops * 1e12 * options.gpu_mfu;
+    fmt::print(out,
+               "GPU time: {} training FLOPs at {:.0f} % of {}'s {:g} TFLOP/s peak ({} FLOP/s): "
+               "{:.1f} GPU-hours (stated utilisation, not measured; the model FLOPs counted as "
+               "above, optimizer and evaluation excluded)\n",
+               Si(total_flops), 100 * options.gpu_mfu, options.gpu_name, options.gpu_peak_tflops,
+               Si(rate), total_flops / rate / 3600);
   }
   fmt::print(out, "time estimate: {}\n", tp.how.empty() ? options.uncalibrated : tp.how);
   for (const std::string& w : FitabilityWarnings(sweep)) fmt::print(out, "warning: {}\n", w);

@@ -41,6 +41,12 @@ struct PlanOptions {
   // What the plan says instead of a rate when it has none (the GUI: measuring in the background).
   std::string uncalibrated = "not calibrated (--no-calibrate)";
   std::string db_path;  // when set and present: show which runs are already done there
+  // GPU time at a stated throughput: peak dense TFLOP/s of one GPU (e.g. 989 for an H100 SXM
+  // in BF16) times the model-FLOPs utilisation. 0: no GPU line. Until measured on the GPU, the
+  // utilisation is an assumption and the line says so.
+  double gpu_peak_tflops = 0;
+  double gpu_mfu = 0;
+  std::string gpu_name = "GPU";
 };
 
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out);

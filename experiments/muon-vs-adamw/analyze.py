@@ -173,12 +173,19 @@ def main():
         txt = "—" if t_m is None else (f"≥ {t_a / t_m:.2f}" if below else f"{t_a / t_m:.2f}")
         print(f"| {t_a} tokens | {target_b:.4f} | {t_a} | "
               f"{'≤ ' if below else ''}{t_m and round(t_m)} | {txt} |")
-    # Seed bootstrap: resample seeds within each optimizer, recompute the mean frontiers.
+    # Seed bootstrap, paired: resample seed indices and take both optimizers' runs of each drawn
+    # seed (the same data order), so seed noise common to both cancels as it does in the point
+    # estimate. Resampling each optimizer's seeds separately treated them as independent.
+    paired = sorted(set(fronts["adamw"]) & set(fronts["muon"]))
+    if len(paired) < 3:
+        print(f"\nSeed bootstrap: {len(paired)} seeds run with both optimizers: too few for an "
+              f"interval (needs >= 3)")
+        return
     rng = random.Random(13)
     vals, fails = [], 0
     for _ in range(2000):
-        ra, _, _, _ = ratio([rng.choice(a_seeds) for _ in a_seeds],
-                            [rng.choice(m_seeds) for _ in m_seeds])
+        draw = [rng.choice(paired) for _ in paired]
+        ra, _, _, _ = ratio([fronts["adamw"][s] for s in draw], [fronts["muon"][s] for s in draw])
         if ra is None:
             fails += 1
         else:
@@ -186,9 +193,9 @@ def main():
     vals.sort()
     if vals:
         lo, hi = vals[int(0.025 * len(vals))], vals[int(0.975 * len(vals)) - 1]
-        print(f"\nSeed bootstrap (2000 resamples of the seeds within each optimizer, "
-              f"{fails} failed): 95 % interval of the ratio [{lo:.2f}, {hi:.2f}]")
-
+        print(f"\nSeed bootstrap (2000 resamples of the {len(paired)} seeds, both optimizers' "
+              f"runs of a drawn seed together; {fails} failed): 95 % interval of the ratio "
+              f"[{lo:.2f}, {hi:.2f}]")
 
 if __name__ == "__main__":
     main()

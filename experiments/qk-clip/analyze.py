@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Tables for experiments/qk-clip (self-deactivation, per-head vs global) from the database.
+"""Tables for experiments/qk-clip (self-deactivation, per-head vs global).
 
-Usage: analyze.py runs/qk-clip.db [WINDOW]      (WINDOW: steps per row, default 100)
+Usage: analyze.py SOURCE [WINDOW]      (WINDOW: steps per row, default 100)
+
+SOURCE is the database (runs/qk-clip.db, git-ignored) or the folder holding the committed
+exports (experiments/qk-clip: export.csv, clip_events.csv, max_logits_every10.csv,
+norm_gain_rms_every10.csv), so the tables can be rebuilt from committed files. From the exports
+the max logits are every 10th step: a peak between two of them is seen only when a clip event
+records it (clipped runs: exact; unclipped runs: the peak of the sampled steps), and the
+per-window "max logit at the window's last step" is the same sample.
 
 Python standard library only. For every finished run: peak max logit (raw, before the step's
 clip), clip events, heads touched per clipping step, last clip step, final validation loss, and
@@ -10,32 +17,29 @@ clipped logits scale by exactly γ, W_q by γ^α and W_k by γ^(1−α)); global
 heads that were below τ but scaled with their layer. Then the fraction of
 (step, head) pairs clipped per window, and the max logit at the end of each window.
 """
+import csv
 import json
 import math
+import os
+import re
 import sqlite3
 import struct
 import sys
 from collections import defaultdict
 
 
-def main():
-    db = sqlite3.connect(sys.argv[1])
-    window = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+def load_db(path):
+    """Per run: (name, cfg, max logits by step, clip events, norm-gain RMS series, final loss)."""
+    db = sqlite3.connect(path)
     runs = db.execute("SELECT id, name, config_json FROM runs WHERE status = 'done' ORDER BY id")
-    runs = [(rid, name, json.loads(cfg)) for rid, name, cfg in runs]
-    print("| run | τ | scope | peak S_max | clip events | clipping steps | heads per clipping "
-          "step | events on heads below τ | mean γ | last clip step | min Πγ (head) | "
-          "norm-gain RMS step 1 / max / final | final val loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     cols = [r[1] for r in db.execute("PRAGMA table_info(steps)")]
-    finals = {}  # (lr, seed, tau, scope) -> final val loss
-    per_run = {}
-    for rid, name, cfg in runs:
+    out = []
+    for rid, name, cfg in runs.fetchall():
+        cfg = json.loads(cfg)
         opt = cfg["optimizer"]
-        tau = opt.get("qk_clip_tau", 0)
-        scope = opt.get("qk_clip_mode", "per_head") if tau > 0 else "—"
-        steps = cfg["train"]["steps"]
-        nheads = cfg["model"]["layers"] * cfg["model"]["heads"]
+        c = {"tau": opt.get("qk_clip_tau", 0), "scope": opt.get("qk_clip_mode", "per_head"),
+             "lr": opt["lr"], "seed": cfg["train"]["seed"], "steps": cfg["train"]["steps"],
+             "nheads": cfg["model"]["layers"] * cfg["model"]["heads"]}
         ml = {}
         for s, a, b in db.execute("SELECT step, max_logit, max_logit_raw FROM max_logits WHERE "
                                   "run_id = ? ORDER BY step", (rid,)):
@@ -43,6 +47,77 @@ def main():
             ml[s] = struct.unpack("<%df" % (len(blob) // 4), blob)
         ev = db.execute("SELECT step, layer, head, gamma, s_max FROM clip_events WHERE "
                         "run_id = ? ORDER BY step", (rid,)).fetchall()
+        g = []
+        if "norm_gain_rms" in cols:  # schema 6 and later (earlier runs: not logged)
+            g = [v for (v,) in db.execute("SELECT norm_gain_rms FROM steps WHERE run_id = ? AND "
+                                          "norm_gain_rms IS NOT NULL ORDER BY step", (rid,))]
+        val = db.execute("SELECT val_loss FROM evals WHERE run_id = ? ORDER BY step DESC LIMIT 1",
+                         (rid,)).fetchone()
+        out.append((name, c, ml, ev, g, val[0] if val else float("nan")))
+    return out
+
+
+def load_exports(folder):
+    """The same from the committed CSV exports; the config is read from the run names (the
+    names self-deactivation.sh gives: tau, scope, lr and seed) and base.json."""
+    base = json.load(open(os.path.join(folder, "base.json")))
+    rows = list(csv.DictReader(open(os.path.join(folder, "export.csv"))))
+    ml_rows = list(csv.DictReader(open(os.path.join(folder, "max_logits_every10.csv"))))
+    heads = [k for k in ml_rows[0] if re.fullmatch(r"l\d+h\d+", k)] if ml_rows else []
+    ml = defaultdict(dict)
+    for r in ml_rows:
+        ml[r["run"]][int(r["step"])] = tuple(float(r[h]) for h in heads)
+    ev = defaultdict(list)
+    for r in csv.DictReader(open(os.path.join(folder, "clip_events.csv"))):
+        ev[r["run"]].append((int(r["step"]), int(r["layer"]), int(r["head"]), float(r["gamma"]),
+                             float(r["s_max"])))
+    gains = defaultdict(list)
+    for r in csv.DictReader(open(os.path.join(folder, "norm_gain_rms_every10.csv"))):
+        gains[r["run"]].append(float(r["norm_gain_rms"]))
+    steps, final, order = {}, {}, []
+    for r in rows:
+        if r["status"] != "done":
+            continue
+        name = r["run_name"]
+        if name not in steps:
+            order.append(name)
+        steps[name] = max(steps.get(name, 0), int(r["step"]))
+        if r["final"] == "1":
+            final[name] = float(r["val_loss"])
+    out = []
+    for name in order:
+        tau = re.search(r"tau(\d+)", name)
+        lr = re.search(r"lr([\d.]+?)(?:-|$)", name)
+        seed = re.search(r"seed(\d+)", name)
+        c = {"tau": float(tau.group(1)) if tau else 0,
+             "scope": "global" if "global" in name else "per_head",
+             "lr": float(lr.group(1)) if lr else base["optimizer"]["lr"],
+             "seed": int(seed.group(1)) if seed else 1, "steps": steps[name],
+             "nheads": len(heads)}
+        # Clip events carry the raw S_max of their step: merge them into the sampled logits.
+        m = dict(ml[name])
+        for s, l, h, _, smax in ev[name]:
+            cur = list(m.get(s, [0.0] * len(heads)))
+            cur[l * 2 + h] = max(cur[l * 2 + h], smax)
+            m[s] = tuple(cur)
+        out.append((name, c, m, sorted(ev[name]), gains[name], final.get(name, float("nan"))))
+    return out
+
+
+def main():
+    src = sys.argv[1]
+    window = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    runs = load_exports(src) if os.path.isdir(src) else load_db(src)
+    print("| run | τ | scope | peak S_max | clip events | clipping steps | heads per clipping "
+          "step | events on heads below τ | mean γ | last clip step | min Πγ (head) | "
+          "norm-gain RMS step 1 / max / final | final val loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    finals = {}  # (lr, seed, tau, scope) -> final val loss
+    per_run = {}
+    for name, c, ml, ev, gain, final in runs:
+        tau = c["tau"]
+        scope = c["scope"] if tau > 0 else "—"
+        steps, nheads = c["steps"], c["nheads"]
         below = sum(1 for e in ev if e[4] <= tau)  # global scope: heads scaled with their layer
         mean_g = sum(e[3] for e in ev) / len(ev) if ev else float("nan")
         ev = [e[:4] for e in ev]
@@ -52,21 +127,13 @@ def main():
             shrink[(l, h)] += math.log(g)
             clip_steps[s] += 1
         peak = max(max(v) for v in ml.values()) if ml else float("nan")
-        val = db.execute("SELECT val_loss FROM evals WHERE run_id = ? ORDER BY step DESC LIMIT 1",
-                         (rid,)).fetchone()
         min_prod = math.exp(min(shrink.values())) if shrink else 1.0
         n_cs = len(clip_steps)
-        gains = "not logged"
-        if "norm_gain_rms" in cols:  # schema 6 and later (earlier runs: not logged)
-            g = [v for (v,) in db.execute("SELECT norm_gain_rms FROM steps WHERE run_id = ? AND "
-                                          "norm_gain_rms IS NOT NULL ORDER BY step", (rid,))]
-            if g:
-                gains = f"{g[0]:.3f} / {max(g):.3f} / {g[-1]:.3f}"
-        final = val[0] if val else float("nan")
+        gains = f"{gain[0]:.3f} / {max(gain):.3f} / {gain[-1]:.3f}" if gain else "not logged"
         print(f"| {name} | {tau:g} | {scope} | {peak:.1f} | {len(ev)} | {n_cs} | "
               f"{(len(ev) / n_cs if n_cs else 0):.2f} | {below} | {mean_g:.3f} | {max(clip_steps) if clip_steps else '—'} | "
               f"{min_prod:.3f} | {gains} | {final:.4f} |")
-        finals[(opt["lr"], cfg["train"]["seed"], tau, scope)] = final
+        finals[(c["lr"], c["seed"], tau, scope)] = final
         per_run[name] = (steps, nheads, ml, ev)
 
     # Loss cost of clipping: each clipped run against its unclipped twin (same lr and seed).

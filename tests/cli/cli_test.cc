@@ -356,19 +356,19 @@ TEST_F(CliTest, SweepPlanWarnsWhenTheDesignCannotBeFitted) {
   std::ofstream(spec_path) << spec.dump(2);
   ASSERT_EQ(Wait(Spawn({"sweep", "plan", spec_path, "--no-calibrate"}, Log())), 0) << Slurp(Log());
   const std::string log = Slurp(Log());
-  EXPECT_NE(log.find("warning: `moelab fit` cannot fit this design: it needs at least 5 runs per "
-                     "family"),
+  EXPECT_NE(log.find("warning: `moelab fit` gives no interval for this design: the replicate is "
+                     "the seed"),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("2 of 2 families have fewer (moe.experts_total=4 has 3; "
-                     "moe.experts_total=8 has 3)"),
+  EXPECT_NE(log.find("2 of 2 families have fewer (moe.experts_total=4 has 1; "
+                     "moe.experts_total=8 has 1)"),
             std::string::npos)
       << log;
-  // Five budgets per family: nothing to warn about.
-  spec["grid"]["train.steps"] = {20, 30, 40, 60, 80};
+  // Three seeds per family: nothing to warn about.
+  spec["grid"]["train.seed"] = {1, 2, 3};
   std::ofstream(spec_path) << spec.dump(2);
   ASSERT_EQ(Wait(Spawn({"sweep", "plan", spec_path, "--no-calibrate"}, Log())), 0) << Slurp(Log());
-  EXPECT_EQ(Slurp(Log()).find("cannot fit"), std::string::npos) << Slurp(Log());
+  EXPECT_EQ(Slurp(Log()).find("gives no interval"), std::string::npos) << Slurp(Log());
 }
 
 // Names are never cut so that two runs look the same: `db runs` and `sweep status`.

@@ -50,7 +50,11 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
     for (int size = 0; size < 5; ++size) {
       db::RunInfo info;
       info.name = "s" + std::to_string(s) + "-" + std::to_string(size);
-      info.config_json = json{{"moe", {{"experts_total", 8 * s}, {"experts_active", 8}}}}.dump();
+      // One seed, five model sizes: five trunks per family (intervals over them), one seed
+      // for the model-free estimate (its point only).
+      info.config_json = json{{"moe", {{"experts_total", 8 * s}, {"experts_active", 8}}},
+                              {"model", {{"d_model", 64 * (size + 1)}}}}
+                             .dump();
       info.config_hash = info.name;
       info.sweep_id = sweep_id;
       info.shape.params_active = 1000000 * (size + 1);
@@ -85,10 +89,22 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
     EXPECT_GE(row["multiplier"]["hi"].get<double>(), m);
   }
   EXPECT_TRUE(found) << out;
+  // The model-free estimate is stored beside the fit and is what the verdict rests on: at
+  // L* = 2.2 the seed's interpolated FLOPs ratio is close to the true 1.69; one seed gives no
+  // interval (null ends).
+  ASSERT_TRUE(r.contains("model_free")) << out;
+  EXPECT_EQ(r["verdict_basis"].get<std::string>().rfind("model-free", 0), 0u);
+  const json& mf = r["model_free"]["rows"];
+  ASSERT_EQ(mf.size(), 1u) << r["model_free"].dump();
+  EXPECT_EQ(mf[0]["seeds"].size(), 1u);
+  EXPECT_NEAR(mf[0]["flops_ratio"]["estimate"].get<double>(), 1.69, 0.15) << mf.dump();
+  EXPECT_TRUE(mf[0]["flops_ratio"]["lo"].is_null());
+  EXPECT_NE(mf[0]["interval_note"].get<std::string>().find("1 seed: too few"), std::string::npos);
   const auto fits = db::ListFits(path, sweep_id);
   ASSERT_EQ(fits.size(), 1u);
   EXPECT_EQ(fits[0].form, "power");
   EXPECT_EQ(fits[0].family_key, "sparsity");
+  EXPECT_TRUE(json::parse(fits[0].result_json).contains("model_free"));
   EXPECT_EQ(json::parse(fits[0].inputs_json).size(), 40u);
 
   // A family key no run has gives a clear error.
@@ -100,8 +116,8 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
   // `moelab db export` + `moelab fit --inputs` reproduce the database fit exactly (same data,
   // same bootstrap seed), so a committed export checks an experiment's tables.
   const std::string exported = (dir / "law.json").string();
-  const std::string ex = RunCapture(
-      bin + " db export --db " + path + " --sweep law -o " + exported + " 2>&1", &code);
+  const std::string ex =
+      RunCapture(bin + " db export --db " + path + " --sweep law -o " + exported + " 2>&1", &code);
   ASSERT_EQ(code, 0) << ex;
   const std::string again = RunCapture(bin + " fit --inputs " + exported +
                                            " --by sparsity --resamples 200 --target-loss 2.2 "

@@ -4,12 +4,16 @@
 // FLOPs, and the heads ablation whose arms had identical attention.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
 #include "core/flops.h"
+#include "sweeps/plan.h"
 #include "sweeps/spec.h"
 
 namespace moelab::sweeps {
@@ -66,6 +70,66 @@ TEST(Experiments, SparsityLawHoldsActiveComputeFixed) {
   std::map<std::string, int> seen;
   CheckSparsitySpec("experiments/sparsity-law/sweep.json", &seen);
   EXPECT_GE(seen.size(), 4u);  // sparsity 8/16/32/48
+}
+
+// The extra seeds and the long trunk of issue 21 keep the protocol of the main sweep.
+TEST(Experiments, SparsityLawSeedsAndLongTrunkHoldActiveComputeFixed) {
+  for (const char* spec :
+       {"experiments/sparsity-law/seed3.json", "experiments/sparsity-law/seed4.json"}) {
+    std::map<std::string, int> seen;
+    CheckSparsitySpec(spec, &seen);
+    EXPECT_EQ(seen.size(), 4u);
+  }
+  const Sweep long_trunk = LoadSweep(Src("experiments/sparsity-law/long.json"));
+  int64_t most = 0;
+  for (const SweepRun& r : long_trunk.runs) most = std::max(most, Tokens(r.config));
+  EXPECT_EQ(most, 12800 * 8 * 128);  // inside the default corpus's 23.2 M training tokens
+}
+
+// The GPU design (issue 21): d 256, 8 layers, 8 + 1 shared experts of hidden d, router <= 5.6 %
+// of the active FLOPs (CheckSparsitySpec: < 5 %), iso-token budgets, >= 2 B tokens, 3 seeds.
+TEST(Experiments, SparsityLawGpuDesign) {
+  std::map<std::string, int> seen;
+  CheckSparsitySpec("experiments/sparsity-law-gpu/sweep.json", &seen);
+  EXPECT_EQ(seen.size(), 4u);
+  const Sweep s = LoadSweep(Src("experiments/sparsity-law-gpu/sweep.json"));
+  int64_t most = 0;
+  std::set<uint64_t> seeds;
+  double router = 0;
+  for (const SweepRun& r : s.runs) {
+    router = std::max(router, RouterShare(r.config));
+    EXPECT_EQ(r.config.model.d_model, 256);
+    EXPECT_EQ(r.config.model.layers, 8);
+    EXPECT_EQ(r.config.model.vocab_size, 32768);
+    EXPECT_EQ(r.config.moe.experts_active, 8);
+    EXPECT_EQ(r.config.moe.shared_experts, 1);
+    EXPECT_EQ(r.config.moe.expert_hidden, r.config.model.d_model);
+    most = std::max(most, Tokens(r.config));
+    seeds.insert(r.config.train.seed);
+  }
+  EXPECT_GE(most, 2000000000);
+  EXPECT_EQ(seeds.size(), 3u);
+  std::printf("GPU design: router at most %.2f %% of the active forward FLOPs\n", 100 * router);
+  EXPECT_LE(router, 0.056);
+
+  // `sweep plan --gpu-peak-tflops 790 --gpu-mfu 0.05` prints the GPU-hours of the design.
+  PlanOptions po;
+  po.calibrate = false;
+  po.gpu_peak_tflops = 790;
+  po.gpu_mfu = 0.05;
+  po.gpu_name = "H100";
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  PrintPlan(s, po, f);
+  std::rewind(f);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof(buf), f)) text += buf;
+  std::fclose(f);
+  const size_t at = text.find("GPU time: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NE(text.find("at 5 % of H100's 790 TFLOP/s peak", at), std::string::npos) << text;
+  EXPECT_NE(text.find("stated utilisation, not measured", at), std::string::npos) << text;
 }
 
 TEST(Experiments, DemoHoldsActiveComputeFixed) {
