@@ -218,7 +218,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
         r.loss = stats.loss;
         r.grad_norm = grad_norm;
         sink->OnStep(r, stats);
-        bar.Finish("diverged");
+        bar.Finish("diverged", step);
         sink->OnEnd(result.status, result.error);
         return result;
       }
@@ -279,7 +279,7 @@ TrainResult TrainOnCuda(const RunConfig& c, MetricsSink* sink, const TrainOption
         sink->OnCheckpoint(step, result.checkpoint);
       }
       result.status = RunStatus::kStopped;
-      bar.Finish(fmt::format("stopped at step {}", step));
+      bar.Finish(fmt::format("stopped at step {}", step), step);
     } else {
       result.status = RunStatus::kDone;
       bar.Finish(fmt::format("loss {:.4f} val {:.4f} | {} tok/s", result.last_loss,

@@ -1,18 +1,20 @@
 #include "core/train/progress.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include <fmt/format.h>
-
 namespace moelab {
 
 ProgressBar::ProgressBar(std::string label, int64_t total, bool enabled)
-    : label_(std::move(label)), total_(std::max<int64_t>(1, total)), enabled_(enabled),
-      tty_(isatty(fileno(stderr))), t0_(std::chrono::steady_clock::now()) {}
+    : label_(std::move(label)),
+      total_(std::max<int64_t>(1, total)),
+      enabled_(enabled),
+      tty_(isatty(fileno(stderr))),
+      t0_(std::chrono::steady_clock::now()) {}
 
 std::string ProgressBar::FormatDuration(double s) {
   if (!std::isfinite(s) || s < 0) return "--";
@@ -45,9 +47,9 @@ void ProgressBar::Update(int64_t current, const std::string& info) {
   Draw(current, info, false);
 }
 
-void ProgressBar::Finish(const std::string& info) {
+void ProgressBar::Finish(const std::string& info, int64_t current) {
   if (!enabled_) return;
-  Draw(total_, info, true);
+  Draw(current < 0 ? total_ : std::min(current, total_), info, true);
 }
 
 void ProgressBar::Draw(int64_t current, const std::string& info, bool final) {

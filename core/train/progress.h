@@ -13,7 +13,9 @@ class ProgressBar {
   ProgressBar(std::string label, int64_t total, bool enabled = true);
   // current: units done so far; info: extra text such as "loss 3.21 | 12.3k tok/s".
   void Update(int64_t current, const std::string& info);
-  void Finish(const std::string& info);
+  // The last line: the whole bar, or at `current` when the work stopped early (a stopped or
+  // diverged run shows how far it got, never a full bar).
+  void Finish(const std::string& info, int64_t current = -1);
 
   static std::string FormatDuration(double seconds);
   static std::string FormatCount(double value);  // 12345 -> "12.3k"

@@ -485,7 +485,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         r.loss = stats.loss;
         r.grad_norm = grad_norm;
         sink->OnStep(r, stats);
-        bar.Finish("diverged");
+        bar.Finish("diverged", step);
         sink->OnEnd(result.status, result.error);
         return result;
       }
@@ -585,7 +585,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (layout.world > 1) comm->Broadcast(&need, 1, 0);
       if (need > 0) checkpoint(step);
       result.status = RunStatus::kStopped;
-      bar.Finish(fmt::format("stopped at step {}", step));
+      bar.Finish(fmt::format("stopped at step {}", step), step);
     } else {
       result.status = RunStatus::kDone;
       bar.Finish(fmt::format("loss {:.4f} val {:.4f} | {} tok/s", result.last_loss,

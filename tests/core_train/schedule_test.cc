@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "core/optim/optimizer.h"
+#include "core/train/progress.h"
 
 namespace moelab {
 namespace {
@@ -37,6 +40,31 @@ TEST(Schedule, WsdStableThenDecay) {
   for (int step = 1; step <= 80; ++step) {
     EXPECT_DOUBLE_EQ(ScheduledLr(s, 2.0, step, 100), ScheduledLr(s, 2.0, step, 200));
   }
+}
+
+}  // namespace
+}  // namespace moelab
+
+namespace moelab {
+namespace {
+
+// A run stopped part-way ends on a bar that shows how far it got, not a full one (issue 24).
+TEST(ProgressBar, StoppedRunShowsHowFarItGot) {
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressBar bar("train", 100, true);
+    bar.Finish("stopped at step 40", 40);
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("40/100"), std::string::npos) << out;
+  EXPECT_NE(out.find(" 40%"), std::string::npos) << out;
+  EXPECT_EQ(out.find("100%"), std::string::npos) << out;
+  ::testing::internal::CaptureStderr();
+  {
+    ProgressBar bar("train", 100, true);
+    bar.Finish("done");
+  }
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("100/100"), std::string::npos);
 }
 
 }  // namespace
