@@ -14,6 +14,7 @@
 
 #include "core/device.h"
 #include "core/flops.h"
+#include "core/model/attention_dims.h"
 #include "core/model/moe.h"
 
 #if MOELAB_HAVE_CUDA
@@ -111,22 +112,7 @@ struct CudaShape {
     }
     moe_layer.assign(L, false);
     for (int l = 0; l < L; ++l) moe_layer[l] = moe.enabled() && l >= moe.dense_layers;
-    dims.seq = S;
-    dims.heads = H;
-    dims.kv_heads = KVH;
-    if (mla) {
-      dims.qk_dim = dqk;
-      dims.v_dim = dvh;
-      dims.ldq = dims.ldk = H * dqk;
-      dims.ldv = H * (dn + dvh);
-      dims.scale = 1.0 / std::sqrt(static_cast<double>(dqk));
-    } else {
-      dims.qk_dim = dims.v_dim = hd;
-      dims.ldq = dims.ldk = dims.ldv = qkv_dim;
-      dims.scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    }
-    dims.ldo = odim;
-    dims.softcap = m.logit_softcap;
+    dims = AttentionDimsOf(m);
     flash = ChooseFlash();
   }
 

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "core/data/random.h"
+#include "core/model/attention_dims.h"
 #include "core/model/moe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -349,22 +350,7 @@ Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard, bool allocate)
   rope_sin.resize(static_cast<size_t>(S) * rot_dim / 2);
   cpu::RopeTables<T>(S, rot_dim, m.rope_theta, rope_cos.data(), rope_sin.data());
 
-  dims.seq = S;
-  dims.heads = H;
-  dims.kv_heads = KVH;
-  if (mla) {
-    dims.qk_dim = dqk;
-    dims.v_dim = dvh;
-    dims.ldq = dims.ldk = H * dqk;
-    dims.ldv = H * (dn + dvh);
-    dims.scale = 1.0 / std::sqrt(static_cast<double>(dqk));
-  } else {
-    dims.qk_dim = dims.v_dim = hd;
-    dims.ldq = dims.ldk = dims.ldv = qkv_dim;
-    dims.scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  }
-  dims.ldo = odim;
-  dims.softcap = m.logit_softcap;
+  dims = AttentionDimsOf(m);
 }
 
 template <typename T>
