@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/cuda_profiler.h"
 #include "core/device.h"
 #include "core/flops.h"
-#include "core/model/cuda_model.h"
+#include "core/model/backend.h"
+#include "core/model/cuda_backend.h"
+#include "core/model/model.h"
 #include "core/optim/cuda_optimizer.h"
 #include "core/train/micro_batch.h"
 #include "core/train/trainer.h"
@@ -139,22 +142,21 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   const ParamCounts pc = CountParams(c);
   r.params = pc.total;
   r.active = pc.active;
-  std::string why;
-  if (!CudaModel::ForwardBackwardAvailable(&why)) {
-    r.skipped = why;
-    return r;
-  }
-#if MOELAB_HAVE_CUDA
+#if !MOELAB_HAVE_CUDA
+  r.skipped = "this moelab was built without CUDA";
+  (void)o;
+  (void)gemm_rate;
+#else
   const int B = c.train.batch_size, S = c.model.seq_len;
   RunConfig cm = c;
   cm.train.micro_batch = CaseMicroBatch(c, o);
   r.micro_batch = cm.train.micro_batch;
   r.planned_gib = PlanCudaMemory(c, r.micro_batch, B).total() / 1073741824.0;
-  CudaModel model(cm);
+  Model<float> model(cm);  // on the CUDA backend: the one model the trainer runs
   model.Init(c.train.seed);
-  std::unique_ptr<CudaOptimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
+  std::unique_ptr<Optimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
   const MicroBatchPlan micro = PlanMicroBatches(cm, B);
-  DeviceGradAccumulator accumulator(model.num_params());
+  GradAccumulator accumulator(model.backend(), model.num_params());
   CudaOpProfiler profiler;
   std::vector<int32_t> tokens;
   StepStats stats;
@@ -163,7 +165,7 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     SyntheticTokens(c.train.seed, i, B, S, c.model.vocab_size, &tokens);
     const bool timed = i >= o.warmup;
-    model.set_profiler(timed ? &profiler : nullptr);
+    model.backend().set_profiler(timed ? &profiler : nullptr);
     t_fb.Start();
     ForwardBackwardMicroBatched(model, tokens.data(), S, micro, &stats, accumulator);
     t_fb.Stop();
@@ -182,9 +184,6 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   r.flops_per_s = r.flops_per_token * r.tokens_per_s;
   r.utilisation = r.flops_per_s / gemm_rate;
   for (const auto& [k, v] : profiler.Totals()) r.breakdown_ms[k] = 1e3 * v / o.steps;
-#else
-  (void)o;
-  (void)gemm_rate;
 #endif
   return r;
 }

@@ -14,7 +14,7 @@
 #include "core/config.h"
 #include "core/data/data.h"
 #include "core/device.h"
-#include "core/model/cuda_model.h"
+#include "core/model/cuda_backend.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"

@@ -39,7 +39,7 @@ class NcclCommunicator : public Communicator {
   int device() const;  // the CUDA device this rank uses
   // The stream whose work every collective waits for (an event recorded on it, waited on by
   // the NCCL stream), so a collective never reads data still being written. Default: the
-  // legacy default stream (nullptr), where CudaModel and the device optimizers queue all work.
+  // legacy default stream (nullptr), where the CUDA backend and the device optimizers queue all work.
   void SetComputeStream(CUstream_st* stream);
 
  private:

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "core/model/cuda_model_kernels.h"
+#include "core/model/cuda_backend_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"

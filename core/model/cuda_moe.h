@@ -1,4 +1,4 @@
-// The device MoE layer of CudaModel (core/model/cuda_model.cc): core/model/moe.cc's Route →
+// The device MoE layer of the CUDA backend (core/model/cuda_backend.cc): core/model/moe.cc's Route →
 // Dispatch → experts → Combine and back over device buffers. fp32 mode runs every op in fp32
 // (the twin of the CPU layer); bf16 mode runs the routed and shared experts as bf16 GEMMs with
 // fp32 accumulation on the model's bf16 weight copy, with bf16 expert activations, and writes the

@@ -1,6 +1,8 @@
 // The decoder-only MoE transformer: parameters in one flat arena with per-tensor views, a
 // hand-written backward pass, and per-step statistics (per-head max logits, expert loads).
 // Templated on the scalar type: float for training, double for finite-difference checks.
+// Written once for every device: it runs over a backend (core/model/backend.h) chosen by
+// train.device, whose memory holds the arenas (host memory on the CPU, device memory on CUDA).
 #pragma once
 
 #include <cstddef>
@@ -34,18 +36,30 @@ enum class ParamKind {
 // Names used in the config's optimizer.no_decay list and in recorded parameter groups.
 inline const char* ParamKindName(ParamKind k) {
   switch (k) {
-    case ParamKind::kEmbedding: return "embedding";
-    case ParamKind::kLmHead: return "lm_head";
-    case ParamKind::kNorm: return "norm";
-    case ParamKind::kAttnQ: return "attn_q";
-    case ParamKind::kAttnK: return "attn_k";
-    case ParamKind::kAttnV: return "attn_v";
-    case ParamKind::kAttnO: return "attn_o";
-    case ParamKind::kFfn: return "ffn";
-    case ParamKind::kExpert: return "expert";
-    case ParamKind::kSharedExpert: return "shared_expert";
-    case ParamKind::kRouter: return "router";
-    case ParamKind::kMla: return "mla";
+    case ParamKind::kEmbedding:
+      return "embedding";
+    case ParamKind::kLmHead:
+      return "lm_head";
+    case ParamKind::kNorm:
+      return "norm";
+    case ParamKind::kAttnQ:
+      return "attn_q";
+    case ParamKind::kAttnK:
+      return "attn_k";
+    case ParamKind::kAttnV:
+      return "attn_v";
+    case ParamKind::kAttnO:
+      return "attn_o";
+    case ParamKind::kFfn:
+      return "ffn";
+    case ParamKind::kExpert:
+      return "expert";
+    case ParamKind::kSharedExpert:
+      return "shared_expert";
+    case ParamKind::kRouter:
+      return "router";
+    case ParamKind::kMla:
+      return "mla";
   }
   return "unknown";
 }
@@ -53,10 +67,10 @@ inline const char* ParamKindName(ParamKind k) {
 struct ParamInfo {
   std::string name;  // e.g. "layers.1.moe.experts.w1"
   ParamKind kind;
-  int layer = -1;    // -1 for embedding, final norm, LM head
-  size_t offset = 0; // into the flat parameter/gradient arenas
-  int batch = 1;     // stacked same-shape matrices (experts)
-  int rows = 1;      // every matrix is row-major [rows, cols]; a linear layer is y = x·Wᵀ
+  int layer = -1;     // -1 for embedding, final norm, LM head
+  size_t offset = 0;  // into the flat parameter/gradient arenas
+  int batch = 1;      // stacked same-shape matrices (experts)
+  int rows = 1;       // every matrix is row-major [rows, cols]; a linear layer is y = x·Wᵀ
   int cols = 1;
   // A sharded tensor (routed experts under expert parallelism, ExpertShard) holds matrices
   // batch_first … batch_first + batch − 1 of the model's batch_total; batch_total 0: whole.
@@ -87,12 +101,21 @@ struct ExpertShard {
 };
 
 template <typename T>
+class Backend;
+
+template <typename T>
 class Model {
  public:
+  // On MakeBackend<T>(config): the CPU, or the GPU for train.device "cuda" (float only).
   explicit Model(const RunConfig& config, ExpertShard shard = {});
+  Model(const RunConfig& config, ExpertShard shard, std::unique_ptr<Backend<T>> backend);
   // The parameter layout of the whole (unsharded) model and its arena size, without allocating
   // it: the checkpoint format.
   static std::vector<ParamInfo> FullLayout(const RunConfig& config, size_t* num_params);
+  // Elements of the activation arena for `batch` sequences, given the backend's attention needs
+  // at that batch (saved per layer, scratch): the device memory plan (core/model/cuda_backend.h).
+  static size_t ActivationElements(const RunConfig& config, int batch, size_t attention_saved,
+                                   size_t attention_scratch);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -103,10 +126,20 @@ class Model {
 
   const std::vector<ParamInfo>& param_infos() const;
   size_t num_params() const;
+  // The arenas, in the backend's memory (host pointers only on the CPU backend).
   T* params();
   T* grads();
   const T* params() const;
-  // Non-trainable state saved in checkpoints (the aux-loss-free router biases).
+  Backend<T>& backend();
+  const Backend<T>& backend() const;
+  // Host copies of the parameter arena (checkpoints, tests); WriteParams calls ParamsChanged.
+  void ReadParams(T* host) const;
+  void WriteParams(const T* host);
+  // After an optimizer step or QK-Clip changed params(): a backend computing on a copy (CUDA's
+  // bf16 weights) refreshes it. Free on the CPU.
+  void ParamsChanged();
+  // Non-trainable state saved in checkpoints (the aux-loss-free router biases), on the host;
+  // every forward uses its current values.
   std::vector<T>& router_bias();
   const std::vector<T>& router_bias() const;
 

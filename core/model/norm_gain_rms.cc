@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/model/backend.h"
+
 namespace moelab {
 
 bool IsAttentionNormGain(const ParamInfo& info) {
@@ -30,7 +32,33 @@ double AttentionNormGainRms(const std::vector<ParamInfo>& infos, const T* params
   return std::sqrt(sum / static_cast<double>(count));
 }
 
+template <typename T>
+double AttentionNormGainRms(const Model<T>& model) {
+  const Backend<T>& be = model.backend();
+  if (be.is_host()) return AttentionNormGainRms(model.param_infos(), model.params());
+  // A sparse host image: the attention-path gains at their arena offsets, nothing else.
+  std::vector<ParamInfo> gains;
+  size_t size = 0;
+  for (const ParamInfo& p : model.param_infos()) {
+    if (!IsAttentionNormGain(p)) continue;
+    ParamInfo q = p;
+    q.offset = size;
+    size += p.size();
+    gains.push_back(q);
+  }
+  std::vector<T> values(size);
+  size_t at = 0;
+  for (const ParamInfo& p : model.param_infos()) {
+    if (!IsAttentionNormGain(p)) continue;
+    be.ToHost(values.data() + at, model.params() + p.offset, sizeof(T) * p.size());
+    at += p.size();
+  }
+  return AttentionNormGainRms(gains, values.data());
+}
+
 template double AttentionNormGainRms<float>(const std::vector<ParamInfo>&, const float*);
+template double AttentionNormGainRms<float>(const Model<float>&);
+template double AttentionNormGainRms<double>(const Model<double>&);
 template double AttentionNormGainRms<double>(const std::vector<ParamInfo>&, const double*);
 
 }  // namespace moelab

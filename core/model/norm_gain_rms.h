@@ -15,6 +15,10 @@ namespace moelab {
 template <typename T>
 double AttentionNormGainRms(const std::vector<ParamInfo>& infos, const T* params);
 
+// The same for a model on any backend: on a device, only the gains are copied to the host.
+template <typename T>
+double AttentionNormGainRms(const Model<T>& model);
+
 // True for a norm gain that scales an attention input: "layers.L.attn_norm" and the norm gains
 // inside "layers.L.attn." (QK-norm's q_norm/k_norm, MLA's q_a_norm/kv_a_norm).
 bool IsAttentionNormGain(const ParamInfo& info);

@@ -86,7 +86,7 @@ class DeviceAdamW {
   std::vector<std::pair<std::string, std::string>> groups_;
 };
 
-class CudaAdamW : public CudaOptimizer {
+class CudaAdamW : public Optimizer {
  public:
   CudaAdamW(const OptimizerConfig& c, const std::vector<ParamInfo>& p) : adam_(c, p) {}
   void Step(float* params, const float* grads, double lr, int64_t step) override {
@@ -115,7 +115,7 @@ void Gemm(bool bf16, cublasOperation_t ta, cublasOperation_t tb, int m, int n, i
 
 // Muon on the device: the CPU Muon's tensors, banks and state, with Newton–Schulz as batched
 // cuBLAS GEMMs over each bank (all same-shape matrices in one call per product).
-class CudaMuon : public CudaOptimizer {
+class CudaMuon : public Optimizer {
  public:
   CudaMuon(const OptimizerConfig& config, const std::vector<ParamInfo>& params, bool ns_bf16)
       : config_(config), bf16_(ns_bf16) {
@@ -275,7 +275,7 @@ class CudaMuon : public CudaOptimizer {
 
 }  // namespace
 
-std::unique_ptr<CudaOptimizer> MakeCudaOptimizer(const OptimizerConfig& config,
+std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig& config,
                                                  const std::vector<ParamInfo>& params,
                                                  bool ns_bf16) {
   if (config.name == "adamw") return std::make_unique<CudaAdamW>(config, params);
@@ -319,7 +319,7 @@ void DeviceScale(float* device_data, size_t n, float s) {
 
 #else  // no CUDA in this build
 
-std::unique_ptr<CudaOptimizer> MakeCudaOptimizer(const OptimizerConfig&,
+std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig&,
                                                  const std::vector<ParamInfo>&, bool) {
   throw std::runtime_error("this moelab was built without CUDA");
 }

@@ -18,24 +18,12 @@
 
 namespace moelab {
 
-class CudaOptimizer {
- public:
-  virtual ~CudaOptimizer() = default;
-  // params, grads: device fp32 arenas with the CPU model's layout. step is 1-based.
-  virtual void Step(float* params, const float* grads, double lr, int64_t step) = 0;
-  // Host mirrors of the state for checkpoints: SyncToHost() before writing, SyncToDevice() after
-  // reading into them.
-  virtual std::vector<StateBuffer> state() = 0;
-  virtual void SyncToHost() = 0;
-  virtual void SyncToDevice() = 0;
-  virtual std::vector<std::pair<std::string, std::string>> groups() const = 0;
-};
-
-// ns_bf16: Newton–Schulz iterates in bf16 (fp32 accumulation); false keeps them fp32 (the twin
-// tests). Throws std::runtime_error in a build without CUDA.
-std::unique_ptr<CudaOptimizer> MakeCudaOptimizer(const OptimizerConfig& config,
-                                                 const std::vector<ParamInfo>& params,
-                                                 bool ns_bf16);
+// params, grads of Step: device fp32 arenas with the CPU model's layout. state() returns host
+// mirrors: SyncToHost() before a checkpoint is written from them, SyncToDevice() after one was
+// read into them. ns_bf16: Newton–Schulz iterates in bf16 (fp32 accumulation); false keeps them
+// fp32 (the twin tests). Throws std::runtime_error in a build without CUDA.
+std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig& config,
+                                             const std::vector<ParamInfo>& params, bool ns_bf16);
 
 // Applies a QK-Clip plan to a device arena (one launch).
 void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena);

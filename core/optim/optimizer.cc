@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "core/optim/adamw.h"
+#include "core/optim/cuda_optimizer.h"
 #include "core/optim/muon.h"
 
 namespace moelab {
@@ -16,6 +17,14 @@ std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
   // MuonClip is Muon plus QK-Clip; the clip itself runs in the trainer after every step.
   if (config.name == "muon" || config.name == "muonclip") return MakeMuon(config, params);
   throw std::runtime_error("optimizer '" + config.name + "' is not available in this build");
+}
+
+std::unique_ptr<Optimizer> MakeOptimizer(const RunConfig& run,
+                                         const std::vector<ParamInfo>& params) {
+  if (run.train.device == "cuda") {
+    return MakeCudaOptimizer(run.optimizer, params, run.train.effective_precision() == "bf16");
+  }
+  return MakeOptimizer(run.optimizer, params);
 }
 
 double ScheduledLr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps) {

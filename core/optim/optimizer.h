@@ -26,9 +26,17 @@ class Optimizer {
   virtual std::vector<StateBuffer> state() = 0;
   // Human-readable parameter-group mapping, e.g. {"layers.0.attn.wq": "muon"}.
   virtual std::vector<std::pair<std::string, std::string>> groups() const = 0;
+  // An optimizer on a device keeps its state there; state() are host mirrors: SyncToHost()
+  // before a checkpoint is written from them, SyncToDevice() after one was read into them.
+  virtual void SyncToHost() {}
+  virtual void SyncToDevice() {}
 };
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
+                                         const std::vector<ParamInfo>& params);
+// The optimizer for a run's device: the CPU one above, or on train.device "cuda" the device
+// optimizer of core/optim/cuda_optimizer.h (Newton–Schulz in the run's precision).
+std::unique_ptr<Optimizer> MakeOptimizer(const RunConfig& run,
                                          const std::vector<ParamInfo>& params);
 
 // Learning rate at 1-based step of total_steps for the schedule, peak lr.

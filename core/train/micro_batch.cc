@@ -33,27 +33,12 @@ void AccumulateStats(const StepStats& part, double weight, bool first, StepStats
   }
 }
 
-void HostGradAccumulator::Add(const float* g, double w, bool first) {
-  if (buf_.size() != n_) buf_.resize(n_);
-  const float wf = static_cast<float>(w);
-  float* a = buf_.data();
-  const long n = static_cast<long>(n_);
-  if (first) {
-#pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < n; ++i) a[i] = wf * g[i];
-  } else {
-#pragma omp parallel for simd schedule(static)
-    for (long i = 0; i < n; ++i) a[i] += wf * g[i];
-  }
+void GradAccumulator::Add(const float* g, double w, bool first) {
+  if (buf_.size() != n_) buf_.Resize(n_);
+  be_.ScaledSum(g, w, first, buf_.data(), n_);
 }
 
-void HostGradAccumulator::Finish(float* g, double w) {
-  const float wf = static_cast<float>(w);
-  const float* a = buf_.data();
-  const long n = static_cast<long>(n_);
-#pragma omp parallel for simd schedule(static)
-  for (long i = 0; i < n; ++i) g[i] = a[i] + wf * g[i];
-}
+void GradAccumulator::Finish(float* g, double w) { be_.FinishScaledSum(buf_.data(), w, g, n_); }
 
 MoeBatchStatsHook StepAuxStats::Recorder() {
   layers_.clear();

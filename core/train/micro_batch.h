@@ -1,6 +1,5 @@
 // Gradient accumulation (train.micro_batch): one optimizer step over a rank's rows, split into
-// micro-batches that each run one forward/backward. Written once for every model type
-// (Model<float>, CudaModel): the caller supplies how gradients accumulate on its device.
+// micro-batches that each run one forward/backward, on any backend (core/model/backend.h).
 //
 // The step equals the unsplit one up to float rounding: each micro-batch's mean loss and
 // gradient are weighted by its share of the rows, S_max is the maximum over micro-batches, and
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/model/backend.h"
 #include "core/model/moe.h"
 #include "core/model/step_stats.h"
 
@@ -34,11 +34,12 @@ MicroBatchPlan PlanMicroBatches(const RunConfig& config, int local_batch);
 // Folds one micro-batch's statistics into the step's (the first call overwrites).
 void AccumulateStats(const StepStats& part, double weight, bool first, StepStats* step);
 
-// Host-memory gradient accumulator (the CPU model): sum_i w_i·g_i, written back into the
-// model's gradient arena by Finish so optimizers see one ordinary gradient.
-class HostGradAccumulator {
+// Gradient accumulator in a backend's memory: sum_i w_i·g_i, written back into the model's
+// gradient arena by Finish so optimizers see one ordinary gradient. The buffer is allocated on
+// first use (none when the batch is not split).
+class GradAccumulator {
  public:
-  explicit HostGradAccumulator(size_t n) : n_(n) {}
+  GradAccumulator(Backend<float>& backend, size_t n) : be_(backend), n_(n), buf_(&backend) {}
   // acc = w·g (first) or acc += w·g.
   void Add(const float* g, double w, bool first);
   // g = acc + w·g: the last micro-batch's gradient joins without another pass.
@@ -46,8 +47,9 @@ class HostGradAccumulator {
   size_t bytes() const { return buf_.size() * sizeof(float); }
 
  private:
+  Backend<float>& be_;
   size_t n_;
-  std::vector<float> buf_;
+  BackendArray<float> buf_;
 };
 
 // The Switch aux loss coef·E·Σ_i f_i·P_i is a product of two means over the step's batch, so a

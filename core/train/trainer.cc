@@ -1,6 +1,7 @@
 #include "core/train/trainer.h"
 
 #include <cblas.h>
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -9,23 +10,24 @@
 #include <limits>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "core/data/data.h"
+#include "core/device.h"
 #include "core/dist/batch_stats.h"
 #include "core/dist/expert_parallel.h"
 #include "core/dist/expert_shard.h"
 #include "core/dist/grad_overlap.h"
 #include "core/dist/layout.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/dist/zero.h"
 #include "core/flops.h"
+#include "core/model/backend.h"
+#include "core/model/cuda_backend.h"
 #include "core/model/model.h"
-#include "core/model/norm_gain_rms.h"
 #include "core/model/moe.h"
+#include "core/model/norm_gain_rms.h"
 #include "core/optim/optimizer.h"
-#include "core/optim/qk_clip.h"
+#include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
-#include "core/train/cuda_trainer.h"
 #include "core/train/micro_batch.h"
 #include "core/train/progress.h"
 
@@ -37,29 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-// Global L2 norm in double, summed in fixed-size chunks combined in order so the result does
-// not depend on the thread schedule.
-double GradNorm(const float* g, size_t n) {
-  constexpr size_t kChunk = 1 << 16;
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static)
-  for (size_t c = 0; c < chunks; ++c) {
-    double s = 0;
-    const size_t end = std::min(n, (c + 1) * kChunk);
-    for (size_t i = c * kChunk; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
-    partial[c] = s;
-  }
-  double total = 0;
-  for (double p : partial) total += p;
-  return std::sqrt(total);
-}
-
-void Scale(float* g, size_t n, float s) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) g[i] *= s;
 }
 
 // Mean validation loss over eval.batches batches of the global batch size; with several
@@ -81,12 +60,14 @@ double Evaluate(Model<float>& model, TokenSource& data, const RunConfig& c,
 }
 
 // Sums gradients over the data-parallel ranks in buckets of about bucket_mb MiB and averages.
-void AllReduceGradients(Communicator& comm, float* g, size_t n, double bucket_mb) {
+// On a device the communicator is NCCL, which orders itself after the backward's kernels.
+void AllReduceGradients(Communicator& comm, Backend<float>& be, float* g, size_t n,
+                        double bucket_mb) {
   const size_t bucket =
       std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
   for (size_t off = 0; off < n; off += bucket)
     comm.AllReduceSum(g + off, std::min(bucket, n - off));
-  Scale(g, n, 1.0f / comm.world_size());
+  be.Scale(g, n, 1.0f / comm.world_size());
 }
 
 // What checkpoints are read into: this rank's parameters and optimizer buffers, or, under
@@ -137,7 +118,6 @@ std::string BranchCheckpointDir(const std::string& checkpoint_dir) {
 }
 
 TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& options) {
-  if (c.train.device == "cuda") return TrainOnCuda(c, sink, options);  // core/train/cuda_trainer
   TrainResult result;
   result.last_val_loss = std::numeric_limits<double>::quiet_NaN();
   SingleProcessCommunicator single;
@@ -160,8 +140,32 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
   openblas_set_num_threads(c.train.threads);
 
   try {
+    const bool on_cuda = c.train.device == "cuda";
+    if (on_cuda) {
+      try {
+        RequireDevice(c.train);
+      } catch (const DeviceError& e) {
+        throw DeviceError(std::string("train.device: ") + e.what());
+      }
+    }
     const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
     const int local_batch = layout.local_batch;
+    // Several ranks on GPUs reduce their device gradients through NCCL, bootstrapped over the
+    // job's MPI world; host-side collectives (statistics, checkpoints, stop) stay on `comm`.
+    std::unique_ptr<NcclCommunicator> nccl;
+    Communicator* grad_comm = comm;
+    if (on_cuda && layout.world > 1) {
+      if (layout.ep > 1 || c.dist.zero1) {
+        throw std::runtime_error(
+            "train.device \"cuda\" with several ranks: data parallelism only for now "
+            "(dist.expert_parallel 1, dist.zero1 false): the device MoE layer has no all-to-all "
+            "and the sharded optimizer steps host arrays");
+      }
+      if (comm->kind() != "nccl") {
+        nccl = NcclCommunicator::Create();
+        grad_comm = nccl.get();
+      }
+    }
     // Expert parallelism: consecutive groups of EP ranks split each MoE layer's experts; tokens
     // travel to their expert's owner by all-to-all inside the group (core/model/moe.h). A rank
     // holds only its experts (parameters, gradients, optimizer state: the model is built with
@@ -179,10 +183,13 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
     } ep_scope(ep_comm.get());
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
+    if (on_cuda) RequireCudaMemory(c, local_batch, false);  // the CLI printed the plan
     const int held = c.moe.experts_total / layout.ep;
     Model<float> model(
         c, sharded_ep ? ExpertShard{(layout.rank % layout.ep) * held, held} : ExpertShard{});
     model.Init(c.train.seed);
+    Backend<float>& be = model.backend();
+    const bool host = be.is_host();
     // Global-batch balancing: every rank holds other rows of the global batch, so the Switch aux
     // loss takes its f_i and P_i from the statistics summed over all ranks (the objective of one
     // process; core/dist/batch_stats.h). The aux-loss-free bias already uses the summed counts.
@@ -198,18 +205,18 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       sharded = std::make_unique<ShardedOptimizer>(
           c.optimizer, model.param_infos(), model.num_params(), sharded_ep ? *dp_comm : *comm);
     } else {
-      optimizer = MakeOptimizer(c.optimizer, model.param_infos());
+      optimizer = MakeOptimizer(c, model.param_infos());
     }
     // The grad norm is summed over the same ranges with and without ZeRO-1 (identical bits).
     const std::vector<ArenaRange> norm_ranges =
-        layout.world > 1 ? PartitionArena(model.param_infos(), model.num_params(), layout.world,
-                                          muon)
-                         : std::vector<ArenaRange>{};
+        layout.world > 1
+            ? PartitionArena(model.param_infos(), model.num_params(), layout.world, muon)
+            : std::vector<ArenaRange>{};
     // Plain data parallelism reduces each gradient bucket as soon as the backward has finished
     // it (core/dist/grad_overlap.h), with the bits of the reduction after the backward. Not with
     // micro-batches: their gradients are final only after the accumulator's last pass.
     std::unique_ptr<OverlappedGradReduce> overlap;
-    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap &&
+    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap && host &&
         PlanMicroBatches(c, local_batch).count() == 1) {
       overlap = std::make_unique<OverlappedGradReduce>(*comm, model.grads(), model.num_params(),
                                                        c.dist.bucket_mb);
@@ -238,7 +245,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       return out;
     };
-    std::span<float> params(model.params(), model.num_params());
+    // The parameters as checkpoints read and write them: the arena itself on the CPU, a host
+    // copy of a device arena (ReadParams / WriteParams around each checkpoint).
+    std::vector<float> host_params(host ? 0 : model.num_params());
+    std::span<float> params =
+        host ? std::span<float>(model.params(), model.num_params()) : std::span<float>(host_params);
     std::span<float> bias(model.router_bias().data(), model.router_bias().size());
 
     int64_t step = 0, tokens_seen = 0;
@@ -297,6 +308,10 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     ckpt = WholeModelBuffers(params, resume_state);
     if (zero && !from.empty()) sharded->LoadFullState(resume_storage);
     resume_storage = {};
+    if (!from.empty() && !host) {
+      model.WriteParams(host_params.data());
+      optimizer->SyncToDevice();
+    }
     if (!from.empty()) {
       step = h.step;
       tokens_seen = h.tokens;
@@ -328,8 +343,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       comm->AllReduceSum(bytes.data(), bytes.size());
       comm->AllReduceSum(param_bytes.data(), param_bytes.size());
       if (leader) {
-        fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(),
-                   comm->kind());
+        fmt::print(stderr, "moelab train: {} ({} communicator)\n", layout.describe(), comm->kind());
         fmt::print(stderr,
                    "moelab train: parameters + gradients per rank: {:.3f} MiB max, {:.3f} MiB min "
                    "({}; unsharded {:.3f} MiB)\n",
@@ -357,6 +371,10 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const bool in_writer_group = sharded_ep && layout.rank < layout.ep;
     auto write_checkpoint = [&](const std::string& dir, int64_t at, int keep) -> std::string {
       if (!leader && !zero && !in_writer_group) return "";
+      if (!host) {
+        model.ReadParams(host_params.data());
+        optimizer->SyncToHost();
+      }
       std::vector<std::vector<float>> storage;
       std::vector<StateBuffer> state = checkpoint_state(storage, true);
       std::span<const float> out_params = params;
@@ -397,12 +415,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     StepStats stats;
     // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
     const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
-    HostGradAccumulator accumulator(model.num_params());
+    GradAccumulator accumulator(be, model.num_params());
     // The Switch aux loss over micro-batches takes the step's statistics (one extra forward).
     std::unique_ptr<StepAuxStats> step_aux;
     if (micro.count() > 1 && c.moe.enabled() && c.moe.balance == "aux_loss") {
-      step_aux = std::make_unique<StepAuxStats>(
-          layout.world > 1 ? AllReduceBatchStatsHook(*comm) : MoeBatchStatsHook{});
+      step_aux = std::make_unique<StepAuxStats>(layout.world > 1 ? AllReduceBatchStatsHook(*comm)
+                                                                 : MoeBatchStatsHook{});
     }
     ProgressBar bar("train", total, options.progress && leader);
     const int64_t end = options.stop_at_step >= 0 ? std::min(total, options.stop_at_step) : total;
@@ -427,6 +445,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (stop) break;
       const auto t0 = Clock::now();
       const CommStats comm_before = comm->stats();
+      const CommStats nccl_before = nccl ? nccl->stats() : CommStats{};
       const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
       const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
@@ -448,7 +467,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
           ReduceExpertParallelGradients(*comm, *dp_comm, model.param_infos(), grads, n,
                                         c.dist.bucket_mb);
         } else {
-          AllReduceGradients(*comm, grads, n, c.dist.bucket_mb);
+          AllReduceGradients(*grad_comm, be, grads, n, c.dist.bucket_mb);
         }
         // S_max with MAX so every rank computes the same QK-Clip γ and clips identically.
         comm->AllReduceMax(stats.max_logit.data(), stats.max_logit.size());
@@ -468,12 +487,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                    grads, n, zero ? sharded->mine() : ArenaRange{0, n});
       } else if (zero) {
         grad_norm = sharded->GradNorm(grads);
-      } else if (layout.world > 1) {
+      } else if (layout.world > 1 && host) {
         double sq = 0;
         for (const ArenaRange& r : norm_ranges) sq += RangeSquares(grads, r);
         grad_norm = std::sqrt(sq);
       } else {
-        grad_norm = GradNorm(grads, n);
+        grad_norm = be.L2Norm(grads, n);
       }
       if (!std::isfinite(stats.loss) || !std::isfinite(grad_norm)) {
         result.status = RunStatus::kDiverged;
@@ -492,9 +511,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (c.optimizer.grad_clip > 0 && grad_norm > c.optimizer.grad_clip) {
         const float s = static_cast<float>(c.optimizer.grad_clip / grad_norm);
         if (zero) {
-          Scale(grads + sharded->mine().begin, sharded->mine().size(), s);
+          be.Scale(grads + sharded->mine().begin, sharded->mine().size(), s);
         } else {
-          Scale(grads, n, s);
+          be.Scale(grads, n, s);
         }
       }
       const double lr = ScheduledLr(c.schedule, c.optimizer.lr, step, total);
@@ -505,10 +524,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       }
       if (c.optimizer.qk_clip_tau > 0) {
         // After the update, from this step's forward statistics (the step itself is unchanged).
-        std::vector<ClipEvent> events =
-            ApplyQkClip(c, model.param_infos(), model.params(), stats.max_logit_raw, step);
-        if (!events.empty()) sink->OnClip(events);
+        const QkClipPlan clip = PlanQkClip(c, model.param_infos(), stats.max_logit_raw, step);
+        be.ScaleRows(clip.scales, model.params());
+        if (!clip.events.empty()) sink->OnClip(clip.events);
       }
+      model.ParamsChanged();
       if (aux_free) model.UpdateRouterBias(stats.expert_counts, c.moe.bias_update_rate);
 
       tokens_seen += tokens_per_step;
@@ -517,6 +537,10 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const double dt = Seconds(t0, t1);
       step_comm_bytes += comm->stats().bytes - comm_before.bytes;
       step_comm_seconds += comm->stats().seconds - comm_before.seconds;
+      if (nccl) {
+        step_comm_bytes += nccl->stats().bytes - nccl_before.bytes;
+        step_comm_seconds += nccl->stats().seconds - nccl_before.seconds;
+      }
       if (ep_comm) {
         step_comm_bytes += ep_comm->stats().bytes - ep_before.bytes;
         step_comm_seconds += ep_comm->stats().seconds - ep_before.seconds;
@@ -536,7 +560,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.flops = flops;
       r.step_time_s = dt;
       r.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
-      r.norm_gain_rms = AttentionNormGainRms(model.param_infos(), model.params());
+      r.norm_gain_rms = AttentionNormGainRms(model);
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
 

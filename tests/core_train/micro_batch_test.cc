@@ -65,7 +65,7 @@ void ExpectStepMatches(const RunConfig& c, int micro) {
   cm.train.micro_batch = micro;
   const MicroBatchPlan plan = PlanMicroBatches(cm, c.train.batch_size);
   ASSERT_GT(plan.count(), 1);
-  HostGradAccumulator acc(split.num_params());
+  GradAccumulator acc(split.backend(), split.num_params());
   StepAuxStats aux{MoeBatchStatsHook{}};
   const bool switch_loss = c.moe.enabled() && c.moe.balance == "aux_loss";
   const double os = ForwardBackwardMicroBatched(split, tokens.data(), c.model.seq_len, plan, &ss,

@@ -71,7 +71,7 @@ void CompareOptimizer(const std::string& name, double tolerance) {
   cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
   dparams.Upload(cpu.data(), n);
   std::unique_ptr<Optimizer> ref = MakeOptimizer(c.optimizer, model.param_infos());
-  std::unique_ptr<CudaOptimizer> dev =
+  std::unique_ptr<Optimizer> dev =
       MakeCudaOptimizer(c.optimizer, model.param_infos(), /*ns_bf16=*/false);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.01f);

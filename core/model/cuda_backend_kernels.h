@@ -1,5 +1,5 @@
-// The device model's glue kernels (core/model/cuda_model_kernels.cu): what model.cc does with
-// inline loops (residual adds, the MLA per-head assembly and its scatter) on device pointers.
+// The CUDA backend's glue kernels (core/model/cuda_backend_kernels.cu): residual adds, MLA's
+// per-head assembly and its scatter, gradient accumulation, on device pointers.
 #pragma once
 
 #include <cuda_runtime.h>

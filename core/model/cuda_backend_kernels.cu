@@ -1,4 +1,4 @@
-#include "core/model/cuda_model_kernels.h"
+#include "core/model/cuda_backend_kernels.h"
 
 namespace moelab::cudamodel {
 namespace {

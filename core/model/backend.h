@@ -1,0 +1,193 @@
+// The seam between the one model (core/model/model.cc), the one training loop
+// (core/train/trainer.cc) and a device: memory (arrays, copies to and from the host) and coarse
+// ops (a GEMM, an attention, a fused norm, an MoE layer), one virtual call each. The CPU backend
+// (core/model/cpu_backend.cc) runs kernels/cpu on host memory; the CUDA backend
+// (core/model/cuda_backend.cc) runs kernels/cuda on device memory. docs/model.md says why the
+// seam is a small virtual op table rather than a template parameter.
+//
+// Every pointer an op takes is memory of its backend. Ops are coarse on purpose: a call costs a
+// few nanoseconds against microseconds (CPU) or a kernel launch (CUDA) of work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/model/moe.h"
+#include "kernels/cpu/attention.h"
+
+namespace moelab {
+
+class CudaOpProfiler;
+struct RowScale;
+
+// Raw memory of a backend: zero-filled allocations and copies.
+class BackendMemory {
+ public:
+  virtual ~BackendMemory() = default;
+  virtual std::string name() const = 0;  // "cpu" or "cuda": train.device
+  // True when the backend's pointers are host memory (the CPU backend).
+  virtual bool is_host() const = 0;
+  // Zero-filled, aligned to at least 256 bytes; null for 0 bytes. Throws std::bad_alloc (or a
+  // DeviceError naming the size) when it cannot.
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Release(void* p) noexcept = 0;
+  virtual void ToBackend(void* dst, const void* host, size_t bytes) = 0;
+  virtual void ToHost(void* host, const void* src, size_t bytes) const = 0;
+  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Zero(void* p, size_t bytes) = 0;
+};
+
+// An owned array in a backend's memory.
+template <typename U>
+class BackendArray {
+ public:
+  BackendArray() = default;
+  explicit BackendArray(BackendMemory* memory) : memory_(memory) {}
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
+  ~BackendArray() { Reset(); }
+  void Bind(BackendMemory* memory) { memory_ = memory; }
+  // Discards the contents; the new array is zero-filled.
+  void Resize(size_t n) {
+    Reset();
+    data_ = static_cast<U*>(memory_->Allocate(n * sizeof(U)));
+    size_ = n;
+  }
+  void Upload(const U* host, size_t n) { memory_->ToBackend(data_, host, n * sizeof(U)); }
+  void Download(U* host, size_t n) const { memory_->ToHost(host, data_, n * sizeof(U)); }
+  U* data() { return data_; }
+  const U* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void Reset() {
+    if (data_) memory_->Release(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  BackendMemory* memory_ = nullptr;
+  U* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One MoE layer on a backend (core/model/moe.h's MoeLayer on the CPU, the device layer of
+// core/model/cuda_moe.h on CUDA): the same contract as MoeLayer<T>::Forward / Backward.
+template <typename T>
+class MoeOp {
+ public:
+  virtual ~MoeOp() = default;
+  // x [n,d] → y [n,d] (overwritten); bias [E] the selection bias; counts (host, may be null)
+  // the top-k assignment counts. Returns the aux loss.
+  virtual double Forward(const MoeWeights<T>& w, const T* bias, const T* x, int n, T* y,
+                         int64_t* counts) = 0;
+  // After Forward with the same x and n: dy → dx (overwritten); gradients overwritten.
+  virtual void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
+                        int n, T* dx) = 0;
+  // Global-batch aux-loss statistics (core/model/moe.h); throws where the backend has none.
+  virtual void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) = 0;
+  virtual size_t workspace_bytes() const = 0;
+};
+
+struct LossTerms {
+  double loss = 0;    // mean cross-entropy
+  double z_loss = 0;  // coefficient included
+};
+
+template <typename T>
+class Backend : public BackendMemory {
+ public:
+  // --- Weights. The model registers its parameter arena once; a backend that computes on a
+  // copy (CUDA in bf16) refreshes it in WeightsChanged(), called after every update.
+  virtual void SetWeights(const T* params, size_t n) = 0;
+  virtual void WeightsChanged() = 0;
+
+  // --- Dense algebra. y = x·Wᵀ (+ y); W [out, in] row-major, inside the weight arena.
+  virtual void Linear(const T* x, const T* w, int n, int in, int out, T* y, bool accumulate) = 0;
+  // dx = dy·W (+ dx), dW = dyᵀ·x (overwritten); dx may be null.
+  virtual void LinearBackward(const T* x, const T* w, const T* dy, int n, int in, int out, T* dx,
+                              T* dw, bool accumulate_dx) = 0;
+  // Dense SwiGLU FFN y = W2·(silu(W1·x) ⊙ W3·x), keeping h1, h3, act for the backward; scratch
+  // holds [n, 2·hidden].
+  virtual void FfnForward(const T* x, int n, int d, int hidden, const T* w1, const T* w3,
+                          const T* w2, T* h1, T* h3, T* act, T* y) = 0;
+  virtual void FfnBackward(const T* x, int n, int d, int hidden, const T* w1, const T* w3,
+                           const T* w2, const T* h1, const T* h3, const T* act, const T* dy, T* dx,
+                           T* dw1, T* dw3, T* dw2, T* scratch) = 0;
+
+  // --- Norms (kernels/cpu/norm.h).
+  virtual void RmsNorm(const T* x, const T* gain, int n, int d, double eps, T* y, T* rstd) = 0;
+  virtual void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d,
+                               T* dx, T* dgain, bool accumulate_dx) = 0;
+  virtual void RmsNormGroups(const T* x, int ldx, T* y, int ldy, int n, int groups, int d,
+                             const T* gain, double eps, T* rstd) = 0;
+  virtual void RmsNormGroupsBackward(const T* x, int ldx, const T* gain, const T* rstd, const T* dy,
+                                     int lddy, T* dx, int lddx, int n, int groups, int d,
+                                     T* dgain) = 0;
+
+  // --- Attention. Which kernel runs is the backend's choice (CUDA: the fused one where it
+  // covers the shape); `saved` is what its backward needs (probabilities, or log-sum-exp rows).
+  virtual size_t AttentionSavedElements(const cpu::AttentionDims& a) = 0;
+  virtual size_t AttentionScratchElements(const cpu::AttentionDims& a) = 0;
+  // out [n, ldo]; pair_max [B·H]: per (sequence, head) max raw logit.
+  virtual void AttentionForward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v,
+                                T* saved, T* out, T* pair_max) = 0;
+  virtual void AttentionBackward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v,
+                                 const T* out, const T* saved, const T* dout, T* dq, T* dk, T* dv,
+                                 T* scratch) = 0;
+  // head_max[h] = max over b of pair_max[b·heads + h].
+  virtual void HeadMax(const T* pair_max, int batch, int heads, T* head_max) = 0;
+  virtual void Rope(T* x, int n, int seq, int ld, int heads, int head_stride, int offset,
+                    int rot_dim, const T* cos, const T* sin, bool inverse) = 0;
+  // dst[r·ldd + h·dst_stride + dst_off + j] = src[r·lds + h·src_stride + src_off + j] for rows
+  // r < n, heads h, columns j < width (MLA's per-head assembly; src_stride 0 broadcasts).
+  virtual void CopyHeads(const T* src, int lds, int src_stride, int src_off, T* dst, int ldd,
+                         int dst_stride, int dst_off, int n, int heads, int width) = 0;
+  // dst[r·ldd + j] = Σ_h src[r·lds + h·src_stride + src_off + j], in head order.
+  virtual void SumHeads(const T* src, int lds, int src_stride, int src_off, T* dst, int ldd, int n,
+                        int heads, int width) = 0;
+  // rows × cols elements from src (row stride lds) to dst (row stride ldd).
+  virtual void CopyRows(const T* src, int lds, T* dst, int ldd, int rows, int cols) = 0;
+
+  // --- Embedding, output, residual.
+  virtual void Embedding(const T* table, const int32_t* tokens, int n, int d, T* out) = 0;
+  // dtable[token] += dout rows (the caller zeroes dtable first, or not, for tied weights).
+  virtual void EmbeddingBackward(const int32_t* tokens, const T* dout, int n, int d, T* dtable) = 0;
+  // Softmax cross-entropy (+ z-loss) of logits [n, vocab]; backward: logits become dlogits.
+  virtual LossTerms CrossEntropy(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                                 bool backward, double* row_scratch) = 0;
+  // out[i] = a[i] + b[i] (out may alias a or b).
+  virtual void Add(const T* a, const T* b, T* out, size_t n) = 0;
+
+  // --- MoE. expert_first / expert_count: the routed experts this process holds (all: 0, E).
+  virtual std::unique_ptr<MoeOp<T>> MakeMoe(const ModelConfig& model, const MoEConfig& moe,
+                                            int expert_first, int expert_count) = 0;
+
+  // --- What the training loop does with whole arenas (core/train/trainer.cc).
+  // ‖x‖₂ in double, summed in a fixed order (independent of the thread schedule).
+  virtual double L2Norm(const T* x, size_t n) = 0;
+  virtual void Scale(T* x, size_t n, T s) = 0;
+  // acc = w·g (first) or acc += w·g: gradient accumulation over micro-batches; FinishScaledSum
+  // then writes g = acc + w·g (the last micro-batch joins without another pass).
+  virtual void ScaledSum(const T* g, double w, bool first, T* acc, size_t n) = 0;
+  virtual void FinishScaledSum(const T* acc, double w, T* g, size_t n) = 0;
+  // QK-Clip's row scalings (core/optim/qk_clip_plan.h) on the parameter arena.
+  virtual void ScaleRows(const std::vector<RowScale>& rows, T* arena) = 0;
+
+  // Per-op-class timing (CUDA events); null: off. A no-op on the CPU.
+  virtual void set_profiler(CudaOpProfiler* profiler) { (void)profiler; }
+};
+
+// The backend train.device names: "cpu", or "cuda" (float only; throws without a usable GPU or
+// in a build without CUDA, naming why).
+template <typename T>
+std::unique_ptr<Backend<T>> MakeBackend(const RunConfig& config);
+template <typename T>
+std::unique_ptr<Backend<T>> MakeCpuBackend();
+// core/model/cuda_backend.cc; throws DeviceError without a usable GPU or CUDA in the build.
+std::unique_ptr<Backend<float>> MakeCudaBackend(const RunConfig& config);
+
+}  // namespace moelab

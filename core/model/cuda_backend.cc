@@ -1,0 +1,507 @@
+// The CUDA backend (core/model/cuda_backend.h): the ops of core/model/backend.h over device
+// memory, with kernels/cuda in place of kernels/cpu, and the device memory plan.
+#include "core/model/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "core/device.h"
+#include "core/flops.h"
+#include "core/model/attention_dims.h"
+#include "core/model/backend.h"
+#include "core/model/model.h"
+#include "core/optim/qk_clip_plan.h"
+
+#if MOELAB_HAVE_CUDA
+#include "core/cuda_profiler.h"
+#include "core/model/cuda_backend_kernels.h"
+#include "core/model/cuda_moe.h"
+#include "core/optim/cuda_optimizer.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/swiglu.h"
+#endif
+
+namespace moelab {
+
+#if MOELAB_HAVE_CUDA
+
+namespace {
+
+using cuda::bf16;
+
+// The fused attention kernels (LSE kept, no [B,H,S,S] probabilities) in bf16 mode wherever they
+// cover the shape; fp32 mode keeps the reference path, the one its CPU twin checks compare.
+// MOELAB_ATTENTION=reference forces the reference path (for comparisons), =fused the fused one.
+bool ChooseFlash(const RunConfig& c) {
+  const char* env = std::getenv("MOELAB_ATTENTION");
+  const std::string mode = env ? env : "";
+  if (!mode.empty() && mode != "reference" && mode != "fused") {
+    throw std::invalid_argument("MOELAB_ATTENTION must be \"reference\" or \"fused\", not \"" +
+                                mode + "\"");
+  }
+  if (mode == "reference") return false;
+  const ModelConfig& m = c.model;
+  // q, k and v are column slices of 64-byte aligned arena buffers: 16-byte aligned when their
+  // column offsets are multiples of 4 floats.
+  const bool aligned = m.attention == "mla"
+                           ? (m.heads * m.qk_nope_head_dim) % 4 == 0
+                           : (m.heads * m.head_dim_effective()) % 4 == 0 &&
+                                 (m.kv_heads_effective() * m.head_dim_effective()) % 4 == 0;
+  std::string why = "q/k/v column offsets not 16-byte aligned";
+  const bool ok =
+      aligned && cuda::FlashAttentionSupported(cuda::AttentionDims(AttentionDimsOf(m)), 4, &why);
+  if (mode == "fused" && !ok) {
+    throw std::invalid_argument(
+        "MOELAB_ATTENTION=fused: the fused kernels cannot run this model: " + why);
+  }
+  return ok && (c.train.effective_precision() == "bf16" || mode == "fused");
+}
+
+size_t AttentionSaved(bool flash, const cpu::AttentionDims& a) {
+  if (flash) return static_cast<size_t>(a.batch) * a.heads * a.seq;  // log-sum-exp rows
+  return (a.softcap > 0 ? 2 : 1) * static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
+}
+
+size_t AttentionScratch(bool flash, const cpu::AttentionDims& a) {
+  return flash ? cuda::FlashAttentionScratchSize(cuda::AttentionDims(a))
+               : cuda::AttentionScratchSize(cuda::AttentionDims(a));
+}
+
+// Widest GEMM input and output gradient of a step, for the bf16 cast buffers of the memory plan.
+size_t CastWidths(const ModelConfig& m) {
+  const bool mla = m.attention == "mla";
+  const size_t H = m.heads;
+  const size_t qkv =
+      mla ? 0 : H * m.head_dim_effective() + 2 * m.kv_heads_effective() * m.head_dim_effective();
+  const size_t dqk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const size_t in =
+      std::max<size_t>({static_cast<size_t>(m.d_model), static_cast<size_t>(m.ffn_hidden),
+                        H * m.head_dim_effective(), H * m.v_head_dim,
+                        static_cast<size_t>(m.q_lora_rank), static_cast<size_t>(m.kv_lora_rank)});
+  const size_t out =
+      std::max<size_t>({static_cast<size_t>(m.d_model), static_cast<size_t>(m.ffn_hidden), qkv,
+                        static_cast<size_t>(m.vocab_size), static_cast<size_t>(m.q_lora_rank),
+                        H * dqk, static_cast<size_t>(m.kv_lora_rank + m.qk_rope_head_dim),
+                        H * (m.qk_nope_head_dim + m.v_head_dim)});
+  return in + out;
+}
+
+class CudaBackend;
+
+// The device MoE layer behind the op interface: fp32 weights from the model's arenas, their bf16
+// copies from the backend.
+class CudaMoe final : public MoeOp<float> {
+ public:
+  CudaMoe(CudaBackend* be, const ModelConfig& m, const MoEConfig& e, bool use_bf16,
+          cudamodel::MoeScratch* scratch)
+      : be_(be), shared_(e.shared_experts > 0), layer_(m, e, use_bf16, scratch) {}
+  double Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n, float* y,
+                 int64_t* counts) override;
+  void Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
+                const float* dy, int n, float* dx) override;
+  void SetBatchStatsHook(MoeBatchStatsHook hook, int) override {
+    if (hook) {
+      throw std::runtime_error(
+          "train.device \"cuda\": the device MoE layer has no global-batch statistics for "
+          "moe.balance \"aux_loss\" over several ranks or micro-batches; use \"aux_free\"");
+    }
+  }
+  size_t workspace_bytes() const override { return 0; }  // in the memory plan (DeviceMoe::Bytes)
+
+ private:
+  cudamodel::MoeLayerParams Params(const MoeWeights<float>& w, const float* bias) const;
+  CudaBackend* be_;
+  bool shared_;
+  cudamodel::DeviceMoe layer_;
+};
+
+class CudaBackend final : public Backend<float> {
+ public:
+  explicit CudaBackend(const RunConfig& c)
+      : use_bf16_(c.train.effective_precision() == "bf16"), flash_(ChooseFlash(c)) {}
+
+  std::string name() const override { return "cuda"; }
+  bool is_host() const override { return false; }
+  void* Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    MOELAB_CUDA_CHECK(cudaMalloc(&p, bytes));
+    MOELAB_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
+  }
+  void Release(void* p) noexcept override { cudaFree(p); }
+  void ToBackend(void* dst, const void* host, size_t bytes) override {
+    if (bytes) MOELAB_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+  }
+  void ToHost(void* host, const void* src, size_t bytes) const override {
+    if (bytes) MOELAB_CUDA_CHECK(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) {
+      MOELAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+    }
+  }
+  void Zero(void* p, size_t bytes) override {
+    if (bytes) MOELAB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
+  }
+
+  void SetWeights(const float* params, size_t n) override {
+    weights_ = params;
+    num_weights_ = n;
+    if (use_bf16_) weights_bf16_.Resize(n);
+  }
+  void WeightsChanged() override {
+    if (use_bf16_) cuda::CastToBf16(weights_, weights_bf16_.data(), num_weights_);
+  }
+  // The bf16 copy of a weight inside the arena (bf16 mode).
+  const bf16* Bf16Of(const float* w) const {
+    if (!w) return nullptr;
+    if (w < weights_ || w >= weights_ + num_weights_) {
+      throw std::logic_error("cuda backend: a GEMM weight outside the parameter arena");
+    }
+    return weights_bf16_.data() + (w - weights_);
+  }
+  bool uses_bf16() const { return use_bf16_; }
+
+  // y = x·Wᵀ: fp32, or bf16 inputs (cast here) with fp32 accumulation and output.
+  void Linear(const float* x, const float* w, int n, int in, int out, float* y,
+              bool accumulate) override {
+    ProfileScope ps(profiler_, "gemm");
+    if (!use_bf16_) {
+      cuda::LinearForward<float>(x, w, n, in, out, y, accumulate);
+      return;
+    }
+    bf16* xb = Cast(x, &xb_, static_cast<size_t>(n) * in);
+    cuda::LinearForward<bf16>(xb, Bf16Of(w), n, in, out, y, accumulate);
+  }
+  void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
+                      float* dx, float* dw, bool accumulate_dx) override {
+    ProfileScope ps(profiler_, "gemm");
+    if (!use_bf16_) {
+      cuda::LinearBackward<float>(x, w, dy, n, in, out, dx, dw, accumulate_dx, false);
+      return;
+    }
+    bf16* xb = Cast(x, &xb_, static_cast<size_t>(n) * in);
+    bf16* dyb = Cast(dy, &dyb_, static_cast<size_t>(n) * out);
+    cuda::LinearBackward<bf16>(xb, Bf16Of(w), dyb, n, in, out, dx, dw, accumulate_dx, false);
+  }
+  void FfnForward(const float* x, int n, int d, int hidden, const float* w1, const float* w3,
+                  const float* w2, float* h1, float* h3, float* act, float* y) override {
+    if (!use_bf16_) {
+      ProfileScope ps(profiler_, "ffn");
+      cuda::SwigluForward(x, n, d, hidden, w1, w3, w2, h1, h3, act, y);
+      return;
+    }
+    Linear(x, w1, n, d, hidden, h1, false);
+    Linear(x, w3, n, d, hidden, h3, false);
+    cuda::SwigluActivation(h1, h3, static_cast<size_t>(n) * hidden, act);
+    Linear(act, w2, n, hidden, d, y, false);
+  }
+  void FfnBackward(const float* x, int n, int d, int hidden, const float* w1, const float* w3,
+                   const float* w2, const float* h1, const float* h3, const float* act,
+                   const float* dy, float* dx, float* dw1, float* dw3, float* dw2,
+                   float* scratch) override {
+    if (!use_bf16_) {
+      ProfileScope ps(profiler_, "ffn");
+      cuda::SwigluBackward(x, n, d, hidden, w1, w3, w2, h1, h3, act, dy, dx, dw1, dw3, dw2,
+                           scratch);
+      return;
+    }
+    const size_t nf = static_cast<size_t>(n) * hidden;
+    float* dact = scratch;  // [n,F], then dh1 = dact in place, dh3 in the second half
+    float* dh3 = scratch + nf;
+    LinearBackward(act, w2, dy, n, hidden, d, dact, dw2, false);
+    cuda::SwigluActivationBackward(h1, h3, dact, nf, dact, dh3);
+    LinearBackward(x, w1, dact, n, d, hidden, dx, dw1, false);
+    LinearBackward(x, w3, dh3, n, d, hidden, dx, dw3, /*accumulate_dx=*/true);
+  }
+
+  void RmsNorm(const float* x, const float* gain, int n, int d, double eps, float* y,
+               float* rstd) override {
+    ProfileScope ps(profiler_, "norm");
+    cuda::RmsNormForward(x, gain, n, d, eps, y, rstd);
+  }
+  void RmsNormBackward(const float* x, const float* gain, const float* rstd, const float* dy, int n,
+                       int d, float* dx, float* dgain, bool accumulate_dx) override {
+    ProfileScope ps(profiler_, "norm");
+    cuda::RmsNormBackward(x, gain, rstd, dy, n, d, dx, dgain, accumulate_dx);
+  }
+  void RmsNormGroups(const float* x, int ldx, float* y, int ldy, int n, int groups, int d,
+                     const float* gain, double eps, float* rstd) override {
+    ProfileScope ps(profiler_, "norm");
+    cuda::RmsNormGroupsForward(x, ldx, y, ldy, n, groups, d, gain, eps, rstd);
+  }
+  void RmsNormGroupsBackward(const float* x, int ldx, const float* gain, const float* rstd,
+                             const float* dy, int lddy, float* dx, int lddx, int n, int groups,
+                             int d, float* dgain) override {
+    ProfileScope ps(profiler_, "norm");
+    cuda::RmsNormGroupsBackward(x, ldx, gain, rstd, dy, lddy, dx, lddx, n, groups, d, dgain);
+  }
+
+  size_t AttentionSavedElements(const cpu::AttentionDims& a) override {
+    return AttentionSaved(flash_, a);
+  }
+  size_t AttentionScratchElements(const cpu::AttentionDims& a) override {
+    return AttentionScratch(flash_, a);
+  }
+  void AttentionForward(const cpu::AttentionDims& a, const float* q, const float* k, const float* v,
+                        float* saved, float* out, float* pair_max) override {
+    ProfileScope ps(profiler_, "attention");
+    if (flash_) {
+      cuda::FlashAttentionForward<float>(cuda::AttentionDims(a), q, k, v, out, saved, pair_max);
+      return;
+    }
+    float* capped = a.softcap > 0 ? saved + Square(a) : nullptr;
+    cuda::AttentionForward(cuda::AttentionDims(a), q, k, v, saved, capped, out, pair_max);
+  }
+  void AttentionBackward(const cpu::AttentionDims& a, const float* q, const float* k,
+                         const float* v, const float* out, const float* saved, const float* dout,
+                         float* dq, float* dk, float* dv, float* scratch) override {
+    ProfileScope ps(profiler_, "attention");
+    if (flash_) {
+      cuda::FlashAttentionBackward<float>(cuda::AttentionDims(a), q, k, v, out, saved, dout, dq, dk,
+                                          dv, scratch);
+      return;
+    }
+    const float* capped = a.softcap > 0 ? saved + Square(a) : nullptr;
+    cuda::AttentionBackward(cuda::AttentionDims(a), q, k, v, saved, capped, dout, dq, dk, dv,
+                            scratch);
+  }
+  void HeadMax(const float* pair_max, int batch, int heads, float* head_max) override {
+    cuda::AttentionMaxOverBatch(pair_max, batch, heads, head_max);
+  }
+  void Rope(float* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
+            const float* cos, const float* sin, bool inverse) override {
+    ProfileScope ps(profiler_, "attention");
+    cuda::RopeApply(x, n, seq, ld, heads, head_stride, offset, rot_dim, cos, sin, inverse);
+  }
+  void CopyHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd,
+                 int dst_stride, int dst_off, int n, int heads, int width) override {
+    ProfileScope ps(profiler_, "attention");
+    cudamodel::CopyHeads(src, lds, src_stride, src_off, dst, ldd, dst_stride, dst_off, n, heads,
+                         width, false);
+  }
+  void SumHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd, int n,
+                int heads, int width) override {
+    ProfileScope ps(profiler_, "attention");
+    cudamodel::SumHeads(src, lds, src_stride, src_off, dst, ldd, n, heads, width);
+  }
+  void CopyRows(const float* src, int lds, float* dst, int ldd, int rows, int cols) override {
+    ProfileScope ps(profiler_, "attention");
+    MOELAB_CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * ldd, src, sizeof(float) * lds,
+                                        sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice,
+                                        nullptr));
+  }
+
+  void Embedding(const float* table, const int32_t* tokens, int n, int d, float* out) override {
+    ProfileScope ps(profiler_, "embedding");
+    cuda::EmbeddingForward(table, tokens, n, d, out);
+  }
+  void EmbeddingBackward(const int32_t* tokens, const float* dout, int n, int d,
+                         float* dtable) override {
+    ProfileScope ps(profiler_, "embedding");
+    const size_t bytes = cuda::EmbeddingScratchBytes(n);
+    if (emb_scratch_.size() < bytes) emb_scratch_.Resize(bytes);
+    cuda::EmbeddingBackward(tokens, dout, n, d, dtable, emb_scratch_.data());
+  }
+  LossTerms CrossEntropy(float* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                         bool backward, double* row_scratch) override {
+    ProfileScope ps(profiler_, "cross_entropy");
+    const cuda::CrossEntropyResult r =
+        cuda::CrossEntropy(logits, targets, n, vocab, z_coef, backward, row_scratch);
+    return {r.loss, r.z_loss};
+  }
+  void Add(const float* a, const float* b, float* out, size_t n) override {
+    cudamodel::Add(a, b, out, n);
+  }
+
+  std::unique_ptr<MoeOp<float>> MakeMoe(const ModelConfig& m, const MoEConfig& e, int first,
+                                        int count) override {
+    if (first != 0 || count != e.experts_total) {
+      throw std::runtime_error(
+          "train.device \"cuda\": sharded expert parallelism needs the device MoE layer's "
+          "all-to-all, which it does not have yet (dist.expert_parallel 1 on CUDA)");
+    }
+    return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_);
+  }
+
+  double L2Norm(const float* x, size_t n) override { return DeviceL2Norm(x, n); }
+  void Scale(float* x, size_t n, float s) override { DeviceScale(x, n, s); }
+  void ScaledSum(const float* g, double w, bool first, float* acc, size_t n) override {
+    cudamodel::Axpy(g, static_cast<float>(w), first, acc, n);
+    MOELAB_CUDA_CHECK(cudaGetLastError());
+  }
+  void FinishScaledSum(const float* acc, double w, float* g, size_t n) override {
+    cudamodel::FinishAxpy(acc, static_cast<float>(w), g, n);
+    MOELAB_CUDA_CHECK(cudaGetLastError());
+  }
+  void ScaleRows(const std::vector<RowScale>& rows, float* arena) override {
+    QkClipPlan plan;
+    plan.scales = rows;
+    ApplyQkClipPlanOnDevice(plan, arena);
+  }
+
+  void set_profiler(CudaOpProfiler* profiler) override { profiler_ = profiler; }
+  CudaOpProfiler* profiler() const { return profiler_; }
+
+ private:
+  static size_t Square(const cpu::AttentionDims& a) {
+    return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
+  }
+  // x cast to bf16 in *buf (grown to the widest GEMM operand seen).
+  static bf16* Cast(const float* x, cuda::DeviceBuffer<bf16>* buf, size_t n) {
+    if (buf->size() < n) buf->Resize(n);
+    cuda::CastToBf16(x, buf->data(), n);
+    return buf->data();
+  }
+
+  bool use_bf16_, flash_;
+  const float* weights_ = nullptr;
+  size_t num_weights_ = 0;
+  cuda::DeviceBuffer<bf16> weights_bf16_, xb_, dyb_;
+  cuda::DeviceBuffer<unsigned char> emb_scratch_;
+  cudamodel::MoeScratch moe_scratch_;
+  CudaOpProfiler* profiler_ = nullptr;
+};
+
+cudamodel::MoeLayerParams CudaMoe::Params(const MoeWeights<float>& w, const float* bias) const {
+  cudamodel::MoeLayerParams p;
+  p.router = w.router;
+  p.w1 = w.w1, p.w3 = w.w3, p.w2 = w.w2;
+  p.bias = bias;
+  if (shared_) p.s1 = w.shared_w1, p.s3 = w.shared_w3, p.s2 = w.shared_w2;
+  if (be_->uses_bf16()) {
+    p.w1b = be_->Bf16Of(w.w1), p.w3b = be_->Bf16Of(w.w3), p.w2b = be_->Bf16Of(w.w2);
+    if (shared_) {
+      p.s1b = be_->Bf16Of(w.shared_w1), p.s3b = be_->Bf16Of(w.shared_w3);
+      p.s2b = be_->Bf16Of(w.shared_w2);
+    }
+  }
+  return p;
+}
+
+double CudaMoe::Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n,
+                        float* y, int64_t* counts) {
+  ProfileScope ps(be_->profiler(), "moe");
+  return layer_.Forward(Params(w, bias), x, n, y, counts);
+}
+
+void CudaMoe::Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
+                       const float* dy, int, float* dx) {
+  ProfileScope ps(be_->profiler(), "moe");
+  cudamodel::MoeLayerGrads grads{g.router, g.w1, g.w3, g.w2};
+  if (shared_) grads.s1 = g.shared_w1, grads.s3 = g.shared_w3, grads.s2 = g.shared_w2;
+  // The selection bias only steers the forward's choice; the backward reads what it saved.
+  layer_.Backward(Params(w, nullptr), grads, x, dy, dx);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend<float>> MakeCudaBackend(const RunConfig& config) {
+  RequireDevice(config.train);
+  return std::make_unique<CudaBackend>(config);
+}
+
+DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_batch) {
+  DeviceMemoryPlan plan;
+  plan.micro_batch = micro_batch;
+  const bool use_bf16 = c.train.effective_precision() == "bf16";
+  const double np = static_cast<double>(CountParams(c).total);
+  plan.params = 4 * np + (use_bf16 ? 2 * np : 0);
+  plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);
+  // Muon's Newton–Schulz: the same-shape bank plus one ping buffer of the largest bank (bounded
+  // here by the bank itself), in the compute precision.
+  const double ns_elem = use_bf16 ? 2 : 4;
+  plan.optimizer = 4.0 * static_cast<double>(OptimizerStateElements(c)) +
+                   2 * ns_elem * static_cast<double>(OptimizerWorkspaceElements(c));
+  // The model's own activation layout with this backend's attention needs.
+  const bool flash = ChooseFlash(c);
+  cpu::AttentionDims dims = AttentionDimsOf(c.model);
+  dims.batch = micro_batch;
+  const size_t n = static_cast<size_t>(micro_batch) * c.model.seq_len;
+  double act =
+      4.0 * static_cast<double>(Model<float>::ActivationElements(
+                c, micro_batch, AttentionSaved(flash, dims), AttentionScratch(flash, dims)));
+  // Token ids, the cross-entropy rows, and the embedding backward's radix-sort scratch: cub sizes
+  // it through a device query, so the plan (which needs no GPU) takes a bound: double-buffered
+  // int32 keys and values, plus 1 MiB.
+  act += 8.0 * n + 8.0 * (2 * n + 2) + 16.0 * n + (1 << 20);
+  if (use_bf16) act += 2.0 * n * CastWidths(c.model);
+  if (c.moe.enabled()) {
+    act += static_cast<double>(MoeLayers(c.model, c.moe)) *
+           static_cast<double>(cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16));
+    act += static_cast<double>(cudamodel::MoeScratch::Bytes(c.moe, c.model.d_model, n, use_bf16));
+  }
+  plan.activations = act;
+  plan.runtime = 1.0 * (1 << 30);
+  return plan;
+}
+
+int LargestFittingMicroBatch(const RunConfig& c, int local_batch, double budget_bytes) {
+  for (int m = local_batch; m >= 1; --m) {
+    if (PlanCudaMemory(c, m, local_batch).total() <= budget_bytes) return m;
+  }
+  return 0;
+}
+
+void RequireCudaMemory(const RunConfig& c, int local_batch, bool print) {
+  const int micro = c.train.micro_batch > 0 && c.train.micro_batch < local_batch
+                        ? c.train.micro_batch
+                        : local_batch;
+  const DeviceMemoryPlan plan = PlanCudaMemory(c, micro, local_batch);
+  size_t free_bytes = 0, total_bytes = 0;
+  MOELAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  if (print) {
+    fmt::print(stderr, "moelab train: device memory estimate: {} ({:.1f} GiB free of {:.1f})\n",
+               plan.Describe(), free_bytes / kGiB, total_bytes / kGiB);
+  }
+  if (plan.total() <= static_cast<double>(free_bytes)) return;
+  const int fits = LargestFittingMicroBatch(c, local_batch, static_cast<double>(free_bytes));
+  throw DeviceError(fmt::format(
+      "the run needs about {:.1f} GiB of device memory ({}) but {:.1f} GiB are free; {}",
+      plan.total() / kGiB, plan.Describe(), free_bytes / kGiB,
+      fits > 0 ? fmt::format("set train.micro_batch to {} or less (the largest that fits)", fits)
+               : std::string("no micro-batch fits: use a smaller model or more GPUs")));
+}
+
+#else  // no CUDA in this build: every entry point says so.
+
+std::unique_ptr<Backend<float>> MakeCudaBackend(const RunConfig& config) {
+  RequireDevice(config.train);
+  throw DeviceError("this moelab was built without CUDA");
+}
+DeviceMemoryPlan PlanCudaMemory(const RunConfig&, int, int) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+int LargestFittingMicroBatch(const RunConfig&, int, double) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+void RequireCudaMemory(const RunConfig&, int, bool) {
+  throw DeviceError("this moelab was built without CUDA");
+}
+
+#endif
+
+std::string DeviceMemoryPlan::Describe() const {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return fmt::format(
+      "params {:.2f} GiB, grads {:.2f} GiB, optimizer {:.2f} GiB, activations {:.2f} GiB "
+      "(micro-batch {}), runtime {:.2f} GiB: total {:.2f} GiB",
+      params / kGiB, grads / kGiB, optimizer / kGiB, activations / kGiB, micro_batch,
+      runtime / kGiB, total() / kGiB);
+}
+
+}  // namespace moelab
