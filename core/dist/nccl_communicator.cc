@@ -73,6 +73,34 @@ struct NcclCommunicator::Impl {
     MOELAB_CUDA(cudaMemcpyAsync(p, d, n * elem, cudaMemcpyDeviceToHost, stream));
     MOELAB_CUDA(cudaStreamSynchronize(stream));
   }
+  // Chunk r of data (counts[r] floats) through fn(chunk, count, r) inside one NCCL group; host
+  // memory goes through the staging buffer.
+  template <typename Fn>
+  void Chunked(float* data, const size_t* counts, Fn fn) {
+    Impl& I = *this;
+    size_t total = 0;
+    for (int r = 0; r < I.size; ++r) total += counts[r];
+    if (total == 0) return;
+    I.AfterCompute();
+    const bool device = IsDevicePointer(data);
+    float* d = device ? data : reinterpret_cast<float*>(I.Stage(total * sizeof(float)));
+    if (!device) {
+      MOELAB_CUDA(
+          cudaMemcpyAsync(d, data, total * sizeof(float), cudaMemcpyHostToDevice, I.stream));
+    }
+    MOELAB_NCCL(ncclGroupStart());
+    size_t off = 0;
+    for (int r = 0; r < I.size; ++r) {
+      if (counts[r]) fn(d + off, counts[r], r);
+      off += counts[r];
+    }
+    MOELAB_NCCL(ncclGroupEnd());
+    if (!device) {
+      MOELAB_CUDA(
+          cudaMemcpyAsync(data, d, total * sizeof(float), cudaMemcpyDeviceToHost, I.stream));
+    }
+    MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  }
 };
 
 NcclCommunicator::NcclCommunicator() : impl_(std::make_unique<Impl>()) {}
@@ -161,6 +189,20 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
   MOELAB_CUDA(cudaStreamSynchronize(I.stream));
 }
 
+void NcclCommunicator::ReduceScatterSum(float* data, const size_t* counts) {
+  Impl& I = *impl_;
+  I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
+    MOELAB_NCCL(ncclReduce(chunk, chunk, n, ncclFloat32, ncclSum, root, I.comm, I.stream));
+  });
+}
+
+void NcclCommunicator::AllGatherV(float* data, const size_t* counts) {
+  Impl& I = *impl_;
+  I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
+    MOELAB_NCCL(ncclBroadcast(chunk, chunk, n, ncclFloat32, root, I.comm, I.stream));
+  });
+}
+
 void NcclCommunicator::Barrier() {
   MOELAB_CUDA(cudaStreamSynchronize(impl_->stream));
   MPI_Barrier(MPI_COMM_WORLD);
@@ -195,6 +237,8 @@ void NcclCommunicator::AllReduceSum(double*, size_t) {}
 void NcclCommunicator::AllReduceSum(int64_t*, size_t) {}
 void NcclCommunicator::AllReduceMax(float*, size_t) {}
 void NcclCommunicator::AllToAllV(const float*, const size_t*, float*, const size_t*) {}
+void NcclCommunicator::ReduceScatterSum(float*, const size_t*) {}
+void NcclCommunicator::AllGatherV(float*, const size_t*) {}
 void NcclCommunicator::Barrier() {}
 void NcclCommunicator::Abort(int) {}
 void NcclCommunicator::SetComputeStream(CUstream_st*) {}

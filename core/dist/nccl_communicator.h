@@ -33,6 +33,11 @@ class NcclCommunicator : public Communicator {
   void AllReduceMax(float* data, size_t n) override;
   void AllToAllV(const float* send, const size_t* send_counts, float* recv,
                  const size_t* recv_counts) override;
+  // ZeRO-1 (core/dist/zero.h): per-chunk ncclReduce / ncclBroadcast rooted at the chunk's
+  // owner, grouped into one NCCL call (NCCL's own reduce-scatter and all-gather need equal
+  // chunks). Device or host pointers.
+  void ReduceScatterSum(float* data, const size_t* counts) override;
+  void AllGatherV(float* data, const size_t* counts) override;
   void Barrier() override;
   void Abort(int exit_code) override;  // MPI_Abort
   std::string kind() const override { return "nccl"; }

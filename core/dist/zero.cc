@@ -115,14 +115,14 @@ double RangeSquares(const float* g, ArenaRange r) {
   return total;
 }
 
-ShardedOptimizer::ShardedOptimizer(const OptimizerConfig& config,
-                                   const std::vector<ParamInfo>& params, size_t num_params,
-                                   Communicator& comm)
-    : comm_(comm) {
+ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<ParamInfo>& params,
+                                   size_t num_params, Communicator& comm, Backend<float>& backend)
+    : comm_(comm), be_(backend) {
+  const OptimizerConfig& config = run.optimizer;
   const bool muon = config.name == "muon" || config.name == "muonclip";
   ranges_ = PartitionArena(params, num_params, comm.world_size(), muon);
   const std::vector<ParamInfo> sorted = SortedByOffset(params);
-  local_ = MakeOptimizer(config, RestrictParams(sorted, mine(), muon));
+  local_ = MakeOptimizer(run, RestrictParams(sorted, mine(), muon));
   // The unsharded layout: every rank's size of every buffer name.
   std::vector<std::string> names =
       muon ? std::vector<std::string>{"muon.momentum", "adamw.m", "adamw.v"}
@@ -157,14 +157,13 @@ void ShardedOptimizer::ReduceScatterGradients(float* grads, double bucket_mb, in
     comm_.ReduceScatterSum(grads + a, counts.data());
   }
   const ArenaRange m = mine();
-  const float s = 1.0f / (average_over > 0 ? average_over : comm_.world_size());
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = m.begin; i < m.end; ++i) grads[i] *= s;
+  be_.Scale(grads + m.begin, m.size(),
+            1.0f / static_cast<float>(average_over > 0 ? average_over : comm_.world_size()));
 }
 
 double ShardedOptimizer::GradNorm(const float* grads) {
   std::vector<double> partial(ranges_.size(), 0.0);
-  partial[comm_.rank()] = RangeSquares(grads, mine());
+  partial[comm_.rank()] = be_.SumSquares(grads + mine().begin, mine().size());
   comm_.AllReduceSum(partial.data(), partial.size());  // adds zeros: exact
   double total = 0;
   for (double p : partial) total += p;
@@ -185,6 +184,7 @@ void ShardedOptimizer::Step(float* params, const float* grads, double lr, int64_
 }
 
 std::vector<std::vector<float>> ShardedOptimizer::GatherFullState() {
+  local_->SyncToHost();
   std::vector<StateBuffer> local = local_->state();
   std::vector<std::vector<float>> full;
   for (size_t i = 0; i < layout_.size(); ++i) {
@@ -210,6 +210,7 @@ void ShardedOptimizer::LoadFullState(const std::vector<std::vector<float>>& full
       std::copy(full[i].begin() + off, full[i].begin() + off + s.data->size(), s.data->begin());
     }
   }
+  local_->SyncToDevice();
 }
 
 size_t ShardedOptimizer::local_state_bytes() const {

@@ -10,6 +10,10 @@
 // ("muon.momentum", "adamw.m", "adamw.v": parameter order) is the concatenation of the ranks'
 // local buffers of the same name, so checkpoints stay in the unsharded format and resume at any
 // rank count and with ZeRO-1 on or off.
+//
+// The arenas live in the model's backend (core/model/backend.h): with train.device "cuda" the
+// communicator is NCCL and the local optimizer the device one; the state is mirrored on the
+// host only for checkpoints.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +23,7 @@
 
 #include "core/config.h"
 #include "core/dist/communicator.h"
+#include "core/model/backend.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
 
@@ -50,8 +55,10 @@ double RangeSquares(const float* g, ArenaRange r);
 
 class ShardedOptimizer {
  public:
-  ShardedOptimizer(const OptimizerConfig& config, const std::vector<ParamInfo>& params,
-                   size_t num_params, Communicator& comm);
+  // The local optimizer is MakeOptimizer(run, ...) for this rank's range (the device one on
+  // train.device "cuda"); grads and params of the calls below are backend memory.
+  ShardedOptimizer(const RunConfig& run, const std::vector<ParamInfo>& params, size_t num_params,
+                   Communicator& comm, Backend<float>& backend);
 
   const std::vector<ArenaRange>& ranges() const { return ranges_; }
   ArenaRange mine() const { return ranges_[comm_.rank()]; }
@@ -67,7 +74,8 @@ class ShardedOptimizer {
 
   // The unsharded optimizer buffers' names and sizes (the checkpoint layout).
   const std::vector<std::pair<std::string, size_t>>& full_layout() const { return layout_; }
-  // Collective: the unsharded buffers, gathered on every rank (transient: checkpoints only).
+  // Collective: the unsharded buffers on the host, gathered on every rank (transient:
+  // checkpoints only).
   std::vector<std::vector<float>> GatherFullState();
   // Takes this rank's part of unsharded buffers (as read from a checkpoint).
   void LoadFullState(const std::vector<std::vector<float>>& full);
@@ -77,6 +85,7 @@ class ShardedOptimizer {
 
  private:
   Communicator& comm_;
+  Backend<float>& be_;
   std::vector<ArenaRange> ranges_;
   std::unique_ptr<Optimizer> local_;
   std::vector<std::pair<std::string, size_t>> layout_;

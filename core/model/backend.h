@@ -9,6 +9,7 @@
 // few nanoseconds against microseconds (CPU) or a kernel launch (CUDA) of work.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -167,8 +168,11 @@ class Backend : public BackendMemory {
                                             int expert_first, int expert_count) = 0;
 
   // --- What the training loop does with whole arenas (core/train/trainer.cc).
-  // ‖x‖₂ in double, summed in a fixed order (independent of the thread schedule).
-  virtual double L2Norm(const T* x, size_t n) = 0;
+  // Σ x² in double, summed in a fixed order (chunks of 2^16 from x, then the chunks in order):
+  // the same bits for every thread count, and for a range of an arena the same bits as the
+  // ZeRO-1 shard norms (core/dist/zero.h).
+  virtual double SumSquares(const T* x, size_t n) = 0;
+  double L2Norm(const T* x, size_t n) { return std::sqrt(SumSquares(x, n)); }
   virtual void Scale(T* x, size_t n, T s) = 0;
   // acc = w·g (first) or acc += w·g: gradient accumulation over micro-batches; FinishScaledSum
   // then writes g = acc + w·g (the last micro-batch joins without another pass).

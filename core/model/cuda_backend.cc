@@ -337,7 +337,7 @@ class CudaBackend final : public Backend<float> {
     return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_);
   }
 
-  double L2Norm(const float* x, size_t n) override { return DeviceL2Norm(x, n); }
+  double SumSquares(const float* x, size_t n) override { return DeviceSumSquares(x, n); }
   void Scale(float* x, size_t n, float s) override { DeviceScale(x, n, s); }
   void ScaledSum(const float* g, double w, bool first, float* acc, size_t n) override {
     cudamodel::Axpy(g, static_cast<float>(w), first, acc, n);

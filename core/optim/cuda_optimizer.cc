@@ -276,8 +276,7 @@ class CudaMuon : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig& config,
-                                                 const std::vector<ParamInfo>& params,
-                                                 bool ns_bf16) {
+                                             const std::vector<ParamInfo>& params, bool ns_bf16) {
   if (config.name == "adamw") return std::make_unique<CudaAdamW>(config, params);
   if (config.name == "muon" || config.name == "muonclip") {
     return std::make_unique<CudaMuon>(config, params, ns_bf16);
@@ -301,6 +300,10 @@ void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena) {
 }
 
 double DeviceL2Norm(const float* device_data, size_t n) {
+  return std::sqrt(DeviceSumSquares(device_data, n));
+}
+
+double DeviceSumSquares(const float* device_data, size_t n) {
   constexpr int kMaxBlocks = 1024;
   thread_local DeviceBuffer<double> partial(kMaxBlocks);
   const int blocks = cudaopt::LaunchSumSquares(device_data, n, partial.data(), kMaxBlocks, nullptr);
@@ -309,7 +312,7 @@ double DeviceL2Norm(const float* device_data, size_t n) {
   partial.Download(host.data(), blocks);
   double total = 0;
   for (double v : host) total += v;
-  return std::sqrt(total);
+  return total;
 }
 
 void DeviceScale(float* device_data, size_t n, float s) {
@@ -319,14 +322,17 @@ void DeviceScale(float* device_data, size_t n, float s) {
 
 #else  // no CUDA in this build
 
-std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig&,
-                                                 const std::vector<ParamInfo>&, bool) {
+std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig&, const std::vector<ParamInfo>&,
+                                             bool) {
   throw std::runtime_error("this moelab was built without CUDA");
 }
 void ApplyQkClipPlanOnDevice(const QkClipPlan&, float*) {
   throw std::runtime_error("this moelab was built without CUDA");
 }
 double DeviceL2Norm(const float*, size_t) {
+  throw std::runtime_error("this moelab was built without CUDA");
+}
+double DeviceSumSquares(const float*, size_t) {
   throw std::runtime_error("this moelab was built without CUDA");
 }
 void DeviceScale(float*, size_t, float) {

@@ -27,8 +27,9 @@ std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig& config,
 
 // Applies a QK-Clip plan to a device arena (one launch).
 void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena);
-// ‖g‖₂ of a device array, summed in double in a fixed order (deterministic).
+// ‖g‖₂ of a device array, summed in double in a fixed order (deterministic), and its square.
 double DeviceL2Norm(const float* device_data, size_t n);
+double DeviceSumSquares(const float* device_data, size_t n);
 // x *= s on a device array.
 void DeviceScale(float* device_data, size_t n, float s);
 

@@ -155,11 +155,10 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     std::unique_ptr<NcclCommunicator> nccl;
     Communicator* grad_comm = comm;
     if (on_cuda && layout.world > 1) {
-      if (layout.ep > 1 || c.dist.zero1) {
+      if (layout.ep > 1) {
         throw std::runtime_error(
-            "train.device \"cuda\" with several ranks: data parallelism only for now "
-            "(dist.expert_parallel 1, dist.zero1 false): the device MoE layer has no all-to-all "
-            "and the sharded optimizer steps host arrays");
+            "dist.expert_parallel > 1 with train.device \"cuda\": not yet (the device MoE layer "
+            "has no all-to-all); use data parallelism, with dist.zero1 to shard the optimizer");
       }
       if (comm->kind() != "nccl") {
         nccl = NcclCommunicator::Create();
@@ -202,8 +201,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     std::unique_ptr<Optimizer> optimizer;
     std::unique_ptr<ShardedOptimizer> sharded;
     if (zero) {  // over the ranks holding the same parameters
-      sharded = std::make_unique<ShardedOptimizer>(
-          c.optimizer, model.param_infos(), model.num_params(), sharded_ep ? *dp_comm : *comm);
+      sharded = std::make_unique<ShardedOptimizer>(c, model.param_infos(), model.num_params(),
+                                                   sharded_ep ? *dp_comm : *grad_comm, be);
     } else {
       optimizer = MakeOptimizer(c, model.param_infos());
     }
@@ -310,7 +309,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     resume_storage = {};
     if (!from.empty() && !host) {
       model.WriteParams(host_params.data());
-      optimizer->SyncToDevice();
+      if (optimizer) optimizer->SyncToDevice();  // ZeRO-1's LoadFullState did its own
     }
     if (!from.empty()) {
       step = h.step;
@@ -373,7 +372,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       if (!leader && !zero && !in_writer_group) return "";
       if (!host) {
         model.ReadParams(host_params.data());
-        optimizer->SyncToHost();
+        if (optimizer) optimizer->SyncToHost();  // ZeRO-1's GatherFullState does its own
       }
       std::vector<std::vector<float>> storage;
       std::vector<StateBuffer> state = checkpoint_state(storage, true);
@@ -487,9 +486,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                    grads, n, zero ? sharded->mine() : ArenaRange{0, n});
       } else if (zero) {
         grad_norm = sharded->GradNorm(grads);
-      } else if (layout.world > 1 && host) {
+      } else if (layout.world > 1) {
         double sq = 0;
-        for (const ArenaRange& r : norm_ranges) sq += RangeSquares(grads, r);
+        for (const ArenaRange& r : norm_ranges) sq += be.SumSquares(grads + r.begin, r.size());
         grad_norm = std::sqrt(sq);
       } else {
         grad_norm = be.L2Norm(grads, n);

@@ -169,9 +169,9 @@ class CheckingBackend final : public Backend<T> {
                                     int count) override {
     return std::make_unique<CheckingMoe>(this, cpu_->MakeMoe(m, e, first, count));
   }
-  double L2Norm(const T* x, size_t n) override {
-    All("L2Norm", {x});
-    return cpu_->L2Norm(x, n);
+  double SumSquares(const T* x, size_t n) override {
+    All("SumSquares", {x});
+    return cpu_->SumSquares(x, n);
   }
   void Scale(T* x, size_t n, T s) override {
     All("Scale", {x});

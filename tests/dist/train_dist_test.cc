@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/device.h"
 #include "core/train/checkpoint.h"
 #include "db/reader.h"
 #include "tests/dist/dist_util.h"
@@ -453,6 +454,36 @@ TEST_F(DistTrainTest, LayoutMisuseExitsTwo) {
   EXPECT_EQ(Train(0, many, "many"), 2);
   EXPECT_NE(Slurp(Log("many")).find("exceed the 4 experts"), std::string::npos)
       << Slurp(Log("many"));
+}
+
+// The one trainer on two GPUs (issue 22): data parallelism with and without ZeRO-1 against one
+// GPU (gradients and the optimizer shards through NCCL), fp32, MoE with MuonClip; expert
+// parallelism is refused with the reason. Needs two visible GPUs and NCCL; skips otherwise.
+TEST_F(DistTrainTest, TwoGpusDataParallelAndZero1MatchOneGpu) {
+#ifndef MOELAB_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#endif
+  const CudaDeviceInfo& gpus = QueryCudaDevices();
+  if (gpus.count < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices, found " << gpus.count
+                 << (gpus.reason.empty() ? "" : ": " + gpus.reason);
+  }
+  const std::string cfg =
+      Config("gpu", true, {{"train", {{"device", "cuda"}, {"precision", "fp32"}}}});
+  ASSERT_EQ(Train(1, cfg, "gpu1"), 0) << Slurp(Log("gpu1"));
+  for (const std::string& args : {std::string(""), std::string("--set dist.zero1=true")}) {
+    const std::string tag = args.empty() ? "gpu2" : "gpu2z";
+    ASSERT_EQ(Train(2, cfg, tag, args), 0) << Slurp(Log(tag));
+    const db::Series ref = Series("gpu1", "loss"), two = Series(tag, "loss");
+    ASSERT_EQ(ref.values.size(), two.values.size()) << tag;
+    for (size_t i = 0; i < ref.values.size(); ++i) {
+      EXPECT_NEAR(two.values[i], ref.values[i], 2e-4 * std::fabs(ref.values[i])) << tag << " " << i;
+    }
+  }
+  const std::string ep =
+      Config("gpu_ep", true, {{"train", {{"device", "cuda"}}}, {"dist", {{"expert_parallel", 2}}}});
+  EXPECT_NE(Train(2, ep, "gpu_ep"), 0);
+  EXPECT_NE(Slurp(Log("gpu_ep")).find("all-to-all"), std::string::npos) << Slurp(Log("gpu_ep"));
 }
 
 }  // namespace
