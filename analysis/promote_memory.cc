@@ -7,6 +7,7 @@
 
 #include "analysis/promote.h"
 #include "core/flops.h"
+#include "core/model/model.h"
 #include "kernels/cpu/attention.h"
 
 namespace moelab::analysis {
@@ -73,7 +74,7 @@ size_t ActivationElements(const RunConfig& c, int batch, int threads) {
   take(n * d);
   take(n * d);
   take(n);
-  take(n * V);
+  take(static_cast<size_t>(LogitChunkRows(static_cast<int>(n), static_cast<int>(V))) * V);
   take(n * d);
   take(n * d);
   take(n * odim);

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "core/data/shards.h"
+#include "core/utc_time.h"
 
 namespace moelab {
 namespace fs = std::filesystem;
@@ -63,15 +64,6 @@ int MaxToken(const std::string& path, int64_t tokens, int threads) {
 #pragma omp parallel for reduction(max : best) schedule(static) num_threads(std::max(1, threads))
   for (int64_t i = 0; i < tokens; ++i) best = std::max(best, int(p[2 * i] | (p[2 * i + 1] << 8)));
   return best;
-}
-
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 }  // namespace
@@ -218,7 +210,7 @@ ImportResult ImportShards(const ImportOptions& o) {
       {"val_spans", val},
       {"val_held_out_tokens", held_out},
       {"sources", sources},
-      {"created_at", UtcNow()},
+      {"created_at", UtcNowIso8601()},
       {"entropy_rate", nullptr},
   };
 

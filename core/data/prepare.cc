@@ -17,6 +17,7 @@
 
 #include "core/data/documents.h"
 #include "core/data/random.h"
+#include "core/utc_time.h"
 
 namespace moelab {
 namespace fs = std::filesystem;
@@ -45,15 +46,6 @@ std::string HumanCount(double n) {
   if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
   if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
   return fmt::format("{:.0f}", n);
-}
-
-std::string UtcNow() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string Clock(double seconds) {
@@ -574,7 +566,7 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
       {"seed", o.seed},
       {"val_fraction", o.val_fraction},
       {"tokenizer_sample_documents", sample_docs},
-      {"created_at", UtcNow()},
+      {"created_at", UtcNowIso8601()},
       {"entropy_rate", nullptr},
       {"options", signature},
   };

@@ -108,9 +108,9 @@ class Backend : public BackendMemory {
 
   // --- Dense algebra. y = x·Wᵀ (+ y); W [out, in] row-major, inside the weight arena.
   virtual void Linear(const T* x, const T* w, int n, int in, int out, T* y, bool accumulate) = 0;
-  // dx = dy·W (+ dx), dW = dyᵀ·x (overwritten); dx may be null.
+  // dx = dy·W (+ dx), dW = dyᵀ·x (+ dW); dx may be null.
   virtual void LinearBackward(const T* x, const T* w, const T* dy, int n, int in, int out, T* dx,
-                              T* dw, bool accumulate_dx) = 0;
+                              T* dw, bool accumulate_dx, bool accumulate_dw) = 0;
   // Dense SwiGLU FFN y = W2·(silu(W1·x) ⊙ W3·x), keeping h1, h3, act for the backward; scratch
   // holds [n, 2·hidden].
   virtual void FfnForward(const T* x, int n, int d, int hidden, const T* w1, const T* w3,

@@ -89,8 +89,8 @@ class CpuBackend final : public Backend<T> {
     cpu::LinearForward(x, w, n, in, out, y, accumulate);
   }
   void LinearBackward(const T* x, const T* w, const T* dy, int n, int in, int out, T* dx, T* dw,
-                      bool accumulate_dx) override {
-    cpu::LinearBackward(x, w, dy, n, in, out, dx, dw, accumulate_dx);
+                      bool accumulate_dx, bool accumulate_dw) override {
+    cpu::LinearBackward(x, w, dy, n, in, out, dx, dw, accumulate_dx, accumulate_dw);
   }
   void FfnForward(const T* x, int n, int d, int hidden, const T* w1, const T* w3, const T* w2,
                   T* h1, T* h3, T* act, T* y) override {

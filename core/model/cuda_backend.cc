@@ -79,8 +79,9 @@ size_t AttentionScratch(bool flash, const cpu::AttentionDims& a) {
                : cuda::AttentionScratchSize(cuda::AttentionDims(a));
 }
 
-// Widest GEMM input and output gradient of a step, for the bf16 cast buffers of the memory plan.
-size_t CastWidths(const ModelConfig& m) {
+// Elements of the bf16 cast buffers at `rows` tokens (memory plan): the widest GEMM input, and
+// the widest output gradient (the LM head's: at most LogitChunkRows rows of the vocabulary).
+size_t CastElements(const ModelConfig& m, size_t rows) {
   const bool mla = m.attention == "mla";
   const size_t H = m.heads;
   const size_t qkv =
@@ -92,10 +93,12 @@ size_t CastWidths(const ModelConfig& m) {
                         static_cast<size_t>(m.q_lora_rank), static_cast<size_t>(m.kv_lora_rank)});
   const size_t out =
       std::max<size_t>({static_cast<size_t>(m.d_model), static_cast<size_t>(m.ffn_hidden), qkv,
-                        static_cast<size_t>(m.vocab_size), static_cast<size_t>(m.q_lora_rank),
-                        H * dqk, static_cast<size_t>(m.kv_lora_rank + m.qk_rope_head_dim),
+                        static_cast<size_t>(m.q_lora_rank), H * dqk,
+                        static_cast<size_t>(m.kv_lora_rank + m.qk_rope_head_dim),
                         H * (m.qk_nope_head_dim + m.v_head_dim)});
-  return in + out;
+  const size_t head =
+      static_cast<size_t>(LogitChunkRows(static_cast<int>(rows), m.vocab_size)) * m.vocab_size;
+  return rows * in + std::max(rows * out, head);
 }
 
 class CudaBackend;
@@ -187,15 +190,16 @@ class CudaBackend final : public Backend<float> {
     cuda::LinearForward<bf16>(xb, Bf16Of(w), n, in, out, y, accumulate);
   }
   void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
-                      float* dx, float* dw, bool accumulate_dx) override {
+                      float* dx, float* dw, bool accumulate_dx, bool accumulate_dw) override {
     ProfileScope ps(profiler_, "gemm");
     if (!use_bf16_) {
-      cuda::LinearBackward<float>(x, w, dy, n, in, out, dx, dw, accumulate_dx, false);
+      cuda::LinearBackward<float>(x, w, dy, n, in, out, dx, dw, accumulate_dx, accumulate_dw);
       return;
     }
     bf16* xb = Cast(x, &xb_, static_cast<size_t>(n) * in);
     bf16* dyb = Cast(dy, &dyb_, static_cast<size_t>(n) * out);
-    cuda::LinearBackward<bf16>(xb, Bf16Of(w), dyb, n, in, out, dx, dw, accumulate_dx, false);
+    cuda::LinearBackward<bf16>(xb, Bf16Of(w), dyb, n, in, out, dx, dw, accumulate_dx,
+                               accumulate_dw);
   }
   void FfnForward(const float* x, int n, int d, int hidden, const float* w1, const float* w3,
                   const float* w2, float* h1, float* h3, float* act, float* y) override {
@@ -222,10 +226,10 @@ class CudaBackend final : public Backend<float> {
     const size_t nf = static_cast<size_t>(n) * hidden;
     float* dact = scratch;  // [n,F], then dh1 = dact in place, dh3 in the second half
     float* dh3 = scratch + nf;
-    LinearBackward(act, w2, dy, n, hidden, d, dact, dw2, false);
+    LinearBackward(act, w2, dy, n, hidden, d, dact, dw2, false, false);
     cuda::SwigluActivationBackward(h1, h3, dact, nf, dact, dh3);
-    LinearBackward(x, w1, dact, n, d, hidden, dx, dw1, false);
-    LinearBackward(x, w3, dh3, n, d, hidden, dx, dw3, /*accumulate_dx=*/true);
+    LinearBackward(x, w1, dact, n, d, hidden, dx, dw1, false, false);
+    LinearBackward(x, w3, dh3, n, d, hidden, dx, dw3, /*accumulate_dx=*/true, false);
   }
 
   void RmsNorm(const float* x, const float* gain, int n, int d, double eps, float* y,
@@ -438,7 +442,7 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   // it through a device query, so the plan (which needs no GPU) takes a bound: double-buffered
   // int32 keys and values, plus 1 MiB.
   act += 8.0 * n + 8.0 * (2 * n + 2) + 16.0 * n + (1 << 20);
-  if (use_bf16) act += 2.0 * n * CastWidths(c.model);
+  if (use_bf16) act += 2.0 * static_cast<double>(CastElements(c.model, n));
   if (c.moe.enabled()) {
     act += static_cast<double>(MoeLayers(c.model, c.moe)) *
            static_cast<double>(cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16));

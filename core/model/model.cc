@@ -60,7 +60,8 @@ size_t Model<T>::Impl::LayoutActivations(int batch, size_t saved, size_t scratch
   res_final = take(n * d);
   lnf = take(n * d);
   rstdf = take(n);
-  logits = take(n * V);
+  logit_rows = LogitChunkRows(static_cast<int>(n), V);
+  logits = take(static_cast<size_t>(logit_rows) * V);
   dres = take(n * d);
   dln = take(n * d);
   datt = take(n * odim);
@@ -169,7 +170,7 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
       be->RmsNormGroupsBackward(a.qk_raw + qdim, ld, P + ly.k_norm, a.rstd_k, dqkv + qdim, qkv_dim,
                                 dqkv + qdim, qkv_dim, n, KVH, hd, G + ly.k_norm);
     }
-    be->LinearBackward(a.ln1, P + ly.wq, dqkv, n, d, qkv_dim, dln, G + ly.wq, false);
+    be->LinearBackward(a.ln1, P + ly.wq, dqkv, n, d, qkv_dim, dln, G + ly.wq, false, false);
     return;
   }
   const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
@@ -185,20 +186,55 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
   be->SumHeads(dkf, ldf, dqk, dn, dkva + rkv, lda, n, H, dr);
   be->Rope(dkva + rkv, n, S, lda, 1, dr, 0, dr, cs, sn, true);
   // kv path: dc_kv, then through the latent norm into the first rkv columns of dkva.
-  be->LinearBackward(a.ckv, P + ly.kv_b, dkvb, n, rkv, ldb, dcq, G + ly.kv_b, false);
+  be->LinearBackward(a.ckv, P + ly.kv_b, dkvb, n, rkv, ldb, dcq, G + ly.kv_b, false, false);
   be->RmsNormGroupsBackward(a.kva, lda, P + ly.kv_a_norm, a.rstd_kv, dcq, rkv, dkva, lda, n, 1, rkv,
                             G + ly.kv_a_norm);
-  be->LinearBackward(a.ln1, P + ly.kv_a, dkva, n, d, lda, dln, G + ly.kv_a, false);
+  be->LinearBackward(a.ln1, P + ly.kv_a, dkva, n, d, lda, dln, G + ly.kv_a, false, false);
   // q path, accumulating into dx̂.
   if (rq > 0) {
-    be->LinearBackward(a.cq, P + ly.q_b, dqb, n, rq, H * dqk, dcq, G + ly.q_b, false);
+    be->LinearBackward(a.cq, P + ly.q_b, dqb, n, rq, H * dqk, dcq, G + ly.q_b, false, false);
     be->RmsNormGroupsBackward(a.cq_raw, rq, P + ly.q_a_norm, a.rstd_cq, dcq, rq, dcq, rq, n, 1, rq,
                               G + ly.q_a_norm);
-    be->LinearBackward(a.ln1, P + ly.q_a, dcq, n, d, rq, dln, G + ly.q_a, /*accumulate_dx=*/true);
+    be->LinearBackward(a.ln1, P + ly.q_a, dcq, n, d, rq, dln, G + ly.q_a, /*accumulate_dx=*/true,
+                       false);
   } else {
     be->LinearBackward(a.ln1, P + ly.q_b, dqb, n, d, H * dqk, dln, G + ly.q_b,
-                       /*accumulate_dx=*/true);
+                       /*accumulate_dx=*/true, false);
   }
+}
+
+// LM head + cross-entropy over row chunks of at most LogitChunkRows rows, so the [n, vocab]
+// logits never exist at once (a 32k vocabulary at 32k rows would be 4 GiB of fp32): each
+// chunk's logits become its dlogits in place, and with backward its share of dW_head and of
+// d lnf (into dln) is formed at once. One chunk (every small model) is the unchunked
+// arithmetic bit for bit; several weight each chunk's mean by its share of the rows.
+template <typename T>
+LossTerms Model<T>::Impl::OutputLoss(int n, bool backward) {
+  T* P = params.data();
+  T* G = grads.data();
+  const size_t head = m.tie_embeddings ? embedding : lm_head;
+  const int chunk = std::min(LogitChunkRows(n, V), logit_rows);  // the arena's, at most
+  LossTerms total;
+  for (int r0 = 0; r0 < n; r0 += chunk) {
+    const int c = std::min(chunk, n - r0);
+    const T* x = lnf + static_cast<size_t>(r0) * d;
+    be->Linear(x, P + head, c, d, V, logits, false);
+    const LossTerms part =
+        be->CrossEntropy(logits, targets.data() + r0, c, V, m.z_loss, backward, row_scratch.data());
+    if (c == n) {
+      total = part;
+    } else {
+      const double w = static_cast<double>(c) / n;
+      total.loss += w * part.loss;
+      total.z_loss += w * part.z_loss;
+      if (backward) be->Scale(logits, static_cast<size_t>(c) * V, static_cast<T>(w));
+    }
+    if (backward) {
+      be->LinearBackward(x, P + head, logits, c, d, V, dln + static_cast<size_t>(r0) * d, G + head,
+                         false, /*accumulate_dw=*/r0 > 0);
+    }
+  }
+  return total;
 }
 
 template <typename T>
@@ -248,10 +284,7 @@ double Model<T>::Impl::Run(const int32_t* tokens, int batch, StepStats* stats, b
     be->Add(a.mid, dln, next, nd);
   }
   be->RmsNorm(res_final, P + final_norm, n, d, m.norm_eps, lnf, rstdf);
-  const T* head = P + (m.tie_embeddings ? embedding : lm_head);
-  be->Linear(lnf, head, n, d, V, logits, false);
-  const LossTerms ce =
-      be->CrossEntropy(logits, targets.data(), n, V, m.z_loss, backward, row_scratch.data());
+  const LossTerms ce = OutputLoss(n, backward);
   if (stats) {
     // S_max per (layer, head): the raw maximum, and after the soft-cap when there is one.
     be->ToHost(host_head_max.data(), head_max, sizeof(T) * host_head_max.size());
@@ -276,10 +309,8 @@ void Model<T>::Impl::Backward(int batch) {
   const int n = batch * S;
   T* P = params.data();
   T* G = grads.data();
-  // LM head: logits holds dlogits. dW_head is overwritten; with tied embeddings the token
-  // scatter below adds into the same tensor.
-  const size_t head = m.tie_embeddings ? embedding : lm_head;
-  be->LinearBackward(lnf, P + head, logits, n, d, V, dln, G + head, false);
+  // The LM head's gradients (dln = d lnf, dW_head) were formed with the loss (OutputLoss); with
+  // tied embeddings the token scatter below adds into the same tensor.
   if (!m.tie_embeddings) be->Zero(G + embedding, sizeof(T) * V * static_cast<size_t>(d));
   be->RmsNormBackward(res_final, P + final_norm, rstdf, dln, n, d, dres, G + final_norm, false);
   if (grad_ready) grad_ready(final_norm, arena);
@@ -295,7 +326,7 @@ void Model<T>::Impl::Backward(int batch) {
     }
     be->RmsNormBackward(a.mid, P + ly.ffn_norm, a.rstd2, dln, n, d, dres, G + ly.ffn_norm, true);
     // Attention block: dres += RMSNorm'(Attn'(wo'(dres))).
-    be->LinearBackward(a.att, P + ly.wo, dres, n, odim, d, datt, G + ly.wo, false);
+    be->LinearBackward(a.att, P + ly.wo, dres, n, odim, d, datt, G + ly.wo, false, false);
     AttentionBackward(l, n);
     be->RmsNormBackward(a.res, P + ly.attn_norm, a.rstd1, dln, n, d, dres, G + ly.attn_norm, true);
     if (grad_ready) grad_ready(layer_begin[l], l + 1 < L ? layer_begin[l + 1] : final_norm);

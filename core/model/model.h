@@ -5,6 +5,7 @@
 // train.device, whose memory holds the arenas (host memory on the CPU, device memory on CUDA).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -102,6 +103,14 @@ struct ExpertShard {
 
 template <typename T>
 class Backend;
+
+// Rows of logits the LM head + cross-entropy form at once: all `rows` while rows·vocab is at most
+// LogitChunkElements() (default 2^24: 64 MiB in fp32), else chunks of that many elements.
+int LogitChunkRows(int rows, int vocab);
+long LogitChunkElements();
+// For tests (several chunks on a small model) and memory experiments; not thread-safe: set it
+// before models run.
+void SetLogitChunkElements(long elements);
 
 template <typename T>
 class Model {

@@ -79,6 +79,8 @@ struct Model<T>::Impl {
   void Reserve(int batch);
   double Run(const int32_t* tokens, int batch, StepStats* stats, bool backward);
   void Backward(int batch);
+  // LM head + cross-entropy (+ their backward) over row chunks; see model.cc.
+  LossTerms OutputLoss(int n, bool backward);
   // x̂ = la[l].ln1 -> la[l].att; pair_max filled.
   void AttentionForward(int l, int n);
   // datt -> dln (= dx̂, overwritten); the layer's attention grads written.
@@ -124,7 +126,8 @@ struct Model<T>::Impl {
   T* res_final = nullptr;    // [n,d]
   T* lnf = nullptr;          // [n,d]
   T* rstdf = nullptr;        // [n]
-  T* logits = nullptr;       // [n,V], becomes dlogits
+  T* logits = nullptr;       // [logit_rows, V] one chunk's logits, become its dlogits
+  int logit_rows = 0;        // LogitChunkRows when the arena was carved
   T* dres = nullptr;         // [n,d] gradient of the residual stream
   T* dln = nullptr;          // [n,d] gradient of a norm output / FFN output scratch
   T* datt = nullptr;         // [n, odim]

@@ -200,6 +200,17 @@ Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard,
   host_head_max.resize(static_cast<size_t>(L) * H);
 }
 
+namespace {
+long logit_chunk_elements = 1L << 24;
+}  // namespace
+
+long LogitChunkElements() { return logit_chunk_elements; }
+void SetLogitChunkElements(long elements) { logit_chunk_elements = std::max(1L, elements); }
+int LogitChunkRows(int rows, int vocab) {
+  const long fit = std::max<long>(1, logit_chunk_elements / std::max(1, vocab));
+  return static_cast<int>(std::min<long>(rows, fit));
+}
+
 template <typename T>
 Model<T>::Model(const RunConfig& config, ExpertShard shard)
     : Model(config, shard, MakeBackend<T>(config)) {}

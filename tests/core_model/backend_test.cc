@@ -71,9 +71,9 @@ class CheckingBackend final : public Backend<T> {
     cpu_->Linear(x, w, n, in, out, y, acc);
   }
   void LinearBackward(const T* x, const T* w, const T* dy, int n, int in, int out, T* dx, T* dw,
-                      bool acc) override {
+                      bool acc_dx, bool acc_dw) override {
     All("LinearBackward", {x, w, dy, dx, dw});
-    cpu_->LinearBackward(x, w, dy, n, in, out, dx, dw, acc);
+    cpu_->LinearBackward(x, w, dy, n, in, out, dx, dw, acc_dx, acc_dw);
   }
   void FfnForward(const T* x, int n, int d, int h, const T* w1, const T* w3, const T* w2, T* h1,
                   T* h3, T* act, T* y) override {

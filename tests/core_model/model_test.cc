@@ -171,11 +171,33 @@ TEST(ModelInit, DeterministicScaledAndPaddingZero) {
 struct Variant {
   std::string name;
   RunConfig config;
+  long logit_chunk_elements = 0;  // > 0: the LM head + cross-entropy in chunks of this size
+};
+
+// Sets the logit chunk size for a scope (0: leave it).
+class LogitChunkScope {
+ public:
+  explicit LogitChunkScope(long elements) : saved_(LogitChunkElements()) {
+    if (elements > 0) SetLogitChunkElements(elements);
+  }
+  ~LogitChunkScope() { SetLogitChunkElements(saved_); }
+
+ private:
+  long saved_;
 };
 
 std::vector<Variant> Variants() {
   std::vector<Variant> v;
   v.push_back({"mha_dense_untied", Tiny()});
+  {
+    // 16 rows per forward in chunks of 3 rows (the last one short), tied and untied, with the
+    // z-loss: the chunked LM head + cross-entropy (model.cc, OutputLoss).
+    RunConfig c = Tiny();
+    c.model.z_loss = 1e-3;
+    v.push_back({"chunked_logits_untied_zloss", c, 3L * c.model.vocab_size});
+    c.model.tie_embeddings = true;
+    v.push_back({"chunked_logits_tied", c, 3L * c.model.vocab_size});
+  }
   {
     RunConfig c = Tiny();
     c.model.kv_heads = 2;
@@ -266,6 +288,7 @@ class ModelGrad : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(ModelGrad, EveryTensorMatchesFiniteDifferences) {
   const RunConfig& c = GetParam().config;
+  const LogitChunkScope chunks(GetParam().logit_chunk_elements);
   // Thousands of tiny forwards: OpenMP fork/join would cost more than the work.
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);
@@ -677,6 +700,39 @@ TEST(ModelBatch, GrowingAndShrinkingBatchReusesTheArena) {
   std::vector<int32_t> bad = tokens;
   bad[0] = c.model.vocab_size;
   EXPECT_THROW(m.Forward(bad.data(), 1, nullptr), std::out_of_range);
+}
+
+// The chunked LM head + cross-entropy (issue 25: the [n, vocab] logits never exist at once)
+// against the unchunked one on a float model: the same loss and gradients up to float rounding,
+// and an activation arena smaller by the logits it no longer holds.
+TEST(ModelOutput, ChunkedLogitsMatchUnchunkedAndShrinkTheArena) {
+  RunConfig c = TinyMoe();
+  c.model.vocab_size = 256;
+  c.model.z_loss = 1e-4;
+  const int batch = 4;  // 32 rows
+  const auto tokens = RandomTokens(batch, c.model.seq_len, c.model.vocab_size, 9);
+  auto run = [&](long chunk, std::vector<float>* grads, size_t* bytes) {
+    const LogitChunkScope scope(chunk);
+    Model<float> m(c);
+    m.Init(4);
+    StepStats s;
+    const double obj = m.ForwardBackward(tokens.data(), batch, &s);
+    grads->assign(m.grads(), m.grads() + m.num_params());
+    *bytes = m.activation_bytes();
+    return obj;
+  };
+  std::vector<float> whole, chunked;
+  size_t whole_bytes = 0, chunked_bytes = 0;
+  const double a = run(0, &whole, &whole_bytes);
+  const double b = run(5L * c.model.vocab_size, &chunked, &chunked_bytes);  // 7 chunks
+  EXPECT_NEAR(b, a, 1e-6 * std::abs(a));
+  double gmax = 0, diff = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    gmax = std::max(gmax, static_cast<double>(std::abs(whole[i])));
+    diff = std::max(diff, static_cast<double>(std::abs(whole[i] - chunked[i])));
+  }
+  EXPECT_LT(diff, 1e-5 * gmax);
+  EXPECT_LE(chunked_bytes + sizeof(float) * (32 - 5) * c.model.vocab_size, whole_bytes);
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ TEST_F(GuiControls, PromoteTabIsDrivenByScript) {
   // ... and a real one is planned as the Plan button would.
   const std::string script =
       "promote-set sweep heads\npromote-set family heads=8\npromote-set budget 1e15\n"
-      "promote-set threads 1\npromote-plan\nwait-promote ok 120\nscreenshot " +
+      "promote-set threads 1\npromote-plan\nwait-promote ok 240\nscreenshot " +
       png + "\nquit\n";
   ASSERT_EQ(testing::RunGuiScript(db, script, *dir_ / "promote.log"), 0)
       << test::Slurp(*dir_ / "promote.log");
