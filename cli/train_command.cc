@@ -14,13 +14,14 @@
 #include "core/config.h"
 #include "core/data/data.h"
 #include "core/device.h"
-#include "core/model/cuda_backend.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
 #include "core/flops.h"
 #include "core/host.h"
+#include "core/model/cuda_backend.h"
 #include "core/run_shape.h"
 #include "core/train/checkpoint.h"
+#include "core/train/micro_batch.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
@@ -216,6 +217,8 @@ void AddTrainCommand(CLI::App& app) {
         throw ConfigError("train.device", e.what());
       }
       if (config.train.device == "cuda") {
+        RequireCudaSupports(config, layout.world, layout.ep,
+                            PlanMicroBatches(config, layout.local_batch).count());
         try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
           RequireCudaMemory(config, layout.local_batch, leader);
         } catch (const DeviceError& e) {

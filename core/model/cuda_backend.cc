@@ -499,6 +499,22 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 
 #endif
 
+void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel, int micro_batches) {
+  if (c.train.device != "cuda") return;
+  if (expert_parallel > 1) {
+    throw ConfigError("dist.expert_parallel",
+                      "expert parallelism on train.device \"cuda\" is not available yet (the "
+                      "device MoE layer has no all-to-all); use data parallelism, with dist.zero1 "
+                      "to shard the optimizer state");
+  }
+  if (c.moe.enabled() && c.moe.balance == "aux_loss" && (world > 1 || micro_batches > 1)) {
+    throw ConfigError("moe.balance",
+                      "\"aux_loss\" over several ranks or micro-batches needs the global-batch "
+                      "statistics the device MoE layer does not have yet; use \"aux_free\" (the "
+                      "default) or one rank without train.micro_batch");
+  }
+}
+
 std::string DeviceMemoryPlan::Describe() const {
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   return fmt::format(

@@ -154,12 +154,11 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     // job's MPI world; host-side collectives (statistics, checkpoints, stop) stay on `comm`.
     std::unique_ptr<NcclCommunicator> nccl;
     Communicator* grad_comm = comm;
+    if (on_cuda) {
+      RequireCudaSupports(c, layout.world, layout.ep,
+                          PlanMicroBatches(c, layout.local_batch).count());
+    }
     if (on_cuda && layout.world > 1) {
-      if (layout.ep > 1) {
-        throw std::runtime_error(
-            "dist.expert_parallel > 1 with train.device \"cuda\": not yet (the device MoE layer "
-            "has no all-to-all); use data parallelism, with dist.zero1 to shard the optimizer");
-      }
       if (comm->kind() != "nccl") {
         nccl = NcclCommunicator::Create();
         grad_comm = nccl.get();

@@ -15,6 +15,7 @@
 
 #include "core/config.h"
 #include "core/metrics.h"
+#include "core/model/cuda_backend.h"
 #include "core/train/trainer.h"
 
 namespace moelab {
@@ -58,9 +59,9 @@ TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
   // The canonical form without the new fields is what ConfigHash hashed before they existed.
   json j = ConfigToJson(defaults);
   for (const char* k : {"threads", "device", "precision", "micro_batch"}) j["train"].erase(k);
-  j["checkpoint"] = json::object();  // every checkpoint field is unhashed
-  j.erase("dist");                   // as are the dist fields (ConfigHash drops the section)
-  j["optimizer"].erase("adamw_lr");  // unset adamw_lr is left out of the hash (issue 13)
+  j["checkpoint"] = json::object();        // every checkpoint field is unhashed
+  j.erase("dist");                         // as are the dist fields (ConfigHash drops the section)
+  j["optimizer"].erase("adamw_lr");        // unset adamw_lr is left out of the hash (issue 13)
   j["optimizer"]["muon_nesterov"] = true;  // AdamW configs hash with the old Muon default
   j["moe"]["balance"] = "aux_loss";  // dense configs hash with the old balance default (issue 23)
   EXPECT_EQ(ConfigHash(defaults), Sha256Hex(CanonicalJson(j)));
@@ -189,6 +190,37 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
   EXPECT_NE(out.find(QueryCudaDevices().reason), std::string::npos) << out;
   EXPECT_EQ(out.find("GFLOP/s"), std::string::npos) << out;
   fs::remove(log);
+}
+
+// What the CUDA backend cannot run yet is a config error naming the JSON path, decided from the
+// config alone (so it runs here): expert parallelism, and the Switch aux loss over several ranks
+// or micro-batches; ZeRO-1 and plain data parallelism pass; a CPU config is never refused.
+TEST(CudaSupports, RefusesWhatTheBackendLacksByPath) {
+  RunConfig c;
+  c.train.device = "cuda";
+  c.moe.experts_total = 8;
+  c.moe.experts_active = 2;
+  c.moe.expert_hidden = 16;
+  c.dist.zero1 = true;
+  EXPECT_NO_THROW(RequireCudaSupports(c, 4, 1, 1));
+  try {
+    RequireCudaSupports(c, 4, 2, 1);
+    ADD_FAILURE() << "expert parallelism accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "dist.expert_parallel");
+  }
+  c.moe.balance = "aux_loss";
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1, 1));
+  for (auto [world, micro] : {std::pair{2, 1}, std::pair{1, 4}}) {
+    try {
+      RequireCudaSupports(c, world, 1, micro);
+      ADD_FAILURE() << "aux_loss accepted at world " << world << ", micro-batches " << micro;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.path(), "moe.balance");
+    }
+  }
+  c.train.device = "cpu";
+  EXPECT_NO_THROW(RequireCudaSupports(c, 4, 2, 4));
 }
 
 }  // namespace
