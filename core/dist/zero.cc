@@ -6,6 +6,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/cpu/sum_squares.h"
+
 namespace moelab {
 
 namespace {
@@ -95,25 +97,7 @@ std::vector<size_t> ChunkCounts(const std::vector<ArenaRange>& ranges, size_t a,
   return c;
 }
 
-double RangeSquares(const float* g, ArenaRange r) {
-  constexpr size_t kChunk = 1 << 16;
-  const size_t n = r.size();
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static)
-  for (size_t c = 0; c < chunks; ++c) {
-    double s = 0;
-    const size_t end = std::min(n, (c + 1) * kChunk);
-    for (size_t i = c * kChunk; i < end; ++i) {
-      const double x = g[r.begin + i];
-      s += x * x;
-    }
-    partial[c] = s;
-  }
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
-}
+double RangeSquares(const float* g, ArenaRange r) { return cpu::SumSquares(g + r.begin, r.size()); }
 
 ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<ParamInfo>& params,
                                    size_t num_params, Communicator& comm, Backend<float>& backend)

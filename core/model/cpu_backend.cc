@@ -19,6 +19,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sum_squares.h"
 #include "kernels/cpu/swiglu.h"
 
 namespace moelab {
@@ -202,22 +203,7 @@ class CpuBackend final : public Backend<T> {
     return std::make_unique<CpuMoe<T>>(m, e, first, count);
   }
 
-  // Chunks of 2^16 summed in order: the same bits for every thread count.
-  double SumSquares(const T* x, size_t n) override {
-    constexpr size_t kChunk = 1 << 16;
-    const size_t chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < chunks; ++c) {
-      double s = 0;
-      const size_t end = std::min(n, (c + 1) * kChunk);
-      for (size_t i = c * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
-      partial[c] = s;
-    }
-    double total = 0;
-    for (double p : partial) total += p;
-    return total;
-  }
+  double SumSquares(const T* x, size_t n) override { return cpu::SumSquares(x, n); }
   void Scale(T* x, size_t n, T s) override {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) x[i] *= s;
