@@ -4,6 +4,7 @@
 Usage: analyze.py export.json [export-seed2.json export-seed3.json ...]
        analyze.py --long export-long.json export.json
        analyze.py --iso-token export.json out.json
+       moelab fit --inputs ... --json | analyze.py --t-ratios
 
 Every budget trains all sparsities on the same tokens with active FLOPs per token within 4 %, so
 the final validation losses at one budget compare the sparsities directly, without a fitted law
@@ -20,6 +21,11 @@ the final validation losses at one budget compare the sparsities directly, witho
 the relative gap) and the reproduction check: each budget the long export shares with the
 reference export (seed 1's 3200-step runs) must give the same final loss; it prints the
 difference and whether the two are bit for bit equal.
+
+--t-ratios reads `moelab fit --json` on stdin and prints, next to fit's seed bootstrap, a 90 %
+Student t interval over seeds on the log of each model-free FLOPs ratio (per-seed values from
+fit's model_free rows): a parametric cross-check that, unlike a bootstrap over 3-4 seeds, can
+reach beyond the range of the per-seed values.
 
 --iso-token writes a copy of the export whose compute axis leaves the router out: every run's
 FLOPs become tokens × the smallest sparsity's FLOPs per token (the sparsities differ only in the
@@ -162,11 +168,35 @@ def long_trunk(long_path, ref_path):
               f"difference {a - b:+.3e} ({'bit for bit equal' if a == b else 'NOT equal'})")
 
 
+def t_ratios(fit):
+    mf = fit["model_free"]
+    print(f"Model-free FLOPs ratio to S={mf['reference']}: geometric mean over seeds, 90 % t "
+          "interval on the log ratio over seeds (fit's bootstrap interval for comparison)\n")
+    print("| L* | sparsity | seeds | ratio | 90 % t interval | bootstrap interval |")
+    print("|---|---|---|---|---|---|")
+    for r in sorted(mf["rows"], key=lambda r: (r["target_loss"], int(r["family"]))):
+        logs = [math.log(a / b) for a, b in zip(r["flops_family"], r["flops_reference"])]
+        m = statistics.fmean(logs)
+        boot = r["flops_ratio"]
+        boot_text = (f"[{boot['lo']:.3f}, {boot['hi']:.3f}]"
+                     if boot.get("lo") is not None else "none")
+        if len(logs) < 2:
+            t_text = "none (one seed)"
+        else:
+            half = T90[len(logs) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+            t_text = f"[{math.exp(m - half):.3f}, {math.exp(m + half):.3f}]"
+        print(f"| {r['target_loss']:.2f} | {r['family']} | {len(logs)} | {math.exp(m):.3f} | "
+              f"{t_text} | {boot_text} |")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     if sys.argv[1] == "--iso-token":
         iso_token(sys.argv[2], sys.argv[3])
+        return
+    if sys.argv[1] == "--t-ratios":
+        t_ratios(json.load(sys.stdin))
         return
     if sys.argv[1] == "--long":
         long_trunk(sys.argv[2], sys.argv[3])
