@@ -1,12 +1,14 @@
 // moelab: data, train, db, config and bench for the MoE research workbench.
-#include <cstdio>
-
 #include <fmt/format.h>
 
+#include <cstdio>
+
+#include "cli/build_info.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"moelab: a workbench for Mixture-of-Experts language models"};
+  app.set_version_flag("--version", std::string("moelab ") + moelab::cli::BuildCommit());
   app.require_subcommand(1);
   moelab::cli::AddDataCommand(app);
   moelab::cli::AddTrainCommand(app);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/train_resume.h"
 #include "core/config.h"
@@ -295,6 +296,9 @@ void AddTrainCommand(CLI::App& app) {
         if (writer) {
           db::RunWriter::SetRunLayout(args->db, writer->run_id(), layout.world, layout.dp,
                                       layout.ep);
+          // Builds need not reproduce each other's losses bit for bit (one build does): every
+          // (re)start records the build it ran, the last one winning.
+          db::RunWriter::SetRunVar(args->db, writer->run_id(), "build.commit", BuildCommit());
         }
       } catch (const TrainRefused& e) {
         fmt::print(stderr, "moelab train: {}\n", e.what());

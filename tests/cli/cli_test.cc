@@ -99,6 +99,11 @@ TEST_F(CliTest, TrainsAndRecords) {
   EXPECT_EQ(m->layers, 2);
   EXPECT_EQ(m->heads, 2);
   EXPECT_EQ(reader.GetExpertLoads(runs[0].id).steps.size(), 20u);
+  // The build it ran on is recorded, as `moelab --version` names it.
+  const std::string commit = reader.RunVars(runs[0].id)["build.commit"];
+  EXPECT_FALSE(commit.empty());
+  ASSERT_EQ(Wait(Spawn({"--version"}, Log())), 0);
+  EXPECT_EQ(Slurp(Log()), "moelab " + commit + "\n");
   // --resume of a finished run does nothing.
   EXPECT_EQ(Wait(Spawn({"train", WriteConfig(20), "--db", db_, "--resume"}, Log())), 0);
   EXPECT_EQ(db::Reader(db_).ListRuns().size(), 1u);
