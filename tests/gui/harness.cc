@@ -18,15 +18,23 @@ bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 
 int RunGuiScript(const std::string& db, const std::string& script, const std::string& log,
                  const std::string& extra) {
   std::ofstream(log + ".script") << script;
+  // The app's own exit status goes to a file, since xvfb-run's can differ from it: 1 when Xvfb
+  // fails to start (two parallel tests racing for a display with -a), 5 when removing its
+  // temporary directory fails after the app has exited. Only a start that never ran the app is
+  // retried.
+  const std::string status = log + ".status";
   const std::string db_arg = db.empty() ? "" : " --db '" + db + "'";
-  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" timeout 300 " +
-                          test::BinPath("moelab-gui") + db_arg + " " + extra + " --script '" + log +
-                          ".script' > '" + log + "' 2>&1";
+  std::ofstream(log + ".sh") << "timeout 300 '" << test::BinPath("moelab-gui") << "'" << db_arg
+                             << " " << extra << " --script '" << log << ".script' > '" << log
+                             << "' 2>&1\necho $? > '" << status << "'\n";
+  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" sh '" + log + ".sh'";
   int rc = -1;
-  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::filesystem::remove(status);
     rc = std::system(cmd.c_str());
-    // xvfb-run -a can race for a display with a parallel test: retry only that failure.
-    if (rc != 0 && test::Slurp(log).find("moelab-gui: script") != std::string::npos) break;
+    std::ifstream in(status);
+    int app = -1;
+    if (in >> app) return app;
   }
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
 }
