@@ -93,6 +93,17 @@ class MoeOp {
   virtual size_t workspace_bytes() const = 0;
 };
 
+// Attention that keeps its probabilities (the CPU kernel, CUDA's reference path) saves them
+// [B,H,S,S], then, when soft-capping, the capped logits of the same size: what it saves, and
+// where the capped part starts (null without a soft-cap).
+inline size_t ProbabilitiesSaved(const cpu::AttentionDims& a) {
+  return (a.softcap > 0 ? 2 : 1) * static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
+}
+template <typename T>
+T* CappedPart(T* saved, const cpu::AttentionDims& a) {
+  return a.softcap > 0 ? saved + static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq : nullptr;
+}
+
 struct LossTerms {
   double loss = 0;    // mean cross-entropy
   double z_loss = 0;  // coefficient included

@@ -122,20 +122,18 @@ class CpuBackend final : public Backend<T> {
 
   // Probabilities [B,H,S,S], then (soft-capping) the capped logits.
   size_t AttentionSavedElements(const cpu::AttentionDims& a) override {
-    return (a.softcap > 0 ? 2 : 1) * Square(a);
+    return ProbabilitiesSaved(a);
   }
   size_t AttentionScratchElements(const cpu::AttentionDims& a) override {
     return cpu::AttentionScratchSize(a, omp_get_max_threads());
   }
   void AttentionForward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v, T* saved,
                         T* out, T* pair_max) override {
-    cpu::AttentionForward(a, q, k, v, saved, a.softcap > 0 ? saved + Square(a) : nullptr, out,
-                          pair_max);
+    cpu::AttentionForward(a, q, k, v, saved, CappedPart(saved, a), out, pair_max);
   }
   void AttentionBackward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v, const T*,
                          const T* saved, const T* dout, T* dq, T* dk, T* dv, T* scratch) override {
-    cpu::AttentionBackward(a, q, k, v, saved, a.softcap > 0 ? saved + Square(a) : nullptr, dout, dq,
-                           dk, dv, scratch);
+    cpu::AttentionBackward(a, q, k, v, saved, CappedPart(saved, a), dout, dq, dk, dv, scratch);
   }
   void HeadMax(const T* pair_max, int batch, int heads, T* head_max) override {
     for (int h = 0; h < heads; ++h) {
@@ -230,11 +228,6 @@ class CpuBackend final : public Backend<T> {
       T* p = arena + r.offset;
       for (size_t i = 0; i < r.count; ++i) p[i] *= r.factor;
     }
-  }
-
- private:
-  static size_t Square(const cpu::AttentionDims& a) {
-    return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
   }
 };
 

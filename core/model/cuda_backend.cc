@@ -71,7 +71,7 @@ bool ChooseFlash(const RunConfig& c) {
 
 size_t AttentionSaved(bool flash, const cpu::AttentionDims& a) {
   if (flash) return static_cast<size_t>(a.batch) * a.heads * a.seq;  // log-sum-exp rows
-  return (a.softcap > 0 ? 2 : 1) * static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
+  return ProbabilitiesSaved(a);
 }
 
 size_t AttentionScratch(bool flash, const cpu::AttentionDims& a) {
@@ -267,7 +267,7 @@ class CudaBackend final : public Backend<float> {
       cuda::FlashAttentionForward<float>(cuda::AttentionDims(a), q, k, v, out, saved, pair_max);
       return;
     }
-    float* capped = a.softcap > 0 ? saved + Square(a) : nullptr;
+    float* capped = CappedPart(saved, a);
     cuda::AttentionForward(cuda::AttentionDims(a), q, k, v, saved, capped, out, pair_max);
   }
   void AttentionBackward(const cpu::AttentionDims& a, const float* q, const float* k,
@@ -279,7 +279,7 @@ class CudaBackend final : public Backend<float> {
                                           dv, scratch);
       return;
     }
-    const float* capped = a.softcap > 0 ? saved + Square(a) : nullptr;
+    const float* capped = CappedPart(saved, a);
     cuda::AttentionBackward(cuda::AttentionDims(a), q, k, v, saved, capped, dout, dq, dk, dv,
                             scratch);
   }
@@ -361,9 +361,6 @@ class CudaBackend final : public Backend<float> {
   CudaOpProfiler* profiler() const { return profiler_; }
 
  private:
-  static size_t Square(const cpu::AttentionDims& a) {
-    return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
-  }
   // x cast to bf16 in *buf (grown to the widest GEMM operand seen).
   static bf16* Cast(const float* x, cuda::DeviceBuffer<bf16>* buf, size_t n) {
     if (buf->size() < n) buf->Resize(n);

@@ -76,4 +76,48 @@ MoeBatchStatsHook StepAuxStats::Replayer() {
   };
 }
 
+double ForwardBackwardMicroBatched(Model<float>& model, const int32_t* tokens, int seq_len,
+                                   const MicroBatchPlan& plan, StepStats* stats,
+                                   GradAccumulator& acc, StepAuxStats* aux) {
+  if (plan.count() <= 1) return model.ForwardBackward(tokens, plan.rows, stats);
+  const size_t row = static_cast<size_t>(seq_len) + 1;
+  if (aux) {
+    model.SetMoeBatchStatsHook(aux->Recorder());
+    for (int i = 0; i < plan.count(); ++i) {
+      model.Forward(tokens + plan.begin(i) * row, plan.size(i), nullptr);
+    }
+    aux->Combine();
+    model.SetMoeBatchStatsHook(aux->Replayer());
+  }
+  StepStats part;
+  double objective = 0;
+  const int last = plan.count() - 1;
+  for (int i = 0; i <= last; ++i) {
+    const double w = plan.weight(i);
+    objective += w * model.ForwardBackward(tokens + plan.begin(i) * row, plan.size(i), &part);
+    if (i < last) {
+      acc.Add(model.grads(), w, i == 0);
+    } else {
+      acc.Finish(model.grads(), w);
+    }
+    AccumulateStats(part, w, i == 0, stats);
+  }
+  if (aux) model.SetMoeBatchStatsHook(aux->ranks());
+  return objective;
+}
+
+double ForwardMicroBatched(Model<float>& model, const int32_t* tokens, int seq_len,
+                           const MicroBatchPlan& plan, StepStats* stats) {
+  if (plan.count() <= 1) return model.Forward(tokens, plan.rows, stats);
+  const size_t row = static_cast<size_t>(seq_len) + 1;
+  StepStats part;
+  double objective = 0;
+  for (int i = 0; i < plan.count(); ++i) {
+    const double w = plan.weight(i);
+    objective += w * model.Forward(tokens + plan.begin(i) * row, plan.size(i), &part);
+    AccumulateStats(part, w, i == 0, stats);
+  }
+  return objective;
+}
+
 }  // namespace moelab

@@ -14,6 +14,7 @@
 
 #include "core/config.h"
 #include "core/model/backend.h"
+#include "core/model/model.h"
 #include "core/model/moe.h"
 #include "core/model/step_stats.h"
 
@@ -83,56 +84,13 @@ class StepAuxStats {
 
 // tokens: the rank's rows [plan.rows, seq_len + 1]. Returns the step's objective; stats gets the
 // merged statistics and model.grads() the step's gradient. aux: the step's aux-loss statistics
-// (balance "aux_loss" on a model with MoE batch hooks), or null.
-template <class ModelT, class Accumulator>
-double ForwardBackwardMicroBatched(ModelT& model, const int32_t* tokens, int seq_len,
-                                   const MicroBatchPlan& plan, StepStats* stats, Accumulator& acc,
-                                   StepAuxStats* aux = nullptr) {
-  if (plan.count() <= 1) return model.ForwardBackward(tokens, plan.rows, stats);
-  const size_t row = static_cast<size_t>(seq_len) + 1;
-  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
-    if (aux) {
-      model.SetMoeBatchStatsHook(aux->Recorder());
-      for (int i = 0; i < plan.count(); ++i) {
-        model.Forward(tokens + plan.begin(i) * row, plan.size(i), nullptr);
-      }
-      aux->Combine();
-      model.SetMoeBatchStatsHook(aux->Replayer());
-    }
-  }
-  StepStats part;
-  double objective = 0;
-  const int last = plan.count() - 1;
-  for (int i = 0; i <= last; ++i) {
-    const double w = plan.weight(i);
-    objective += w * model.ForwardBackward(tokens + plan.begin(i) * row, plan.size(i), &part);
-    if (i < last) {
-      acc.Add(model.grads(), w, i == 0);
-    } else {
-      acc.Finish(model.grads(), w);
-    }
-    AccumulateStats(part, w, i == 0, stats);
-  }
-  if constexpr (requires { model.SetMoeBatchStatsHook(MoeBatchStatsHook{}); }) {
-    if (aux) model.SetMoeBatchStatsHook(aux->ranks());
-  }
-  return objective;
-}
+// (balance "aux_loss"), or null.
+double ForwardBackwardMicroBatched(Model<float>& model, const int32_t* tokens, int seq_len,
+                                   const MicroBatchPlan& plan, StepStats* stats,
+                                   GradAccumulator& acc, StepAuxStats* aux = nullptr);
 
 // Forward only (evaluation), in the same micro-batches.
-template <class ModelT>
-double ForwardMicroBatched(ModelT& model, const int32_t* tokens, int seq_len,
-                           const MicroBatchPlan& plan, StepStats* stats) {
-  if (plan.count() <= 1) return model.Forward(tokens, plan.rows, stats);
-  const size_t row = static_cast<size_t>(seq_len) + 1;
-  StepStats part;
-  double objective = 0;
-  for (int i = 0; i < plan.count(); ++i) {
-    const double w = plan.weight(i);
-    objective += w * model.Forward(tokens + plan.begin(i) * row, plan.size(i), &part);
-    AccumulateStats(part, w, i == 0, stats);
-  }
-  return objective;
-}
+double ForwardMicroBatched(Model<float>& model, const int32_t* tokens, int seq_len,
+                           const MicroBatchPlan& plan, StepStats* stats);
 
 }  // namespace moelab

@@ -150,13 +150,14 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     }
     const DistLayout layout = MakeDistLayout(c, comm->world_size(), comm->rank());
     const int local_batch = layout.local_batch;
+    // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
+    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
     // Several ranks on GPUs reduce their device gradients through NCCL, bootstrapped over the
     // job's MPI world; host-side collectives (statistics, checkpoints, stop) stay on `comm`.
     std::unique_ptr<NcclCommunicator> nccl;
     Communicator* grad_comm = comm;
     if (on_cuda) {
-      RequireCudaSupports(c, layout.world, layout.ep,
-                          PlanMicroBatches(c, layout.local_batch).count());
+      RequireCudaSupports(c, layout.world, layout.ep, micro.count());
     }
     if (on_cuda && layout.world > 1) {
       if (comm->kind() != "nccl") {
@@ -214,8 +215,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     // it (core/dist/grad_overlap.h), with the bits of the reduction after the backward. Not with
     // micro-batches: their gradients are final only after the accumulator's last pass.
     std::unique_ptr<OverlappedGradReduce> overlap;
-    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap && host &&
-        PlanMicroBatches(c, local_batch).count() == 1) {
+    if (layout.world > 1 && !zero && !sharded_ep && c.dist.overlap && host && micro.count() == 1) {
       overlap = std::make_unique<OverlappedGradReduce>(*comm, model.grads(), model.num_params(),
                                                        c.dist.bucket_mb);
       model.SetGradReadyHook([o = overlap.get()](size_t b, size_t e) { o->Ready(b, e); });
@@ -411,9 +411,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     const int32_t* local_tokens =
         tokens.data() + static_cast<size_t>(comm->rank()) * local_batch * (S + 1);
     StepStats stats;
-    // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
-    const MicroBatchPlan micro = PlanMicroBatches(c, local_batch);
-    GradAccumulator accumulator(be, model.num_params());
+    GradAccumulator accumulator(be, model.num_params());  // allocated only when the batch splits
     // The Switch aux loss over micro-batches takes the step's statistics (one extra forward).
     std::unique_ptr<StepAuxStats> step_aux;
     if (micro.count() > 1 && c.moe.enabled() && c.moe.balance == "aux_loss") {
