@@ -218,8 +218,7 @@ void AddTrainCommand(CLI::App& app) {
         throw ConfigError("train.device", e.what());
       }
       if (config.train.device == "cuda") {
-        RequireCudaSupports(config, layout.world, layout.ep,
-                            PlanMicroBatches(config, layout.local_batch).count());
+        RequireCudaSupports(config, layout.world, layout.ep);
         try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
           RequireCudaMemory(config, layout.local_batch, leader);
         } catch (const DeviceError& e) {

@@ -19,11 +19,12 @@ void AllReduceBuckets(Communicator& comm, float* g, ArenaRange r, size_t bucket)
 }
 
 // Σ g² over the parts of ranges inside mine, range by range in order.
-double SquaresWithin(const float* g, const std::vector<ArenaRange>& ranges, ArenaRange mine) {
+double SquaresWithin(Backend<float>& be, const float* g, const std::vector<ArenaRange>& ranges,
+                     ArenaRange mine) {
   double sq = 0;
   for (const ArenaRange& r : ranges) {
     const ArenaRange cut{std::max(r.begin, mine.begin), std::min(r.end, mine.end)};
-    if (cut.begin < cut.end) sq += RangeSquares(g, cut);
+    if (cut.begin < cut.end) sq += be.SumSquares(g + cut.begin, cut.size());
   }
   return sq;
 }
@@ -72,15 +73,13 @@ std::vector<ArenaRange> NonExpertRanges(const std::vector<ParamInfo>& params, si
   return out;
 }
 
-void ReduceExpertParallelGradients(Communicator& world, Communicator& dp,
+void ReduceExpertParallelGradients(Communicator& world, Communicator& dp, Backend<float>& be,
                                    const std::vector<ParamInfo>& params, float* g, size_t n,
                                    double bucket_mb) {
   const size_t bucket = BucketElements(bucket_mb);
   for (const ArenaRange& r : NonExpertRanges(params, n)) AllReduceBuckets(world, g, r, bucket);
   for (const ArenaRange& r : ExpertRanges(params, n)) AllReduceBuckets(dp, g, r, bucket);
-  const float scale = 1.0f / static_cast<float>(world.world_size());
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) g[i] *= scale;
+  be.Scale(g, n, 1.0f / static_cast<float>(world.world_size()));
 }
 
 void SumNonExpertOverExpertGroup(Communicator& ep, const std::vector<ParamInfo>& params, float* g,
@@ -89,12 +88,12 @@ void SumNonExpertOverExpertGroup(Communicator& ep, const std::vector<ParamInfo>&
   for (const ArenaRange& r : NonExpertRanges(params, n)) AllReduceBuckets(ep, g, r, bucket);
 }
 
-double ExpertParallelGradNorm(Communicator& ep, Communicator* dp,
+double ExpertParallelGradNorm(Communicator& ep, Communicator* dp, Backend<float>& be,
                               const std::vector<ParamInfo>& params, const float* g, size_t n,
                               ArenaRange mine) {
   // [replicated, expert] squares of this rank's part.
-  std::vector<double> sq = {SquaresWithin(g, NonExpertRanges(params, n), mine),
-                            SquaresWithin(g, ExpertRanges(params, n), mine)};
+  std::vector<double> sq = {SquaresWithin(be, g, NonExpertRanges(params, n), mine),
+                            SquaresWithin(be, g, ExpertRanges(params, n), mine)};
   if (dp != nullptr) sq = SumPairsInRankOrder(*dp, sq);
   ep.AllReduceSum(&sq[1], 1);  // the other experts' squares
   return std::sqrt(sq[0] + sq[1]);

@@ -17,6 +17,7 @@
 
 #include "core/dist/communicator.h"
 #include "core/dist/zero.h"
+#include "core/model/backend.h"
 #include "core/model/model.h"
 
 namespace moelab {
@@ -27,8 +28,9 @@ std::vector<ArenaRange> ExpertRanges(const std::vector<ParamInfo>& params, size_
 std::vector<ArenaRange> NonExpertRanges(const std::vector<ParamInfo>& params, size_t n);
 
 // world: all ranks; dp: the ranks holding the same experts (size W / EP). g: the gradient arena
-// of n elements described by params (this rank's shard).
-void ReduceExpertParallelGradients(Communicator& world, Communicator& dp,
+// of n elements described by params (this rank's shard), in be's memory (the communicators must
+// take that memory: MPI for the CPU backend, NCCL for CUDA).
+void ReduceExpertParallelGradients(Communicator& world, Communicator& dp, Backend<float>& be,
                                    const std::vector<ParamInfo>& params, float* g, size_t n,
                                    double bucket_mb);
 
@@ -41,7 +43,7 @@ void SumNonExpertOverExpertGroup(Communicator& ep, const std::vector<ParamInfo>&
 // on every rank) over `mine` (this rank's part of the arena: all of it, or its ZeRO-1 range,
 // whose partials are then added over dp in range order), plus the expert squares added over the
 // EP group. Identical on every rank. dp may be null (no ZeRO-1).
-double ExpertParallelGradNorm(Communicator& ep, Communicator* dp,
+double ExpertParallelGradNorm(Communicator& ep, Communicator* dp, Backend<float>& be,
                               const std::vector<ParamInfo>& params, const float* g, size_t n,
                               ArenaRange mine);
 

@@ -42,6 +42,7 @@ struct NcclCommunicator::Impl {
   cudaStream_t compute = nullptr;  // where the data is written (legacy default stream)
   cudaEvent_t written = nullptr;   // recorded on `compute` before every collective
   int rank = 0, size = 1, device = 0;
+  bool split = false;  // a sub-communicator (Split): its barrier cannot be MPI_COMM_WORLD's
   cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
 
   unsigned char* Stage(size_t bytes) {
@@ -141,6 +142,25 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
   return c;
 }
 
+// ncclCommSplit: collective over every rank of this communicator, in the same order. The new
+// communicator has its own stream and event, on this rank's device.
+std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key) {
+  Impl& I = *impl_;
+  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  Impl& S = *c->impl_;
+  MOELAB_NCCL(ncclCommSplit(I.comm, color, key, &S.comm, nullptr));
+  if (S.comm == nullptr) throw std::runtime_error("NcclCommunicator::Split: no communicator");
+  MOELAB_NCCL(ncclCommUserRank(S.comm, &S.rank));
+  MOELAB_NCCL(ncclCommCount(S.comm, &S.size));
+  S.device = I.device;
+  S.compute = I.compute;
+  S.split = true;
+  MOELAB_CUDA(cudaStreamCreateWithFlags(&S.stream, cudaStreamNonBlocking));
+  MOELAB_CUDA(cudaEventCreateWithFlags(&S.written, cudaEventDisableTiming));
+  return c;
+}
+
 NcclCommunicator::~NcclCommunicator() {
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->written) cudaEventDestroy(impl_->written);
@@ -204,8 +224,16 @@ void NcclCommunicator::AllGatherV(float* data, const size_t* counts) {
 }
 
 void NcclCommunicator::Barrier() {
-  MOELAB_CUDA(cudaStreamSynchronize(impl_->stream));
-  MPI_Barrier(MPI_COMM_WORLD);
+  Impl& I = *impl_;
+  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  if (!I.split) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    return;
+  }
+  // Only this group's ranks take part: a one-element all-reduce, waited for.
+  float* one = reinterpret_cast<float*>(I.Stage(sizeof(float)));
+  MOELAB_NCCL(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, I.comm, I.stream));
+  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
 }
 
 void NcclCommunicator::Abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
@@ -240,6 +268,11 @@ void NcclCommunicator::AllToAllV(const float*, const size_t*, float*, const size
 void NcclCommunicator::ReduceScatterSum(float*, const size_t*) {}
 void NcclCommunicator::AllGatherV(float*, const size_t*) {}
 void NcclCommunicator::Barrier() {}
+std::unique_ptr<Communicator> NcclCommunicator::Split(int, int) {
+  std::string why;
+  Available(&why);
+  throw std::runtime_error(why);
+}
 void NcclCommunicator::Abort(int) {}
 void NcclCommunicator::SetComputeStream(CUstream_st*) {}
 

@@ -39,12 +39,16 @@ class NcclCommunicator : public Communicator {
   void ReduceScatterSum(float* data, const size_t* counts) override;
   void AllGatherV(float* data, const size_t* counts) override;
   void Barrier() override;
+  // A sub-communicator (ncclCommSplit) over the ranks passing the same color, ordered by key:
+  // the expert-parallel and data-parallel groups of dist.expert_parallel. Same device.
+  std::unique_ptr<Communicator> Split(int color, int key) override;
   void Abort(int exit_code) override;  // MPI_Abort
   std::string kind() const override { return "nccl"; }
   int device() const;  // the CUDA device this rank uses
   // The stream whose work every collective waits for (an event recorded on it, waited on by
   // the NCCL stream), so a collective never reads data still being written. Default: the
-  // legacy default stream (nullptr), where the CUDA backend and the device optimizers queue all work.
+  // legacy default stream (nullptr), where the CUDA backend and the device optimizers queue all
+  // work.
   void SetComputeStream(CUstream_st* stream);
 
  private:

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/model/backend_memory.h"
 #include "core/model/moe.h"
 #include "kernels/cpu/attention.h"
 
@@ -24,56 +25,6 @@ namespace moelab {
 
 class CudaOpProfiler;
 struct RowScale;
-
-// Raw memory of a backend: zero-filled allocations and copies.
-class BackendMemory {
- public:
-  virtual ~BackendMemory() = default;
-  virtual std::string name() const = 0;  // "cpu" or "cuda": train.device
-  // True when the backend's pointers are host memory (the CPU backend).
-  virtual bool is_host() const = 0;
-  // Zero-filled, aligned to at least 256 bytes; null for 0 bytes. Throws std::bad_alloc (or a
-  // DeviceError naming the size) when it cannot.
-  virtual void* Allocate(size_t bytes) = 0;
-  virtual void Release(void* p) noexcept = 0;
-  virtual void ToBackend(void* dst, const void* host, size_t bytes) = 0;
-  virtual void ToHost(void* host, const void* src, size_t bytes) const = 0;
-  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
-  virtual void Zero(void* p, size_t bytes) = 0;
-};
-
-// An owned array in a backend's memory.
-template <typename U>
-class BackendArray {
- public:
-  BackendArray() = default;
-  explicit BackendArray(BackendMemory* memory) : memory_(memory) {}
-  BackendArray(const BackendArray&) = delete;
-  BackendArray& operator=(const BackendArray&) = delete;
-  ~BackendArray() { Reset(); }
-  void Bind(BackendMemory* memory) { memory_ = memory; }
-  // Discards the contents; the new array is zero-filled.
-  void Resize(size_t n) {
-    Reset();
-    data_ = static_cast<U*>(memory_->Allocate(n * sizeof(U)));
-    size_ = n;
-  }
-  void Upload(const U* host, size_t n) { memory_->ToBackend(data_, host, n * sizeof(U)); }
-  void Download(U* host, size_t n) const { memory_->ToHost(host, data_, n * sizeof(U)); }
-  U* data() { return data_; }
-  const U* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  void Reset() {
-    if (data_) memory_->Release(data_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  BackendMemory* memory_ = nullptr;
-  U* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 // One MoE layer on a backend (core/model/moe.h's MoeLayer on the CPU, the device layer of
 // core/model/cuda_moe.h on CUDA): the same contract as MoeLayer<T>::Forward / Backward.

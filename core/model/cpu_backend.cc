@@ -26,8 +26,6 @@ namespace moelab {
 
 namespace {
 
-constexpr size_t kAlignBytes = 256;
-
 // The CPU MoE layer behind the op interface.
 template <typename T>
 class CpuMoe final : public MoeOp<T> {
@@ -57,31 +55,17 @@ class CpuBackend final : public Backend<T> {
  public:
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
-  void* Allocate(size_t bytes) override {
-    if (bytes == 0) return nullptr;
-    const size_t padded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
-    void* p = std::aligned_alloc(kAlignBytes, padded);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, padded);
-    return p;
-  }
-  void Release(void* p) noexcept override { std::free(p); }
+  // Memory: plain host memory (core/model/backend_memory.h).
+  void* Allocate(size_t bytes) override { return Host().Allocate(bytes); }
+  void Release(void* p) noexcept override { Host().Release(p); }
   void ToBackend(void* dst, const void* host, size_t bytes) override {
-    if (bytes) std::memcpy(dst, host, bytes);
+    Host().ToBackend(dst, host, bytes);
   }
   void ToHost(void* host, const void* src, size_t bytes) const override {
-    if (bytes) std::memcpy(host, src, bytes);
+    Host().ToHost(host, src, bytes);
   }
-  void Copy(void* dst, const void* src, size_t bytes) override {
-    auto* d = static_cast<char*>(dst);
-    const auto* s = static_cast<const char*>(src);
-    const long n = static_cast<long>(bytes);
-#pragma omp parallel for simd schedule(static) if (n > (1 << 18))
-    for (long i = 0; i < n; ++i) d[i] = s[i];
-  }
-  void Zero(void* p, size_t bytes) override {
-    if (bytes) std::memset(p, 0, bytes);
-  }
+  void Copy(void* dst, const void* src, size_t bytes) override { Host().Copy(dst, src, bytes); }
+  void Zero(void* p, size_t bytes) override { Host().Zero(p, bytes); }
 
   void SetWeights(const T*, size_t) override {}
   void WeightsChanged() override {}

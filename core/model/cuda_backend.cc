@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/flops.h"
 #include "core/model/attention_dims.h"
 #include "core/model/backend.h"
@@ -108,18 +109,13 @@ class CudaBackend;
 class CudaMoe final : public MoeOp<float> {
  public:
   CudaMoe(CudaBackend* be, const ModelConfig& m, const MoEConfig& e, bool use_bf16,
-          cudamodel::MoeScratch* scratch)
-      : be_(be), shared_(e.shared_experts > 0), layer_(m, e, use_bf16, scratch) {}
+          cudamodel::MoeScratch* scratch, int first, int count);
   double Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n, float* y,
                  int64_t* counts) override;
   void Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
                 const float* dy, int n, float* dx) override;
-  void SetBatchStatsHook(MoeBatchStatsHook hook, int) override {
-    if (hook) {
-      throw std::runtime_error(
-          "train.device \"cuda\": the device MoE layer has no global-batch statistics for "
-          "moe.balance \"aux_loss\" over several ranks or micro-batches; use \"aux_free\"");
-    }
+  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) override {
+    layer_.SetBatchStatsHook(std::move(hook), moe_layer);
   }
   size_t workspace_bytes() const override { return 0; }  // in the memory plan (DeviceMoe::Bytes)
 
@@ -333,12 +329,7 @@ class CudaBackend final : public Backend<float> {
 
   std::unique_ptr<MoeOp<float>> MakeMoe(const ModelConfig& m, const MoEConfig& e, int first,
                                         int count) override {
-    if (first != 0 || count != e.experts_total) {
-      throw std::runtime_error(
-          "train.device \"cuda\": sharded expert parallelism needs the device MoE layer's "
-          "all-to-all, which it does not have yet (dist.expert_parallel 1 on CUDA)");
-    }
-    return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_);
+    return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_, first, count);
   }
 
   double SumSquares(const float* x, size_t n) override { return DeviceSumSquares(x, n); }
@@ -376,6 +367,10 @@ class CudaBackend final : public Backend<float> {
   cudamodel::MoeScratch moe_scratch_;
   CudaOpProfiler* profiler_ = nullptr;
 };
+
+CudaMoe::CudaMoe(CudaBackend* be, const ModelConfig& m, const MoEConfig& e, bool use_bf16,
+                 cudamodel::MoeScratch* scratch, int first, int count)
+    : be_(be), shared_(e.shared_experts > 0), layer_(m, e, use_bf16, scratch, be, first, count) {}
 
 cudamodel::MoeLayerParams CudaMoe::Params(const MoeWeights<float>& w, const float* bias) const {
   cudamodel::MoeLayerParams p;
@@ -419,14 +414,25 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   DeviceMemoryPlan plan;
   plan.micro_batch = micro_batch;
   const bool use_bf16 = c.train.effective_precision() == "bf16";
-  const double np = static_cast<double>(CountParams(c).total);
+  // Expert parallelism: a rank holds 1/EP of the routed experts (their weights, gradients and
+  // optimizer state; Muon or AdamW alike keep at most two state elements and one Newton–Schulz
+  // element per expert weight).
+  const int ep = c.moe.enabled() ? std::max(1, c.dist.expert_parallel) : 1;
+  const double routed = c.moe.enabled()
+                            ? static_cast<double>(MoeLayers(c.model, c.moe)) * c.moe.experts_total *
+                                  3.0 * c.moe.expert_hidden * c.model.d_model
+                            : 0.0;
+  const double not_held = routed * (ep - 1) / ep;
+  const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
+  const double np = static_cast<double>(CountParams(c).total) - not_held;
   plan.params = 4 * np + (use_bf16 ? 2 * np : 0);
   plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);
   // Muon's Newton–Schulz: the same-shape bank plus one ping buffer of the largest bank (bounded
   // here by the bank itself), in the compute precision.
   const double ns_elem = use_bf16 ? 2 : 4;
-  plan.optimizer = 4.0 * static_cast<double>(OptimizerStateElements(c)) +
-                   2 * ns_elem * static_cast<double>(OptimizerWorkspaceElements(c));
+  plan.optimizer =
+      4.0 * (static_cast<double>(OptimizerStateElements(c)) - (muon ? 1 : 2) * not_held) +
+      2 * ns_elem * (static_cast<double>(OptimizerWorkspaceElements(c)) - (muon ? not_held : 0));
   // The model's own activation layout with this backend's attention needs.
   const bool flash = ChooseFlash(c);
   cpu::AttentionDims dims = AttentionDimsOf(c.model);
@@ -444,6 +450,11 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
     act += static_cast<double>(MoeLayers(c.model, c.moe)) *
            static_cast<double>(cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16));
     act += static_cast<double>(cudamodel::MoeScratch::Bytes(c.moe, c.model.d_model, n, use_bf16));
+    if (ep > 1) {  // the owned rows per layer and the exchange buffer, for balanced routing
+      const double rows = static_cast<double>(n) * c.moe.experts_active;
+      act += static_cast<double>(MoeLayers(c.model, c.moe)) *
+             cudamodel::DeviceMoe::OwnedBytes(c.moe, c.model.d_model, rows, use_bf16);
+    }
   }
   plan.activations = act;
   plan.runtime = 1.0 * (1 << 30);
@@ -496,19 +507,17 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 
 #endif
 
-void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel, int micro_batches) {
+void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
-  if (expert_parallel > 1) {
-    throw ConfigError("dist.expert_parallel",
-                      "expert parallelism on train.device \"cuda\" is not available yet (the "
-                      "device MoE layer has no all-to-all); use data parallelism, with dist.zero1 "
-                      "to shard the optimizer state");
+  std::string why;
+  if (world > 1 && !NcclCommunicator::Available(&why)) {
+    throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
   }
-  if (c.moe.enabled() && c.moe.balance == "aux_loss" && (world > 1 || micro_batches > 1)) {
-    throw ConfigError("moe.balance",
-                      "\"aux_loss\" over several ranks or micro-batches needs the global-batch "
-                      "statistics the device MoE layer does not have yet; use \"aux_free\" (the "
-                      "default) or one rank without train.micro_batch");
+  // The expert exchange moves rows as 4-byte words (core/model/expert_exchange.h).
+  if (expert_parallel > 1 && c.train.effective_precision() == "bf16" && c.model.d_model % 2 != 0) {
+    throw ConfigError("model.d_model",
+                      "expert parallelism in bf16 needs an even d_model (rows travel as 4-byte "
+                      "words)");
   }
 }
 

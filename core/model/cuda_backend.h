@@ -33,12 +33,10 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& config, int micro_batch, int lo
 // The largest micro-batch (<= local_batch) whose plan fits in budget_bytes; 0 when none does.
 int LargestFittingMicroBatch(const RunConfig& config, int local_batch, double budget_bytes);
 
-// What the CUDA backend cannot run yet, as a ConfigError naming the JSON path (checked before a
-// run starts): expert parallelism (the device MoE layer has no all-to-all), and the Switch aux
-// loss over several ranks or micro-batches (no global-batch statistics hook on the device).
-// world: ranks; micro_batches: forward/backward passes per step on a rank. No-op off "cuda".
-void RequireCudaSupports(const RunConfig& config, int world, int expert_parallel,
-                         int micro_batches);
+// What the CUDA backend cannot run, as a ConfigError naming the JSON path (checked before a run
+// starts): several ranks in a build without NCCL, and expert parallelism in bf16 with an odd
+// d_model. world: ranks. No-op off "cuda".
+void RequireCudaSupports(const RunConfig& config, int world, int expert_parallel);
 
 // Checks the plan at train.micro_batch against device 0's free memory before a run starts;
 // prints it to stderr when print is set. Throws DeviceError naming the numbers and the largest

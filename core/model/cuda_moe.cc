@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_experts.h"
@@ -45,34 +46,45 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
 }
 
 template <typename T>
-void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared) {
+void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared,
+                              bool routed_acts) {
   xe.Resize(nk * d);
   ye.Resize(nk * d);
-  h1.Resize(nk * hidden);
-  h3.Resize(nk * hidden);
-  act.Resize(nk * hidden);
+  const size_t routed = routed_acts ? nk * hidden : 0;
+  h1.Resize(routed);
+  h3.Resize(routed);
+  act.Resize(routed);
   sh1.Resize(shared * n * hidden);
   sh3.Resize(shared * n * hidden);
   sact.Resize(shared * n * hidden);
 }
 
-DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch)
-    : d_(m.d_model),
-      H_(e.expert_hidden),
-      E_(e.experts_total),
-      k_(e.experts_active),
-      S_(e.shared_experts),
-      sigmoid_(e.router == "sigmoid"),
-      aux_loss_(e.balance == "aux_loss"),
+template <typename T>
+void MoeOwnedRows<T>::Reserve(size_t rows, int d, int hidden) {
+  if (rows <= capacity) return;
+  const size_t cap = rows + rows / 4;  // slack: the owned rows vary from step to step
+  for (cuda::DeviceBuffer<T>* b : {&x, &y, &dx}) b->Resize(cap * d);
+  for (cuda::DeviceBuffer<T>* b : {&h1, &h3, &act}) b->Resize(cap * hidden);
+  scratch.Resize(cap * 2 * hidden);
+  capacity = cap;
+}
+
+DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch,
+                     BackendMemory* memory, int expert_first, int expert_count)
+    : shape_(m, e),
       bf16_(bf16),
-      aux_coef_(e.aux_loss_coef),
-      route_scale_(e.route_scale),
+      first_(expert_first),
+      count_(expert_count),
+      exchange_(memory, e.experts_total),
       cfg_(e),
       tmp_(scratch) {
-  if (k_ > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
-  counts_.Resize(E_);
-  offsets_.Resize(E_ + 1);
-  host_offsets_.assign(E_ + 1, 0);
+  if (shape_.top_k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
+  if (first_ < 0 || count_ < 1 || first_ + count_ > shape_.experts) {
+    throw std::invalid_argument("cuda: expert shard outside the layer's experts");
+  }
+  counts_.Resize(shape_.experts);
+  offsets_.Resize(shape_.experts + 1);
+  host_offsets_.assign(shape_.experts + 1, 0);
 }
 
 size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
@@ -83,19 +95,27 @@ size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   return 4 * f32 + (bf16 ? 2 : 4) * acts + 4 * ints + 8 * (2 * e.experts_total + 1);
 }
 
+double DeviceMoe::OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16) {
+  const double elem = bf16 ? 2 : 4, H = e.expert_hidden;
+  // x, y, dx, h1, h3, act, scratch with 1/4 slack, and the exchange buffer (also 1/4), less the
+  // local h1, h3, act that Bytes counts and the layer then does not keep (balanced: as many).
+  return 1.25 * owned * elem * (4.0 * d + 5.0 * H) - 3.0 * owned * elem * H;
+}
+
 void DeviceMoe::Reserve(int rows) {
-  tmp_->Reserve(cfg_, d_, rows, bf16_);
+  tmp_->Reserve(cfg_, shape_.d, rows, bf16_);
   if (rows <= cap_) return;
-  const size_t nn = rows, nk = nn * k_;
-  scores_.Resize(nn * E_);
+  const size_t nn = rows, nk = nn * shape_.top_k;
+  scores_.Resize(nn * shape_.experts);
   gates_.Resize(nk);
   topk_.Resize(nk);
   row_token_.Resize(nk);
   slot_row_.Resize(nk);
+  const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
-    b16_.Resize(nk, nn, d_, H_, S_);
+    b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   } else {
-    f32_.Resize(nk, nn, d_, H_, S_);
+    f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
   cap_ = rows;
 }
@@ -104,16 +124,20 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
                           int64_t* counts_out) {
   Reserve(rows);
   n_ = rows;
-  const int n = n_, d = d_, H = H_, E = E_, k = k_, S = S_;
+  const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
+            S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t nk = static_cast<int64_t>(n) * k;
   // Routing stays fp32 in both modes (the expert choice is discrete: bf16 logits would flip it).
   cuda::Gemm(false, true, n, E, d, 1.0f, x, d, p.router, d, 0.0f, tmp_->logits.data(), E);
-  cuda::MoeRoute(tmp_->logits.data(), n, E, k, sigmoid_, p.bias, route_scale_, scores_.data(),
-                 topk_.data(), gates_.data(), counts_.data());
-  const double aux =
-      aux_loss_ ? cuda::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, sigmoid_, aux_coef_)
-                : 0.0;
+  cuda::MoeRoute(tmp_->logits.data(), n, E, k, shape_.sigmoid, p.bias, shape_.route_scale,
+                 scores_.data(), topk_.data(), gates_.data(), counts_.data());
+  double aux = 0.0;
+  if (shape_.aux_loss) {
+    aux = batch_hook_ ? BatchAuxLoss(n)
+                      : cuda::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, shape_.sigmoid,
+                                         shape_.aux_coef);
+  }
   if (counts_out) {
     MOELAB_CUDA_CHECK(
         cudaMemcpy(counts_out, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
@@ -126,8 +150,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
     cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
-    cuda::MoeExpertsForward<bf16>(a.xe.data(), host_offsets_.data(), E, d, H, p.w1b, p.w3b, p.w2b,
-                                  a.h1.data(), a.h3.data(), a.act.data(), a.ye.data());
+    RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
     SharedForwardBf16(p, xb, y);
     cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
     return aux;
@@ -135,8 +158,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
   MoeExpertActs<float>& a = f32_;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeGather(x, d, row_token_.data(), nk, a.xe.data());
-  cuda::MoeExpertsForward<float>(a.xe.data(), host_offsets_.data(), E, d, H, p.w1, p.w3, p.w2,
-                                 a.h1.data(), a.h3.data(), a.act.data(), a.ye.data());
+  RoutedForward(a, f32_owned_, p.w1, p.w3, p.w2);
   for (int s = 0; s < S; ++s) {
     float* out = s == 0 ? y : tmp_->sy.data() + (s - 1) * nd;
     cuda::SwigluForward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
@@ -148,13 +170,93 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
   return aux;
 }
 
+double DeviceMoe::BatchAuxLoss(int n) {
+  const int E = shape_.experts;
+  batch_counts_.resize(E);
+  score_sums_.resize(E);
+  MOELAB_CUDA_CHECK(cudaMemcpy(batch_counts_.data(), counts_.data(), sizeof(int64_t) * E,
+                               cudaMemcpyDeviceToHost));
+  cuda::MoeScoreSums(scores_.data(), n, E, shape_.sigmoid, score_sums_.data());
+  batch_tokens_ = n;
+  MoeBatchStats stats{E, batch_counts_.data(), score_sums_.data(), &batch_tokens_};
+  batch_hook_(moe_layer_, stats);
+  batch_counts_dev_.Upload(batch_counts_);
+  return SwitchAuxLoss(shape_, batch_counts_.data(), score_sums_.data(), batch_tokens_);
+}
+
+const int64_t* DeviceMoe::AuxCounts() const {
+  return batch_hook_ && shape_.aux_loss ? batch_counts_dev_.data() : counts_.data();
+}
+
+double DeviceMoe::AuxCoef(int n) const {
+  if (!shape_.aux_loss) return 0.0;
+  return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
+}
+
+Communicator* DeviceMoe::ExpertGroup() const {
+  Communicator* ep = MoeExpertParallel();
+  if (ep == nullptr && count_ != shape_.experts) {
+    throw std::logic_error("cuda: the layer holds a shard of its experts but no EP group is set");
+  }
+  if (ep != nullptr &&
+      (count_ != shape_.experts / ep->world_size() || first_ != ep->rank() * count_)) {
+    throw std::logic_error("cuda: the held experts are not this rank's expert-parallel block");
+  }
+  return ep;
+}
+
+template <typename T>
+void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
+                              const T* w2) {
+  const int d = shape_.d, H = shape_.hidden;
+  Communicator* ep = ExpertGroup();
+  ep_active_ = ep != nullptr;
+  if (!ep) {
+    cuda::MoeExpertsForward<T>(a.xe.data(), host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
+                               a.h1.data(), a.h3.data(), a.act.data(), a.ye.data());
+    return;
+  }
+  // The held experts' offsets within the owned rows: first_ … first_ + count_ (the others own
+  // no rows here).
+  exchange_.Plan(*ep, host_offsets_.data());
+  o.Reserve(static_cast<size_t>(exchange_.owned_rows()), d, H);
+  exchange_.ToOwners(*ep, a.xe.data(), o.x.data(), sizeof(T) * d);
+  cuda::MoeExpertsForward<T>(o.x.data(), exchange_.owned_offsets().data() + first_, count_, d, H,
+                             w1, w3, w2, o.h1.data(), o.h3.data(), o.act.data(), o.y.data());
+  exchange_.FromOwners(*ep, o.y.data(), a.ye.data(), sizeof(T) * d);
+}
+
+template <typename T>
+void DeviceMoe::RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
+                               const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch) {
+  const int d = shape_.d, H = shape_.hidden;
+  if (!ep_active_) {
+    cuda::MoeExpertsBackward<T>(a.xe.data(), host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
+                                a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(), dxe, g.w1,
+                                g.w3, g.w2, scratch);
+    return;
+  }
+  Communicator* ep = ExpertGroup();
+  if (ep == nullptr) {
+    throw std::logic_error(
+        "cuda: expert parallelism was switched off between Forward and Backward");
+  }
+  // The output gradients (over a.ye) go to the owners, the input gradients come back: the
+  // reverse of the forward's exchanges, with its plan.
+  exchange_.ToOwners(*ep, a.ye.data(), o.y.data(), sizeof(T) * d);
+  cuda::MoeExpertsBackward<T>(o.x.data(), exchange_.owned_offsets().data() + first_, count_, d, H,
+                              w1, w3, w2, o.h1.data(), o.h3.data(), o.act.data(), o.y.data(),
+                              o.dx.data(), g.w1, g.w3, g.w2, o.scratch.data());
+  exchange_.FromOwners(*ep, o.dx.data(), dxe, sizeof(T) * d);
+}
+
 // Shared expert s in bf16: h1, h3 = xb·W1ᵀ, xb·W3ᵀ (bf16), act = silu(h1)·h3 (bf16), and
 // y (=, then +=) act·W2ᵀ in fp32, so the shared experts' sum never passes through bf16.
 void DeviceMoe::SharedForwardBf16(const MoeLayerParams& p, const bf16* xb, float* y) {
-  const int n = n_, d = d_, H = H_;
+  const int n = n_, d = shape_.d, H = shape_.hidden;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   MoeExpertActs<bf16>& a = b16_;
-  for (int s = 0; s < S_; ++s) {
+  for (int s = 0; s < shape_.shared; ++s) {
     bf16* h1 = a.sh1.data() + s * snh;
     bf16* h3 = a.sh3.data() + s * snh;
     bf16* act = a.sact.data() + s * snh;
@@ -167,19 +269,18 @@ void DeviceMoe::SharedForwardBf16(const MoeLayerParams& p, const bf16* xb, float
 
 void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x,
                          const float* dy, float* dx) {
-  const int n = n_, d = d_, H = H_, E = E_, k = k_, S = S_;
+  const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
+            S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
   if (bf16_) {
     MoeExpertActs<bf16>& a = b16_;
     // dye (bf16) overwrites ye, which the gate gradients have read first.
     cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                              tmp_->dgates.data());
-    cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), counts_.data(), n, E,
-                           k, sigmoid_, route_scale_, aux_loss_ ? aux_coef_ : 0.0,
-                           tmp_->logits.data());
-    cuda::MoeExpertsBackward<bf16>(a.xe.data(), host_offsets_.data(), E, d, H, p.w1b, p.w3b, p.w2b,
-                                   a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
-                                   tmp_->dxe16.data(), g.w1, g.w3, g.w2, tmp_->scratch16.data());
+    cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
+                           shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+    RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+                   tmp_->scratch16.data());
     if (S > 0) {
       // The forward's bf16 cast of x was scratch (another layer has used it since): cast again.
       cuda::CastToBf16(x, tmp_->xb16.data(), nd);
@@ -195,11 +296,9 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                            tmp_->dgates.data());
-  cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), counts_.data(), n, E, k,
-                         sigmoid_, route_scale_, aux_loss_ ? aux_coef_ : 0.0, tmp_->logits.data());
-  cuda::MoeExpertsBackward<float>(a.xe.data(), host_offsets_.data(), E, d, H, p.w1, p.w3, p.w2,
-                                  a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
-                                  tmp_->dxe.data(), g.w1, g.w3, g.w2, tmp_->scratch.data());
+  cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
+                         shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+  RoutedBackward(a, f32_owned_, p.w1, p.w3, p.w2, g, tmp_->dxe.data(), tmp_->scratch.data());
   for (int s = 0; s < S; ++s) {
     cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
                          a.sh1.data() + s * snh, a.sh3.data() + s * snh, a.sact.data() + s * snh,
@@ -216,12 +315,12 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
 // SwiGLU backward reads bf16 h1, h3), the weight gradients and dx (= for s = 0, then +=) in fp32.
 void DeviceMoe::SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const bf16* xb,
                                    const bf16* dyb, float* dx) {
-  const int n = n_, d = d_, H = H_;
+  const int n = n_, d = shape_.d, H = shape_.hidden;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   MoeExpertActs<bf16>& a = b16_;
   bf16* dact = tmp_->scratch16.data();  // [n,H], becomes dh1 in place
   bf16* dh3 = dact + snh;
-  for (int s = 0; s < S_; ++s) {
+  for (int s = 0; s < shape_.shared; ++s) {
     const size_t w = s * wsize;
     cuda::Gemm(false, false, n, H, d, 1.0f, dyb, d, p.s2b + w, H, 0.0f, dact, H);
     cuda::Gemm(true, false, d, H, n, 1.0f, dyb, d, a.sact.data() + s * snh, H, 0.0f, g.s2 + w, H);
@@ -236,6 +335,8 @@ void DeviceMoe::SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads&
 
 template struct MoeExpertActs<float>;
 template struct MoeExpertActs<bf16>;
+template struct MoeOwnedRows<float>;
+template struct MoeOwnedRows<bf16>;
 
 }  // namespace moelab::cudamodel
 

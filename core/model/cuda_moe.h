@@ -1,17 +1,25 @@
-// The device MoE layer of the CUDA backend (core/model/cuda_backend.cc): core/model/moe.cc's Route →
-// Dispatch → experts → Combine and back over device buffers. fp32 mode runs every op in fp32
-// (the twin of the CPU layer); bf16 mode runs the routed and shared experts as bf16 GEMMs with
-// fp32 accumulation on the model's bf16 weight copy, with bf16 expert activations, and writes the
-// weight gradients straight into the fp32 master gradients (router, routing, gates and the
-// layer's output stay fp32). Only included by CUDA builds.
+// The device MoE layer of the CUDA backend (core/model/cuda_backend.cc): core/model/moe.cc's Route
+// → Dispatch → experts → Combine and back over device buffers. fp32 mode runs every op in fp32 (the
+// twin of the CPU layer); bf16 mode runs the routed and shared experts as bf16 GEMMs with fp32
+// accumulation on the model's bf16 weight copy, with bf16 expert activations, and writes the weight
+// gradients straight into the fp32 master gradients (router, routing, gates and the layer's output
+// stay fp32). Only included by CUDA builds.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
+#include "core/model/backend_memory.h"
+#include "core/model/expert_exchange.h"
+#include "core/model/moe.h"
 #include "kernels/cuda/device.h"
+
+namespace moelab {
+class Communicator;
+}  // namespace moelab
 
 namespace moelab::cudamodel {
 
@@ -44,22 +52,50 @@ struct MoeScratch {
 };
 
 // The activations a layer keeps for its backward, in the expert precision T (float or bf16).
+// Under expert parallelism the routed experts' h1, h3, act belong to the owned rows instead
+// (MoeOwnedRows), so routed_acts is false and they stay empty.
 template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
-  void Resize(size_t nk, size_t n, int d, int hidden, int shared);
+  void Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts);
+};
+
+// Expert parallelism: the rows this rank receives for the experts it owns (inputs, outputs then
+// output gradients, input gradients), their routed activations and backward scratch. Their
+// number changes every step with the routing: the buffers grow (with slack) and never shrink.
+template <typename T>
+struct MoeOwnedRows {
+  cuda::DeviceBuffer<T> x, y, dx, h1, h3, act, scratch;
+  size_t capacity = 0;  // rows
+  void Reserve(size_t rows, int d, int hidden);
 };
 
 class DeviceMoe {
  public:
-  DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch);
+  // memory: the CUDA backend's (the expert exchange's buffers). expert_first / expert_count: the
+  // routed experts whose weights this rank holds (all: 0, E); fewer only under expert
+  // parallelism (SetMoeExpertParallel), as this rank's block of the EP group.
+  DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch,
+            BackendMemory* memory, int expert_first, int expert_count);
 
   // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree).
   static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16);
+  // What expert parallelism adds to Bytes for `owned` received rows: the owned rows
+  // (MoeOwnedRows, with their slack) and the exchange buffer, less the local routed activations
+  // the layer then does not keep. The plan takes owned = n·k (balanced routing).
+  static double OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16);
 
   // x [rows,d] → y [rows,d] (fp32); counts_out (host, may be null: no copy, no sync). Returns the
-  // aux loss.
+  // aux loss. Under expert parallelism the dispatched rows travel to their experts' owners and
+  // back (core/model/expert_exchange.h): collective over the EP group.
   double Forward(const MoeLayerParams& p, const float* x, int rows, float* y, int64_t* counts_out);
+  // Global-batch statistics for moe.balance "aux_loss" (core/model/moe.h, MoeBatchStatsHook):
+  // the hook gets this layer's counts and score sums on the host, and the backward uses what it
+  // returns. Costs two small device-to-host copies per layer and forward.
+  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) {
+    batch_hook_ = std::move(hook);
+    moe_layer_ = moe_layer;
+  }
   // After Forward with the same x: dy → dx (overwritten), gradients overwritten.
   void Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x, const float* dy,
                 float* dx);
@@ -67,12 +103,36 @@ class DeviceMoe {
  private:
   void Reserve(int rows);
   void SharedForwardBf16(const MoeLayerParams& p, const cuda::bf16* xb, float* y);
+  // The routed experts on this rank's dispatched rows, or under expert parallelism on the rows
+  // received for its experts (sent there and back around the expert GEMMs).
+  template <typename T>
+  void RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
+                     const T* w2);
+  // dye (in a.ye) → dxe; the held experts' weight gradients (fp32) overwritten.
+  template <typename T>
+  void RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
+                      const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch);
+  // The aux loss from the batch's statistics (through the hook); keeps them for the backward.
+  double BatchAuxLoss(int n);
+  // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
+  const int64_t* AuxCounts() const;
+  double AuxCoef(int n) const;
+  // The expert-parallel group of this call (null: none), checked against the held experts.
+  Communicator* ExpertGroup() const;
   void SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const cuda::bf16* xb,
                           const cuda::bf16* dyb, float* dx);
 
-  int d_, H_, E_, k_, S_;
-  bool sigmoid_, aux_loss_, bf16_;
-  double aux_coef_, route_scale_;
+  MoeShape shape_;
+  bool bf16_;
+  int first_, count_;  // the routed experts held
+  ExpertExchange exchange_;
+  bool ep_active_ = false;  // the last Forward exchanged rows
+  MoeBatchStatsHook batch_hook_;
+  int moe_layer_ = 0;
+  std::vector<int64_t> batch_counts_;  // [E] the batch's (after the hook), host
+  std::vector<double> score_sums_;     // [E]
+  int64_t batch_tokens_ = 0;
+  cuda::DeviceBuffer<int64_t> batch_counts_dev_;  // [E] the same on the device
   int n_ = 0, cap_ = 0;
   MoEConfig cfg_;
   MoeScratch* tmp_;
@@ -81,6 +141,8 @@ class DeviceMoe {
   cuda::DeviceBuffer<int64_t> counts_, offsets_;
   MoeExpertActs<float> f32_;       // fp32 mode
   MoeExpertActs<cuda::bf16> b16_;  // bf16 mode
+  MoeOwnedRows<float> f32_owned_;
+  MoeOwnedRows<cuda::bf16> b16_owned_;
   std::vector<int64_t> host_offsets_;
 };
 

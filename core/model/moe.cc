@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "core/dist/communicator.h"
 #include "kernels/cpu/gemm.h"
@@ -59,34 +58,38 @@ void SetMoeExpertParallel(Communicator* comm) {
   g_expert_parallel = comm != nullptr && comm->world_size() > 1 ? comm : nullptr;
 }
 
-template <typename T>
-MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
-    : d_(model.d_model),
-      hidden_(moe.expert_hidden),
-      experts_(moe.experts_total),
-      top_k_(moe.experts_active),
-      shared_(moe.shared_experts),
-      sigmoid_(moe.router == "sigmoid"),
-      aux_loss_(moe.balance == "aux_loss"),
-      aux_coef_(moe.aux_loss_coef),
-      route_scale_(moe.route_scale) {
-  if (experts_ <= 0 || top_k_ <= 0 || top_k_ > experts_) {
-    throw std::invalid_argument("MoeLayer: need 0 < experts_active <= experts_total");
+Communicator* MoeExpertParallel() { return g_expert_parallel; }
+
+MoeShape::MoeShape(const ModelConfig& model, const MoEConfig& moe)
+    : d(model.d_model),
+      hidden(moe.expert_hidden),
+      experts(moe.experts_total),
+      top_k(moe.experts_active),
+      shared(moe.shared_experts),
+      sigmoid(moe.router == "sigmoid"),
+      aux_loss(moe.balance == "aux_loss"),
+      aux_coef(moe.aux_loss_coef),
+      route_scale(moe.route_scale) {
+  if (experts <= 0 || top_k <= 0 || top_k > experts) {
+    throw std::invalid_argument("MoE layer: need 0 < experts_active <= experts_total");
   }
   if (moe.router != "softmax" && moe.router != "sigmoid") {
-    throw std::invalid_argument("MoeLayer: unknown router '" + moe.router + "'");
+    throw std::invalid_argument("MoE layer: unknown router '" + moe.router + "'");
   }
-  if (shared_ < 0 || hidden_ <= 0 || d_ <= 0) {
-    throw std::invalid_argument("MoeLayer: bad shapes");
-  }
-  counts_.assign(experts_, 0);
-  offsets_.assign(experts_ + 1, 0);
-  expert_count_ = experts_;
+  if (shared < 0 || hidden <= 0 || d <= 0) throw std::invalid_argument("MoE layer: bad shapes");
+}
+
+template <typename T>
+MoeLayer<T>::MoeLayer(const ModelConfig& model, const MoEConfig& moe)
+    : shape_(model, moe), exchange_(&Host(), shape_.experts) {
+  counts_.assign(shape_.experts, 0);
+  offsets_.assign(shape_.experts + 1, 0);
+  expert_count_ = shape_.experts;
 }
 
 template <typename T>
 void MoeLayer<T>::SetExpertShard(int first, int count) {
-  if (first < 0 || count < 1 || first + count > experts_) {
+  if (first < 0 || count < 1 || first + count > shape_.experts) {
     throw std::invalid_argument("MoeLayer: expert shard outside the layer's experts");
   }
   expert_first_ = first;
@@ -95,8 +98,8 @@ void MoeLayer<T>::SetExpertShard(int first, int count) {
 
 template <typename T>
 void MoeLayer<T>::CheckShard(const Communicator* ep) const {
-  if (expert_count_ == experts_) return;
-  const int J = ep ? experts_ / ep->world_size() : experts_;
+  if (expert_count_ == shape_.experts) return;
+  const int J = ep ? shape_.experts / ep->world_size() : shape_.experts;
   if (!ep || expert_first_ != ep->rank() * J || expert_count_ != J) {
     throw std::logic_error(
         "MoeLayer: the sharded experts are not this rank's expert-parallel block");
@@ -108,16 +111,18 @@ size_t MoeLayer<T>::workspace_bytes() const {
   const size_t reals = logits_.size() + scores_.size() + gates_.size() + dgates_.size() +
                        xe_.size() + ye_.size() + dxe_.size() + h1_.size() + h3_.size() +
                        act_.size() + sh1_.size() + sh3_.size() + sact_.size() + sy_.size() +
-                       scratch_.size() + shared_partial_.size() + ep_buf_.size() + xr_.size() +
-                       yr_.size() + dxr_.size();
+                       scratch_.size() + shared_partial_.size() + xr_.size() + yr_.size() +
+                       dxr_.size();
   const size_t ints = topk_.size() + row_token_.size() + slot_row_.size();
-  return reals * sizeof(T) + ints * sizeof(int) + (counts_.size() + offsets_.size()) * 8;
+  return reals * sizeof(T) + ints * sizeof(int) + (counts_.size() + offsets_.size()) * 8 +
+         exchange_.workspace_bytes();
 }
 
 template <typename T>
 void MoeLayer<T>::Reserve(int n) {
   if (n <= capacity_) return;
-  const size_t nn = n, nk = nn * top_k_, E = experts_, d = d_, H = hidden_, S = shared_;
+  const size_t nn = n, nk = nn * shape_.top_k, E = shape_.experts, d = shape_.d, H = shape_.hidden,
+               S = shape_.shared;
   logits_.resize(nn * E);
   scores_.resize(nn * E);
   topk_.resize(nk);
@@ -150,7 +155,7 @@ void MoeLayer<T>::Reserve(int n) {
 // thread count. Shared expert 0 writes y (dx) itself, the others write aside into sy_.
 template <typename T>
 void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
-  const int n = n_, d = d_, H = hidden_;
+  const int n = n_, d = shape_.d, H = shape_.hidden;
   const long wsize = static_cast<long>(H) * d, snh = static_cast<long>(n) * H;
   const long nd = static_cast<long>(n) * d;
   const int chunks = SharedChunks(n), chunk_rows = (n + chunks - 1) / chunks;
@@ -169,7 +174,7 @@ void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
                           h3_.data(), act_.data(), ye_.data());
   };
   if (expert_parallel_) {
-    const int shared_tasks = shared_ * chunks;
+    const int shared_tasks = shape_.shared * chunks;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < shared_tasks + expert_count_; ++task) {
       if (task < shared_tasks) {
@@ -181,18 +186,18 @@ void MoeLayer<T>::ExpertForward(const MoeWeights<T>& w, const T* x, T* y) {
     }
   } else {
     for (int j = 0; j < expert_count_; ++j) routed(j);
-    for (int s = 0; s < shared_; ++s) shared(s, 0, n);
+    for (int s = 0; s < shape_.shared; ++s) shared(s, 0, n);
   }
 }
 
 template <typename T>
 void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x,
                                  const T* dy, T* dx) {
-  const int n = n_, d = d_, H = hidden_;
+  const int n = n_, d = shape_.d, H = shape_.hidden;
   const long wsize = static_cast<long>(H) * d, snh = static_cast<long>(n) * H;
   const long nd = static_cast<long>(n) * d;
   // Routed rows (n·k, or the rows received for the owned experts under expert parallelism).
-  const long nk = offsets_[experts_];
+  const long nk = offsets_[shape_.experts];
   const int chunks = expert_parallel_ ? SharedChunks(n) : 1;
   const int chunk_rows = (n + chunks - 1) / chunks;
   // Shared expert s, rows r0..r0+rows (chunk c). Its weight gradients are per-chunk partial
@@ -222,10 +227,11 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
   };
   // d router = dzᵀ·x sums over tokens: one GEMM, never split (the split would change the sum).
   auto router = [&]() {
-    cpu::Gemm(true, false, experts_, d, n, T(1), logits_.data(), experts_, x, d, T(0), g.router, d);
+    cpu::Gemm(true, false, shape_.experts, d, n, T(1), logits_.data(), shape_.experts, x, d, T(0),
+              g.router, d);
   };
   if (expert_parallel_) {
-    const int shared_tasks = shared_ * chunks;
+    const int shared_tasks = shape_.shared * chunks;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < shared_tasks + expert_count_ + 1; ++task) {
       if (task < shared_tasks) {
@@ -239,7 +245,7 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
     }
     if (chunks > 1) {
       // g.shared = Σ_c partial_c, summed in chunk order for every element.
-      for (int s = 0; s < shared_; ++s) {
+      for (int s = 0; s < shape_.shared; ++s) {
         const T* part = shared_partial_.data() + static_cast<long>(s) * chunks * 3 * wsize;
         T* outs[3] = {g.shared_w1 + s * wsize, g.shared_w3 + s * wsize, g.shared_w2 + s * wsize};
         for (int m = 0; m < 3; ++m) {
@@ -255,7 +261,7 @@ void MoeLayer<T>::ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g,
     }
   } else {
     for (int j = 0; j < expert_count_; ++j) routed(j);
-    for (int s = 0; s < shared_; ++s) shared(s, 0, 0, n);
+    for (int s = 0; s < shape_.shared; ++s) shared(s, 0, 0, n);
     router();
   }
 }
@@ -268,16 +274,16 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   if (n == 0) {
     std::fill(counts_.begin(), counts_.end(), int64_t{0});
     if (counts) std::copy(counts_.begin(), counts_.end(), counts);
-    return aux_loss_ ? AuxLoss(0) : 0.0;  // the hook is collective: join it with no tokens
+    return shape_.aux_loss ? AuxLoss(0) : 0.0;  // the hook is collective: join it with no tokens
   }
-  const int E = experts_, k = top_k_, d = d_;
+  const int E = shape_.experts, k = shape_.top_k, d = shape_.d;
   const long nk = static_cast<long>(n) * k;
 
   // Route.
   RowChunkedGemm(/*trans_b=*/true, n, E, d, x, w.router, d, logits_.data(), false);
-  cpu::MoeRoute(logits_.data(), n, E, k, sigmoid_, bias, route_scale_, scores_.data(), topk_.data(),
-                gates_.data(), counts_.data());
-  const double aux = aux_loss_ ? AuxLoss(n) : 0.0;
+  cpu::MoeRoute(logits_.data(), n, E, k, shape_.sigmoid, bias, shape_.route_scale, scores_.data(),
+                topk_.data(), gates_.data(), counts_.data());
+  const double aux = shape_.aux_loss ? AuxLoss(n) : 0.0;
   if (counts) std::copy(counts_.begin(), counts_.end(), counts);
 
   // Dispatch.
@@ -291,7 +297,7 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
   CheckShard(ep);
   if (ep) {
     EpPlan(*ep);
-    EpToOwners(*ep, xe_.data(), xr_);
+    exchange_.ToOwners(*ep, xe_.data(), xr_.data(), sizeof(T) * shape_.d);
     std::swap(xe_, xr_);
     std::swap(offsets_, ep_offsets_);
     std::swap(ye_, yr_);
@@ -301,17 +307,17 @@ double MoeLayer<T>::Forward(const MoeWeights<T>& w, const T* bias, const T* x, i
     std::swap(xe_, xr_);
     std::swap(offsets_, ep_offsets_);
     std::swap(ye_, yr_);
-    EpFromOwners(*ep, yr_, ye_.data());
+    exchange_.FromOwners(*ep, yr_.data(), ye_.data(), sizeof(T) * shape_.d);
   }
   // Extra shared experts were written aside; add them in expert order.
   const long nd = static_cast<long>(n) * d;
-  for (int s = 1; s < shared_; ++s) {
+  for (int s = 1; s < shape_.shared; ++s) {
     const T* extra = sy_.data() + (s - 1) * nd;
     for (long i = 0; i < nd; ++i) y[i] += extra[i];
   }
 
   // Combine.
-  cpu::MoeCombine(ye_.data(), slot_row_.data(), gates_.data(), n, k, d, y, shared_ > 0);
+  cpu::MoeCombine(ye_.data(), slot_row_.data(), gates_.data(), n, k, d, y, shape_.shared > 0);
   return aux;
 }
 
@@ -319,13 +325,14 @@ template <typename T>
 void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
                            int n, T* dx) {
   if (n != n_) throw std::invalid_argument("MoeLayer::Backward: n differs from Forward's");
-  const int E = experts_, k = top_k_, d = d_, H = hidden_;
+  const int E = shape_.experts, k = shape_.top_k, d = shape_.d, H = shape_.hidden;
   const long wsize = static_cast<long>(H) * d;
   if (n == 0) {  // no tokens: every gradient is zero
     std::fill(g.router, g.router + static_cast<long>(E) * d, T(0));
     for (T* p : {g.w1, g.w3, g.w2}) std::fill(p, p + expert_count_ * wsize, T(0));
-    if (shared_ > 0) {
-      for (T* p : {g.shared_w1, g.shared_w3, g.shared_w2}) std::fill(p, p + shared_ * wsize, T(0));
+    if (shape_.shared > 0) {
+      for (T* p : {g.shared_w1, g.shared_w3, g.shared_w2})
+        std::fill(p, p + shape_.shared * wsize, T(0));
     }
     return;
   }
@@ -341,12 +348,11 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
   // is coef·E·f_i/N per token and score; the data-parallel mean multiplies it by N/n, so the
   // kernel (which forms coef·E·f_i/n from counts and n) gets coef·n/N. n/N is 1 exactly in one
   // process, so that gradient keeps its bits.
-  const bool aux = aux_loss_ && batch_tokens_ > 0;
-  const double aux_coef =
-      aux ? aux_coef_ * (static_cast<double>(n) / static_cast<double>(batch_tokens_)) : 0.0;
+  const bool aux = shape_.aux_loss && batch_tokens_ > 0;
+  const double aux_coef = PieceAuxCoef(shape_, n, batch_tokens_);
   cpu::MoeRouteBackward(scores_.data(), topk_.data(), dgates_.data(),
-                        aux ? batch_counts_.data() : counts_.data(), n, E, k, sigmoid_,
-                        route_scale_, aux_coef, logits_.data());
+                        aux ? batch_counts_.data() : counts_.data(), n, E, k, shape_.sigmoid,
+                        shape_.route_scale, aux_coef, logits_.data());
 
   // ExpertCompute backward, routed and shared, and the router weight gradient; the first shared
   // expert's dx lands in dx. Under expert parallelism the output gradients travel to the owners
@@ -356,8 +362,7 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
     throw std::logic_error("MoeLayer::Backward: expert parallelism was switched off after Forward");
   }
   if (ep) {
-    EpToOwners(*ep, ye_.data(), yr_);
-    GrowTo(dxr_, yr_.size());
+    exchange_.ToOwners(*ep, ye_.data(), yr_.data(), sizeof(T) * shape_.d);
     std::swap(xe_, xr_);
     std::swap(offsets_, ep_offsets_);
     std::swap(ye_, yr_);
@@ -369,16 +374,17 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
     std::swap(offsets_, ep_offsets_);
     std::swap(ye_, yr_);
     std::swap(dxe_, dxr_);
-    EpFromOwners(*ep, dxr_, dxe_.data());
+    exchange_.FromOwners(*ep, dxr_.data(), dxe_.data(), sizeof(T) * shape_.d);
   }
   const long nd = static_cast<long>(n) * d;
-  for (int s = 1; s < shared_; ++s) {
+  for (int s = 1; s < shape_.shared; ++s) {
     const T* extra = sy_.data() + (s - 1) * nd;
     for (long i = 0; i < nd; ++i) dx[i] += extra[i];
   }
 
   // Dispatch backward: each token adds its k row gradients in slot order.
-  cpu::MoeGatherBackward(dxe_.data(), slot_row_.data(), n, k, d, dx, /*accumulate=*/shared_ > 0);
+  cpu::MoeGatherBackward(dxe_.data(), slot_row_.data(), n, k, d, dx,
+                         /*accumulate=*/shape_.shared > 0);
 
   // Router dx, after the experts' (dx is theirs while they run).
   RowChunkedGemm(/*trans_b=*/false, n, d, E, logits_.data(), w.router, d, dx, true);
@@ -386,7 +392,7 @@ void MoeLayer<T>::Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const
 
 template <typename T>
 double MoeLayer<T>::AuxLoss(int n) {
-  const int E = experts_;
+  const int E = shape_.experts;
   batch_counts_.assign(counts_.begin(), counts_.end());
   score_sums_.assign(E, 0.0);
   // P's numerators: the normalised scores (softmax: the score; sigmoid: s_i/Σ_j s_j, nothing
@@ -394,7 +400,7 @@ double MoeLayer<T>::AuxLoss(int n) {
   for (int t = 0; t < n; ++t) {
     const T* s = scores_.data() + static_cast<long>(t) * E;
     double sum = 1.0;
-    if (sigmoid_) {
+    if (shape_.sigmoid) {
       sum = 0;
       for (int e = 0; e < E; ++e) sum += s[e];
       if (!(sum > 0)) continue;
@@ -406,102 +412,35 @@ double MoeLayer<T>::AuxLoss(int n) {
     MoeBatchStats stats{E, batch_counts_.data(), score_sums_.data(), &batch_tokens_};
     batch_hook_(moe_layer_, stats);
   }
-  if (batch_tokens_ <= 0) return 0.0;
-  // coef·E·Σ_i f_i·P_i with f_i = C_i/(N·k), P_i = score_sums_i/N.
-  double acc = 0;
-  for (int e = 0; e < E; ++e) acc += static_cast<double>(batch_counts_[e]) * score_sums_[e];
-  const double N = static_cast<double>(batch_tokens_);
-  return aux_coef_ * E * acc / (N * top_k_ * N);
+  return SwitchAuxLoss(shape_, batch_counts_.data(), score_sums_.data(), batch_tokens_);
 }
 
-// Expert parallelism. P ranks, J = E/P experts each; this rank (p) owns experts p·J … p·J+J−1.
-// The local dispatched rows are expert-contiguous, so the rows for rank q's experts are one
-// block of xe_ (offsets_[qJ] … offsets_[qJ+J]). The counts go first (J per pair of ranks), so
-// every rank knows what it receives.
+double SwitchAuxLoss(const MoeShape& shape, const int64_t* counts, const double* score_sums,
+                     int64_t tokens) {
+  if (tokens <= 0) return 0.0;
+  double acc = 0;
+  for (int e = 0; e < shape.experts; ++e) acc += static_cast<double>(counts[e]) * score_sums[e];
+  const double N = static_cast<double>(tokens);
+  return shape.aux_coef * shape.experts * acc / (N * shape.top_k * N);
+}
+
+double PieceAuxCoef(const MoeShape& shape, int n, int64_t tokens) {
+  if (!shape.aux_loss || tokens <= 0) return 0.0;
+  return shape.aux_coef * (static_cast<double>(n) / static_cast<double>(tokens));
+}
+
+// Expert parallelism: the exchange's plan (core/model/expert_exchange.h) from this rank's
+// dispatch offsets, and the owned rows' buffers (routed activations and backward scratch
+// included) grown to the rows this rank will receive.
 template <typename T>
 void MoeLayer<T>::EpPlan(Communicator& ep) {
-  const int P = ep.world_size(), me = ep.rank(), J = experts_ / P;
-  if (experts_ % P != 0) {
-    throw std::invalid_argument("MoeLayer: experts_total is not divisible by the EP size");
-  }
-  std::vector<float> send_counts(experts_), recv_counts(experts_);
-  for (int e = 0; e < experts_; ++e) send_counts[e] = static_cast<float>(counts_[e]);
-  std::vector<size_t> per_rank(P, static_cast<size_t>(J));
-  ep.AllToAllV(send_counts.data(), per_rank.data(), recv_counts.data(), per_rank.data());
-  ep_rows_.assign(static_cast<size_t>(P) * J, 0);
-  for (size_t i = 0; i < ep_rows_.size(); ++i) ep_rows_[i] = static_cast<int64_t>(recv_counts[i]);
-  ep_offsets_.assign(experts_ + 1, 0);
-  for (int e = 0; e < experts_; ++e) {
-    int64_t rows = 0;
-    if (e / J == me) {
-      for (int q = 0; q < P; ++q) rows += ep_rows_[static_cast<size_t>(q) * J + e % J];
-    }
-    ep_offsets_[e + 1] = ep_offsets_[e] + rows;
-  }
-  ep_send_.assign(P, 0);
-  ep_recv_.assign(P, 0);
-  for (int q = 0; q < P; ++q) {
-    ep_send_[q] = static_cast<size_t>(offsets_[(q + 1) * J] - offsets_[q * J]) * d_;
-    for (int j = 0; j < J; ++j) ep_recv_[q] += static_cast<size_t>(ep_rows_[q * J + j]) * d_;
-  }
-  // Buffers for the received rows (the routed activations and backward scratch included).
-  const size_t R = ep_offsets_[experts_], H = hidden_, d = d_;
-  const size_t local = static_cast<size_t>(n_) * top_k_;
-  GrowTo(ep_buf_, R * d);
-  GrowTo(xr_, R * d);
-  GrowTo(yr_, R * d);
-  GrowTo(h1_, R * H);
-  GrowTo(h3_, R * H);
-  GrowTo(act_, R * H);
-  GrowTo(scratch_, (std::max(R, local) + static_cast<size_t>(shared_) * n_) * 2 * H);
-}
-
-// local [n·k, d] (dispatch order) -> owned [R, d] (expert-contiguous).
-template <typename T>
-void MoeLayer<T>::EpToOwners(Communicator& ep, const T* local, std::vector<T>& owned) {
-  if constexpr (!std::is_same_v<T, float>) {
-    throw std::logic_error("MoeLayer: expert parallelism runs in float only");
-  } else {
-    const int P = ep.world_size(), J = experts_ / P;
-    const size_t d = d_;
-    ep.AllToAllV(local, ep_send_.data(), ep_buf_.data(), ep_recv_.data());
-    GrowTo(owned, ep_buf_.size());
-    // ep_buf_ is [source][expert]; the owned layout is [expert][source].
-    std::vector<int64_t> next(ep_offsets_.begin() + ep.rank() * J,
-                              ep_offsets_.begin() + ep.rank() * J + J);
-    size_t src = 0;
-    for (int q = 0; q < P; ++q) {
-      for (int j = 0; j < J; ++j) {
-        const size_t rows = ep_rows_[static_cast<size_t>(q) * J + j];
-        std::copy_n(ep_buf_.data() + src * d, rows * d, owned.data() + next[j] * d);
-        next[j] += rows;
-        src += rows;
-      }
-    }
-  }
-}
-
-// owned [R, d] (expert-contiguous) -> local [n·k, d] (dispatch order): the reverse exchange.
-template <typename T>
-void MoeLayer<T>::EpFromOwners(Communicator& ep, const std::vector<T>& owned, T* local) {
-  if constexpr (!std::is_same_v<T, float>) {
-    throw std::logic_error("MoeLayer: expert parallelism runs in float only");
-  } else {
-    const int P = ep.world_size(), J = experts_ / P;
-    const size_t d = d_;
-    std::vector<int64_t> next(ep_offsets_.begin() + ep.rank() * J,
-                              ep_offsets_.begin() + ep.rank() * J + J);
-    size_t dst = 0;
-    for (int q = 0; q < P; ++q) {
-      for (int j = 0; j < J; ++j) {
-        const size_t rows = ep_rows_[static_cast<size_t>(q) * J + j];
-        std::copy_n(owned.data() + next[j] * d, rows * d, ep_buf_.data() + dst * d);
-        next[j] += rows;
-        dst += rows;
-      }
-    }
-    ep.AllToAllV(ep_buf_.data(), ep_recv_.data(), local, ep_send_.data());
-  }
+  exchange_.Plan(ep, offsets_.data());
+  ep_offsets_ = exchange_.owned_offsets();
+  const size_t R = exchange_.owned_rows(), H = shape_.hidden, d = shape_.d;
+  const size_t local = static_cast<size_t>(n_) * shape_.top_k;
+  for (std::vector<T>* v : {&xr_, &yr_, &dxr_}) GrowTo(*v, R * d);
+  for (std::vector<T>* v : {&h1_, &h3_, &act_}) GrowTo(*v, R * H);
+  GrowTo(scratch_, (std::max(R, local) + static_cast<size_t>(shape_.shared) * n_) * 2 * H);
 }
 
 template <typename T>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/model/expert_exchange.h"
 
 namespace moelab {
 
@@ -24,6 +25,8 @@ class Communicator;
 // trainer sets it for a run and clears it at the end). Per thread (the thread that calls the
 // layers).
 void SetMoeExpertParallel(Communicator* comm);
+// The calling thread's expert-parallel communicator (null: off); the device MoE layer reads it.
+Communicator* MoeExpertParallel();
 
 // Global-batch balancing (issue 23). A layer sees only this process's tokens (one rank's rows of
 // the global batch, or one micro-batch of them), but the Switch aux loss coef·E·Σ_i f_i·P_i is
@@ -47,6 +50,27 @@ struct MoeBatchStats {
   int64_t* tokens;
 };
 using MoeBatchStatsHook = std::function<void(int moe_layer, MoeBatchStats& stats)>;
+
+// A MoE layer's shape and routing settings, read from the config and checked once for both
+// layers (this CPU one and the device one of core/model/cuda_moe.h).
+struct MoeShape {
+  // Throws std::invalid_argument naming what is wrong.
+  MoeShape(const ModelConfig& model, const MoEConfig& moe);
+  int d, hidden, experts, top_k, shared;
+  bool sigmoid;     // moe.router "sigmoid" (else softmax)
+  bool aux_loss;    // moe.balance "aux_loss"
+  double aux_coef;  // moe.aux_loss_coef
+  double route_scale;
+};
+
+// The Switch aux loss of a batch's statistics (MoeBatchStats): coef·E·Σ_i f_i·P_i with
+// f_i = counts_i/(N·k), P_i = score_sums_i/N; 0 for N = 0.
+double SwitchAuxLoss(const MoeShape& shape, const int64_t* counts, const double* score_sums,
+                     int64_t tokens);
+// What a piece of n of the batch's N tokens passes as the aux coefficient to its route backward
+// (which forms coef·E·f_i/n from the counts and n): coef·n/N, so that the data-parallel mean of
+// the pieces' gradients is the batch objective's gradient (see MoeLayer::Backward). 0 for N = 0.
+double PieceAuxCoef(const MoeShape& shape, int n, int64_t tokens);
 
 template <typename T>
 struct MoeWeights {  // pointers into the param arena (or grad arena)
@@ -101,22 +125,15 @@ class MoeLayer {
   void ExpertForward(const MoeWeights<T>& w, const T* x, T* y);
   void ExpertBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
                       T* dx);
-  // Expert parallelism (see SetMoeExpertParallel): the plan from the local expert counts, and
-  // the row exchanges local (dispatch order) <-> owned (expert-contiguous received rows).
+  // Expert parallelism (see SetMoeExpertParallel): plans the exchange and sizes the owned rows.
   void EpPlan(Communicator& ep);
-  void EpToOwners(Communicator& ep, const T* local, std::vector<T>& owned);
-  void EpFromOwners(Communicator& ep, const std::vector<T>& owned, T* local);
 
   // The routed experts the weights hold (all unless sharded), and a check that they are the
   // ones whose rows this rank computes.
   void CheckShard(const Communicator* ep) const;
 
-  int d_, hidden_, experts_, top_k_, shared_;
+  MoeShape shape_;
   int expert_first_ = 0, expert_count_ = 0;
-  bool sigmoid_;
-  bool aux_loss_;
-  double aux_coef_;
-  double route_scale_;
   // true (measured faster, and bit-identical for any thread count): one dynamic OpenMP loop over
   // shared-expert row chunks, routed experts and the router gradient, single-threaded BLAS
   // inside; false: experts one after another, BLAS threading inside each GEMM.
@@ -146,14 +163,12 @@ class MoeLayer {
   std::vector<T> scratch_;           // [n*k + S*n, 2H] backward scratch, disjoint per task
   std::vector<T> dgates_;            // [n, k]
   std::vector<T> shared_partial_;    // [S, chunks, 3, H*d] per-row-chunk shared weight grads
-  // Expert parallelism: rows received for the owned experts, expert-contiguous ([expert][source
-  // rank], each source's rows in its dispatch order, i.e. global token order within the group).
+  // Expert parallelism: the exchange, and the rows received for the owned experts
+  // (expert-contiguous; see core/model/expert_exchange.h).
+  ExpertExchange exchange_;
   std::vector<int64_t> ep_offsets_;  // [E+1] offsets of the owned rows (0 rows: other experts)
-  std::vector<int64_t> ep_rows_;     // [P, E/P] rows source rank q sends for owned expert j
-  std::vector<size_t> ep_send_, ep_recv_;  // [P] elements to / from each rank (local side)
-  std::vector<T> ep_buf_;                  // [R, d] received rows in [source][expert] order
-  std::vector<T> xr_, yr_, dxr_;           // [R, d] owned rows: inputs, outputs, input grads
-  bool ep_active_ = false;                 // the last Forward ran expert-parallel
+  std::vector<T> xr_, yr_, dxr_;     // [R, d] owned rows: inputs, outputs, input grads
+  bool ep_active_ = false;           // the last Forward ran expert-parallel
 };
 
 // Aux-loss-free balancing update from the step's global counts:

@@ -157,7 +157,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     std::unique_ptr<NcclCommunicator> nccl;
     Communicator* grad_comm = comm;
     if (on_cuda) {
-      RequireCudaSupports(c, layout.world, layout.ep, micro.count());
+      RequireCudaSupports(c, layout.world, layout.ep);
     }
     if (on_cuda && layout.world > 1) {
       if (comm->kind() != "nccl") {
@@ -171,16 +171,27 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     // its ExpertShard); their gradients are summed over the DP group of same-expert owners only
     // (core/dist/expert_parallel.h); checkpoints gather the whole model inside the EP group of
     // rank 0 and keep the unsharded format (core/dist/expert_shard.h).
+    // ep_comm / dp_comm are host-side (checkpoint gathers); the tokens and gradients travel over
+    // ep_grad / dp_grad: the same groups split from grad_comm (NCCL on GPUs, where they live).
     const bool sharded_ep = layout.ep > 1;
-    std::unique_ptr<Communicator> ep_comm, dp_comm;
-    if (layout.ep > 1) {
+    std::unique_ptr<Communicator> ep_comm, dp_comm, ep_nccl, dp_nccl;
+    Communicator *ep_grad = nullptr, *dp_grad = nullptr;
+    if (sharded_ep) {
       ep_comm = comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
       dp_comm = comm->Split(layout.rank % layout.ep, layout.rank / layout.ep);
+      ep_grad = ep_comm.get();
+      dp_grad = dp_comm.get();
+      if (grad_comm != comm) {
+        ep_nccl = grad_comm->Split(layout.rank / layout.ep, layout.rank % layout.ep);
+        dp_nccl = grad_comm->Split(layout.rank % layout.ep, layout.rank / layout.ep);
+        ep_grad = ep_nccl.get();
+        dp_grad = dp_nccl.get();
+      }
     }
     struct ExpertParallelScope {
       explicit ExpertParallelScope(Communicator* ep) { SetMoeExpertParallel(ep); }
       ~ExpertParallelScope() { SetMoeExpertParallel(nullptr); }
-    } ep_scope(ep_comm.get());
+    } ep_scope(ep_grad);
     std::unique_ptr<TokenSource> data = OpenTokenSource(c.data, c.model.vocab_size);
     if (on_cuda) RequireCudaMemory(c, local_batch, false);  // the CLI printed the plan
     const int held = c.moe.experts_total / layout.ep;
@@ -202,7 +213,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     std::unique_ptr<ShardedOptimizer> sharded;
     if (zero) {  // over the ranks holding the same parameters
       sharded = std::make_unique<ShardedOptimizer>(c, model.param_infos(), model.num_params(),
-                                                   sharded_ep ? *dp_comm : *grad_comm, be);
+                                                   sharded_ep ? *dp_grad : *grad_comm, be);
     } else {
       optimizer = MakeOptimizer(c, model.param_infos());
     }
@@ -442,8 +453,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       const auto t0 = Clock::now();
       const CommStats comm_before = comm->stats();
       const CommStats nccl_before = nccl ? nccl->stats() : CommStats{};
-      const CommStats ep_before = ep_comm ? ep_comm->stats() : CommStats{};
-      const CommStats dp_before = dp_comm ? dp_comm->stats() : CommStats{};
+      const CommStats ep_before = ep_grad ? ep_grad->stats() : CommStats{};
+      const CommStats dp_before = dp_grad ? dp_grad->stats() : CommStats{};
       data->TrainBatch(c.train.seed, step, 0, B, S, tokens.data());
       ForwardBackwardMicroBatched(model, local_tokens, S, micro, &stats, accumulator,
                                   step_aux.get());
@@ -453,14 +464,14 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         if (zero && sharded_ep) {
           // Replicated tensors: summed in the EP group, then the DP reduce-scatter completes the
           // world sum; experts over the DP group only.
-          SumNonExpertOverExpertGroup(*ep_comm, model.param_infos(), grads, n, c.dist.bucket_mb);
+          SumNonExpertOverExpertGroup(*ep_grad, model.param_infos(), grads, n, c.dist.bucket_mb);
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb, layout.world);
         } else if (zero) {
           sharded->ReduceScatterGradients(grads, c.dist.bucket_mb);
         } else if (overlap) {
           overlap->Finish();
         } else if (sharded_ep) {
-          ReduceExpertParallelGradients(*comm, *dp_comm, model.param_infos(), grads, n,
+          ReduceExpertParallelGradients(*grad_comm, *dp_grad, be, model.param_infos(), grads, n,
                                         c.dist.bucket_mb);
         } else {
           AllReduceGradients(*grad_comm, be, grads, n, c.dist.bucket_mb);
@@ -479,7 +490,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       double grad_norm = 0;
       if (sharded_ep) {
         grad_norm =
-            ExpertParallelGradNorm(*ep_comm, zero ? dp_comm.get() : nullptr, model.param_infos(),
+            ExpertParallelGradNorm(*ep_grad, zero ? dp_grad : nullptr, be, model.param_infos(),
                                    grads, n, zero ? sharded->mine() : ArenaRange{0, n});
       } else if (zero) {
         grad_norm = sharded->GradNorm(grads);
@@ -537,12 +548,12 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
         step_comm_bytes += nccl->stats().bytes - nccl_before.bytes;
         step_comm_seconds += nccl->stats().seconds - nccl_before.seconds;
       }
-      if (ep_comm) {
-        step_comm_bytes += ep_comm->stats().bytes - ep_before.bytes;
-        step_comm_seconds += ep_comm->stats().seconds - ep_before.seconds;
-        step_comm_bytes += dp_comm->stats().bytes - dp_before.bytes;
-        step_comm_seconds += dp_comm->stats().seconds - dp_before.seconds;
-        step_ep_bytes += ep_comm->stats().bytes - ep_before.bytes;
+      if (ep_grad) {
+        step_comm_bytes += ep_grad->stats().bytes - ep_before.bytes;
+        step_comm_seconds += ep_grad->stats().seconds - ep_before.seconds;
+        step_comm_bytes += dp_grad->stats().bytes - dp_before.bytes;
+        step_comm_seconds += dp_grad->stats().seconds - dp_before.seconds;
+        step_ep_bytes += ep_grad->stats().bytes - ep_before.bytes;
       }
       ++steps_timed;
       time_in_steps += dt;

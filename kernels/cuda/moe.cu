@@ -88,6 +88,28 @@ __global__ void MoeAuxLossKernel(const T* scores, const int64_t* counts, int n, 
   if (threadIdx.x == 0) *out = acc;
 }
 
+// Block e: Σ_t s̃_{t,e}, the normalised scores (softmax: the score; sigmoid: s_e/Σ_j s_j, nothing
+// where every score underflowed) in double, per-thread token sums then a fixed-shape tree
+// (reproducible). The numerators of the Switch aux loss's P_e.
+template <typename T>
+__global__ void MoeScoreSumsKernel(const T* scores, int n, int E, bool sigmoid, double* sums) {
+  __shared__ double shared[32];
+  const int e = blockIdx.x;
+  double acc = 0;
+  for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    const T* s = scores + static_cast<long>(t) * E;
+    double sum = 1.0;
+    if (sigmoid) {
+      sum = 0;
+      for (int j = 0; j < E; ++j) sum += s[j];
+      if (!(sum > 0)) continue;
+    }
+    acc += static_cast<double>(s[e]) / sum;
+  }
+  acc = detail::BlockSum(acc, shared);
+  if (threadIdx.x == 0) sums[e] = acc;
+}
+
 template <typename T>
 __global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T* dgates,
                                        const int64_t* counts, int n, int E, int k, bool sigmoid,
@@ -271,6 +293,21 @@ double MoeAuxLoss(const T* scores, const int64_t* counts, int n, int experts, in
 }
 
 template <typename T>
+void MoeScoreSums(const T* scores, int n, int experts, bool sigmoid, double* host_sums,
+                  cudaStream_t stream) {
+  if (n == 0) {
+    for (int e = 0; e < experts; ++e) host_sums[e] = 0.0;
+    return;
+  }
+  double* dev = static_cast<double*>(ThreadScratch(sizeof(double) * experts));
+  MoeScoreSumsKernel<<<experts, 256, 0, stream>>>(scores, n, experts, sigmoid, dev);
+  CheckLaunch("MoeScoreSums");
+  MOELAB_CUDA_CHECK(
+      cudaMemcpyAsync(host_sums, dev, sizeof(double) * experts, cudaMemcpyDeviceToHost, stream));
+  MOELAB_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+template <typename T>
 void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const int64_t* counts,
                       int n, int experts, int k, bool sigmoid, double route_scale, double aux_coef,
                       T* dlogits, cudaStream_t stream) {
@@ -366,6 +403,7 @@ template void MoeRoute<float>(const float*, int, int, int, bool, const float*, d
                               float*, int64_t*, cudaStream_t);
 template double MoeAuxLoss<float>(const float*, const int64_t*, int, int, int, bool, double,
                                   cudaStream_t);
+template void MoeScoreSums<float>(const float*, int, int, bool, double*, cudaStream_t);
 template void MoeRouteBackward<float>(const float*, const int*, const float*, const int64_t*, int,
                                       int, int, bool, double, double, float*, cudaStream_t);
 template void MoeGather<float>(const float*, int, const int*, int64_t, float*, cudaStream_t);

@@ -25,6 +25,13 @@ template <typename T>
 double MoeAuxLoss(const T* scores, const int64_t* counts, int n, int experts, int k, bool sigmoid,
                   double coef, cudaStream_t stream = nullptr);
 
+// Σ_t of the normalised scores per expert (softmax: s_{t,e}; sigmoid: s_{t,e}/Σ_j s_{t,j}), in
+// double, into host_sums [E] (synchronises the stream): the P_e numerators of the Switch aux loss
+// that a global-batch statistics hook sums over ranks (core/model/moe.h, MoeBatchStats).
+template <typename T>
+void MoeScoreSums(const T* scores, int n, int experts, bool sigmoid, double* host_sums,
+                  cudaStream_t stream = nullptr);
+
 template <typename T>
 void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const int64_t* counts,
                       int n, int experts, int k, bool sigmoid, double route_scale, double aux_coef,

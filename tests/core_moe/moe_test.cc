@@ -30,7 +30,8 @@ class MoeLayerTestPeer {
   }
   template <typename T>
   static std::vector<int> Topk(const MoeLayer<T>& layer) {
-    return {layer.topk_.begin(), layer.topk_.begin() + static_cast<long>(layer.n_) * layer.top_k_};
+    return {layer.topk_.begin(),
+            layer.topk_.begin() + static_cast<long>(layer.n_) * layer.shape_.top_k};
   }
 };
 

@@ -59,6 +59,19 @@ TEST_P(CudaMoeRoute, RouteAuxAndBackwardMatchCpu) {
   ExpectNear(ggates.Download(), c.gates, 1e-7, 1e-6, "gates");
   const double gaux = MoeAuxLoss(gscores.data(), gcounts.data(), n, E, k, sigmoid, aux);
   EXPECT_NEAR(gaux, aux_loss, 1e-6 * std::abs(aux_loss));
+  // The score sums a global-batch hook receives: Σ_t of the normalised scores, per expert.
+  std::vector<double> sums(E, 0.0), gsums(E, -1.0);
+  for (int t = 0; t < n; ++t) {
+    const float* s = c.scores.data() + size_t(t) * E;
+    double total = 1.0;
+    if (sigmoid) {
+      total = 0;
+      for (int e = 0; e < E; ++e) total += s[e];
+    }
+    for (int e = 0; e < E; ++e) sums[e] += static_cast<double>(s[e]) / total;
+  }
+  MoeScoreSums(gscores.data(), n, E, sigmoid, gsums.data());
+  for (int e = 0; e < E; ++e) EXPECT_NEAR(gsums[e], sums[e], 1e-6 * sums[e] + 1e-9) << e;
   MoeRouteBackward(gscores.data(), gtopk.data(), gdgates.data(), gcounts.data(), n, E, k, sigmoid,
                    route_scale, aux, gdlogits.data());
   ExpectNear(gdlogits.Download(), dlogits, 1e-6, 1e-5, "dlogits");

@@ -120,6 +120,20 @@ TEST_F(CudaModelTest, MoeWithSharedExpertsMatchesCpu) {
   ExpectTwins(c);
 }
 
+// The Switch aux loss over micro-batches (issue 22): the device layer hands its counts and score
+// sums to the micro-batching loop's global-batch hook, as the CPU layer does.
+TEST_F(CudaModelTest, AuxLossOverMicroBatchesMatchesCpu) {
+  RunConfig c = Small();
+  c.moe.experts_total = 8;
+  c.moe.experts_active = 2;
+  c.moe.shared_experts = 1;
+  c.moe.expert_hidden = 32;
+  c.moe.balance = "aux_loss";
+  c.moe.aux_loss_coef = 0.05;
+  c.train.micro_batch = 2;
+  ExpectTwins(c);
+}
+
 TEST_F(CudaModelTest, MlaMatchesCpu) {
   RunConfig c = Small();
   c.model.attention = "mla";
