@@ -20,6 +20,7 @@
 #include "core/model/backend_memory.h"
 #include "core/model/moe.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/rope.h"
 
 namespace moelab {
 
@@ -85,6 +86,12 @@ class Backend : public BackendMemory {
   virtual void RmsNorm(const T* x, const T* gain, int n, int d, double eps, T* y, T* rstd) = 0;
   virtual void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d,
                                T* dx, T* dgain, bool accumulate_dx) = 0;
+  // The residual add at a layer boundary with the next norm: sum = a + b (sum may alias a or b),
+  // y = RMSNorm(sum), rstd kept. The values of Add then RmsNorm, bit for bit; CUDA reads a and b
+  // and writes sum and y in one kernel. (The backward needs no twin: RmsNormBackward's
+  // accumulate_dx already adds the residual gradient.)
+  virtual void AddRmsNorm(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
+                          T* y, T* rstd) = 0;
   virtual void RmsNormGroups(const T* x, int ldx, T* y, int ldy, int n, int groups, int d,
                              const T* gain, double eps, T* rstd) = 0;
   virtual void RmsNormGroupsBackward(const T* x, int ldx, const T* gain, const T* rstd, const T* dy,
@@ -105,6 +112,9 @@ class Backend : public BackendMemory {
   virtual void HeadMax(const T* pair_max, int batch, int heads, T* head_max) = 0;
   virtual void Rope(T* x, int n, int seq, int ld, int heads, int head_stride, int offset,
                     int rot_dim, const T* cos, const T* sin, bool inverse) = 0;
+  // Rope on the q heads and on the k heads (two slices of n rows) in one op: one launch on CUDA.
+  virtual void RopeQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq,
+                      int rot_dim, const T* cos, const T* sin, bool inverse) = 0;
   // dst[r·ldd + h·dst_stride + dst_off + j] = src[r·lds + h·src_stride + src_off + j] for rows
   // r < n, heads h, columns j < width (MLA's per-head assembly; src_stride 0 broadcasts).
   virtual void CopyHeads(const T* src, int lds, int src_stride, int src_off, T* dst, int ldd,

@@ -94,6 +94,10 @@ class CpuBackend final : public Backend<T> {
                        T* dgain, bool accumulate_dx) override {
     cpu::RmsNormBackward(x, gain, rstd, dy, n, d, dx, dgain, accumulate_dx);
   }
+  void AddRmsNorm(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps, T* y,
+                  T* rstd) override {
+    cpu::AddRmsNormForward(a, b, sum, gain, n, d, eps, y, rstd);
+  }
   void RmsNormGroups(const T* x, int ldx, T* y, int ldy, int n, int groups, int d, const T* gain,
                      double eps, T* rstd) override {
     cpu::RmsNormGroupsForward(x, ldx, y, ldy, n, groups, d, gain, eps, rstd);
@@ -129,6 +133,10 @@ class CpuBackend final : public Backend<T> {
   void Rope(T* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
             const T* cos, const T* sin, bool inverse) override {
     cpu::RopeApply(x, n, seq, ld, heads, head_stride, offset, rot_dim, cos, sin, inverse);
+  }
+  void RopeQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq, int rot_dim,
+              const T* cos, const T* sin, bool inverse) override {
+    cpu::RopeApplyQk(q, k, n, seq, rot_dim, cos, sin, inverse);
   }
   void CopyHeads(const T* src, int lds, int src_stride, int src_off, T* dst, int ldd,
                  int dst_stride, int dst_off, int n, int heads, int width) override {

@@ -238,6 +238,11 @@ class CudaBackend final : public Backend<float> {
     ProfileScope ps(profiler_, "norm");
     cuda::RmsNormBackward(x, gain, rstd, dy, n, d, dx, dgain, accumulate_dx);
   }
+  void AddRmsNorm(const float* a, const float* b, float* sum, const float* gain, int n, int d,
+                  double eps, float* y, float* rstd) override {
+    ProfileScope ps(profiler_, "norm");
+    cuda::AddRmsNormForward(a, b, sum, gain, n, d, eps, y, rstd);
+  }
   void RmsNormGroups(const float* x, int ldx, float* y, int ldy, int n, int groups, int d,
                      const float* gain, double eps, float* rstd) override {
     ProfileScope ps(profiler_, "norm");
@@ -286,6 +291,11 @@ class CudaBackend final : public Backend<float> {
             const float* cos, const float* sin, bool inverse) override {
     ProfileScope ps(profiler_, "attention");
     cuda::RopeApply(x, n, seq, ld, heads, head_stride, offset, rot_dim, cos, sin, inverse);
+  }
+  void RopeQk(const cpu::RopeSlice<float>& q, const cpu::RopeSlice<float>& k, int n, int seq,
+              int rot_dim, const float* cos, const float* sin, bool inverse) override {
+    ProfileScope ps(profiler_, "attention");
+    cuda::RopeApplyQk(q, k, n, seq, rot_dim, cos, sin, inverse);
   }
   void CopyHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd,
                  int dst_stride, int dst_off, int n, int heads, int width) override {

@@ -108,7 +108,8 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
   const T* cs = rope_cos.data();
   const T* sn = rope_sin.data();
   if (!mla) {
-    // q | k | v = x̂·[wq; wk; wv]ᵀ in one GEMM, then (QK-norm and) RoPE on q and k in place.
+    // q | k | v = x̂·[wq; wk; wv]ᵀ in one GEMM, then (QK-norm and) RoPE on q and k in place, in
+    // one op.
     be->Linear(a.ln1, P + ly.wq, n, d, qkv_dim, a.qkv, false);
     if (qk_norm) {
       const int ld = qdim + kvdim;
@@ -118,8 +119,8 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
       be->RmsNormGroups(a.qk_raw + qdim, ld, a.qkv + qdim, qkv_dim, n, KVH, hd, P + ly.k_norm,
                         m.norm_eps, a.rstd_k);
     }
-    be->Rope(a.qkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, false);
-    be->Rope(a.qkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, false);
+    be->RopeQk({a.qkv, qkv_dim, H, hd, 0}, {a.qkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
+               false);
     be->AttentionForward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.saved, a.att, pair_max);
     return;
   }
@@ -139,14 +140,13 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
   be->Linear(a.ln1, P + ly.kv_a, n, d, lda, a.kva, false);
   be->RmsNormGroups(a.kva, lda, a.ckv, rkv, n, 1, rkv, P + ly.kv_a_norm, m.norm_eps, a.rstd_kv);
   be->Linear(a.ckv, P + ly.kv_b, n, rkv, ldb, a.kvb, false);
-  // RoPE on the shared key (once), then per-head q = [q^C_h | q^R_h], k = [k^C_h | k^R] and
-  // RoPE on every head's q^R.
-  be->Rope(a.kva + rkv, n, S, lda, 1, dr, 0, dr, cs, sn, false);
+  // RoPE in one op on every head's q^R (in place in qb, which the backward does not read) and on
+  // the shared key (once), then per-head q = [q^C_h | q^R_h], k = [k^C_h | k^R].
+  be->RopeQk({a.qb, H * dqk, H, dr, H * dn}, {a.kva, lda, 1, dr, rkv}, n, S, dr, cs, sn, false);
   be->CopyHeads(a.qb, H * dqk, dn, 0, a.qf, ldf, dqk, 0, n, H, dn);
   be->CopyHeads(a.qb, H * dqk, dr, H * dn, a.qf, ldf, dqk, dn, n, H, dr);
   be->CopyHeads(a.kvb, ldb, dn, 0, a.kf, ldf, dqk, 0, n, H, dn);
   be->CopyHeads(a.kva, lda, 0, rkv, a.kf, ldf, dqk, dn, n, H, dr);
-  be->Rope(a.qf, n, S, ldf, H, dqk, dn, dr, cs, sn, false);
   be->AttentionForward(dims, a.qf, a.kf, a.kvb + H * dn, a.saved, a.att, pair_max);
 }
 
@@ -161,8 +161,8 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
   if (!mla) {
     be->AttentionBackward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.att, a.saved, datt,
                           dqkv, dqkv + qdim, dqkv + qdim + kvdim, att_scratch);
-    be->Rope(dqkv, n, S, qkv_dim, H, hd, 0, hd, cs, sn, true);
-    be->Rope(dqkv + qdim, n, S, qkv_dim, KVH, hd, 0, hd, cs, sn, true);
+    be->RopeQk({dqkv, qkv_dim, H, hd, 0}, {dqkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
+               true);
     if (qk_norm) {
       const int ld = qdim + kvdim;
       be->RmsNormGroupsBackward(a.qk_raw, ld, P + ly.q_norm, a.rstd_q, dqkv, qkv_dim, dqkv, qkv_dim,
@@ -177,14 +177,14 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
   // dv lands directly in the v columns of dkvb.
   be->AttentionBackward(dims, a.qf, a.kf, a.kvb + H * dn, a.att, a.saved, datt, dqf, dkf,
                         dkvb + H * dn, att_scratch);
-  be->Rope(dqf, n, S, ldf, H, dqk, dn, dr, cs, sn, true);
   // Scatter per-head gradients back to the projection layouts; the shared rotary key sums its
-  // heads' gradients in head order (then RoPE⁻¹ once).
+  // heads' gradients in head order; then RoPE⁻¹ in one op on the q^R columns of dqb and on the
+  // shared key (the rotation acts on each value alone, so it commutes with the copies).
   be->CopyHeads(dqf, ldf, dqk, 0, dqb, H * dqk, dn, 0, n, H, dn);
   be->CopyHeads(dqf, ldf, dqk, dn, dqb, H * dqk, dr, H * dn, n, H, dr);
   be->CopyHeads(dkf, ldf, dqk, 0, dkvb, ldb, dn, 0, n, H, dn);
   be->SumHeads(dkf, ldf, dqk, dn, dkva + rkv, lda, n, H, dr);
-  be->Rope(dkva + rkv, n, S, lda, 1, dr, 0, dr, cs, sn, true);
+  be->RopeQk({dqb, H * dqk, H, dr, H * dn}, {dkva, lda, 1, dr, rkv}, n, S, dr, cs, sn, true);
   // kv path: dc_kv, then through the latent norm into the first rkv columns of dkva.
   be->LinearBackward(a.ckv, P + ly.kv_b, dkvb, n, rkv, ldb, dcq, G + ly.kv_b, false, false);
   be->RmsNormGroupsBackward(a.kva, lda, P + ly.kv_a_norm, a.rstd_kv, dcq, rkv, dkva, lda, n, 1, rkv,
@@ -259,13 +259,13 @@ double Model<T>::Impl::Run(const int32_t* tokens, int batch, StepStats* stats, b
   const size_t nd = static_cast<size_t>(n) * d;
 
   be->Embedding(P + embedding, inputs.data(), n, d, la[0].res);
+  be->RmsNorm(la[0].res, P + layers[0].attn_norm, n, d, m.norm_eps, la[0].ln1, la[0].rstd1);
   double aux = 0;
   for (int l = 0; l < L; ++l) {
     const Layer& ly = layers[l];
     LayerActs& a = la[l];
-    T* next = l + 1 < L ? la[l + 1].res : res_final;
-    // Attention block: mid = res + wo·Attn(RMSNorm(res)).
-    be->RmsNorm(a.res, P + ly.attn_norm, n, d, m.norm_eps, a.ln1, a.rstd1);
+    // Attention block: mid = res + wo·Attn(RMSNorm(res)); RMSNorm(res) (ln1, rstd1) was formed
+    // with res at the previous boundary.
     AttentionForward(l, n);
     be->HeadMax(pair_max, batch, H, head_max + static_cast<size_t>(l) * H);
     // mid = res, then the output projection accumulates onto it (the residual add for free).
@@ -281,9 +281,16 @@ double Model<T>::Impl::Run(const int32_t* tokens, int batch, StepStats* stats, b
       aux += moe_layers[mi]->Forward(Moe(P, ly), bias.data() + static_cast<size_t>(mi) * E, a.ln2,
                                      n, dln, counts);
     }
-    be->Add(a.mid, dln, next, nd);
+    // The layer boundary: next = mid + FFN output, with the next norm (layer l+1's attention
+    // norm, or the final norm) in the same op.
+    if (l + 1 < L) {
+      LayerActs& b = la[l + 1];
+      be->AddRmsNorm(a.mid, dln, b.res, P + layers[l + 1].attn_norm, n, d, m.norm_eps, b.ln1,
+                     b.rstd1);
+    } else {
+      be->AddRmsNorm(a.mid, dln, res_final, P + final_norm, n, d, m.norm_eps, lnf, rstdf);
+    }
   }
-  be->RmsNorm(res_final, P + final_norm, n, d, m.norm_eps, lnf, rstdf);
   const LossTerms ce = OutputLoss(n, backward);
   if (stats) {
     // S_max per (layer, head): the raw maximum, and after the soft-cap when there is one.

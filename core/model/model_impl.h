@@ -50,7 +50,7 @@ struct Model<T>::Impl {
     T* cq_raw = nullptr;   // [n, rq] x̂·W_q_aᵀ
     T* cq = nullptr;       // [n, rq] normalised query latent
     T* rstd_cq = nullptr;  // [n]
-    T* qb = nullptr;       // [n, H·dn + H·dr] per-head q^C | q^R (before RoPE)
+    T* qb = nullptr;       // [n, H·dn + H·dr] per-head q^C | q^R (after RoPE)
     T* kva = nullptr;      // [n, rkv + dr] kv latent | shared rotary key (after RoPE)
     T* ckv = nullptr;      // [n, rkv] normalised kv latent
     T* rstd_kv = nullptr;  // [n]

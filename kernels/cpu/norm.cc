@@ -23,6 +23,15 @@ void RmsNormForward(const T* x, const T* gain, int n, int d, double eps, T* y, T
 }
 
 template <typename T>
+void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
+                       T* y, T* rstd) {
+  const long count = static_cast<long>(n) * d;
+#pragma omp parallel for simd schedule(static) if (count > 65536)
+  for (long i = 0; i < count; ++i) sum[i] = a[i] + b[i];
+  RmsNormForward(sum, gain, n, d, eps, y, rstd);
+}
+
+template <typename T>
 void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d, T* dx,
                      T* dgain, bool accumulate_dx) {
   const bool big = static_cast<long>(n) * d > 16384;
@@ -133,6 +142,10 @@ template void RmsNormGroupsBackward<double>(const double*, int, const double*, c
 template void RmsNormForward<float>(const float*, const float*, int, int, double, float*, float*);
 template void RmsNormForward<double>(const double*, const double*, int, int, double, double*,
                                      double*);
+template void AddRmsNormForward<float>(const float*, const float*, float*, const float*, int, int,
+                                       double, float*, float*);
+template void AddRmsNormForward<double>(const double*, const double*, double*, const double*, int,
+                                        int, double, double*, double*);
 template void RmsNormBackward<float>(const float*, const float*, const float*, const float*, int,
                                      int, float*, float*, bool);
 template void RmsNormBackward<double>(const double*, const double*, const double*, const double*,

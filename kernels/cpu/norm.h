@@ -7,6 +7,13 @@ namespace moelab::cpu {
 template <typename T>
 void RmsNormForward(const T* x, const T* gain, int n, int d, double eps, T* y, T* rstd);
 
+// The residual add at a layer boundary fused with the next norm: sum = a + b (sum may alias a or
+// b), then y = RMSNorm(sum) with rstd. The add, then RmsNormForward: bit for bit those two (the
+// CUDA twin does both in one pass over the row).
+template <typename T>
+void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
+                       T* y, T* rstd);
+
 // dy [n,d] -> dx [n,d] (overwritten, or added to when accumulate_dx: the residual stream's
 // gradient flows straight into it) and dgain [d] (overwritten). dgain is reduced column-block by
 // column-block over rows in row order, so it is bit-identical for any thread count.

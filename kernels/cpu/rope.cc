@@ -1,6 +1,7 @@
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+#include <initializer_list>
 
 namespace moelab::cpu {
 
@@ -40,11 +41,27 @@ void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int off
   }
 }
 
+template <typename T>
+void RopeApplyQk(const RopeSlice<T>& q, const RopeSlice<T>& k, int n, int seq, int rot_dim,
+                 const T* cos, const T* sin, bool inverse) {
+  for (const RopeSlice<T>* s : {&q, &k}) {
+    if (s->heads > 0) {
+      RopeApply(s->x, n, seq, s->ld, s->heads, s->head_stride, s->offset, rot_dim, cos, sin,
+                inverse);
+    }
+  }
+}
+
 template void RopeTables<float>(int, int, double, float*, float*);
 template void RopeTables<double>(int, int, double, double*, double*);
 template void RopeApply<float>(float*, int, int, int, int, int, int, int, const float*,
                                const float*, bool);
 template void RopeApply<double>(double*, int, int, int, int, int, int, int, const double*,
                                 const double*, bool);
+
+template void RopeApplyQk<float>(const RopeSlice<float>&, const RopeSlice<float>&, int, int, int,
+                                 const float*, const float*, bool);
+template void RopeApplyQk<double>(const RopeSlice<double>&, const RopeSlice<double>&, int, int, int,
+                                  const double*, const double*, bool);
 
 }  // namespace moelab::cpu

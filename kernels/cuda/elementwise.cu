@@ -12,8 +12,10 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/optim.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/rope_kernels.cuh"
 #include "kernels/cuda/swiglu.h"
 
 namespace moelab::cuda {
@@ -111,23 +113,9 @@ template void EmbeddingBackward<float>(const int32_t*, const float*, int, int, f
 
 namespace {
 
-// Vector v = i·groups + g (i < n rows, g < groups) starts at x + i·ldx + g·d. One block per
-// vector.
-template <typename T>
-__global__ void RmsNormForwardKernel(const T* x, int ldx, T* y, int ldy, int groups, int d,
-                                     const T* gain, double eps, T* rstd) {
-  __shared__ float shared[32];
-  const long v = blockIdx.x;
-  const long i = v / groups, g = v % groups;
-  const T* xi = x + i * ldx + g * d;
-  T* yi = y + i * ldy + g * d;
-  float ss = 0;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
-  ss = detail::BlockSum(ss, shared);
-  const T r = static_cast<T>(1.0 / sqrt(static_cast<double>(ss) / d + eps));
-  if (threadIdx.x == 0) rstd[v] = r;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) yi[j] = __fmul_rn(__fmul_rn(xi[j], r), gain[j]);
-}
+using norm::AddRmsNormKernel;
+using norm::NormThreads;
+using norm::RmsNormForwardKernel;
 
 // dx = r·(g⊙dy − x·c), c = Σ(dy·g·x)·r²/d. dx may be dy (each thread reads its entries before
 // writing them, after the block-wide dot product).
@@ -195,8 +183,6 @@ void RmsDgain(const T* x, int ldx, const T* rstd, const T* dy, int lddy, long ve
   CheckLaunch("RmsNorm dgain");
 }
 
-int NormThreads(int d) { return d >= 512 ? 256 : (d >= 128 ? 128 : 32); }
-
 }  // namespace
 
 template <typename T>
@@ -205,6 +191,14 @@ void RmsNormForward(const T* x, const T* gain, int n, int d, double eps, T* y, T
   if (n <= 0) return;
   RmsNormForwardKernel<<<n, NormThreads(d), 0, stream>>>(x, d, y, d, 1, d, gain, eps, rstd);
   CheckLaunch("RmsNormForward");
+}
+
+template <typename T>
+void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
+                       T* y, T* rstd, cudaStream_t stream) {
+  if (n <= 0) return;
+  AddRmsNormKernel<<<n, NormThreads(d), 0, stream>>>(a, b, sum, gain, d, eps, y, rstd);
+  CheckLaunch("AddRmsNormForward");
 }
 
 template <typename T>
@@ -242,6 +236,8 @@ void RmsNormGroupsBackward(const T* x, int ldx, const T* gain, const T* rstd, co
 
 template void RmsNormForward<float>(const float*, const float*, int, int, double, float*, float*,
                                     cudaStream_t);
+template void AddRmsNormForward<float>(const float*, const float*, float*, const float*, int, int,
+                                       double, float*, float*, cudaStream_t);
 template void RmsNormBackward<float>(const float*, const float*, const float*, const float*, int,
                                      int, float*, float*, bool, cudaStream_t);
 template void RmsNormGroupsForward<float>(const float*, int, float*, int, int, int, int,
@@ -251,29 +247,6 @@ template void RmsNormGroupsBackward<float>(const float*, int, const float*, cons
                                            cudaStream_t);
 
 // ---------------------------------------------------------------- RoPE
-
-namespace {
-template <typename T>
-__global__ void RopeApplyKernel(T* x, long n, int seq, int ld, int heads, int head_stride,
-                                int offset, int rot_dim, const T* cos, const T* sin, T sign) {
-  const int half = rot_dim / 2;
-  const long total = n * heads * half;
-  MOELAB_GRID_STRIDE(idx, total) {
-    const int i = static_cast<int>(idx % half);
-    const long rh = idx / half;
-    const int h = static_cast<int>(rh % heads);
-    const long r = rh / heads;
-    const long p = r % seq;
-    T* a = x + r * ld + static_cast<long>(h) * head_stride + offset;
-    T* b = a + half;
-    const T c = cos[p * half + i], si = sign * sin[p * half + i];
-    const T ai = a[i], bi = b[i];
-    // No FMA contraction: the CPU computes the products and the difference separately.
-    a[i] = __fsub_rn(__fmul_rn(ai, c), __fmul_rn(bi, si));
-    b[i] = __fadd_rn(__fmul_rn(bi, c), __fmul_rn(ai, si));
-  }
-}
-}  // namespace
 
 template <typename T>
 void RopeTables(int seq, int rot_dim, double theta, T* cos, T* sin, cudaStream_t stream) {
@@ -288,18 +261,27 @@ void RopeTables(int seq, int rot_dim, double theta, T* cos, T* sin, cudaStream_t
 }
 
 template <typename T>
+void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq,
+                 int rot_dim, const T* cos, const T* sin, bool inverse, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * (q.heads + k.heads) * (rot_dim / 2);
+  if (!total) return;
+  rope::RopeQkKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(q, k, n, seq, rot_dim, cos,
+                                                                       sin, inverse ? T(-1) : T(1));
+  CheckLaunch("RopeApplyQk");
+}
+
+template <typename T>
 void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
                const T* cos, const T* sin, bool inverse, cudaStream_t stream) {
-  const size_t total = static_cast<size_t>(n) * heads * (rot_dim / 2);
-  if (!total) return;
-  RopeApplyKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(
-      x, n, seq, ld, heads, head_stride, offset, rot_dim, cos, sin, inverse ? T(-1) : T(1));
-  CheckLaunch("RopeApply");
+  RopeApplyQk<T>({x, ld, heads, head_stride, offset}, {}, n, seq, rot_dim, cos, sin, inverse,
+                 stream);
 }
 
 template void RopeTables<float>(int, int, double, float*, float*, cudaStream_t);
 template void RopeApply<float>(float*, int, int, int, int, int, int, int, const float*,
                                const float*, bool, cudaStream_t);
+template void RopeApplyQk<float>(const cpu::RopeSlice<float>&, const cpu::RopeSlice<float>&, int,
+                                 int, int, const float*, const float*, bool, cudaStream_t);
 
 // ---------------------------------------------------------------- SwiGLU activation
 

@@ -1,6 +1,6 @@
-// CUDA twin of kernels/cpu/norm.h (fp32): RMSNorm, and grouped RMSNorm on strided rows for
-// QK-norm and MLA latents. Same arguments, device pointers. dgain is reduced over rows in a
-// fixed order (deterministic, no atomics).
+// CUDA twin of kernels/cpu/norm.h (fp32): RMSNorm, the residual add fused with it, and grouped
+// RMSNorm on strided rows for QK-norm and MLA latents. Same arguments, device pointers. dgain is
+// reduced over rows in a fixed order (deterministic, no atomics).
 #pragma once
 
 #include "kernels/cuda/device.h"
@@ -10,6 +10,12 @@ namespace moelab::cuda {
 template <typename T>
 void RmsNormForward(const T* x, const T* gain, int n, int d, double eps, T* y, T* rstd,
                     cudaStream_t stream = nullptr);
+
+// sum = a + b (may alias a or b), y = RMSNorm(sum), rstd kept: one kernel that reads a and b and
+// writes sum and y once; bit for bit an add then RmsNormForward on this device.
+template <typename T>
+void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
+                       T* y, T* rstd, cudaStream_t stream = nullptr);
 
 template <typename T>
 void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d, T* dx,

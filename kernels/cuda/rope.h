@@ -1,6 +1,7 @@
 // CUDA twin of kernels/cpu/rope.h (fp32), rotate-half convention.
 #pragma once
 
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/device.h"
 
 namespace moelab::cuda {
@@ -13,5 +14,11 @@ void RopeTables(int seq, int rot_dim, double theta, T* cos, T* sin, cudaStream_t
 template <typename T>
 void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
                const T* cos, const T* sin, bool inverse, cudaStream_t stream = nullptr);
+
+// RopeApply on q's heads and k's heads (cpu::RopeSlice, device pointers) in one launch.
+template <typename T>
+void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq,
+                 int rot_dim, const T* cos, const T* sin, bool inverse,
+                 cudaStream_t stream = nullptr);
 
 }  // namespace moelab::cuda

@@ -95,6 +95,11 @@ class CheckingBackend final : public Backend<T> {
     All("RmsNormBackward", {x, g, rstd, dy, dx, dg});
     cpu_->RmsNormBackward(x, g, rstd, dy, n, d, dx, dg, acc);
   }
+  void AddRmsNorm(const T* a, const T* b, T* sum, const T* g, int n, int d, double eps, T* y,
+                  T* rstd) override {
+    All("AddRmsNorm", {a, b, sum, g, y, rstd});
+    cpu_->AddRmsNorm(a, b, sum, g, n, d, eps, y, rstd);
+  }
   void RmsNormGroups(const T* x, int ldx, T* y, int ldy, int n, int groups, int d, const T* g,
                      double eps, T* rstd) override {
     All("RmsNormGroups", {x, y, g, rstd});
@@ -130,6 +135,11 @@ class CheckingBackend final : public Backend<T> {
             const T* sn, bool inverse) override {
     All("Rope", {x, cs, sn});
     cpu_->Rope(x, n, seq, ld, heads, stride, offset, rot, cs, sn, inverse);
+  }
+  void RopeQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq, int rot,
+              const T* cs, const T* sn, bool inverse) override {
+    All("RopeQk", {q.x, k.x, cs, sn});
+    cpu_->RopeQk(q, k, n, seq, rot, cs, sn, inverse);
   }
   void CopyHeads(const T* src, int lds, int ss, int so, T* dst, int ldd, int ds, int dof, int n,
                  int heads, int width) override {

@@ -1,4 +1,5 @@
-// Embedding, RMSNorm, RoPE, SwiGLU and cross-entropy twins against kernels/cpu, fp32.
+// Embedding, RMSNorm (and the fused residual add + RMSNorm), RoPE (and q and k in one launch),
+// SwiGLU and cross-entropy twins against kernels/cpu, fp32.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -75,6 +76,38 @@ TEST(CudaRmsNorm, ForwardBackwardMatchCpu) {
   ExpectNear(gdgain.Download(), dgain, 1e-4, 1e-4, "rmsnorm dgain");
 }
 
+// The fused residual add + RMSNorm (one kernel) is the add then RmsNormForward on this device bit
+// for bit (same threads, same sums), and matches the CPU twin with RmsNorm's tolerances; the sum
+// is one float add: exact. In place (sum = a) too, as the model may use it.
+TEST(CudaRmsNorm, FusedAddEqualsAddThenNormAndMatchesCpu) {
+  MOELAB_REQUIRE_GPU();
+  for (int d : {96, 200, 768}) {  // each NormThreads branch; 200: a ragged last stride
+    SCOPED_TRACE(d);
+    const int n = 300;
+    const double eps = 1e-6;
+    const size_t nd = size_t(n) * d;
+    const auto a = Random(nd, 21), b = Random(nd, 22), gain = Random(d, 23, 0.5f, 1.5f);
+    std::vector<float> sum(nd), y(nd), rstd(n);
+    cpu::AddRmsNormForward(a.data(), b.data(), sum.data(), gain.data(), n, d, eps, y.data(),
+                           rstd.data());
+    auto ga = ToDevice(a), gb = ToDevice(b), ggain = ToDevice(gain), gsum_in = ToDevice(sum);
+    DeviceBuffer<float> gsum(nd), gy(nd), grstd(n), gy_ref(nd), grstd_ref(n);
+    AddRmsNormForward(ga.data(), gb.data(), gsum.data(), ggain.data(), n, d, eps, gy.data(),
+                      grstd.data());
+    RmsNormForward(gsum_in.data(), ggain.data(), n, d, eps, gy_ref.data(), grstd_ref.data());
+    EXPECT_EQ(gsum.Download(), sum);
+    EXPECT_EQ(gy.Download(), gy_ref.Download());
+    EXPECT_EQ(grstd.Download(), grstd_ref.Download());
+    ExpectNear(gy.Download(), y, 1e-6, 1e-5, "fused y");
+    ExpectNear(grstd.Download(), rstd, 0, 1e-5, "fused rstd");
+    DeviceBuffer<float> gy2(nd), grstd2(n);
+    AddRmsNormForward(ga.data(), gb.data(), ga.data(), ggain.data(), n, d, eps, gy2.data(),
+                      grstd2.data());
+    EXPECT_EQ(ga.Download(), sum);
+    EXPECT_EQ(gy2.Download(), gy_ref.Download());
+  }
+}
+
 TEST(CudaRmsNorm, GroupsOnStridedRowsMatchCpu) {
   MOELAB_REQUIRE_GPU();
   // QK-norm shape: 4 heads of 16 in rows of stride 80 (a slice of a fused projection).
@@ -118,6 +151,50 @@ TEST(CudaRope, ApplyAndInverseMatchCpu) {
               inverse);
     // Same products and sums without FMA contraction: equal up to the last bit, allow 1 ulp.
     ExpectNear(gx.Download(), x, 1e-7, 2e-7, inverse ? "rope inverse" : "rope");
+  }
+}
+
+// q's and k's heads in one launch (RopeApplyQk): the two single-slice launches bit for bit (each
+// value is rotated by the same thread arithmetic), and the CPU twin within RopeApply's tolerance,
+// on the model's GQA layout (q | k | v rows) and MLA's (q^R columns of qb, the shared rotary key
+// of [c_kv | k^R]).
+TEST(CudaRope, QkInOneLaunchEqualsTwoLaunchesAndMatchesCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int seq = 12, n = 3 * seq;
+  struct Layout {
+    int rot, ldq, ldk;
+    cpu::RopeSlice<float> q, k;
+    bool same_buffer;
+  };
+  const Layout layouts[] = {
+      {16, 128, 128, {nullptr, 128, 4, 16, 0}, {nullptr, 128, 2, 16, 64}, true},
+      {4, 36, 14, {nullptr, 36, 3, 4, 24}, {nullptr, 14, 1, 4, 10}, false}};
+  for (const Layout& L : layouts) {
+    std::vector<float> cos(seq * L.rot / 2), sin(seq * L.rot / 2);
+    cpu::RopeTables(seq, L.rot, 10000.0, cos.data(), sin.data());
+    auto gcos = ToDevice(cos), gsin = ToDevice(sin);
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "rot " << L.rot << (inverse ? " inverse" : ""));
+      auto x = Random(size_t(n) * L.ldq, 24), y = Random(size_t(n) * L.ldk, 25);
+      auto gx = ToDevice(x), gy = ToDevice(y), gx2 = ToDevice(x), gy2 = ToDevice(y);
+      cpu::RopeSlice<float> q = L.q, k = L.k;
+      q.x = x.data();
+      k.x = L.same_buffer ? x.data() : y.data();
+      cpu::RopeApplyQk(q, k, n, seq, L.rot, cos.data(), sin.data(), inverse);
+      q.x = gx.data();
+      k.x = L.same_buffer ? gx.data() : gy.data();
+      cuda::RopeApplyQk(q, k, n, seq, L.rot, gcos.data(), gsin.data(), inverse);
+      float* k2 = L.same_buffer ? gx2.data() : gy2.data();
+      RopeApply(gx2.data(), n, seq, L.q.ld, L.q.heads, L.q.head_stride, L.q.offset, L.rot,
+                gcos.data(), gsin.data(), inverse);
+      RopeApply(k2, n, seq, L.k.ld, L.k.heads, L.k.head_stride, L.k.offset, L.rot, gcos.data(),
+                gsin.data(), inverse);
+      EXPECT_EQ(gx.Download(), gx2.Download());
+      EXPECT_EQ(gy.Download(), gy2.Download());
+      // The CPU twin may contract a·c − b·s into an FMA (GCC's default): ≤ 1 ulp apart.
+      ExpectNear(gx.Download(), x, 1e-7, 2e-7, "rope qk");
+      ExpectNear(gy.Download(), y, 1e-7, 2e-7, "rope qk (k)");
+    }
   }
 }
 

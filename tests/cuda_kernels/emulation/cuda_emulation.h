@@ -1,6 +1,8 @@
 // A CPU emulation of the CUDA primitives the fused attention kernels use, so that the kernels'
-// own source (kernels/cuda/flash_attention_kernels.cuh) runs on machines without a GPU: one
-// std::thread per CUDA thread, blocks one after another; __syncthreads and __syncwarp are real
+// own source (kernels/cuda/flash_attention_kernels.cuh, and the norm and RoPE kernels of
+// norm_kernels.cuh and rope_kernels.cuh) runs on machines without a GPU: one
+// std::thread per CUDA thread, blocks one after another; static __shared__ arrays are function
+// statics (shared by the block's threads); __syncthreads and __syncwarp are real
 // barriers, warp shuffles go through a per-warp exchange buffer, atomics are std::atomic_ref,
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
 // sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
@@ -42,6 +44,11 @@ inline thread_local Ctx ctx;
 
 // The kernels' dynamic shared memory: the emulated block's buffer.
 #define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
+// A kernel's static __shared__ arrays: one per instantiation, seen by every thread of the block;
+// blocks run one after another, so a function-local static is exactly that (and, as on the GPU,
+// a block finds what the previous one left there).
+#undef __shared__
+#define __shared__ static
 #undef threadIdx
 #undef blockIdx
 #undef gridDim
@@ -89,6 +96,21 @@ inline unsigned __float_as_uint(float x) {
   return i;
 }
 using std::signbit;
+// Round-to-nearest float arithmetic that is never contracted into an FMA (GCC contracts plain
+// a·b ± c by default, -ffp-contract=fast, even in ISO mode): the volatile makes each result a
+// rounded float, as the intrinsics guarantee on the GPU.
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+inline float __fsub_rn(float a, float b) {
+  volatile float r = a - b;
+  return r;
+}
 inline float __expf(float x) { return std::exp(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 #undef __launch_bounds__

@@ -1,0 +1,40 @@
+// Device code of RoPE (kernels/cuda/rope.h): one kernel that rotates the heads of two slices, the
+// q heads and the k heads of an attention, in one launch (a single slice is the k-less case).
+// Internal header, included by elementwise.cu and by tests/cuda_kernels/fused_emulation_test.cc,
+// which runs this very kernel on the CPU under tests/cuda_kernels/emulation/cuda_emulation.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/rope.h"
+
+namespace moelab::cuda::rope {
+
+// One thread per (row r, head h of q's then k's heads, pair i); grid-stride over
+// n·(q.heads + k.heads)·rot_dim/2. sign −1 is the inverse rotation (the backward).
+template <typename T>
+__global__ void RopeQkKernel(cpu::RopeSlice<T> q, cpu::RopeSlice<T> k, long n, int seq, int rot_dim,
+                             const T* cos, const T* sin, T sign) {
+  const int half = rot_dim / 2;
+  const int heads = q.heads + k.heads;
+  const long total = n * heads * half;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const long rh = idx / half;
+    const int h = static_cast<int>(rh % heads);
+    const long r = rh / heads;
+    const long p = r % seq;
+    const bool in_q = h < q.heads;
+    T* a = in_q ? q.x + r * q.ld + static_cast<long>(h) * q.head_stride + q.offset
+                : k.x + r * k.ld + static_cast<long>(h - q.heads) * k.head_stride + k.offset;
+    T* b = a + half;
+    const T c = cos[p * half + i], si = sign * sin[p * half + i];
+    const T ai = a[i], bi = b[i];
+    // No FMA contraction: the CPU computes the products and the difference separately.
+    a[i] = __fsub_rn(__fmul_rn(ai, c), __fmul_rn(bi, si));
+    b[i] = __fadd_rn(__fmul_rn(bi, c), __fmul_rn(ai, si));
+  }
+}
+
+}  // namespace moelab::cuda::rope
