@@ -24,6 +24,7 @@ namespace moelab {
 
 class CudaOpProfiler;
 struct RowScale;
+class WeightCopy;  // core/optim/optimizer.h
 
 // Raw memory of a backend: zero-filled allocations and copies.
 class BackendMemory {
@@ -116,6 +117,8 @@ class Backend : public BackendMemory {
   // copy (CUDA in bf16) refreshes it in WeightsChanged(), called after every update.
   virtual void SetWeights(const T* params, size_t n) = 0;
   virtual void WeightsChanged() = 0;
+  // That copy, for an optimizer to write in its update (core/optim/optimizer.h); null: none.
+  virtual WeightCopy* weight_copy() { return nullptr; }
 
   // --- Dense algebra. y = x·Wᵀ (+ y); W [out, in] row-major, inside the weight arena.
   virtual void Linear(const T* x, const T* w, int n, int in, int out, T* y, bool accumulate) = 0;

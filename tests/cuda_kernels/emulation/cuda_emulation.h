@@ -1,5 +1,5 @@
-// A CPU emulation of the CUDA primitives the fused attention kernels use, so that the kernels'
-// own source (kernels/cuda/flash_attention_kernels.cuh) runs on machines without a GPU: one
+// A CPU emulation of the CUDA primitives the fused attention, optimizer and Newton–Schulz kernels
+// use, so that the kernels' own source (kernels/cuda/*.cuh) runs on machines without a GPU: one
 // std::thread per CUDA thread, blocks one after another; __syncthreads and __syncwarp are real
 // barriers, warp shuffles go through a per-warp exchange buffer, atomics are std::atomic_ref,
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
@@ -15,6 +15,7 @@
 #define MOELAB_CUDA_EMULATION 1
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 
 #include <atomic>
 #include <barrier>
@@ -89,6 +90,13 @@ inline unsigned __float_as_uint(float x) {
   return i;
 }
 using std::signbit;
+// Round-to-nearest arithmetic intrinsics: one IEEE operation each, kept out of line so that GCC
+// (whose C++ default is -ffp-contract=fast) cannot fuse a product and a sum into an FMA.
+[[gnu::noinline]] inline float __fadd_rn(float a, float b) { return a + b; }
+[[gnu::noinline]] inline float __fsub_rn(float a, float b) { return a - b; }
+[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+[[gnu::noinline]] inline float __fdiv_rn(float a, float b) { return a / b; }
+using ::sqrtf;
 inline float __expf(float x) { return std::exp(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 #undef __launch_bounds__
