@@ -41,6 +41,10 @@ struct Ctx {
 inline thread_local Ctx ctx;
 }  // namespace emu
 
+// Static shared memory: a function-local static, shared by the block's threads (the emulation
+// runs one block at a time, so the next block finds it as garbage, like the hardware's).
+#undef __shared__
+#define __shared__ static
 // The kernels' dynamic shared memory: the emulated block's buffer.
 #define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
 #undef threadIdx
