@@ -7,7 +7,6 @@
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 
