@@ -1,6 +1,8 @@
 // Device code and step sequence of the CUDA Newton–Schulz (kernels/cuda/newton_schulz.h).
 // Internal header, included by newton_schulz.cu and by tests/cuda_kernels/ns_emulation_test.cc,
 // which runs these kernels and this very sequence on the CPU (cuBLAS replaced by a CPU GEMM).
+// The kernels are static so that the emulation's and the GPU build's versions never meet at link
+// time.
 //
 // Symmetry, as modded-nanogpt's Newton–Schulz kernels use it: A = X·Xᵀ and A·A = A·Aᵀ are
 // symmetric, so only the tiles on and below the diagonal of the m×m products are computed (one
@@ -75,8 +77,8 @@ struct TileJob {
 
 // Fills the pointer arrays of a pointer-array batched GEMM over every lower tile of every matrix.
 template <typename T>
-__global__ void TilePointersKernel(TileJob job, int pairs, int64_t count, void** a, void** b,
-                                   void** c) {
+static __global__ void TilePointersKernel(TileJob job, int pairs, int64_t count, void** a, void** b,
+                                          void** c) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t mat = e / pairs;
@@ -90,7 +92,7 @@ __global__ void TilePointersKernel(TileJob job, int pairs, int64_t count, void**
 
 // x = in / (‖in‖_F + eps) per matrix; one block per matrix, the sum of squares in double.
 template <typename T>
-__global__ void NormalizeKernel(const T* in, T* x, int64_t mn, double eps) {
+static __global__ void NormalizeKernel(const T* in, T* x, int64_t mn, double eps) {
   __shared__ double shared[32];
   const T* src = in + blockIdx.x * mn;
   T* dst = x + blockIdx.x * mn;
@@ -108,7 +110,7 @@ __global__ void NormalizeKernel(const T* in, T* x, int64_t mn, double eps) {
 
 // The tiles above the diagonal of every m×m matrix from their mirror images below it.
 template <typename T>
-__global__ void MirrorKernel(T* a, int m, int tile, int64_t total) {
+static __global__ void MirrorKernel(T* a, int m, int tile, int64_t total) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t mat = e / (int64_t(m) * m);
@@ -122,8 +124,8 @@ __global__ void MirrorKernel(T* a, int m, int tile, int64_t total) {
 // B = Q + cb·A + ca·I in place of Q = cc·A·A, whose tiles on and below the diagonal are computed:
 // each such element also writes its mirror above (read by nobody else, so no race).
 template <typename T>
-__global__ void CombineKernel(T* q, const T* a, int m, int tile, int64_t total, float ca,
-                              float cb) {
+static __global__ void CombineKernel(T* q, const T* a, int m, int tile, int64_t total, float ca,
+                                     float cb) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t mat = e / (int64_t(m) * m);

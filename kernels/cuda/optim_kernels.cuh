@@ -6,6 +6,8 @@
 //
 // Internal header, included by elementwise.cu and by tests/cuda_kernels/optim_emulation_test.cc,
 // which runs these very kernels on the CPU under tests/cuda_kernels/emulation/cuda_emulation.h.
+// The kernels are static: the emulation test also links the library that compiles them for the
+// GPU, and the two versions must not meet at link time.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,8 +41,7 @@ __device__ __forceinline__ void AdamWElement(float& w, float gi, float& m, float
   w = __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step_size, mi), denom));
 }
 
-// blockIdx.y = segment; w16 (null: none) gets the rounding of the updated fp32 weight. Static:
-// the emulation test links the library that also compiles it.
+// blockIdx.y = segment; w16 (null: none) gets the rounding of the updated fp32 weight.
 static __global__ void AdamWFusedKernel(const AdamWSegment* segs, float* w_all, const float* g_all,
                                         float* m_all, float* v_all, bf16* w16_all, AdamWScalars s) {
   const AdamWSegment seg = segs[blockIdx.y];
@@ -69,8 +70,8 @@ __device__ __forceinline__ void MuonMomentumElement(float g, float& m, U* u, flo
 }
 
 template <typename U>
-__global__ void MuonMomentumFusedKernel(const MuonSegment* ts, const float* g_all, float* m_all,
-                                        U* bank, float mu, bool nesterov) {
+static __global__ void MuonMomentumFusedKernel(const MuonSegment* ts, const float* g_all,
+                                               float* m_all, U* bank, float mu, bool nesterov) {
   const MuonSegment t = ts[blockIdx.y];
   const float* g = g_all + t.offset;
   float* m = m_all + t.momentum_offset;
@@ -87,8 +88,8 @@ __device__ __forceinline__ float MuonApplyElement(float w, U o, float decay, flo
 // The step size lr·s is formed in double and rounded once, as core/optim/muon.cc does; w16 (null:
 // none) gets the rounding of the updated weight.
 template <typename U>
-__global__ void MuonApplyFusedKernel(const MuonSegment* ts, float* w_all, const U* bank, double lr,
-                                     float decay, bf16* w16_all) {
+static __global__ void MuonApplyFusedKernel(const MuonSegment* ts, float* w_all, const U* bank,
+                                            double lr, float decay, bf16* w16_all) {
   const MuonSegment t = ts[blockIdx.y];
   float* w = w_all + t.offset;
   const U* o = bank + t.bank_offset;
