@@ -155,6 +155,7 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   Model<float> model(cm);  // on the CUDA backend: the one model the trainer runs
   model.Init(c.train.seed);
   std::unique_ptr<Optimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
+  opt->WriteWeightCopy(model.backend().weight_copy());
   const MicroBatchPlan micro = PlanMicroBatches(cm, B);
   GradAccumulator accumulator(model.backend(), model.num_params());
   CudaOpProfiler profiler;

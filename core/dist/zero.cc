@@ -107,6 +107,8 @@ ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<Param
   ranges_ = PartitionArena(params, num_params, comm.world_size(), muon);
   const std::vector<ParamInfo> sorted = SortedByOffset(params);
   local_ = MakeOptimizer(run, RestrictParams(sorted, mine(), muon));
+  // It writes the weight copy of its shard; the backend casts the all-gathered rest.
+  local_->WriteWeightCopy(backend.weight_copy());
   // The unsharded layout: every rank's size of every buffer name.
   std::vector<std::string> names =
       muon ? std::vector<std::string>{"muon.momentum", "adamw.m", "adamw.v"}

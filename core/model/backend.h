@@ -26,6 +26,7 @@ namespace moelab {
 
 class CudaOpProfiler;
 struct RowScale;
+class WeightCopy;  // core/optim/optimizer.h
 
 // One MoE layer on a backend (core/model/moe.h's MoeLayer on the CPU, the device layer of
 // core/model/cuda_moe.h on CUDA): the same contract as MoeLayer<T>::Forward / Backward.
@@ -68,6 +69,8 @@ class Backend : public BackendMemory {
   // copy (CUDA in bf16) refreshes it in WeightsChanged(), called after every update.
   virtual void SetWeights(const T* params, size_t n) = 0;
   virtual void WeightsChanged() = 0;
+  // That copy, for an optimizer to write in its update (core/optim/optimizer.h); null: none.
+  virtual WeightCopy* weight_copy() { return nullptr; }
 
   // --- Dense algebra. y = x·Wᵀ (+ y); W [out, in] row-major, inside the weight arena.
   virtual void Linear(const T* x, const T* w, int n, int in, int out, T* y, bool accumulate) = 0;

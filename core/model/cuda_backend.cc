@@ -142,17 +142,20 @@ class CudaBackend final : public Backend<float> {
   }
   void Release(void* p) noexcept override { cudaFree(p); }
   void ToBackend(void* dst, const void* host, size_t bytes) override {
+    WritingTo(dst, bytes);
     if (bytes) MOELAB_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
   }
   void ToHost(void* host, const void* src, size_t bytes) const override {
     if (bytes) MOELAB_CUDA_CHECK(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
+    WritingTo(dst, bytes);
     if (bytes) {
       MOELAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
     }
   }
   void Zero(void* p, size_t bytes) override {
+    WritingTo(p, bytes);
     if (bytes) MOELAB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, nullptr));
   }
 
@@ -161,18 +164,29 @@ class CudaBackend final : public Backend<float> {
     num_weights_ = n;
     if (use_bf16_) weights_bf16_.Resize(n);
   }
+  // Casts what the optimizer did not write in its update (WeightCopy): everything after a
+  // checkpoint load, the other ranks' shards under ZeRO-1 (they arrive by all-gather).
   void WeightsChanged() override {
-    if (use_bf16_) cuda::CastToBf16(weights_, weights_bf16_.data(), num_weights_);
+    if (use_bf16_) weights_bf16_.Refresh(weights_);
   }
+  WeightCopy* weight_copy() override { return use_bf16_ ? &weights_bf16_ : nullptr; }
   // The bf16 copy of a weight inside the arena (bf16 mode).
   const bf16* Bf16Of(const float* w) const {
     if (!w) return nullptr;
     if (w < weights_ || w >= weights_ + num_weights_) {
       throw std::logic_error("cuda backend: a GEMM weight outside the parameter arena");
     }
-    return weights_bf16_.data() + (w - weights_);
+    return weights_bf16_.values() + (w - weights_);
   }
   bool uses_bf16() const { return use_bf16_; }
+  // A write into the weights other than the optimizer's: the next refresh casts them all.
+  void WritingTo(const void* p, size_t bytes) {
+    const char* a = static_cast<const char*>(p);
+    const char* w = reinterpret_cast<const char*>(weights_);
+    if (use_bf16_ && bytes && a < w + num_weights_ * sizeof(float) && w < a + bytes) {
+      weights_bf16_.Forget();
+    }
+  }
 
   // y = x·Wᵀ: fp32, or bf16 inputs (cast here) with fp32 accumulation and output.
   void Linear(const float* x, const float* w, int n, int in, int out, float* y,
@@ -355,7 +369,8 @@ class CudaBackend final : public Backend<float> {
   void ScaleRows(const std::vector<RowScale>& rows, float* arena) override {
     QkClipPlan plan;
     plan.scales = rows;
-    ApplyQkClipPlanOnDevice(plan, arena);
+    ApplyQkClipPlanOnDevice(plan, arena,
+                            use_bf16_ && arena == weights_ ? weights_bf16_.data() : nullptr);
   }
 
   void set_profiler(CudaOpProfiler* profiler) override { profiler_ = profiler; }
@@ -372,7 +387,8 @@ class CudaBackend final : public Backend<float> {
   bool use_bf16_, flash_;
   const float* weights_ = nullptr;
   size_t num_weights_ = 0;
-  cuda::DeviceBuffer<bf16> weights_bf16_, xb_, dyb_;
+  Bf16WeightCopy weights_bf16_;
+  cuda::DeviceBuffer<bf16> xb_, dyb_;
   cuda::DeviceBuffer<unsigned char> emb_scratch_;
   cudamodel::MoeScratch moe_scratch_;
   CudaOpProfiler* profiler_ = nullptr;

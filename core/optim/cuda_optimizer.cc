@@ -1,11 +1,12 @@
 #include "core/optim/cuda_optimizer.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -13,15 +14,47 @@
 #include "core/optim/adamw.h"
 #include "core/optim/cuda_optimizer_kernels.h"
 #include "core/optim/muon.h"
-#include "kernels/cpu/newton_schulz.h"
+#include "kernels/cuda/newton_schulz.h"
+#include "kernels/cuda/optim.h"
 #endif
 
 namespace moelab {
 
+std::vector<std::pair<size_t, size_t>> UnwrittenSpans(
+    std::vector<std::pair<size_t, size_t>> written, size_t n) {
+  std::sort(written.begin(), written.end());
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t at = 0;
+  for (const auto& [begin, end] : written) {
+    if (begin > at) out.push_back({at, std::min(begin, n)});
+    at = std::max(at, end);
+    if (at >= n) break;
+  }
+  if (at < n) out.push_back({at, n});
+  return out;
+}
+
 #if MOELAB_HAVE_CUDA
+
+void Bf16WeightCopy::Resize(size_t n) {
+  values_.Resize(n);
+  values_.Zero();
+  written_.clear();
+}
+
+void Bf16WeightCopy::MarkWritten(size_t begin, size_t end) {
+  if (end > begin) written_.push_back({begin, end});
+}
+
+void Bf16WeightCopy::Refresh(const float* weights) {
+  for (const auto& [begin, end] : UnwrittenSpans(written_, values_.size())) {
+    cuda::CastToBf16(weights + begin, values_.data() + begin, end - begin);
+  }
+  written_.clear();
+}
+
 namespace {
 
-using cudautil::CublasHandle;
 using cudautil::DeviceBuffer;
 
 template <typename T>
@@ -31,12 +64,23 @@ DeviceBuffer<T> ToDevice(const std::vector<T>& host) {
   return d;
 }
 
-// AdamW over a subset of the arena; state laid out as the CPU AdamW lays it out.
+// The span of arena elements covering `params`: [first offset, last end).
+std::pair<size_t, size_t> SpanOf(const std::vector<ParamInfo>& params) {
+  size_t begin = SIZE_MAX, end = 0;
+  for (const ParamInfo& p : params) {
+    begin = std::min(begin, p.offset);
+    end = std::max(end, p.offset + p.size());
+  }
+  return begin < end ? std::make_pair(begin, end) : std::make_pair(size_t{0}, size_t{0});
+}
+
+// AdamW over a subset of the arena (one launch, cuda::AdamWFused); state laid out as the CPU
+// AdamW lays it out.
 class DeviceAdamW {
  public:
   DeviceAdamW(const OptimizerConfig& config, const std::vector<ParamInfo>& params)
       : config_(config) {
-    std::vector<cudaopt::AdamSegment> segs;
+    std::vector<cuda::AdamWSegment> segs;
     uint64_t state = 0;
     for (const ParamInfo& p : params) {
       const bool decay = !ExcludedFromDecay(config, p);
@@ -53,16 +97,12 @@ class DeviceAdamW {
     v_.Resize(state);
   }
 
-  void Step(float* params, const float* grads, double lr, int64_t step) {
-    const double b1 = config_.beta1, b2 = config_.beta2;
-    const double c1 = 1.0 - std::pow(b1, static_cast<double>(step));
-    const double c2 = 1.0 - std::pow(b2, static_cast<double>(step));
-    cudaopt::LaunchAdamW(segments_.data(), num_segments_, max_size_, params, grads, m_.data(),
-                         v_.data(), static_cast<float>(b1), static_cast<float>(b2),
-                         static_cast<float>(lr / c1), static_cast<float>(1.0 / std::sqrt(c2)),
-                         static_cast<float>(config_.eps),
-                         static_cast<float>(1.0 - lr * config_.weight_decay), nullptr);
-    MOELAB_CUDA(cudaGetLastError());
+  // w16: the bf16 copy of the arena params (null: none), written in the same pass.
+  void Step(float* params, const float* grads, double lr, int64_t step, cuda::bf16* w16) {
+    const cuda::AdamWScalars s = cuda::MakeAdamWScalars(
+        lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, true, step);
+    cuda::AdamWFused(segments_.data(), num_segments_, max_size_, params, grads, m_.data(),
+                     v_.data(), w16, s);
   }
 
   std::vector<StateBuffer> state() { return {{"adamw.m", &m_host_}, {"adamw.v", &v_host_}}; }
@@ -78,7 +118,7 @@ class DeviceAdamW {
 
  private:
   OptimizerConfig config_;
-  DeviceBuffer<cudaopt::AdamSegment> segments_;
+  DeviceBuffer<cuda::AdamWSegment> segments_;
   int num_segments_ = 0;
   uint64_t max_size_ = 0;
   std::vector<float> m_host_, v_host_;
@@ -86,11 +126,31 @@ class DeviceAdamW {
   std::vector<std::pair<std::string, std::string>> groups_;
 };
 
-class CudaAdamW : public Optimizer {
+// What both device optimizers share: the weight copy they write and the span they own.
+class CudaOptimizerBase : public Optimizer {
  public:
-  CudaAdamW(const OptimizerConfig& c, const std::vector<ParamInfo>& p) : adam_(c, p) {}
+  explicit CudaOptimizerBase(const std::vector<ParamInfo>& params) : span_(SpanOf(params)) {}
+  void WriteWeightCopy(WeightCopy* copy) override { copy_ = copy; }
+
+ protected:
+  cuda::bf16* copy() const { return copy_ ? static_cast<cuda::bf16*>(copy_->data()) : nullptr; }
+  // After the launches of a Step: the copy of the span is current.
+  void MarkWritten() {
+    if (copy_ && span_.second > span_.first) copy_->MarkWritten(span_.first, span_.second);
+  }
+
+ private:
+  std::pair<size_t, size_t> span_;
+  WeightCopy* copy_ = nullptr;
+};
+
+class CudaAdamW : public CudaOptimizerBase {
+ public:
+  CudaAdamW(const OptimizerConfig& c, const std::vector<ParamInfo>& p)
+      : CudaOptimizerBase(p), adam_(c, p) {}
   void Step(float* params, const float* grads, double lr, int64_t step) override {
-    adam_.Step(params, grads, lr, step);
+    adam_.Step(params, grads, lr, step, copy());
+    MarkWritten();
   }
   std::vector<StateBuffer> state() override { return adam_.state(); }
   void SyncToHost() override { adam_.SyncToHost(); }
@@ -103,28 +163,19 @@ class CudaAdamW : public Optimizer {
   DeviceAdamW adam_;
 };
 
-// Strided-batched GEMM on column-major operands, fp32 or bf16 storage, fp32 accumulation.
-void Gemm(bool bf16, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-          const void* A, int lda, long long sa, const void* B, int ldb, long long sb, float beta,
-          void* C, int ldc, long long sc, int batch) {
-  const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  MOELAB_CUDA(cublasGemmStridedBatchedEx(CublasHandle(), ta, tb, m, n, k, &alpha, A, t, lda, sa, B,
-                                         t, ldb, sb, &beta, C, t, ldc, sc, batch,
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// Muon on the device: the CPU Muon's tensors, banks and state, with Newton–Schulz as batched
-// cuBLAS GEMMs over each bank (all same-shape matrices in one call per product).
-class CudaMuon : public Optimizer {
+// Muon on the device: the CPU Muon's tensors, banks and state; momentum and update one launch
+// each over all tensors, Newton–Schulz per bank (all its same-shape matrices as one batch,
+// kernels/cuda/newton_schulz.h), in place in the bank.
+class CudaMuon : public CudaOptimizerBase {
  public:
   CudaMuon(const OptimizerConfig& config, const std::vector<ParamInfo>& params, bool ns_bf16)
-      : config_(config), bf16_(ns_bf16) {
+      : CudaOptimizerBase(params), config_(config), bf16_(ns_bf16) {
     if (config.muon_ns_steps < 0) {
       throw std::invalid_argument("optimizer.muon_ns_steps must be >= 0");
     }
     std::vector<ParamInfo> rest;
     std::map<std::pair<int, int>, int> bank_of_shape;
-    std::vector<cudaopt::MuonTensor> tensors;
+    std::vector<cuda::MuonSegment> tensors;
     std::vector<int> tensor_bank;
     uint64_t momentum = 0;
     for (const ParamInfo& p : params) {
@@ -148,14 +199,11 @@ class CudaMuon : public Optimizer {
       max_size_ = std::max<uint64_t>(max_size_, p.size());
     }
     uint64_t total = 0;
-    size_t max_bank = 0, max_gram = 0;
+    size_t workspace = 0;
     for (Bank& b : banks_) {
       b.offset = total;
-      const size_t elems = static_cast<size_t>(b.batch) * b.rows * b.cols;
-      const size_t m = std::min(b.rows, b.cols);
-      total += elems;
-      max_bank = std::max(max_bank, elems);
-      max_gram = std::max(max_gram, static_cast<size_t>(b.batch) * m * m);
+      total += static_cast<uint64_t>(b.batch) * b.rows * b.cols;
+      workspace = std::max(workspace, cuda::NewtonSchulzWorkspaceSize(b.batch, b.rows, b.cols));
     }
     for (size_t i = 0; i < tensors.size(); ++i)
       tensors[i].bank_offset += banks_[tensor_bank[i]].offset;
@@ -163,11 +211,9 @@ class CudaMuon : public Optimizer {
     tensors_ = ToDevice(tensors);
     momentum_host_.assign(momentum, 0.0f);
     momentum_.Resize(momentum);
-    const size_t elem = bf16_ ? sizeof(__nv_bfloat16) : sizeof(float);
+    const size_t elem = bf16_ ? sizeof(cuda::bf16) : sizeof(float);
     bank_.Resize(total * elem);
-    ping_.Resize(max_bank * elem);
-    gram_.Resize(max_gram * elem);
-    poly_.Resize(max_gram * elem);
+    workspace_.Resize(workspace * elem);
     if (!rest.empty()) adamw_ = std::make_unique<DeviceAdamW>(config, rest);
     std::map<std::string, std::string> adam_groups;
     if (adamw_) {
@@ -179,17 +225,15 @@ class CudaMuon : public Optimizer {
   }
 
   void Step(float* params, const float* grads, double lr, int64_t step) override {
-    cudaopt::LaunchMuonMomentum(tensors_.data(), num_tensors_, max_size_, grads, momentum_.data(),
-                                bank_.data(), bf16_, static_cast<float>(config_.muon_momentum),
-                                config_.muon_nesterov, nullptr);
-    MOELAB_CUDA(cudaGetLastError());
-    const size_t elem = bf16_ ? sizeof(__nv_bfloat16) : sizeof(float);
-    for (const Bank& b : banks_) NewtonSchulz(bank_.data() + b.offset * elem, b);
-    cudaopt::LaunchMuonUpdate(tensors_.data(), num_tensors_, max_size_, params, bank_.data(), bf16_,
-                              static_cast<float>(lr),
-                              static_cast<float>(1.0 - lr * config_.weight_decay), nullptr);
-    MOELAB_CUDA(cudaGetLastError());
-    if (adamw_) adamw_->Step(params, grads, lr, step);
+    if (bf16_) {
+      Orthogonalise<cuda::bf16>(params, grads, lr);
+    } else {
+      Orthogonalise<float>(params, grads, lr);
+    }
+    // optimizer.adamw_lr sets the AdamW group's peak; the schedule's factor (lr / peak) applies.
+    const double adam_lr = config_.adamw_lr > 0 ? lr * config_.adamw_lr / config_.lr : lr;
+    if (adamw_) adamw_->Step(params, grads, adam_lr, step, copy());
+    MarkWritten();
   }
 
   std::vector<StateBuffer> state() override {
@@ -216,59 +260,31 @@ class CudaMuon : public Optimizer {
     uint64_t offset = 0;
   };
 
-  // In place on `batch` row-major rows×cols matrices, i.e. column-major P (cols×rows, ld cols).
-  // Wide (rows ≤ cols): G = PᵀP, P ← aP + P·(bG + cG²). Tall: G = PPᵀ, P ← aP + (bG + cG²)·P.
-  // This is X ← aX + (bA + cA²)X with A = XXᵀ of the CPU kernel, iterating on the small side.
-  void NewtonSchulz(unsigned char* x, const Bank& b) {
-    const int steps = config_.muon_ns_steps;
-    const int m = std::min(b.rows, b.cols);
-    const long long elems = static_cast<long long>(b.rows) * b.cols, mm = 1LL * m * m;
-    const size_t elem = bf16_ ? sizeof(__nv_bfloat16) : sizeof(float);
-    const bool wide = b.rows <= b.cols;
-    const int ld = b.cols;
-    cudaopt::LaunchNormalizeMatrices(x, bf16_, b.batch, elems, static_cast<float>(cpu::kNsEps),
-                                     nullptr);
-    MOELAB_CUDA(cudaGetLastError());
-    void* p = x;
-    void* q = ping_.data();
-    const float a = static_cast<float>(cpu::kNsA), bc = static_cast<float>(cpu::kNsB),
-                c = static_cast<float>(cpu::kNsC);
-    for (int s = 0; s < steps; ++s) {
-      if (wide) {
-        Gemm(bf16_, CUBLAS_OP_T, CUBLAS_OP_N, m, m, b.cols, 1.0f, p, ld, elems, p, ld, elems, 0.0f,
-             gram_.data(), m, mm, b.batch);
-      } else {
-        Gemm(bf16_, CUBLAS_OP_N, CUBLAS_OP_T, m, m, b.rows, 1.0f, p, ld, elems, p, ld, elems, 0.0f,
-             gram_.data(), m, mm, b.batch);
-      }
-      MOELAB_CUDA(cudaMemcpyAsync(poly_.data(), gram_.data(), b.batch * mm * elem,
-                                  cudaMemcpyDeviceToDevice));
-      Gemm(bf16_, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, c, gram_.data(), m, mm, gram_.data(), m, mm,
-           bc, poly_.data(), m, mm, b.batch);
-      MOELAB_CUDA(cudaMemcpyAsync(q, p, b.batch * elems * elem, cudaMemcpyDeviceToDevice));
-      if (wide) {
-        Gemm(bf16_, CUBLAS_OP_N, CUBLAS_OP_N, b.cols, b.rows, m, 1.0f, p, ld, elems, poly_.data(),
-             m, mm, a, q, ld, elems, b.batch);
-      } else {
-        Gemm(bf16_, CUBLAS_OP_N, CUBLAS_OP_N, b.cols, b.rows, m, 1.0f, poly_.data(), m, mm, p, ld,
-             elems, a, q, ld, elems, b.batch);
-      }
-      std::swap(p, q);
+  // Momentum into the bank, Newton–Schulz on every bank, the update (and the weight copy).
+  template <typename T>
+  void Orthogonalise(float* params, const float* grads, double lr) {
+    T* bank = reinterpret_cast<T*>(bank_.data());
+    cuda::MuonMomentumFused(tensors_.data(), num_tensors_, max_size_, grads, momentum_.data(), bank,
+                            static_cast<float>(config_.muon_momentum), config_.muon_nesterov);
+    T* workspace = reinterpret_cast<T*>(workspace_.data());
+    for (const Bank& b : banks_) {
+      T* x = bank + b.offset;
+      cuda::NewtonSchulz<T>(x, x, b.batch, b.rows, b.cols, config_.muon_ns_steps, workspace);
     }
-    if (p != x) {
-      MOELAB_CUDA(cudaMemcpyAsync(x, p, b.batch * elems * elem, cudaMemcpyDeviceToDevice));
-    }
+    // Decay applies to every Muon matrix, as in core/optim/muon.cc.
+    cuda::MuonApplyFused<T>(tensors_.data(), num_tensors_, max_size_, params, bank, lr,
+                            static_cast<float>(1.0 - lr * config_.weight_decay), copy());
   }
 
   OptimizerConfig config_;
   bool bf16_;
   std::vector<Bank> banks_;
-  DeviceBuffer<cudaopt::MuonTensor> tensors_;
+  DeviceBuffer<cuda::MuonSegment> tensors_;
   int num_tensors_ = 0;
   uint64_t max_size_ = 0;
   std::vector<float> momentum_host_;
   DeviceBuffer<float> momentum_;
-  DeviceBuffer<unsigned char> bank_, ping_, gram_, poly_;  // fp32 or bf16 elements
+  DeviceBuffer<unsigned char> bank_, workspace_;  // fp32 or bf16 elements
   std::unique_ptr<DeviceAdamW> adamw_;
   std::vector<std::pair<std::string, std::string>> groups_;
 };
@@ -284,7 +300,7 @@ std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig& config,
   throw std::runtime_error("optimizer '" + config.name + "' is not available on cuda");
 }
 
-void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena) {
+void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena, void* bf16_copy) {
   if (plan.scales.empty()) return;
   std::vector<cudaopt::ScaleRange> ranges;
   uint64_t max_count = 0;
@@ -292,11 +308,13 @@ void ApplyQkClipPlanOnDevice(const QkClipPlan& plan, float* device_arena) {
     ranges.push_back({r.offset, r.count, r.factor});
     max_count = std::max<uint64_t>(max_count, r.count);
   }
-  DeviceBuffer<cudaopt::ScaleRange> d = ToDevice(ranges);
-  cudaopt::LaunchScaleRanges(d.data(), static_cast<int>(ranges.size()), max_count, device_arena,
+  // The table in the thread's stream-ordered scratch: no allocation to outlive, so no sync.
+  const size_t bytes = ranges.size() * sizeof(cudaopt::ScaleRange);
+  auto* d = static_cast<cudaopt::ScaleRange*>(cuda::ThreadScratch(bytes));
+  MOELAB_CUDA(cudaMemcpyAsync(d, ranges.data(), bytes, cudaMemcpyHostToDevice, nullptr));
+  cudaopt::LaunchScaleRanges(d, static_cast<int>(ranges.size()), max_count, device_arena, bf16_copy,
                              nullptr);
   MOELAB_CUDA(cudaGetLastError());
-  MOELAB_CUDA(cudaDeviceSynchronize());  // d is freed on return
 }
 
 double DeviceL2Norm(const float* device_data, size_t n) {
@@ -326,7 +344,7 @@ std::unique_ptr<Optimizer> MakeCudaOptimizer(const OptimizerConfig&, const std::
                                              bool) {
   throw std::runtime_error("this moelab was built without CUDA");
 }
-void ApplyQkClipPlanOnDevice(const QkClipPlan&, float*) {
+void ApplyQkClipPlanOnDevice(const QkClipPlan&, float*, void*) {
   throw std::runtime_error("this moelab was built without CUDA");
 }
 double DeviceL2Norm(const float*, size_t) {

@@ -18,6 +18,21 @@ struct StateBuffer {
   std::vector<float>* data;
 };
 
+// The copy of the weights a backend computes with (CUDA's bf16 GEMM operands; element i is the
+// copy of parameter i). An optimizer that can writes it in the same pass as its update and marks
+// the span it wrote, so the backend's next WeightsChanged() refreshes only the rest (what else
+// changed the weights: another rank's ZeRO-1 shard, a checkpoint load) instead of re-reading
+// the whole arena. Backend-specific data behind a device-agnostic hand-over.
+class WeightCopy {
+ public:
+  virtual ~WeightCopy() = default;
+  // The copy: bf16 elements in the backend's memory, parallel to the parameter arena.
+  virtual void* data() = 0;
+  // The copy of every parameter inside arena elements [begin, end) is current, until the next
+  // WeightsChanged().
+  virtual void MarkWritten(size_t begin, size_t end) = 0;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -30,6 +45,10 @@ class Optimizer {
   // before a checkpoint is written from them, SyncToDevice() after one was read into them.
   virtual void SyncToHost() {}
   virtual void SyncToDevice() {}
+  // Hands over the backend's weight copy (Backend::weight_copy(); null: none) for Step to write
+  // alongside the parameters passed to it, which must then be that backend's arena. Optimizers
+  // that cannot write it ignore it: the backend then refreshes the whole copy.
+  virtual void WriteWeightCopy(WeightCopy* copy) { (void)copy; }
 };
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,

@@ -216,6 +216,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                                    sharded_ep ? *dp_grad : *grad_comm, be);
     } else {
       optimizer = MakeOptimizer(c, model.param_infos());
+      optimizer->WriteWeightCopy(be.weight_copy());  // CUDA bf16: written in the update pass
     }
     // The grad norm is summed over the same ranges with and without ZeRO-1 (identical bits).
     const std::vector<ArenaRange> norm_ranges =

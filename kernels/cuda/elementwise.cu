@@ -14,6 +14,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/optim_kernels.cuh"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/rope_kernels.cuh"
 #include "kernels/cuda/swiglu.h"
@@ -421,58 +422,24 @@ template void CrossEntropyAsync<float>(float*, const int32_t*, int, int, double,
 // ---------------------------------------------------------------- optimizer arithmetic
 
 namespace {
-// The CPU loop's operations one by one with round-to-nearest intrinsics (no FMA contraction).
-// One element of AdamW: the loop of core/optim/adamw.cc, operation for operation without FMA
-// contraction (bit-equal to the CPU). Returns the updated weight.
-__device__ __forceinline__ float AdamWElement(float& w, float gi, float& m, float& v,
-                                              const AdamWScalars& s, float decay) {
-  const float mi = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(1.0f - s.b1, gi));
-  const float vi = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(1.0f - s.b2, gi), gi));
-  m = mi;
-  v = vi;
-  const float denom = __fadd_rn(__fmul_rn(sqrtf(vi), s.inv_sqrt_c2), s.eps);
-  w = __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step_size, mi), denom));
-  return w;
-}
+using optim::AdamWElement;
+using optim::MuonApplyElement;
+using optim::MuonMomentumElement;
 
 __global__ void AdamWKernel(float* w, const float* g, float* m, float* v, size_t n,
                             AdamWScalars s) {
   MOELAB_GRID_STRIDE(i, n) AdamWElement(w[i], g[i], m[i], v[i], s, s.decay);
 }
 
-// blockIdx.y = segment; the bf16 copy is written from the updated fp32 weight in the same pass.
-__global__ void AdamWFusedKernel(const AdamWSegment* segs, float* w_all, const float* g_all,
-                                 float* m_all, float* v_all, bf16* w16_all, AdamWScalars s) {
-  const AdamWSegment seg = segs[blockIdx.y];
-  float* w = w_all + seg.offset;
-  const float* g = g_all + seg.offset;
-  float* m = m_all + seg.state_offset;
-  float* v = v_all + seg.state_offset;
-  bf16* w16 = w16_all ? w16_all + seg.offset : nullptr;
-  const float decay = seg.decay ? s.decay : 1.0f;
-  MOELAB_GRID_STRIDE(i, seg.size) {
-    float wi = w[i], mi = m[i], vi = v[i];
-    AdamWElement(wi, g[i], mi, vi, s, decay);
-    w[i] = wi, m[i] = mi, v[i] = vi;
-    if (w16) w16[i] = __float2bfloat16(wi);
-  }
-}
-
 template <typename U>
 __global__ void MuonMomentumKernel(const float* g, float* m, U* u, size_t n, float mu,
                                    bool nesterov) {
-  MOELAB_GRID_STRIDE(i, n) {
-    const float mi = __fadd_rn(__fmul_rn(mu, m[i]), g[i]);
-    m[i] = mi;
-    u[i] = detail::FromFloat<U>(nesterov ? __fadd_rn(g[i], __fmul_rn(mu, mi)) : mi);
-  }
+  MOELAB_GRID_STRIDE(i, n) MuonMomentumElement(g[i], m[i], u + i, mu, nesterov);
 }
 
 template <typename U>
 __global__ void MuonApplyKernel(float* w, const U* o, size_t n, float decay, float step_size) {
-  MOELAB_GRID_STRIDE(i, n) {
-    w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fmul_rn(step_size, detail::ToFloat(o[i])));
-  }
+  MOELAB_GRID_STRIDE(i, n) w[i] = MuonApplyElement(w[i], o[i], decay, step_size);
 }
 
 __global__ void ScaleRowsKernel(const RowScale* spans, int count) {
@@ -529,9 +496,36 @@ void AdamWFused(const AdamWSegment* segments, int num_segments, uint64_t max_siz
   if (num_segments <= 0 || max_size == 0) return;
   // Enough blocks per segment for the largest one; smaller segments' extra blocks exit at once.
   const dim3 grid(std::min<unsigned>(Blocks(max_size, kThreads), 4096), num_segments);
-  AdamWFusedKernel<<<grid, kThreads, 0, stream>>>(segments, w, g, m, v, w16, s);
+  optim::AdamWFusedKernel<<<grid, kThreads, 0, stream>>>(segments, w, g, m, v, w16, s);
   CheckLaunch("AdamWFused");
 }
+
+template <typename U>
+void MuonMomentumFused(const MuonSegment* segments, int num_segments, uint64_t max_size,
+                       const float* g, float* m, U* bank, float mu, bool nesterov,
+                       cudaStream_t stream) {
+  if (num_segments <= 0 || max_size == 0) return;
+  const dim3 grid(std::min<unsigned>(Blocks(max_size, kThreads), 4096), num_segments);
+  optim::MuonMomentumFusedKernel<<<grid, kThreads, 0, stream>>>(segments, g, m, bank, mu, nesterov);
+  CheckLaunch("MuonMomentumFused");
+}
+template void MuonMomentumFused<float>(const MuonSegment*, int, uint64_t, const float*, float*,
+                                       float*, float, bool, cudaStream_t);
+template void MuonMomentumFused<bf16>(const MuonSegment*, int, uint64_t, const float*, float*,
+                                      bf16*, float, bool, cudaStream_t);
+
+template <typename U>
+void MuonApplyFused(const MuonSegment* segments, int num_segments, uint64_t max_size, float* w,
+                    const U* bank, double lr, float decay, bf16* w16, cudaStream_t stream) {
+  if (num_segments <= 0 || max_size == 0) return;
+  const dim3 grid(std::min<unsigned>(Blocks(max_size, kThreads), 4096), num_segments);
+  optim::MuonApplyFusedKernel<<<grid, kThreads, 0, stream>>>(segments, w, bank, lr, decay, w16);
+  CheckLaunch("MuonApplyFused");
+}
+template void MuonApplyFused<float>(const MuonSegment*, int, uint64_t, float*, const float*, double,
+                                    float, bf16*, cudaStream_t);
+template void MuonApplyFused<bf16>(const MuonSegment*, int, uint64_t, float*, const bf16*, double,
+                                   float, bf16*, cudaStream_t);
 
 void MuonMomentum(const float* g, float* m, float* u, size_t n, float mu, bool nesterov,
                   cudaStream_t stream) {

@@ -1,101 +1,96 @@
+// The CUDA Newton–Schulz: the iteration of newton_schulz_kernels.cuh on cuBLAS (strided-batched
+// GEMMs for the full products, pointer-array batched GEMMs for the symmetric tiles).
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
-#include <utility>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/newton_schulz.h"
+#include "kernels/cuda/newton_schulz_kernels.cuh"
 
 namespace moelab::cuda {
 namespace {
 
-// x = in / (‖in‖_F + eps) per matrix; one block per matrix, the sum of squares in double.
+constexpr int kThreads = 256;
+
 template <typename T>
-__global__ void NormalizeKernel(const T* in, T* x, size_t mn, double eps) {
-  __shared__ double shared[32];
-  const T* src = in + blockIdx.x * mn;
-  T* dst = x + blockIdx.x * mn;
-  double ss = 0;
-  for (size_t i = threadIdx.x; i < mn; i += blockDim.x) {
-    const double v = detail::ToFloat(src[i]);
-    ss += v * v;
-  }
-  ss = detail::BlockSum(ss, shared);
-  const float inv = static_cast<float>(1.0 / (sqrt(ss) + eps));
-  for (size_t i = threadIdx.x; i < mn; i += blockDim.x) {
-    dst[i] = detail::FromFloat<T>(inv * detail::ToFloat(src[i]));
-  }
+constexpr cudaDataType_t DataType() {
+  return std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
 }
 
-// b[i,i] += a for every matrix of the batch.
-template <typename T>
-__global__ void AddDiagonalKernel(T* b, int m, int batch, float a) {
-  const long idx = blockIdx.x * long(blockDim.x) + threadIdx.x;
-  if (idx >= long(m) * batch) return;
-  const long mat = idx / m, i = idx % m;
-  T* p = b + mat * long(m) * m + i * m + i;
-  *p = detail::FromFloat<T>(detail::ToFloat(*p) + a);
+unsigned GridFor(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 4096));
 }
+
+// Launches on `stream`; everything stream-ordered, nothing synchronises the host.
+template <typename T>
+struct CudaExec {
+  cudaStream_t stream;
+
+  void Normalize(const T* in, T* x, const ns::Plan& p, double eps) {
+    ns::NormalizeKernel<<<p.batch, kThreads, 0, stream>>>(in, x, p.mn, eps);
+    CheckLaunch("NewtonSchulz normalise");
+  }
+  // Stream-ordered thread scratch (kernels/cuda/device.h): no allocation per call once grown.
+  void** Pointers(int64_t count) {
+    return static_cast<void**>(ThreadScratch(sizeof(void*) * count));
+  }
+  void TilePointers(const ns::TileJob& job, const ns::Plan& p, void** a, void** b, void** c) {
+    ns::TilePointersKernel<T>
+        <<<GridFor(p.count()), kThreads, 0, stream>>>(job, p.pairs, p.count(), a, b, c);
+    CheckLaunch("NewtonSchulz tile pointers");
+  }
+  void Mirror(T* a, const ns::Plan& p) {
+    const int64_t total = p.batch * p.mm;
+    ns::MirrorKernel<<<GridFor(total), kThreads, 0, stream>>>(a, p.m, p.tile, total);
+    CheckLaunch("NewtonSchulz mirror");
+  }
+  void Combine(T* q, const T* a, const ns::Plan& p, float ca, float cb) {
+    const int64_t total = p.batch * p.mm;
+    ns::CombineKernel<<<GridFor(total), kThreads, 0, stream>>>(q, a, p.m, p.tile, total, ca, cb);
+    CheckLaunch("NewtonSchulz combine");
+  }
+  void GemmStrided(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, int lda,
+                   int64_t sa, const T* b, int ldb, int64_t sb, float beta, T* c, int ldc,
+                   int64_t sc, int batch) {
+    GemmStridedBatched(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch,
+                       stream);
+  }
+  // Row-major C = op(A)·op(B) as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ (gemm.h's convention), true
+  // fp32 for float (the handle's default math mode: no TF32), fp32 accumulation for bf16.
+  void GemmTiles(bool ta, bool tb, int m, int n, int k, float alpha, void** a, int lda, void** b,
+                 int ldb, void** c, int ldc, int64_t count) {
+    const float beta = 0.0f;
+    MOELAB_CUBLAS_CHECK(cublasGemmBatchedEx(
+        Cublas(stream), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+        &alpha, b, DataType<T>(), ldb, a, DataType<T>(), lda, &beta, c, DataType<T>(), ldc,
+        static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+};
 
 }  // namespace
 
 size_t NewtonSchulzWorkspaceSize(int batch, int rows, int cols) {
   const size_t m = std::min(rows, cols), n = std::max(rows, cols);
-  return static_cast<size_t>(batch) * (2 * m * n + 2 * m * m);
+  return static_cast<size_t>(batch) * (m * n + 2 * m * m);
 }
 
 template <typename T>
 void NewtonSchulz(const T* in, T* out, int batch, int rows, int cols, int steps, T* workspace,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, int min_tile) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
-  const bool tall = rows > cols;
-  const int m = tall ? cols : rows;
-  const int n = tall ? rows : cols;
-  const int64_t mn = static_cast<int64_t>(m) * n, mm = static_cast<int64_t>(m) * m;
-  T* x = workspace;
-  T* y = x + batch * mn;
-  T* a = y + batch * mn;
-  T* b = a + batch * mm;
-  NormalizeKernel<<<batch, 256, 0, stream>>>(in, x, static_cast<size_t>(mn), cpu::kNsEps);
-  CheckLaunch("NewtonSchulz normalise");
-  if (steps <= 0) {
-    MOELAB_CUDA_CHECK(
-        cudaMemcpyAsync(out, x, sizeof(T) * batch * mn, cudaMemcpyDeviceToDevice, stream));
-    return;
-  }
-  const float ca = static_cast<float>(cpu::kNsA), cb = static_cast<float>(cpu::kNsB),
-              cc = static_cast<float>(cpu::kNsC);
-  for (int s = 0; s < steps; ++s) {
-    T* dst = s + 1 == steps ? out : y;
-    // A = X·Xᵀ (wide, X [m,n]) or XᵀX (tall, X [n,m]): the small m×m Gram matrix.
-    if (tall) {
-      GemmStridedBatched(true, false, m, m, n, 1.0f, x, m, mn, x, m, mn, 0.0f, a, m, mm, batch,
-                         stream);
-    } else {
-      GemmStridedBatched(false, true, m, m, n, 1.0f, x, n, mn, x, n, mn, 0.0f, a, m, mm, batch,
-                         stream);
-    }
-    // B = b·A + c·A·A + a·I.
-    MOELAB_CUDA_CHECK(
-        cudaMemcpyAsync(b, a, sizeof(T) * batch * mm, cudaMemcpyDeviceToDevice, stream));
-    GemmStridedBatched(false, false, m, m, m, cc, a, m, mm, a, m, mm, cb, b, m, mm, batch, stream);
-    const long diag = static_cast<long>(m) * batch;
-    AddDiagonalKernel<<<(diag + 255) / 256, 256, 0, stream>>>(b, m, batch, ca);
-    CheckLaunch("NewtonSchulz diagonal");
-    // X ← B·X (wide) or X·B (tall).
-    if (tall) {
-      GemmStridedBatched(false, false, n, m, m, 1.0f, x, m, mn, b, m, mm, 0.0f, dst, m, mn, batch,
-                         stream);
-    } else {
-      GemmStridedBatched(false, false, m, n, m, 1.0f, b, m, mm, x, n, mn, 0.0f, dst, n, mn, batch,
-                         stream);
-    }
-    std::swap(x, y);
-  }
+  CudaExec<T> exec{stream};
+  ns::NewtonSchulzSteps(exec, in, out, ns::MakePlan(batch, rows, cols, min_tile), steps, workspace,
+                        cpu::kNsEps, static_cast<float>(cpu::kNsA), static_cast<float>(cpu::kNsB),
+                        static_cast<float>(cpu::kNsC));
 }
 
-template void NewtonSchulz<float>(const float*, float*, int, int, int, int, float*, cudaStream_t);
-template void NewtonSchulz<bf16>(const bf16*, bf16*, int, int, int, int, bf16*, cudaStream_t);
+template void NewtonSchulz<float>(const float*, float*, int, int, int, int, float*, cudaStream_t,
+                                  int);
+template void NewtonSchulz<bf16>(const bf16*, bf16*, int, int, int, int, bf16*, cudaStream_t, int);
 
 }  // namespace moelab::cuda

@@ -1,6 +1,7 @@
 // Optimizer arithmetic on the device, bit-for-bit the loops of core/optim/adamw.cc and
 // core/optim/muon.cc (same float operations in the same order; the step constants are formed on
-// the host exactly as the CPU does), and QK-Clip's row scaling.
+// the host exactly as the CPU does), and QK-Clip's row scaling. The kernel bodies are in
+// optim_kernels.cuh (also run on the CPU by tests/cuda_kernels/optim_emulation_test.cc).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +40,28 @@ struct AdamWSegment {
 void AdamWFused(const AdamWSegment* segments, int num_segments, uint64_t max_size, float* w,
                 const float* g, float* m, float* v, bf16* w16, const AdamWScalars& s,
                 cudaStream_t stream = nullptr);
+
+// Muon over a table of tensors, one launch per phase (the optimizer's step): tensor t's
+// gradient and weight at `offset`, its momentum at `momentum_offset`, its Newton–Schulz input
+// and output at `bank_offset` of the bank (fp32 or bf16).
+struct MuonSegment {
+  uint64_t offset = 0;           // into w, g and w16
+  uint64_t size = 0;             // elements
+  uint64_t momentum_offset = 0;  // into m
+  uint64_t bank_offset = 0;      // into the bank
+  float scale = 1;               // the update scale s (core/optim/muon.h MuonUpdateScale)
+};
+// m = μ·m + g; bank slot = g + μ·m (nesterov) or m. U = float or bf16. segments: a device array.
+template <typename U>
+void MuonMomentumFused(const MuonSegment* segments, int num_segments, uint64_t max_size,
+                       const float* g, float* m, U* bank, float mu, bool nesterov,
+                       cudaStream_t stream = nullptr);
+// w = w·decay − float(lr·s)·o with o the bank slot, and w16 (null: none) = bf16(w) in the same
+// pass. lr in double: the step size is rounded once, as the CPU Muon rounds it.
+template <typename U>
+void MuonApplyFused(const MuonSegment* segments, int num_segments, uint64_t max_size, float* w,
+                    const U* bank, double lr, float decay, bf16* w16,
+                    cudaStream_t stream = nullptr);
 
 // Muon momentum: m = μ·m + g; u = g + μ·m (nesterov) or m. u may be a bank slot.
 void MuonMomentum(const float* g, float* m, float* u, size_t n, float mu, bool nesterov,

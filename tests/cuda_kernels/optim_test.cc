@@ -114,9 +114,17 @@ TEST(CudaOptim, FusedAdamWMatchesCpuAndWritesTheBf16Copy) {
   }
 }
 
+// Whole products (small m) and the symmetric tile path (min_tile 8: 2–4 tiles per side, and a
+// bank at the default tile: 256 = 2 tiles of 128).
 TEST(CudaNewtonSchulz, WideTallAndSquareBanksMatchCpu) {
   MOELAB_REQUIRE_GPU();
-  for (auto [rows, cols] : {std::pair{16, 40}, std::pair{40, 16}, std::pair{24, 24}}) {
+  struct Case {
+    int rows, cols, min_tile;
+  };
+  for (auto [rows, cols, min_tile] :
+       {Case{16, 40, kNsMinTile}, Case{40, 16, kNsMinTile}, Case{24, 24, kNsMinTile},
+        Case{16, 40, 8}, Case{40, 16, 8}, Case{24, 24, 8}, Case{32, 72, 8}, Case{256, 320, 128},
+        Case{320, 256, 128}}) {
     const int batch = 3;
     const size_t size = size_t(batch) * rows * cols;
     const auto in = Random(size, 20 + rows);
@@ -126,19 +134,20 @@ TEST(CudaNewtonSchulz, WideTallAndSquareBanksMatchCpu) {
     cpu::NewtonSchulz(in.data(), out.data(), batch, rows, cols, opt);
     auto gin = ToDevice(in);
     DeviceBuffer<float> gout(size), ws(NewtonSchulzWorkspaceSize(batch, rows, cols));
-    NewtonSchulz(gin.data(), gout.data(), batch, rows, cols, 5, ws.data());
-    const std::string what = "ns " + std::to_string(rows) + "x" + std::to_string(cols);
+    NewtonSchulz(gin.data(), gout.data(), batch, rows, cols, 5, ws.data(), nullptr, min_tile);
+    const std::string what = "ns " + std::to_string(rows) + "x" + std::to_string(cols) +
+                             " min_tile " + std::to_string(min_tile);
     // NS5 on a unit-norm input: GEMM rounding differences stay ~1e-6.
     ExpectNear(gout.Download(), out, 1e-5, 1e-4, what);
     // In place, as the optimizer calls it.
-    NewtonSchulz(gin.data(), gin.data(), batch, rows, cols, 5, ws.data());
+    NewtonSchulz(gin.data(), gin.data(), batch, rows, cols, 5, ws.data(), nullptr, min_tile);
     ExpectNear(gin.Download(), out, 1e-5, 1e-4, what + " in place");
     // bf16 bank: bf16 iterates, fp32 accumulation.
     std::vector<bf16> bin(size);
     for (size_t i = 0; i < size; ++i) bin[i] = __float2bfloat16(in[i]);
     auto gbin = ToDevice(bin);
     DeviceBuffer<bf16> gbout(size), bws(NewtonSchulzWorkspaceSize(batch, rows, cols));
-    NewtonSchulz(gbin.data(), gbout.data(), batch, rows, cols, 5, bws.data());
+    NewtonSchulz(gbin.data(), gbout.data(), batch, rows, cols, 5, bws.data(), nullptr, min_tile);
     DeviceBuffer<float> back(size);
     CastToFloat(gbout.data(), back.data(), size);
     ExpectNear(back.Download(), out, 3e-2, 5e-2, what + " bf16");

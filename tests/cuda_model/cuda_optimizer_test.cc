@@ -12,12 +12,15 @@
 
 #include "core/config.h"
 #include "core/device.h"
+#include "core/model/backend.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip.h"
 #include "core/optim/qk_clip_plan.h"
 
 #if MOELAB_HAVE_CUDA
+#include <cuda_bf16.h>
+
 #include "core/cuda_util.h"
 #endif
 
@@ -61,9 +64,10 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Runs `steps` updates with the same random gradients on the CPU and the device optimizer.
-void CompareOptimizer(const std::string& name, double tolerance) {
+void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr = 0) {
   RunConfig c = SmallMoe();
   c.optimizer.name = name;
+  c.optimizer.adamw_lr = adamw_lr;
   Model<float> model(c);
   model.Init(3);
   const size_t n = model.num_params();
@@ -108,6 +112,131 @@ TEST_F(CudaOptimizerTest, AdamWMatchesCpu) {
 TEST_F(CudaOptimizerTest, MuonMatchesCpuInFp32) {
 #if MOELAB_HAVE_CUDA
   CompareOptimizer("muon", 1e-4);
+#endif
+}
+
+// optimizer.adamw_lr sets the AdamW group's peak under Muon (the device Muon ignored it before).
+TEST_F(CudaOptimizerTest, MuonHonoursTheAdamWGroupsLearningRate) {
+#if MOELAB_HAVE_CUDA
+  CompareOptimizer("muon", 1e-4, /*adamw_lr=*/3e-3);
+#endif
+}
+
+#if MOELAB_HAVE_CUDA
+// The copy of every parameter element equals the round-to-nearest-even cast of its fp32 weight.
+void ExpectCopyIsTheCast(const Model<float>& model, const cudautil::DeviceBuffer<float>& params,
+                         const Bf16WeightCopy& copy, const std::string& what) {
+  const size_t n = model.num_params();
+  const std::vector<float> w = params.ToHost();
+  std::vector<cuda::bf16> c(n);
+  MOELAB_CUDA(cudaMemcpy(c.data(), copy.values(), n * sizeof(cuda::bf16), cudaMemcpyDeviceToHost));
+  for (const ParamInfo& p : model.param_infos()) {
+    for (size_t i = p.offset; i < p.offset + p.size(); ++i) {
+      ASSERT_EQ(__bfloat162float(c[i]), __bfloat162float(__float2bfloat16(w[i])))
+          << what << ": " << p.name << " element " << i - p.offset;
+    }
+  }
+}
+
+// The device optimizers write the bf16 copy in their update (no Refresh needed); a shard's
+// optimizer (ZeRO-1) leaves the rest to Refresh, which casts what it did not mark.
+void CheckWeightCopy(const std::string& name) {
+  RunConfig c = SmallMoe();
+  c.optimizer.name = name;
+  c.optimizer.qk_clip_tau = 5;
+  Model<float> model(c);
+  model.Init(3);
+  const size_t n = model.num_params();
+  std::vector<float> host(model.params(), model.params() + n);
+  cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
+  dparams.Upload(host.data(), n);
+  Bf16WeightCopy copy;
+  copy.Resize(n);
+  std::unique_ptr<Optimizer> dev =
+      MakeCudaOptimizer(c.optimizer, model.param_infos(), /*ns_bf16=*/true);
+  dev->WriteWeightCopy(&copy);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  std::vector<float> g(n);
+  for (int step = 1; step <= 2; ++step) {
+    for (float& x : g) x = normal(rng);
+    dgrads.Upload(g.data(), n);
+    dev->Step(dparams.data(), dgrads.data(), 1e-2, step);
+    ExpectCopyIsTheCast(model, dparams, copy, name + " step");
+    // QK-Clip after the update re-rounds the rows it scaled.
+    const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
+    ApplyQkClipPlanOnDevice(PlanQkClip(c, model.param_infos(), s, step), dparams.data(),
+                            copy.data());
+    ExpectCopyIsTheCast(model, dparams, copy, name + " clip");
+    copy.Refresh(dparams.data());
+  }
+  // A shard: the first half of the tensors. The others change behind its back (all-gather).
+  std::vector<ParamInfo> shard(model.param_infos().begin(),
+                               model.param_infos().begin() + model.param_infos().size() / 2);
+  std::unique_ptr<Optimizer> part = MakeCudaOptimizer(c.optimizer, shard, true);
+  part->WriteWeightCopy(&copy);
+  part->Step(dparams.data(), dgrads.data(), 1e-2, 1);
+  std::vector<float> w = dparams.ToHost();
+  for (size_t i = shard.back().offset + shard.back().size(); i < n; ++i) w[i] += 0.25f;
+  dparams.Upload(w.data(), n);
+  copy.Refresh(dparams.data());
+  ExpectCopyIsTheCast(model, dparams, copy, name + " shard");
+}
+#endif
+
+TEST_F(CudaOptimizerTest, AdamWWritesTheBf16WeightCopy) {
+#if MOELAB_HAVE_CUDA
+  CheckWeightCopy("adamw");
+#endif
+}
+
+TEST_F(CudaOptimizerTest, MuonWritesTheBf16WeightCopy) {
+#if MOELAB_HAVE_CUDA
+  CheckWeightCopy("muon");
+#endif
+}
+
+// The hand-over on a bf16 CUDA model: the optimizer writes the backend's copy, QK-Clip through
+// the backend re-rounds its rows, and a checkpoint load (WriteParams) refreshes everything.
+TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
+#if MOELAB_HAVE_CUDA
+  RunConfig c = SmallMoe();
+  c.train.device = "cuda";
+  c.train.precision = "bf16";
+  c.optimizer.name = "muonclip";
+  c.optimizer.qk_clip_tau = 5;
+  Model<float> model(c);
+  model.Init(2);
+  Backend<float>& be = model.backend();
+  ASSERT_NE(be.weight_copy(), nullptr);
+  const auto* copy = static_cast<const Bf16WeightCopy*>(be.weight_copy());
+  std::unique_ptr<Optimizer> opt = MakeOptimizer(c, model.param_infos());
+  opt->WriteWeightCopy(be.weight_copy());
+  const size_t n = model.num_params();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  std::vector<float> g(n), host(n);
+  // Views of the device arena for the checks.
+  auto check = [&](const std::string& what) {
+    model.ReadParams(host.data());
+    cudautil::DeviceBuffer<float> d(n);
+    d.Upload(host.data(), n);
+    ExpectCopyIsTheCast(model, d, *copy, what);
+  };
+  for (int step = 1; step <= 2; ++step) {
+    for (float& x : g) x = normal(rng);
+    be.ToBackend(model.grads(), g.data(), n * sizeof(float));
+    opt->Step(model.params(), model.grads(), 1e-2, step);
+    const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
+    be.ScaleRows(PlanQkClip(c, model.param_infos(), s, step).scales, model.params());
+    model.ParamsChanged();
+    check("step " + std::to_string(step));
+  }
+  // A load right after an update (the marks of the update must not survive it).
+  opt->Step(model.params(), model.grads(), 1e-2, 3);
+  for (float& x : host) x = normal(rng);
+  model.WriteParams(host.data());
+  check("load");
 #endif
 }
 

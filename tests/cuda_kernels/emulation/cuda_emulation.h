@@ -1,8 +1,7 @@
-// A CPU emulation of the CUDA primitives the fused attention kernels use, so that the kernels'
-// own source (kernels/cuda/flash_attention_kernels.cuh, and the norm and RoPE kernels of
-// norm_kernels.cuh and rope_kernels.cuh) runs on machines without a GPU: one
-// std::thread per CUDA thread, blocks one after another; static __shared__ arrays are function
-// statics (shared by the block's threads); __syncthreads and __syncwarp are real
+// A CPU emulation of the CUDA primitives the kernels of kernels/cuda/*.cuh use (fused attention,
+// norm, RoPE, optimizer, Newton–Schulz), so that the kernels' own source runs on machines without
+// a GPU: one std::thread per CUDA thread, blocks one after another; static __shared__ arrays are
+// function statics (shared by the block's threads); __syncthreads and __syncwarp are real
 // barriers, warp shuffles go through a per-warp exchange buffer, atomics are std::atomic_ref,
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
 // sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
@@ -17,6 +16,7 @@
 #define MOELAB_CUDA_EMULATION 1
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 
 #include <atomic>
 #include <barrier>
@@ -42,13 +42,12 @@ struct Ctx {
 inline thread_local Ctx ctx;
 }  // namespace emu
 
-// The kernels' dynamic shared memory: the emulated block's buffer.
-#define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
-// A kernel's static __shared__ arrays: one per instantiation, seen by every thread of the block;
-// blocks run one after another, so a function-local static is exactly that (and, as on the GPU,
-// a block finds what the previous one left there).
+// Static shared memory: a function-local static, shared by the block's threads (the emulation
+// runs one block at a time, so the next block finds it as garbage, like the hardware's).
 #undef __shared__
 #define __shared__ static
+// The kernels' dynamic shared memory: the emulated block's buffer.
+#define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
 #undef threadIdx
 #undef blockIdx
 #undef gridDim
@@ -96,21 +95,13 @@ inline unsigned __float_as_uint(float x) {
   return i;
 }
 using std::signbit;
-// Round-to-nearest float arithmetic that is never contracted into an FMA (GCC contracts plain
-// a·b ± c by default, -ffp-contract=fast, even in ISO mode): the volatile makes each result a
-// rounded float, as the intrinsics guarantee on the GPU.
-inline float __fmul_rn(float a, float b) {
-  volatile float r = a * b;
-  return r;
-}
-inline float __fadd_rn(float a, float b) {
-  volatile float r = a + b;
-  return r;
-}
-inline float __fsub_rn(float a, float b) {
-  volatile float r = a - b;
-  return r;
-}
+// Round-to-nearest arithmetic intrinsics: one IEEE operation each, kept out of line so that GCC
+// (whose C++ default is -ffp-contract=fast) cannot fuse a product and a sum into an FMA.
+[[gnu::noinline]] inline float __fadd_rn(float a, float b) { return a + b; }
+[[gnu::noinline]] inline float __fsub_rn(float a, float b) { return a - b; }
+[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
+[[gnu::noinline]] inline float __fdiv_rn(float a, float b) { return a / b; }
+using ::sqrtf;
 inline float __expf(float x) { return std::exp(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 #undef __launch_bounds__
