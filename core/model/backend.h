@@ -62,6 +62,37 @@ struct LossTerms {
   double z_loss = 0;  // coefficient included
 };
 
+// One row chunk of the LM head and its loss (core/model/model.cc's OutputLoss): logits = x·Wᵀ,
+// softmax cross-entropy (+ z-loss), and with backward dlogits scaled by `weight`, then
+// dx = dlogits·W and dW (+)= dlogitsᵀ·x. Every pointer is memory of the backend.
+template <typename T>
+struct LmHeadChunk {
+  const T* x = nullptr;              // [rows, d]: the final norm's output
+  const T* w = nullptr;              // [vocab, d]: the head (or the tied embedding), in the arena
+  const int32_t* targets = nullptr;  // [rows]
+  int rows = 0, d = 0, vocab = 0;
+  double z_coef = 0;
+  // The chunk's share of the mean over all rows (rows / total): scales the gradient only.
+  double weight = 1;
+  bool backward = false;
+  // Scratch of rows·vocab elements of T: the logits, then (backward) dlogits. A backend may
+  // store them in a narrower type there (CUDA in bf16 uses half of it).
+  T* logits = nullptr;
+  double* row_scratch = nullptr;  // [2·rows + 2]
+  T* dx = nullptr;                // [rows, d], overwritten (backward)
+  T* dw = nullptr;                // [vocab, d], overwritten or accumulated (backward)
+  bool accumulate_dw = false;
+};
+
+template <typename T>
+class Backend;
+
+// LmHeadLossChunk from the finer ops, in the order the model used before the op existed:
+// Linear, CrossEntropy, Scale (when weight != 1), LinearBackward. The CPU backend and CUDA's fp32
+// mode run this; their results are those of the finer ops, bit for bit.
+template <typename T>
+LossTerms ComposeLmHeadLossChunk(Backend<T>& be, const LmHeadChunk<T>& c);
+
 template <typename T>
 class Backend : public BackendMemory {
  public:
@@ -135,6 +166,9 @@ class Backend : public BackendMemory {
   // Softmax cross-entropy (+ z-loss) of logits [n, vocab]; backward: logits become dlogits.
   virtual LossTerms CrossEntropy(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
                                  bool backward, double* row_scratch) = 0;
+  // One chunk of the LM head with its loss (LmHeadChunk). Returns the chunk's own mean terms
+  // (unweighted); a backend may keep the logits in a narrower type than T (CUDA in bf16).
+  virtual LossTerms LmHeadLossChunk(const LmHeadChunk<T>& c) = 0;
   // out[i] = a[i] + b[i] (out may alias a or b).
   virtual void Add(const T* a, const T* b, T* out, size_t n) = 0;
 
@@ -159,6 +193,20 @@ class Backend : public BackendMemory {
   // Per-op-class timing (CUDA events); null: off. A no-op on the CPU.
   virtual void set_profiler(CudaOpProfiler* profiler) { (void)profiler; }
 };
+
+template <typename T>
+LossTerms ComposeLmHeadLossChunk(Backend<T>& be, const LmHeadChunk<T>& c) {
+  be.Linear(c.x, c.w, c.rows, c.d, c.vocab, c.logits, false);
+  const LossTerms part =
+      be.CrossEntropy(c.logits, c.targets, c.rows, c.vocab, c.z_coef, c.backward, c.row_scratch);
+  if (c.backward) {
+    if (c.weight != 1) {
+      be.Scale(c.logits, static_cast<size_t>(c.rows) * c.vocab, static_cast<T>(c.weight));
+    }
+    be.LinearBackward(c.x, c.w, c.logits, c.rows, c.d, c.vocab, c.dx, c.dw, false, c.accumulate_dw);
+  }
+  return part;
+}
 
 // The backend train.device names: "cpu", or "cuda" (float only; throws without a usable GPU or
 // in a build without CUDA, naming why).

@@ -182,6 +182,9 @@ class CpuBackend final : public Backend<T> {
         cpu::CrossEntropy(logits, targets, n, vocab, z_coef, backward, row_scratch);
     return {r.loss, r.z_loss};
   }
+  LossTerms LmHeadLossChunk(const LmHeadChunk<T>& c) override {
+    return ComposeLmHeadLossChunk<T>(*this, c);
+  }
   void Add(const T* a, const T* b, T* out, size_t count) override {
     const long n = static_cast<long>(count);
 #pragma omp parallel for simd schedule(static) if (n > 65536)

@@ -80,8 +80,9 @@ size_t AttentionScratch(bool flash, const cpu::AttentionDims& a) {
                : cuda::AttentionScratchSize(cuda::AttentionDims(a));
 }
 
-// Elements of the bf16 cast buffers at `rows` tokens (memory plan): the widest GEMM input, and
-// the widest output gradient (the LM head's: at most LogitChunkRows rows of the vocabulary).
+// Elements of the bf16 cast buffers at `rows` tokens (memory plan): the widest GEMM input and
+// the widest output gradient. The LM head casts neither its logits nor its dlogits (bf16 from
+// its GEMM and its cross-entropy kernel, LmHeadLossChunk), only its input x [rows, d].
 size_t CastElements(const ModelConfig& m, size_t rows) {
   const bool mla = m.attention == "mla";
   const size_t H = m.heads;
@@ -97,9 +98,7 @@ size_t CastElements(const ModelConfig& m, size_t rows) {
                         static_cast<size_t>(m.q_lora_rank), H * dqk,
                         static_cast<size_t>(m.kv_lora_rank + m.qk_rope_head_dim),
                         H * (m.qk_nope_head_dim + m.v_head_dim)});
-  const size_t head =
-      static_cast<size_t>(LogitChunkRows(static_cast<int>(rows), m.vocab_size)) * m.vocab_size;
-  return rows * in + std::max(rows * out, head);
+  return rows * (in + out);
 }
 
 class CudaBackend;
@@ -345,6 +344,32 @@ class CudaBackend final : public Backend<float> {
     ProfileScope ps(profiler_, "cross_entropy");
     const cuda::CrossEntropyResult r =
         cuda::CrossEntropy(logits, targets, n, vocab, z_coef, backward, row_scratch);
+    return {r.loss, r.z_loss};
+  }
+  // fp32: the finer ops (their bits). bf16: x cast once; logits = x·Wᵀ written in bf16 (fp32
+  // accumulation) into the first half of the fp32 scratch; the cross-entropy kernel reads them and
+  // writes the weighted dlogits over them in bf16; the backward GEMMs read those (dx, dW in fp32,
+  // dW accumulating across chunks). No fp32 logits and no cast of dlogits.
+  LossTerms LmHeadLossChunk(const LmHeadChunk<float>& c) override {
+    if (!use_bf16_) return ComposeLmHeadLossChunk<float>(*this, c);
+    bf16* xb = Cast(c.x, &xb_, static_cast<size_t>(c.rows) * c.d);
+    const bf16* wb = Bf16Of(c.w);
+    bf16* logits = reinterpret_cast<bf16*>(c.logits);
+    {
+      ProfileScope ps(profiler_, "gemm");
+      cuda::Gemm(false, true, c.rows, c.vocab, c.d, 1.0f, xb, c.d, wb, c.d, 0.0f, logits, c.vocab);
+    }
+    cuda::CrossEntropyResult r;
+    {
+      ProfileScope ps(profiler_, "cross_entropy");
+      r = cuda::CrossEntropy(logits, c.targets, c.rows, c.vocab, c.z_coef, c.backward, c.weight,
+                             c.row_scratch);
+    }
+    if (c.backward) {
+      ProfileScope ps(profiler_, "gemm");
+      cuda::LinearBackward<bf16>(xb, wb, logits, c.rows, c.d, c.vocab, c.dx, c.dw, false,
+                                 c.accumulate_dw);
+    }
     return {r.loss, r.z_loss};
   }
   void Add(const float* a, const float* b, float* out, size_t n) override {

@@ -207,7 +207,9 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
 // logits never exist at once (a 32k vocabulary at 32k rows would be 4 GiB of fp32): each
 // chunk's logits become its dlogits in place, and with backward its share of dW_head and of
 // d lnf (into dln) is formed at once. One chunk (every small model) is the unchunked
-// arithmetic bit for bit; several weight each chunk's mean by its share of the rows.
+// arithmetic bit for bit; several weight each chunk's mean by its share of the rows. Each chunk
+// is one backend op (LmHeadLossChunk): the CPU composes the finer ops, CUDA in bf16 keeps the
+// logits and dlogits in bf16.
 template <typename T>
 LossTerms Model<T>::Impl::OutputLoss(int n, bool backward) {
   T* P = params.data();
@@ -216,22 +218,25 @@ LossTerms Model<T>::Impl::OutputLoss(int n, bool backward) {
   const int chunk = std::min(LogitChunkRows(n, V), logit_rows);  // the arena's, at most
   LossTerms total;
   for (int r0 = 0; r0 < n; r0 += chunk) {
-    const int c = std::min(chunk, n - r0);
-    const T* x = lnf + static_cast<size_t>(r0) * d;
-    be->Linear(x, P + head, c, d, V, logits, false);
-    const LossTerms part =
-        be->CrossEntropy(logits, targets.data() + r0, c, V, m.z_loss, backward, row_scratch.data());
-    if (c == n) {
+    LmHeadChunk<T> c;
+    c.rows = std::min(chunk, n - r0);
+    c.x = lnf + static_cast<size_t>(r0) * d;
+    c.w = P + head;
+    c.targets = targets.data() + r0;
+    c.d = d, c.vocab = V, c.z_coef = m.z_loss;
+    c.weight = c.rows == n ? 1.0 : static_cast<double>(c.rows) / n;
+    c.backward = backward;
+    c.logits = logits;
+    c.row_scratch = row_scratch.data();
+    c.dx = dln + static_cast<size_t>(r0) * d;
+    c.dw = G + head;
+    c.accumulate_dw = r0 > 0;
+    const LossTerms part = be->LmHeadLossChunk(c);
+    if (c.rows == n) {
       total = part;
     } else {
-      const double w = static_cast<double>(c) / n;
-      total.loss += w * part.loss;
-      total.z_loss += w * part.z_loss;
-      if (backward) be->Scale(logits, static_cast<size_t>(c) * V, static_cast<T>(w));
-    }
-    if (backward) {
-      be->LinearBackward(x, P + head, logits, c, d, V, dln + static_cast<size_t>(r0) * d, G + head,
-                         false, /*accumulate_dw=*/r0 > 0);
+      total.loss += c.weight * part.loss;
+      total.z_loss += c.weight * part.z_loss;
     }
   }
   return total;

@@ -1,6 +1,8 @@
-// CUDA twin of kernels/cpu/cross_entropy.h (fp32 logits, double accumulation per row): softmax
-// cross-entropy with z-loss, fused with its backward (logits overwritten by the gradient).
-// One block per row; the mean is summed over rows in row order (bit-reproducible).
+// CUDA twin of kernels/cpu/cross_entropy.h: softmax cross-entropy with z-loss, fused with its
+// backward (logits overwritten by the gradient). One block per row, fp32 arithmetic (the
+// log-sum-exp in double); the mean is a fixed-shape tree over the rows (bit-reproducible).
+// T = float, or bf16 logits read and their bf16 gradient written in place (the LM head of the
+// bf16 mode). The kernels: kernels/cuda/cross_entropy_kernels.cuh.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,17 @@ CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vo
 template <typename T>
 void CrossEntropyAsync(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
                        bool backward, double* row_scratch, double* result_out,
+                       cudaStream_t stream = nullptr);
+
+// The same with the gradient scaled by `weight` (a chunk's share of the mean) in the kernel, so
+// a bf16 gradient is rounded once. T = float or bf16; weight 1 gives the bits of the above.
+template <typename T>
+CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                                bool backward, double weight, double* row_scratch,
+                                cudaStream_t stream = nullptr);
+template <typename T>
+void CrossEntropyAsync(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                       bool backward, double weight, double* row_scratch, double* result_out,
                        cudaStream_t stream = nullptr);
 
 }  // namespace moelab::cuda

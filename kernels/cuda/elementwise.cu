@@ -10,6 +10,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cross_entropy_kernels.cuh"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/norm_kernels.cuh"
@@ -335,79 +336,41 @@ template void SwigluActivationBackward<bf16>(const bf16*, const bf16*, const bf1
 
 // ---------------------------------------------------------------- cross-entropy
 
-namespace {
-constexpr int kCeThreads = 512;
-
-template <typename T>
-__global__ void CrossEntropyRowKernel(T* logits, const int32_t* targets, int vocab, double z_coef,
-                                      bool backward, float inv_n, double* ce_rows,
-                                      double* lse_rows) {
-  __shared__ float shared[32];
-  const long i = blockIdx.x;
-  T* x = logits + i * vocab;
-  const int t = targets[i];
-  const double xt = static_cast<double>(x[t]);
-  __syncthreads();  // every thread has read x[t] before the row is overwritten
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = detail::BlockMax(m, shared, -INFINITY);
-  float sum = 0;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float e = expf(x[j] - m);
-    if (backward) x[j] = e;
-    sum += e;
-  }
-  sum = detail::BlockSum(sum, shared);
-  const double lse = static_cast<double>(m) + log(static_cast<double>(sum));
-  if (threadIdx.x == 0) {
-    ce_rows[i] = lse - xt;
-    lse_rows[i] = lse;
-  }
-  if (backward) {
-    const float coef = static_cast<float>(1.0 + 2.0 * z_coef * lse) * inv_n * (1.0f / sum);
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) x[j] *= coef;
-    __syncthreads();
-    if (threadIdx.x == 0) x[t] -= inv_n;
-  }
-}
-
-// One block of 1024 threads: fixed-shape tree sums of the per-row values (reproducible).
-__global__ void CrossEntropyReduceKernel(const double* ce_rows, const double* lse_rows, int n,
-                                         double z_coef, double* result) {
-  __shared__ double shared[32];
-  double ce = 0, z = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    ce += ce_rows[i];
-    z += lse_rows[i] * lse_rows[i];
-  }
-  ce = detail::BlockSum(ce, shared);
-  z = detail::BlockSum(z, shared);
-  if (threadIdx.x == 0) {
-    result[0] = n > 0 ? ce / n : 0.0;
-    result[1] = n > 0 ? z_coef * z / n : 0.0;
-  }
-}
-}  // namespace
-
 template <typename T>
 void CrossEntropyAsync(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
                        bool backward, double* row_scratch, double* result_out,
                        cudaStream_t stream) {
+  CrossEntropyAsync(logits, targets, n, vocab, z_coef, backward, 1.0, row_scratch, result_out,
+                    stream);
+}
+
+template <typename T>
+void CrossEntropyAsync(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                       bool backward, double weight, double* row_scratch, double* result_out,
+                       cudaStream_t stream) {
   if (n > 0) {
-    CrossEntropyRowKernel<<<n, kCeThreads, 0, stream>>>(logits, targets, vocab, z_coef, backward,
-                                                        1.0f / static_cast<float>(n), row_scratch,
-                                                        row_scratch + n);
+    ce::CrossEntropyRowKernel<<<n, ce::kCeThreads, 0, stream>>>(
+        logits, targets, vocab, z_coef, backward, 1.0f / static_cast<float>(n),
+        static_cast<float>(weight), row_scratch, row_scratch + n);
   }
-  CrossEntropyReduceKernel<<<1, 1024, 0, stream>>>(row_scratch, row_scratch + n, n, z_coef,
-                                                   result_out);
+  ce::CrossEntropyReduceKernel<<<1, 1024, 0, stream>>>(row_scratch, row_scratch + n, n, z_coef,
+                                                       result_out);
   CheckLaunch("CrossEntropy");
 }
 
 template <typename T>
 CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
                                 bool backward, double* row_scratch, cudaStream_t stream) {
+  return CrossEntropy(logits, targets, n, vocab, z_coef, backward, 1.0, row_scratch, stream);
+}
+
+template <typename T>
+CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vocab, double z_coef,
+                                bool backward, double weight, double* row_scratch,
+                                cudaStream_t stream) {
   double* result = row_scratch + 2 * static_cast<size_t>(n);
-  CrossEntropyAsync(logits, targets, n, vocab, z_coef, backward, row_scratch, result, stream);
+  CrossEntropyAsync(logits, targets, n, vocab, z_coef, backward, weight, row_scratch, result,
+                    stream);
   double host[2];
   MOELAB_CUDA_CHECK(cudaMemcpyAsync(host, result, sizeof(host), cudaMemcpyDeviceToHost, stream));
   MOELAB_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -418,6 +381,14 @@ template CrossEntropyResult CrossEntropy<float>(float*, const int32_t*, int, int
                                                 double*, cudaStream_t);
 template void CrossEntropyAsync<float>(float*, const int32_t*, int, int, double, bool, double*,
                                        double*, cudaStream_t);
+template CrossEntropyResult CrossEntropy<float>(float*, const int32_t*, int, int, double, bool,
+                                                double, double*, cudaStream_t);
+template CrossEntropyResult CrossEntropy<bf16>(bf16*, const int32_t*, int, int, double, bool,
+                                               double, double*, cudaStream_t);
+template void CrossEntropyAsync<float>(float*, const int32_t*, int, int, double, bool, double,
+                                       double*, double*, cudaStream_t);
+template void CrossEntropyAsync<bf16>(bf16*, const int32_t*, int, int, double, bool, double,
+                                      double*, double*, cudaStream_t);
 
 // ---------------------------------------------------------------- optimizer arithmetic
 

@@ -171,6 +171,11 @@ class CheckingBackend final : public Backend<T> {
     Check(targets, "CrossEntropy"), Check(rows, "CrossEntropy");
     return cpu_->CrossEntropy(logits, targets, n, vocab, z, backward, rows);
   }
+  LossTerms LmHeadLossChunk(const LmHeadChunk<T>& c) override {
+    All("LmHeadLossChunk", {c.x, c.w, c.logits, c.dx, c.dw});
+    Check(c.targets, "LmHeadLossChunk"), Check(c.row_scratch, "LmHeadLossChunk");
+    return cpu_->LmHeadLossChunk(c);
+  }
   void Add(const T* a, const T* b, T* out, size_t n) override {
     All("Add", {a, b, out});
     cpu_->Add(a, b, out, n);
