@@ -8,6 +8,7 @@
 // fails with a clear message only when a layout needs them.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,25 @@ struct CommStats {
   int64_t calls = 0;
   int64_t bytes = 0;
   double seconds = 0;
+};
+
+// Counts one collective into a CommStats for as long as it lives: a call, the bytes this rank
+// sends, and the seconds until the scope ends (the collective returned).
+class CommTimer {
+ public:
+  CommTimer(CommStats& stats, size_t bytes) : stats_(stats), t0_(std::chrono::steady_clock::now()) {
+    ++stats_.calls;
+    stats_.bytes += static_cast<int64_t>(bytes);
+  }
+  ~CommTimer() {
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  CommTimer(const CommTimer&) = delete;
+  CommTimer& operator=(const CommTimer&) = delete;
+
+ private:
+  CommStats& stats_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 class Communicator {

@@ -33,19 +33,6 @@ int ToInt(size_t n, const char* what) {
 }
 
 // Times one collective into stats.
-class Timed {
- public:
-  Timed(CommStats& s, size_t bytes) : s_(s), t0_(Clock::now()) {
-    ++s_.calls;
-    s_.bytes += static_cast<int64_t>(bytes);
-  }
-  ~Timed() { s_.seconds += std::chrono::duration<double>(Clock::now() - t0_).count(); }
-
- private:
-  CommStats& s_;
-  Clock::time_point t0_;
-};
-
 // Even split of n elements into w chunks (the first n % w one larger).
 std::vector<size_t> EvenCounts(size_t n, int w) {
   std::vector<size_t> c(w, n / w);
@@ -101,7 +88,7 @@ void MpiCommunicator::ReduceScatterT(T* data, const size_t* counts, MPI_Datatype
     rdispls_[r] = ToInt(r * mine, "ReduceScatterSum");
     off += counts[r];
   }
-  Timed t(stats_, (total - mine) * sizeof(T));
+  CommTimer t(stats_, (total - mine) * sizeof(T));
   scratch_.resize(w * mine * sizeof(T));
   T* recv = reinterpret_cast<T*>(scratch_.data());
   Check(MPI_Alltoallv(data, icounts_.data(), idispls_.data(), type, recv, rcounts_.data(),
@@ -128,7 +115,7 @@ void MpiCommunicator::AllGatherT(T* data, const size_t* counts, MPI_Datatype typ
     off += counts[r];
     total += counts[r];
   }
-  Timed t(stats_, (total - counts[rank_]) * sizeof(T));
+  CommTimer t(stats_, (total - counts[rank_]) * sizeof(T));
   Check(MPI_Allgatherv(MPI_IN_PLACE, 0, type, data, icounts_.data(), idispls_.data(), type, comm_),
         "MPI_Allgatherv");
 }
@@ -147,7 +134,7 @@ void MpiCommunicator::AllReduceSum(double* data, size_t n) { AllReduceSumT(data,
 void MpiCommunicator::AllReduceSum(int64_t* data, size_t n) {
   if (n == 0) return;
   // Integer sums are exact in any order.
-  Timed t(stats_, 2 * n * sizeof(int64_t) * (size_ - 1) / size_);
+  CommTimer t(stats_, 2 * n * sizeof(int64_t) * (size_ - 1) / size_);
   Check(MPI_Allreduce(MPI_IN_PLACE, data, ToInt(n, "AllReduceSum"), MPI_INT64_T, MPI_SUM, comm_),
         "MPI_Allreduce");
 }
@@ -155,7 +142,7 @@ void MpiCommunicator::AllReduceSum(int64_t* data, size_t n) {
 void MpiCommunicator::AllReduceMax(float* data, size_t n) {
   if (n == 0) return;
   // A maximum is exact in any order.
-  Timed t(stats_, 2 * n * sizeof(float) * (size_ - 1) / size_);
+  CommTimer t(stats_, 2 * n * sizeof(float) * (size_ - 1) / size_);
   Check(MPI_Allreduce(MPI_IN_PLACE, data, ToInt(n, "AllReduceMax"), MPI_FLOAT, MPI_MAX, comm_),
         "MPI_Allreduce");
 }
@@ -177,7 +164,7 @@ void MpiCommunicator::AllToAllV(const float* send, const size_t* send_counts, fl
     ro += recv_counts[r];
     if (r != rank_) sent += send_counts[r];
   }
-  Timed t(stats_, sent * sizeof(float));
+  CommTimer t(stats_, sent * sizeof(float));
   Check(MPI_Alltoallv(send, icounts_.data(), idispls_.data(), MPI_FLOAT, recv, rcounts_.data(),
                       rdispls_.data(), MPI_FLOAT, comm_),
         "MPI_Alltoallv");
@@ -187,7 +174,7 @@ void MpiCommunicator::StartAllReduceSum(float* data, size_t n) {
   if (size_ == 1 || n == 0) return;
   const std::vector<size_t> counts = EvenCounts(n, size_);
   const size_t mine = counts[rank_];
-  Timed t(stats_, 2 * (n - mine) * sizeof(float));  // what AllReduceSum sends
+  CommTimer t(stats_, 2 * (n - mine) * sizeof(float));  // what AllReduceSum sends
   PendingSum& p = pending_.emplace_back();
   p.data = data;
   p.counts.resize(size_);
@@ -240,7 +227,7 @@ void MpiCommunicator::WaitAll() {
 }
 
 void MpiCommunicator::Barrier() {
-  Timed t(stats_, 0);
+  CommTimer t(stats_, 0);
   Check(MPI_Barrier(comm_), "MPI_Barrier");
 }
 
@@ -260,7 +247,7 @@ void MpiCommunicator::Broadcast(float* data, size_t n, int root) {
 
 void MpiCommunicator::BroadcastBytes(void* data, size_t bytes, int root) {
   if (size_ == 1 || bytes == 0) return;
-  Timed t(stats_, rank_ == root ? bytes : 0);
+  CommTimer t(stats_, rank_ == root ? bytes : 0);
   char* p = static_cast<char*>(data);
   constexpr size_t kMax = size_t{1} << 30;
   for (size_t off = 0; off < bytes; off += kMax) {

@@ -173,16 +173,26 @@ int NcclCommunicator::rank() const { return impl_->rank; }
 int NcclCommunicator::world_size() const { return impl_->size; }
 int NcclCommunicator::device() const { return impl_->device; }
 
+// What a ring all-reduce of n elements sends from each rank: 2·(W−1)/W of them.
+size_t NcclCommunicator::RingBytes(size_t n, size_t elem) const {
+  const size_t w = static_cast<size_t>(impl_->size);
+  return 2 * n * elem * (w - 1) / w;
+}
+
 void NcclCommunicator::AllReduceSum(float* data, size_t n) {
+  CommTimer t(stats_, RingBytes(n, sizeof(float)));
   impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclSum);
 }
 void NcclCommunicator::AllReduceSum(double* data, size_t n) {
+  CommTimer t(stats_, RingBytes(n, sizeof(double)));
   impl_->AllReduce(data, n, sizeof(double), ncclFloat64, ncclSum);
 }
 void NcclCommunicator::AllReduceSum(int64_t* data, size_t n) {
+  CommTimer t(stats_, RingBytes(n, sizeof(int64_t)));
   impl_->AllReduce(data, n, sizeof(int64_t), ncclInt64, ncclSum);
 }
 void NcclCommunicator::AllReduceMax(float* data, size_t n) {
+  CommTimer t(stats_, RingBytes(n, sizeof(float)));
   impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclMax);
 }
 
@@ -194,6 +204,9 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
   if (!IsDevicePointer(send) || !IsDevicePointer(recv)) {
     throw std::invalid_argument("NcclCommunicator::AllToAllV needs device pointers");
   }
+  size_t sent = 0;
+  for (int r = 0; r < I.size; ++r) sent += r == I.rank ? 0 : send_counts[r];
+  CommTimer t(stats_, sent * sizeof(float));
   size_t so = 0, ro = 0;
   I.AfterCompute();
   MOELAB_NCCL(ncclGroupStart());
@@ -209,8 +222,12 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
   MOELAB_CUDA(cudaStreamSynchronize(I.stream));
 }
 
+// Counted as MpiCommunicator counts them: the elements of the chunks other ranks own.
 void NcclCommunicator::ReduceScatterSum(float* data, const size_t* counts) {
   Impl& I = *impl_;
+  size_t total = 0;
+  for (int r = 0; r < I.size; ++r) total += counts[r];
+  CommTimer t(stats_, (total - counts[I.rank]) * sizeof(float));
   I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
     MOELAB_NCCL(ncclReduce(chunk, chunk, n, ncclFloat32, ncclSum, root, I.comm, I.stream));
   });
@@ -218,6 +235,9 @@ void NcclCommunicator::ReduceScatterSum(float* data, const size_t* counts) {
 
 void NcclCommunicator::AllGatherV(float* data, const size_t* counts) {
   Impl& I = *impl_;
+  size_t total = 0;
+  for (int r = 0; r < I.size; ++r) total += counts[r];
+  CommTimer t(stats_, (total - counts[I.rank]) * sizeof(float));
   I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
     MOELAB_NCCL(ncclBroadcast(chunk, chunk, n, ncclFloat32, root, I.comm, I.stream));
   });
@@ -260,6 +280,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
 int NcclCommunicator::rank() const { return 0; }
 int NcclCommunicator::world_size() const { return 1; }
 int NcclCommunicator::device() const { return 0; }
+size_t NcclCommunicator::RingBytes(size_t, size_t) const { return 0; }
 void NcclCommunicator::AllReduceSum(float*, size_t) {}
 void NcclCommunicator::AllReduceSum(double*, size_t) {}
 void NcclCommunicator::AllReduceSum(int64_t*, size_t) {}
