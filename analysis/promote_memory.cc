@@ -118,8 +118,7 @@ MemoryEstimate EstimateMemory(const RunConfig& c, const PromoteLayout& layout) {
   const int ep = std::max(1, layout.ep);
   if (ep > 1 && c.moe.enabled()) {
     // Routed experts are split over the EP group; the rest is replicated.
-    const double experts = 3.0 * c.moe.experts_total * c.moe.expert_hidden * c.model.d_model *
-                           MoeLayers(c.model, c.moe);
+    const double experts = static_cast<double>(pc.routed);
     const double frac = (params - experts + experts / ep) / params;
     params *= frac;
     state *= frac;

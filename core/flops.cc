@@ -66,7 +66,8 @@ ParamCounts CountParams(const RunConfig& c) {
   const int64_t common = m.layers * (attn + norms) + dense_layers * 3 * d * m.ffn_hidden + d +
                          p.embedding;
   const int64_t moe_fixed = moe_layers * (d * e.experts_total + e.shared_experts * expert);
-  p.total = common + moe_fixed + static_cast<int64_t>(moe_layers) * e.experts_total * expert;
+  p.routed = static_cast<int64_t>(moe_layers) * e.experts_total * expert;
+  p.total = common + moe_fixed + p.routed;
   p.active = common + moe_fixed + static_cast<int64_t>(moe_layers) * e.experts_active * expert;
   return p;
 }

@@ -40,6 +40,7 @@ struct ParamCounts {
   int64_t total = 0;      // every trainable parameter
   int64_t active = 0;     // used per token: routed experts counted top-k times, not E times
   int64_t embedding = 0;  // token embedding (+ untied LM head)
+  int64_t routed = 0;     // routed experts' weights (what expert parallelism splits over ranks)
 };
 ParamCounts CountParams(const RunConfig& config);
 

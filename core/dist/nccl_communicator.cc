@@ -75,12 +75,14 @@ struct NcclCommunicator::Impl {
     MOELAB_CUDA(cudaStreamSynchronize(stream));
   }
   // Chunk r of data (counts[r] floats) through fn(chunk, count, r) inside one NCCL group; host
-  // memory goes through the staging buffer.
+  // memory goes through the staging buffer. Counted into stats as MpiCommunicator counts its
+  // reduce-scatter and all-gather: the elements of the chunks other ranks own.
   template <typename Fn>
-  void Chunked(float* data, const size_t* counts, Fn fn) {
+  void Chunked(CommStats& stats, float* data, const size_t* counts, Fn fn) {
     Impl& I = *this;
     size_t total = 0;
     for (int r = 0; r < I.size; ++r) total += counts[r];
+    CommTimer t(stats, (total - counts[I.rank]) * sizeof(float));
     if (total == 0) return;
     I.AfterCompute();
     const bool device = IsDevicePointer(data);
@@ -222,23 +224,16 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
   MOELAB_CUDA(cudaStreamSynchronize(I.stream));
 }
 
-// Counted as MpiCommunicator counts them: the elements of the chunks other ranks own.
 void NcclCommunicator::ReduceScatterSum(float* data, const size_t* counts) {
   Impl& I = *impl_;
-  size_t total = 0;
-  for (int r = 0; r < I.size; ++r) total += counts[r];
-  CommTimer t(stats_, (total - counts[I.rank]) * sizeof(float));
-  I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
+  I.Chunked(stats_, data, counts, [&](float* chunk, size_t n, int root) {
     MOELAB_NCCL(ncclReduce(chunk, chunk, n, ncclFloat32, ncclSum, root, I.comm, I.stream));
   });
 }
 
 void NcclCommunicator::AllGatherV(float* data, const size_t* counts) {
   Impl& I = *impl_;
-  size_t total = 0;
-  for (int r = 0; r < I.size; ++r) total += counts[r];
-  CommTimer t(stats_, (total - counts[I.rank]) * sizeof(float));
-  I.Chunked(data, counts, [&](float* chunk, size_t n, int root) {
+  I.Chunked(stats_, data, counts, [&](float* chunk, size_t n, int root) {
     MOELAB_NCCL(ncclBroadcast(chunk, chunk, n, ncclFloat32, root, I.comm, I.stream));
   });
 }

@@ -469,13 +469,10 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   // optimizer state; Muon or AdamW alike keep at most two state elements and one Newton–Schulz
   // element per expert weight).
   const int ep = c.moe.enabled() ? std::max(1, c.dist.expert_parallel) : 1;
-  const double routed = c.moe.enabled()
-                            ? static_cast<double>(MoeLayers(c.model, c.moe)) * c.moe.experts_total *
-                                  3.0 * c.moe.expert_hidden * c.model.d_model
-                            : 0.0;
-  const double not_held = routed * (ep - 1) / ep;
+  const ParamCounts counts = CountParams(c);
+  const double not_held = static_cast<double>(counts.routed) * (ep - 1) / ep;
   const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
-  const double np = static_cast<double>(CountParams(c).total) - not_held;
+  const double np = static_cast<double>(counts.total) - not_held;
   plan.params = 4 * np + (use_bf16 ? 2 * np : 0);
   plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);
   // Muon's Newton–Schulz: the same-shape bank plus one ping buffer of the largest bank (bounded

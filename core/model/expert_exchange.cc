@@ -18,7 +18,9 @@ ExpertExchange::ExpertExchange(BackendMemory* memory, int experts)
       local_offsets_(experts + 1, 0),
       owned_offsets_(experts + 1, 0),
       counts_(memory),
-      buffer_(memory) {}
+      buffer_(memory) {
+  counts_.Resize(2 * static_cast<size_t>(experts));
+}
 
 void ExpertExchange::Plan(Communicator& ep, const int64_t* local_offsets) {
   const int P = ep.world_size(), me = ep.rank(), E = experts_;
@@ -39,7 +41,6 @@ void ExpertExchange::Plan(Communicator& ep, const int64_t* local_offsets) {
     }
     host[e] = static_cast<float>(rows);
   }
-  if (counts_.size() < host.size()) counts_.Resize(host.size());
   counts_.Upload(host.data(), E);
   const std::vector<size_t> per_rank(P, static_cast<size_t>(J));
   ep.AllToAllV(counts_.data(), per_rank.data(), counts_.data() + E, per_rank.data());
