@@ -2,7 +2,7 @@
 // norm, RoPE, optimizer, Newton–Schulz), so that the kernels' own source runs on machines without
 // a GPU: one std::thread per CUDA thread, blocks one after another; static __shared__ arrays are
 // function statics (shared by the block's threads); __syncthreads and __syncwarp are real
-// barriers, warp shuffles go through a per-warp exchange buffer, atomics are std::atomic_ref,
+// barriers, warp shuffles (xor and indexed) go through a per-warp exchange buffer, atomics are std::atomic_ref,
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
 // sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
 // store without a barrier between them sees stale data here too). Pointers and strides handed
@@ -67,6 +67,17 @@ T __shfl_xor_sync(unsigned, T v, int o) {
   __syncwarp();
   T r;
   std::memcpy(&r, &emu::ctx.xbuf[lane ^ o], sizeof(T));
+  __syncwarp();
+  return r;
+}
+template <typename T>
+T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= 8);
+  const int lane = threadIdx.x & 31;
+  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
+  __syncwarp();
+  T r;
+  std::memcpy(&r, &emu::ctx.xbuf[src & 31], sizeof(T));
   __syncwarp();
   return r;
 }

@@ -1,0 +1,36 @@
+// The register layout of kernels/cuda/mma.cuh (mma.sync m16n8k16 bf16) under the CPU emulation:
+// one warp multiplies A by B through the documented fragments. Its GPU twin (mma_test.cc) runs
+// the same body on the tensor cores; together they pin the layout the fused attention relies on.
+// clang-format off
+// The emulation first: it replaces the CUDA primitives the kernel headers use.
+#include "tests/cuda_kernels/emulation/cuda_emulation.h"
+#include "kernels/cuda/mma.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include "tests/cuda_kernels/mma_reference.h"
+
+namespace moelab::cuda {
+namespace {
+
+TEST(MmaEmulation, TileProductMatchesTheMatrixProduct) {
+  const MmaCase m = MakeMmaCase(11);
+  std::vector<__nv_bfloat16> a(256), b(128);
+  std::memcpy(a.data(), m.a.data(), 512);
+  std::memcpy(b.data(), m.b.data(), 256);
+  std::vector<float> c(128, -1.0f);
+  emu::Launch(dim3(1), 32, 0, [&] { mma::TileProduct(a.data(), b.data(), c.data()); });
+  ExpectMmaProduct(m, c);
+}
+
+TEST(MmaEmulation, PackedPairsKeepTheLowerIndexInTheLowHalf) {
+  const uint32_t w = mma::PackBf16x2(1.0f, -2.0f);
+  EXPECT_EQ(w & 0xffffu, 0x3f80u);  // bf16(1)
+  EXPECT_EQ(w >> 16, 0xc000u);      // bf16(-2)
+  EXPECT_EQ(mma::LowBf16(w), 1.0f);
+  EXPECT_EQ(mma::HighBf16(w), -2.0f);
+}
+
+}  // namespace
+}  // namespace moelab::cuda
