@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -110,6 +111,14 @@ struct BackwardLaunch {
 };
 
 }  // namespace
+
+FlashKernel FlashKernelInUse() {
+  const char* env = std::getenv("MOELAB_FLASH_KERNEL");
+  if (env == nullptr || *env == '\0' || std::string(env) == "mma") return FlashKernel::kMma;
+  if (std::string(env) == "wmma") return FlashKernel::kWmma;
+  throw std::invalid_argument(std::string("MOELAB_FLASH_KERNEL=") + env +
+                              ": expected \"mma\" (the default) or \"wmma\"");
+}
 
 bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::string* why) {
   auto no = [&](const std::string& reason) {

@@ -43,6 +43,14 @@ template <typename T>
 void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* out,
                            float* lse, float* pair_max, cudaStream_t stream = nullptr);
 
+// Which implementation of the fused kernels runs. kMma: `mma.sync` fragments kept in registers
+// (kernels/cuda/mma.cuh), the default wherever it covers the shape; kWmma: the first version
+// (nvcuda::wmma, every elementwise step through shared memory), also the fallback. The
+// environment variable MOELAB_FLASH_KERNEL=mma|wmma overrides it, read at every launch (for
+// comparisons and tests); any other value throws, naming it.
+enum class FlashKernel { kMma, kWmma };
+FlashKernel FlashKernelInUse();
+
 // Floats of device scratch FlashAttentionBackward needs: B·H·S (the rows of D).
 size_t FlashAttentionScratchSize(const AttentionDims& a);
 

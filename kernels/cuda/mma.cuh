@@ -15,7 +15,7 @@
 // __shfl_xor_sync (offsets 1 and 2).
 //
 // Under the CPU emulation (tests/cuda_kernels/emulation/cuda_emulation.h) the product is formed
-// from the same per-lane fragments gathered with warp shuffles, each output a sequential fp32
+// from the same per-lane fragments exchanged through a per-warp buffer, each output a sequential fp32
 // sum of bf16 products; so the emulation checks every kernel's fragment indexing against these
 // documented layouts, not the hardware's rounding.
 #pragma once
@@ -65,25 +65,31 @@ __device__ __forceinline__ void MmaBf16(float c[4], const uint32_t a[4], const u
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-  // This lane's outputs: rows g and g+8, columns 2t and 2t+1. A[r][k] for k = 2j+e (+8) sits in
-  // lane 4·(r%8)+j, register (r≥8) + 2·(k≥8); B[k][n] in lane 4n + j, register (k≥8).
+  // Every lane publishes its six fragment registers, then forms its own outputs (rows g and
+  // g+8, columns 2t and 2t+1): A[r][k] for k = 2j+e (+8) sits in lane 4·(r%8)+j, register
+  // (r≥8) + 2·(k≥8); B[k][n] in lane 4n+j, register (k≥8).
   const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+  uint32_t* x = emu::MmaExchange();
+  for (int i = 0; i < 4; ++i) x[lane * 6 + i] = a[i];
+  for (int i = 0; i < 2; ++i) x[lane * 6 + 4 + i] = b[i];
+  __syncwarp();
   float arow[2][16], bcol[2][16];
   for (int j = 0; j < 4; ++j) {
     for (int reg = 0; reg < 4; ++reg) {
-      const uint32_t v = __shfl_sync(0xffffffffu, a[reg], 4 * g + j);
+      const uint32_t v = x[(4 * g + j) * 6 + reg];
       const int r = reg & 1, k = 2 * j + (reg >= 2 ? 8 : 0);
       arow[r][k] = LowBf16(v);
       arow[r][k + 1] = HighBf16(v);
     }
     for (int n = 0; n < 2; ++n)
       for (int reg = 0; reg < 2; ++reg) {
-        const uint32_t v = __shfl_sync(0xffffffffu, b[reg], 4 * (2 * t + n) + j);
+        const uint32_t v = x[(4 * (2 * t + n) + j) * 6 + 4 + reg];
         const int k = 2 * j + 8 * reg;
         bcol[n][k] = LowBf16(v);
         bcol[n][k + 1] = HighBf16(v);
       }
   }
+  __syncwarp();  // all lanes have read before any lane's next product overwrites
   for (int r = 0; r < 2; ++r)
     for (int n = 0; n < 2; ++n) {
       float s = c[2 * r + n];

@@ -40,6 +40,10 @@ struct Ctx {
   unsigned char* smem;
 };
 inline thread_local Ctx ctx;
+// Per warp: 32 doubles for the shuffles, then 96 (192 words: six per lane) for the emulated
+// mma.sync's fragment exchange (kernels/cuda/mma.cuh).
+constexpr int kWarpScratchDoubles = 128;
+inline uint32_t* MmaExchange() { return reinterpret_cast<uint32_t*>(ctx.xbuf + 32); }
 }  // namespace emu
 
 // Static shared memory: a function-local static, shared by the block's threads (the emulation
@@ -192,7 +196,7 @@ void Launch(dim3 grid, int threads, size_t smem_bytes, F body) {
       std::barrier<> block_bar(threads);
       std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
       for (int w = 0; w < warps; ++w) warp_bars.push_back(std::make_unique<std::barrier<>>(32));
-      std::vector<double> xbuf(warps * 32);
+      std::vector<double> xbuf(warps * kWarpScratchDoubles);
       std::vector<std::thread> ts;
       for (int t = 0; t < threads; ++t) {
         ts.emplace_back([&, t] {
@@ -202,7 +206,7 @@ void Launch(dim3 grid, int threads, size_t smem_bytes, F body) {
           ctx.block = dim3(threads);
           ctx.block_bar = &block_bar;
           ctx.warp_bar = warp_bars[t / 32].get();
-          ctx.xbuf = xbuf.data() + (t / 32) * 32;
+          ctx.xbuf = xbuf.data() + (t / 32) * kWarpScratchDoubles;
           ctx.smem = smem;
           body();
         });
