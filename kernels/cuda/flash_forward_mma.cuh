@@ -1,0 +1,253 @@
+// The fused attention forward on `mma.sync` register fragments (kernels/cuda/mma.cuh),
+// FlashAttention-2 style: the kernel FlashAttentionForward runs when FlashKernelInUse() is kMma.
+// Same contract, grid and tiling as the wmma FlashForwardKernel (flash_attention_kernels.cuh),
+// whose tile loader and parameters it shares; what differs is that nothing but the K/V operand
+// tiles goes through shared memory:
+//   - grid (B·H, 64-query tiles), heaviest (last) tiles first; 4 warps × 16 query rows. Why not
+//     8 warps × 16 rows over 128-query tiles: at S = 1024 the grid is already B·H·16 blocks, and
+//     64-row tiles skip more of the causal triangle (the diagonal tiles are half wasted either
+//     way, and a 128-row tile wastes twice as much); 4 warps also keep the per-SM register budget
+//     (≈ 128–200 registers a thread) at several resident blocks.
+//   - Q tile → shared memory once → each warp's A fragments (all qk_dim/16 k-steps) in registers.
+//   - per 64-key tile up to the diagonal: K and V tiles in shared memory as bf16 rows (16-byte
+//     global loads, rows padded by 16 bytes so that ldmatrix's eight 16-byte rows fall in
+//     distinct banks); B fragments by ldmatrix (K as is, V with .trans, so P·V's B pairs need no
+//     transposed copy); S = Q·Kᵀ in C registers; scale, raw max (S_max), mask, soft-cap and the
+//     online softmax per row in registers (a row lives in the 4 lanes of a group: its max takes
+//     two __shfl_xor_sync, its sum stays per lane until the end); P packed straight from C into
+//     A fragments; O += P·V in registers.
+//   - tiles skipped: above the block's diagonal (the loop ends there), and per warp the tiles
+//     whose keys all lie above its rows; masking runs only on tiles that touch a warp's diagonal
+//     or the sequence's end.
+//   - end: O / l written from registers, LSE per row, the warp's raw max by the atomic max on the
+//     float's bits.
+// The exponentials are exp2 of log2(e)-scaled logits (one FMA and one ex2 an element).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace moelab::cuda::flash {
+
+// ldmatrix.x4 (b16): lanes 8m..8m+7 give the 16-byte rows of 8×8 matrix m (m = 0..3, row
+// addresses 16-byte aligned, in shared memory); lane l receives in r[m] the pair
+// (row l/4, columns 2(l%4), 2(l%4)+1) of matrix m, or with kTrans the pair (rows 2(l%4),
+// 2(l%4)+1, column l/4), the lower index in the low half either way. The emulation forms the
+// same registers from the same per-lane addresses, so it checks the kernel's address arithmetic.
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const bf16* row) {
+#ifndef MOELAB_CUDA_EMULATION
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#else
+  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    std::fprintf(stderr, "ldmatrix: row address %p is not 16-byte aligned\n",
+                 static_cast<const void*>(row));
+    std::abort();
+  }
+  const bf16** rows = reinterpret_cast<const bf16**>(emu::MmaExchange());  // 32 pointers fit
+  rows[lane] = row;
+  __syncwarp();
+  for (int m = 0; m < 4; ++m) {
+    if constexpr (kTrans) {
+      r[m] = mma::PackBf16x2(rows[8 * m + 2 * t][g], rows[8 * m + 2 * t + 1][g]);
+    } else {
+      r[m] = mma::PackBf16x2(rows[8 * m + g][2 * t], rows[8 * m + g][2 * t + 1]);
+    }
+  }
+  __syncwarp();  // every lane has read before the exchange buffer is reused
+#endif
+}
+
+// Shared memory of the mma forward: the Q, K and V tiles (bf16 rows of Ld16(D)), the first three
+// regions of the wmma forward's layout, so never more than FwdSmem (which the launcher checks).
+template <int DQK, int DV>
+struct FwdMmaSmem {
+  static constexpr size_t kQ = FwdSmem<DQK, DV>::kQ;
+  static constexpr size_t kK = FwdSmem<DQK, DV>::kK;
+  static constexpr size_t kV = FwdSmem<DQK, DV>::kV;
+  static constexpr size_t kBytes = kV + size_t(kTile) * Ld16(DV) * 2;
+  static_assert(kBytes <= FwdSmem<DQK, DV>::kBytes && (Ld16(DQK) * 2) % 16 == 0 &&
+                (Ld16(DV) * 2) % 16 == 0 && DV % 16 == 0);
+};
+
+__device__ __forceinline__ void StorePair(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+__device__ __forceinline__ void StorePair(bf16* p, float x, float y) {
+  *reinterpret_cast<uint32_t*>(p) = mma::PackBf16x2(x, y);
+}
+
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
+                          const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
+                          float* __restrict__ pair_max) {
+  using L = FwdMmaSmem<DQK, DV>;
+  constexpr int kQSteps = DQK / 16, kKeyTiles = kTile / 8, kVTiles = DV / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  MOELAB_FLASH_SMEM(smem);
+  bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
+  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
+  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The lane's place in every fragment (mma.cuh): group g holds rows g and g + 8 of the warp's
+  // 16, thread t the columns 2t, 2t + 1 of each 8-wide n-tile. ldmatrix: lane l addresses row
+  // l % 8 of matrix l / 8.
+  const int g = lane >> 2, t = lane & 3, mrow = lane & 7, mat = lane >> 3;
+
+  const int S = p.seq, pair = blockIdx.x, b = pair / p.heads, h = pair % p.heads;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const T* Q = q + long(b) * S * p.ldq + long(h) * DQK;
+  const T* K = k + long(b) * S * p.ldk + long(kvh) * DQK;
+  const T* V = v + long(b) * S * p.ldv + long(kvh) * DV;
+  const int w0 = q0 + warp * 16;  // the warp's first query row
+  const bool warp_active = w0 < S;
+  const int warp_last = min(w0 + 15, S - 1);
+  const int row[2] = {w0 + g, w0 + g + 8};  // the lane's two query rows
+
+  // Q's A fragments: matrices (rows 0–7 | 8–15) × (k 0–7 | 8–15) of each 16-wide k-step.
+  LoadTile<DQK>(sq, Q + long(q0) * p.ldq, p.ldq, S - q0);
+  __syncthreads();
+  uint32_t qa[kQSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kQSteps; ++kk) {
+    LdMatrixX4<false>(
+        qa[kk], sq + (warp * 16 + (mat & 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat >> 1) * 8);
+  }
+
+  float o[kVTiles][4];
+#pragma unroll
+  for (int n = 0; n < kVTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  // Per row (of the lane's two): running max of the capped logits in log2 units, the lane's
+  // part of the running sum, and the lane's raw (pre-cap) max.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, raw_max = -INFINITY;
+
+  const int kv_end = min(q0 + kTile, S);
+  for (int k0 = 0; k0 < kv_end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous K and V tiles
+    LoadTile<DQK>(sk, K + long(k0) * p.ldk, p.ldk, S - k0);
+    LoadTile<DV>(sv, V + long(k0) * p.ldv, p.ldv, S - k0);
+    __syncthreads();
+    if (!warp_active || k0 > warp_last) continue;  // every key of the tile is above the warp's rows
+
+    // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a k-step:
+    // matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; n += 2) {
+        uint32_t kb[4];
+        LdMatrixX4<false>(
+            kb, sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
+        mma::MmaBf16(s[n], qa[kk], kb);
+        mma::MmaBf16(s[n + 1], qa[kk], kb + 2);
+      }
+    }
+
+    // Logits in registers: element e of s[n] is (row[e / 2], key k0 + 8n + 2t + e % 2).
+    const bool masked = k0 + kTile - 1 > w0 || w0 + 15 >= S;  // touches the diagonal or the end
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = k0 + n * 8 + 2 * t + (e & 1);
+        float x = s[n][e] * p.scale;
+        if (masked && !(j <= row[r] && row[r] < S)) {
+          x = -INFINITY;
+        } else {
+          raw_max = fmaxf(raw_max, x);
+          if (p.cap > 0) x = p.cap * tanhf(x / p.cap);
+          x *= kLog2e;
+        }
+        s[n][e] = x;
+        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+      alpha[r] = exp2f(m_run[r] - base[r]);         // 0 on the row's first tile
+      m_run[r] = m_new;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kVTiles; ++n) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    // P = exp2(x − base), summed in fp32 and packed to bf16: C of key tiles 2kk, 2kk + 1 is the
+    // A fragment of P's k-step kk.
+    uint32_t pa[kTile / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float* c = s[2 * kk + half];
+        const float e0 = exp2f(c[0] - base[0]), e1 = exp2f(c[1] - base[0]);
+        const float e2 = exp2f(c[2] - base[1]), e3 = exp2f(c[3] - base[1]);
+        l_run[0] += e0 + e1, l_run[1] += e2 + e3;
+        pa[kk][2 * half] = mma::PackBf16x2(e0, e1);
+        pa[kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
+      }
+    }
+    // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
+    // (keys 0–7 | 8–15 of the k-step) × (dims of n-tile n | n + 1).
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kVTiles; n += 2) {
+        uint32_t vb[4];
+        LdMatrixX4<true>(vb,
+                         sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
+        mma::MmaBf16(o[n], pa[kk], vb);
+        mma::MmaBf16(o[n + 1], pa[kk], vb + 2);
+      }
+    }
+  }
+  if (!warp_active) return;  // no barrier follows
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= S) continue;
+    const float inv = 1.0f / l_run[r];
+    T* orow = out + (long(b) * S + row[r]) * p.ldo + long(h) * DV + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kVTiles; ++n)
+      StorePair(orow + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    // ln Σ exp(s') = (m₂ + log₂ l)·ln 2, m₂ the max in log2 units.
+    if (t == 0) lse[long(pair) * S + row[r]] = (m_run[r] + log2f(l_run[r])) * 0.6931471805599453f;
+  }
+  raw_max = detail::WarpMax(raw_max);
+  if (lane == 0) detail::AtomicMaxFloat(pair_max + pair, raw_max);
+}
+
+}  // namespace moelab::cuda::flash

@@ -1,0 +1,124 @@
+// The mma.sync forward of the fused attention (kernels/cuda/flash_forward_mma.cuh) run on the
+// CPU under tests/cuda_kernels/emulation/cuda_emulation.h, whose emulated mma.sync and ldmatrix
+// form each lane's registers from the documented fragment layouts: out, LSE and S_max against
+// the CPU attention in double (flash_reference.h, the GPU test's tolerances) on every
+// instantiated head-dim pair, and against the wmma forward (flash_emulation_test.cc) on one
+// shape. The GPU twin is flash_attention_test.cc, which runs this kernel by default.
+// clang-format off
+// The emulation first: it replaces the CUDA primitives the kernel headers use.
+#include "tests/cuda_kernels/emulation/cuda_emulation.h"
+#include "kernels/cuda/flash_forward_mma.cuh"
+// clang-format on
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "tests/cuda_kernels/flash_reference.h"
+
+namespace moelab::cuda::flash {
+namespace {
+
+using testing::ExpectNear;
+using testing::FlashCase;
+using testing::FlashReference;
+
+float ToFloat(float x) { return x; }
+float ToFloat(bf16 x) { return __bfloat162float(x); }
+template <typename T>
+T FromFloat(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return __float2bfloat16(x);
+  }
+}
+
+struct Forward {
+  std::vector<float> out, lse, pmax;
+};
+
+// The forward's launch (FlashAttentionForward) on the emulation, outputs poisoned with NaN.
+template <typename T, int DQK, int DV>
+Forward RunForward(const FlashReference& ref, bool mma) {
+  const AttentionDims& a = ref.a;
+  const Params p = MakeParams(a);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<T> x(ref.total), out(ref.out.size(), FromFloat<T>(nan));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
+  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  const size_t pairs = size_t(a.batch) * a.heads;
+  Forward f;
+  f.lse.assign(ref.lse.size(), nan), f.pmax.assign(pairs, -INFINITY);
+  const dim3 grid(pairs, (a.seq + kTile - 1) / kTile);
+  if (mma) {
+    emu::Launch(grid, kThreads, FwdMmaSmem<DQK, DV>::kBytes, [&] {
+      FlashForwardMmaKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
+    });
+  } else {
+    emu::Launch(grid, kThreads, FwdSmem<DQK, DV>::kBytes, [&] {
+      FlashForwardKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
+    });
+  }
+  for (const T& o : out) f.out.push_back(ToFloat(o));
+  return f;
+}
+
+// The forward half of FlashReference::Expect, with its tolerances.
+template <typename T, int DQK, int DV>
+void ExpectMatchesReference(const FlashCase& c) {
+  SCOPED_TRACE(c.name);
+  const FlashReference ref(c);
+  const Forward f = RunForward<T, DQK, DV>(ref, /*mma=*/true);
+  FlashReference::ExpectBf16Near(f.out, ref.out, "out");
+  ExpectNear(f.lse, FlashReference::ToFloat(ref.lse), 2e-4, 2e-4, "lse");
+  ExpectNear(f.pmax, FlashReference::ToFloat(ref.pmax), 1e-4, 1e-4, "S_max per (batch, head)");
+}
+
+TEST(FlashForwardMmaEmulation, MhaAcrossTileBoundaries) {
+  // Two query tiles, the second partial: the fast (unmasked) path, the diagonal and the end.
+  ExpectMatchesReference<bf16, 64, 64>({"mha 64, S=100", 1, 100, 2, 2, 64, 64, 0.0, false});
+}
+
+TEST(FlashForwardMmaEmulation, GqaFusedStridesFp32Inputs) {
+  ExpectMatchesReference<float, 128, 128>(
+      {"gqa 128 fused fp32, S=70", 1, 70, 4, 2, 128, 128, 0.0, true});
+  ExpectMatchesReference<bf16, 96, 64>({"96/64 gqa fused, S=64", 1, 64, 4, 2, 96, 64, 0.0, true});
+}
+
+TEST(FlashForwardMmaEmulation, MqaSoftCapKeepsRawSmax) {
+  // Logits up to ~8 against a cap of 3: the raw S_max lies well above what the softmax saw.
+  ExpectMatchesReference<bf16, 64, 64>({"mqa softcap 3, S=77", 1, 77, 2, 1, 64, 64, 3.0, false});
+}
+
+TEST(FlashForwardMmaEmulation, MlaUnequalHeadDims) {
+  ExpectMatchesReference<bf16, 48, 32>(
+      {"mla 48/32 softcap, S=65", 1, 65, 2, 2, 48, 32, 2.0, false});
+  ExpectMatchesReference<float, 192, 128>(
+      {"mla 192/128 softcap, S=70", 1, 70, 1, 1, 192, 128, 5.0, false});
+}
+
+TEST(FlashForwardMmaEmulation, RaggedAndSingleTokenSequences) {
+  ExpectMatchesReference<float, 16, 16>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
+  ExpectMatchesReference<bf16, 32, 32>({"32/32, S=1", 2, 1, 2, 1, 32, 32, 0.0, false});
+}
+
+TEST(FlashForwardMmaEmulation, AgreesWithTheWmmaForward) {
+  // Both round P to bf16 before P·V; they differ in the order of the fp32 sums and in exp2 vs
+  // exp, so out within 1e-2 relative, LSE and S_max (no P involved) within 1e-4.
+  const FlashReference ref({"mha 64 softcap 4, S=100", 1, 100, 2, 2, 64, 64, 4.0, false});
+  const Forward mma = RunForward<bf16, 64, 64>(ref, true);
+  const Forward old = RunForward<bf16, 64, 64>(ref, false);
+  double max_abs = 0;
+  for (float x : old.out) max_abs = std::max(max_abs, double(std::abs(x)));
+  ExpectNear(mma.out, old.out, 1e-2 * max_abs, 1e-2, "out, mma vs wmma");
+  ExpectNear(mma.lse, old.lse, 1e-4, 1e-4, "lse, mma vs wmma");
+  ExpectNear(mma.pmax, old.pmax, 1e-4, 1e-4, "S_max, mma vs wmma");
+}
+
+}  // namespace
+}  // namespace moelab::cuda::flash
