@@ -10,6 +10,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/flash_forward_mma.cuh"
 
 namespace moelab::cuda {
 namespace {
@@ -70,6 +71,10 @@ struct SmemQuery {
   }
 };
 
+// The head-dim pairs the mma.sync forward (flash_forward_mma.cuh) covers: all of them (sm_90
+// -Xptxas -v: no spills at 192/128, the largest); the others would run the wmma forward.
+constexpr bool MmaForwardCovers(int /*dqk*/, int /*dv*/) { return true; }
+
 template <typename T>
 struct ForwardLaunch {
   Params p;
@@ -78,8 +83,18 @@ struct ForwardLaunch {
   const T *q, *k, *v;
   T* out;
   float *lse, *pair_max;
+  bool mma;  // FlashKernelInUse() == FlashKernel::kMma
   template <int DQK, int DV>
   void Run() const {
+    if constexpr (MmaForwardCovers(DQK, DV)) {
+      if (mma) {
+        auto kernel = FlashForwardMmaKernel<T, DQK, DV>;
+        const size_t smem = FwdMmaSmem<DQK, DV>::kBytes;
+        AllowSmem(kernel, smem);
+        kernel<<<grid, kThreads, smem, stream>>>(p, q, k, v, out, lse, pair_max);
+        return;
+      }
+    }
     auto kernel = FlashForwardKernel<T, DQK, DV>;
     const size_t smem = FwdSmem<DQK, DV>::kBytes;
     AllowSmem(kernel, smem);
@@ -166,8 +181,9 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
   CheckAligned(q, "q", who), CheckAligned(k, "k", who), CheckAligned(v, "v", who);
   const long pairs = long(a.batch) * a.heads;
   FillKernel<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs, -INFINITY);
+  const bool mma = FlashKernelInUse() == FlashKernel::kMma;
   WithShape(a, ForwardLaunch<T>{MakeParams(a), dim3(pairs, Tiles(a.seq)), stream, q, k, v, out, lse,
-                                pair_max});
+                                pair_max, mma});
   CheckLaunch(who);
 }
 

@@ -28,6 +28,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+#ifdef MOELAB_CUDA_EMULATION
+#include <cstring>
+#include <vector>
+#endif
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
@@ -74,16 +79,85 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const bf16* row) {
 #endif
 }
 
-// Shared memory of the mma forward: the Q, K and V tiles (bf16 rows of Ld16(D)), the first three
-// regions of the wmma forward's layout, so never more than FwdSmem (which the launcher checks).
+// 16 bytes global → shared without passing through registers (cp.async.cg: cached in L2 only,
+// the tiles are read once per block); zero-filled when !valid (src is then not read, but must
+// still be a mapped address). Copies land once a later CpAsyncWait<n> leaves at most n of the
+// thread's committed groups in flight, and are visible to the other threads after a barrier.
+// The emulation queues each thread's copies by group and performs them at the wait, so a read
+// before the right wait sees the garbage (NaN) shared memory the emulation starts a block with.
+#ifdef MOELAB_CUDA_EMULATION
+struct CpAsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline thread_local std::vector<CpAsyncCopy> cp_async_open;
+inline thread_local std::vector<std::vector<CpAsyncCopy>> cp_async_groups;
+#endif
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+#ifndef MOELAB_CUDA_EMULATION
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+#else
+  cp_async_open.push_back({dst, src, valid});
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#ifndef MOELAB_CUDA_EMULATION
+  asm volatile("cp.async.commit_group;\n" ::);
+#else
+  cp_async_groups.push_back(std::move(cp_async_open));
+  cp_async_open.clear();
+#endif
+}
+template <int kInFlight>
+__device__ __forceinline__ void CpAsyncWait() {
+#ifndef MOELAB_CUDA_EMULATION
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kInFlight));
+#else
+  while (cp_async_groups.size() > size_t(kInFlight)) {
+    for (const CpAsyncCopy& c : cp_async_groups.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);
+      }
+    }
+    cp_async_groups.erase(cp_async_groups.begin());
+  }
+#endif
+}
+
+// LoadTile (rows ≥ valid zero) issued as cp.async for bf16 sources; fp32 sources are rounded to
+// bf16 through registers (LoadTile itself: synchronous, so they gain no overlap).
+template <int D, typename T>
+__device__ void LoadTileAsync(bf16* dst, const T* src, long ld, int valid) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    constexpr int kPerRow = D / 8;
+    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+      const int r = idx / kPerRow, c = (idx % kPerRow) * 8;
+      CpAsync16(dst + r * Ld16(D) + c, src + (r < valid ? r : 0) * ld + c, r < valid);
+    }
+  } else {
+    LoadTile<D>(dst, src, ld, valid);
+  }
+}
+
+// Shared memory of the mma forward: the Q tile and two K and V tiles (double-buffered: the next
+// key tile loads while this one is used), bf16 rows of Ld16(D); never more than the wmma
+// forward's FwdSmem (FlashAttentionSupported checks that size against the device).
 template <int DQK, int DV>
 struct FwdMmaSmem {
-  static constexpr size_t kQ = FwdSmem<DQK, DV>::kQ;
-  static constexpr size_t kK = FwdSmem<DQK, DV>::kK;
-  static constexpr size_t kV = FwdSmem<DQK, DV>::kV;
-  static constexpr size_t kBytes = kV + size_t(kTile) * Ld16(DV) * 2;
-  static_assert(kBytes <= FwdSmem<DQK, DV>::kBytes && (Ld16(DQK) * 2) % 16 == 0 &&
-                (Ld16(DV) * 2) % 16 == 0 && DV % 16 == 0);
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kKBytes = size_t(kTile) * Ld16(DQK) * 2;
+  static constexpr size_t kVBytes = size_t(kTile) * Ld16(DV) * 2;
+  static constexpr size_t kK = kQ + kKBytes;  // buffer i at kK + i·(kKBytes + kVBytes)
+  static constexpr size_t kV = kK + kKBytes;  // buffer i at kV + i·(kKBytes + kVBytes)
+  static constexpr size_t kBuf = kKBytes + kVBytes;
+  static constexpr size_t kBytes = kK + 2 * kBuf;
+  static_assert(kBytes <= FwdSmem<DQK, DV>::kBytes && kKBytes % 128 == 0 && kVBytes % 128 == 0 &&
+                DQK % 16 == 0 && DV % 16 == 0);
 };
 
 __device__ __forceinline__ void StorePair(float* p, float x, float y) {
@@ -103,8 +177,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr float kLog2e = 1.4426950408889634f;
   MOELAB_FLASH_SMEM(smem);
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // The lane's place in every fragment (mma.cuh): group g holds rows g and g + 8 of the warp's
   // 16, thread t the columns 2t, 2t + 1 of each 8-wide n-tile. ldmatrix: lane l addresses row
@@ -122,9 +194,16 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_last = min(w0 + 15, S - 1);
   const int row[2] = {w0 + g, w0 + g + 8};  // the lane's two query rows
 
-  // Q's A fragments: matrices (rows 0–7 | 8–15) × (k 0–7 | 8–15) of each 16-wide k-step.
-  LoadTile<DQK>(sq, Q + long(q0) * p.ldq, p.ldq, S - q0);
+  // Two groups of copies in flight: Q, then the first K and V tiles.
+  const int kv_end = min(q0 + kTile, S);
+  LoadTileAsync<DQK>(sq, Q + long(q0) * p.ldq, p.ldq, S - q0);
+  CpAsyncCommit();
+  LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S);
+  LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV), V, p.ldv, S);
+  CpAsyncCommit();
+  CpAsyncWait<1>();
   __syncthreads();
+  // Q's A fragments: matrices (rows 0–7 | 8–15) × (k 0–7 | 8–15) of each 16-wide k-step.
   uint32_t qa[kQSteps][4];
 #pragma unroll
   for (int kk = 0; kk < kQSteps; ++kk) {
@@ -139,94 +218,107 @@ __global__ void __launch_bounds__(kThreads)
   // part of the running sum, and the lane's raw (pre-cap) max.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, raw_max = -INFINITY;
 
-  const int kv_end = min(q0 + kTile, S);
-  for (int k0 = 0; k0 < kv_end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous K and V tiles
-    LoadTile<DQK>(sk, K + long(k0) * p.ldk, p.ldk, S - k0);
-    LoadTile<DV>(sv, V + long(k0) * p.ldv, p.ldv, S - k0);
-    __syncthreads();
-    if (!warp_active || k0 > warp_last) continue;  // every key of the tile is above the warp's rows
-
-    // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a k-step:
-    // matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
-    float s[kKeyTiles][4];
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kQSteps; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; n += 2) {
-        uint32_t kb[4];
-        LdMatrixX4<false>(
-            kb, sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
-        mma::MmaBf16(s[n], qa[kk], kb);
-        mma::MmaBf16(s[n + 1], qa[kk], kb + 2);
-      }
+  for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
+    // The next tile into the other buffer (last read in the previous iteration, before its
+    // closing barrier) while this one lands.
+    if (k0 + kTile < kv_end) {
+      const size_t next = (buf ^ 1) * L::kBuf;
+      LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK + next), K + long(k0 + kTile) * p.ldk,
+                         p.ldk, S - k0 - kTile);
+      LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV + next), V + long(k0 + kTile) * p.ldv,
+                        p.ldv, S - k0 - kTile);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
     }
+    __syncthreads();  // every thread's copies of this tile have landed
+    const bf16* sk = reinterpret_cast<const bf16*>(smem + L::kK + buf * L::kBuf);
+    const bf16* sv = reinterpret_cast<const bf16*>(smem + L::kV + buf * L::kBuf);
+    if (warp_active && k0 <= warp_last) {  // else every key of the tile is above the warp's rows
 
-    // Logits in registers: element e of s[n] is (row[e / 2], key k0 + 8n + 2t + e % 2).
-    const bool masked = k0 + kTile - 1 > w0 || w0 + 15 >= S;  // touches the diagonal or the end
-    float tile_max[2] = {-INFINITY, -INFINITY};
+      // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a
+      // k-step: matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
+      float s[kKeyTiles][4];
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
+      for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, j = k0 + n * 8 + 2 * t + (e & 1);
-        float x = s[n][e] * p.scale;
-        if (masked && !(j <= row[r] && row[r] < S)) {
-          x = -INFINITY;
-        } else {
-          raw_max = fmaxf(raw_max, x);
-          if (p.cap > 0) x = p.cap * tanhf(x / p.cap);
-          x *= kLog2e;
+      for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; n += 2) {
+          uint32_t kb[4];
+          LdMatrixX4<false>(
+              kb, sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
+          mma::MmaBf16(s[n], qa[kk], kb);
+          mma::MmaBf16(s[n + 1], qa[kk], kb + 2);
         }
-        s[n][e] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
+      }
+
+      // Logits in registers: element e of s[n] is (row[e / 2], key k0 + 8n + 2t + e % 2).
+      const bool masked = k0 + kTile - 1 > w0 || w0 + 15 >= S;  // touches the diagonal or the end
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = k0 + n * 8 + 2 * t + (e & 1);
+          float x = s[n][e] * p.scale;
+          if (masked && !(j <= row[r] && row[r] < S)) {
+            x = -INFINITY;
+          } else {
+            raw_max = fmaxf(raw_max, x);
+            if (p.cap > 0) x = p.cap * tanhf(x / p.cap);
+            x *= kLog2e;
+          }
+          s[n][e] = x;
+          tile_max[r] = fmaxf(tile_max[r], x);
+        }
+      }
+      float alpha[2], base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = fmaxf(m_run[r], tile_max[r]);
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
+        alpha[r] = exp2f(m_run[r] - base[r]);         // 0 on the row's first tile
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int n = 0; n < kVTiles; ++n) {
+        o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      }
+      // P = exp2(x − base), summed in fp32 and packed to bf16: C of key tiles 2kk, 2kk + 1 is the
+      // A fragment of P's k-step kk.
+      uint32_t pa[kTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float* c = s[2 * kk + half];
+          const float e0 = exp2f(c[0] - base[0]), e1 = exp2f(c[1] - base[0]);
+          const float e2 = exp2f(c[2] - base[1]), e3 = exp2f(c[3] - base[1]);
+          l_run[0] += e0 + e1, l_run[1] += e2 + e3;
+          pa[kk][2 * half] = mma::PackBf16x2(e0, e1);
+          pa[kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
+        }
+      }
+      // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
+      // (keys 0–7 | 8–15 of the k-step) × (dims of n-tile n | n + 1).
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+        for (int n = 0; n < kVTiles; n += 2) {
+          uint32_t vb[4];
+          LdMatrixX4<true>(
+              vb, sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
+          mma::MmaBf16(o[n], pa[kk], vb);
+          mma::MmaBf16(o[n + 1], pa[kk], vb + 2);
+        }
       }
     }
-    float alpha[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
-      alpha[r] = exp2f(m_run[r] - base[r]);         // 0 on the row's first tile
-      m_run[r] = m_new;
-      l_run[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kVTiles; ++n) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-    // P = exp2(x − base), summed in fp32 and packed to bf16: C of key tiles 2kk, 2kk + 1 is the
-    // A fragment of P's k-step kk.
-    uint32_t pa[kTile / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float* c = s[2 * kk + half];
-        const float e0 = exp2f(c[0] - base[0]), e1 = exp2f(c[1] - base[0]);
-        const float e2 = exp2f(c[2] - base[1]), e3 = exp2f(c[3] - base[1]);
-        l_run[0] += e0 + e1, l_run[1] += e2 + e3;
-        pa[kk][2 * half] = mma::PackBf16x2(e0, e1);
-        pa[kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
-      }
-    }
-    // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
-    // (keys 0–7 | 8–15 of the k-step) × (dims of n-tile n | n + 1).
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-#pragma unroll
-      for (int n = 0; n < kVTiles; n += 2) {
-        uint32_t vb[4];
-        LdMatrixX4<true>(vb,
-                         sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
-        mma::MmaBf16(o[n], pa[kk], vb);
-        mma::MmaBf16(o[n + 1], pa[kk], vb + 2);
-      }
-    }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
   if (!warp_active) return;  // no barrier follows
 
