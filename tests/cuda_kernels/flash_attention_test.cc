@@ -2,8 +2,10 @@
 // flash_reference.h): output, log-sum-exp, raw S_max, dQ/dK/dV, at shapes whose sequence is not a
 // multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
 // strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
-// reproducible; and a micro-benchmark against the reference path. The same kernels also run on
-// the CPU emulation in flash_emulation_test.cc.
+// reproducible; and a micro-benchmark of both implementations (mma, wmma) against the reference
+// path. The shapes run the default implementation (MOELAB_FLASH_KERNEL unset: mma where it covers
+// the shape), one also the wmma one. The same kernels also run on the CPU emulation
+// (flash_emulation_test.cc, flash_forward_mma_emulation_test.cc).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -52,6 +55,32 @@ template <typename T>
 void Poison(DeviceBuffer<T>& d) {
   d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
 }
+
+// Sets MOELAB_FLASH_KERNEL (which implementation the fused attention runs) for its scope and
+// restores the variable's previous state (set or not) after.
+class ScopedFlashKernel {
+ public:
+  explicit ScopedFlashKernel(const char* kernel) {
+    const char* old = std::getenv(kVar);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(kVar, kernel, 1);
+  }
+  ~ScopedFlashKernel() {
+    if (had_) {
+      setenv(kVar, old_.c_str(), 1);
+    } else {
+      unsetenv(kVar);
+    }
+  }
+  ScopedFlashKernel(const ScopedFlashKernel&) = delete;
+  ScopedFlashKernel& operator=(const ScopedFlashKernel&) = delete;
+
+ private:
+  static constexpr const char* kVar = "MOELAB_FLASH_KERNEL";
+  bool had_ = false;
+  std::string old_;
+};
 
 template <typename T>
 void RunCase(const FlashCase& c) {
@@ -121,6 +150,12 @@ TEST(CudaFlashAttention, Mha64OddLength) {
   RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false});
 }
 
+TEST(CudaFlashAttention, WmmaImplementationStillMatches) {
+  MOELAB_REQUIRE_GPU();
+  const ScopedFlashKernel use("wmma");  // the fallback for shapes the mma kernels do not cover
+  RunCase<bf16>({"wmma: mqa softcap 3, S=100", 2, 100, 4, 1, 64, 64, 3.0, false});
+}
+
 TEST(CudaFlashAttention, Gqa128FusedQkvFp32Inputs) {
   MOELAB_REQUIRE_GPU();
   RunCase<float>({"gqa 128 fused fp32, S=130", 1, 130, 4, 2, 128, 128, 0.0, true});
@@ -145,9 +180,10 @@ TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
   RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
 }
 
-// Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, against
-// the reference path (cuBLAS over the full square, probabilities stored). FLOPs counted as
-// FlashAttention does: forward 4·B·H·S²·D / 2 (causal), backward 2.5× the forward.
+// Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, both
+// implementations of the fused kernels (MOELAB_FLASH_KERNEL=mma and =wmma) against the reference
+// path (cuBLAS over the full square, probabilities stored). FLOPs counted as FlashAttention does:
+// forward 4·B·H·S²·D / 2 (causal), backward 2.5× the forward.
 TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
   MOELAB_REQUIRE_GPU();
   AttentionDims a;
@@ -172,17 +208,23 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
                .count() /
            reps;
   };
-  const double f_fwd = time_ms([&] {
-    FlashAttentionForward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), pmax.data());
-  });
-  const double f_bwd = time_ms([&] {
-    FlashAttentionBackward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), gy.data(),
-                           dq.data(), dk.data(), dv.data(), scratch.data());
-  });
-  std::printf(
-      "[flash] B=32 H=16 S=1024 D=64 bf16: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms"
-      " (%.1f TFLOP/s)\n",
-      f_fwd, fwd_flops / f_fwd / 1e9, f_bwd, 2.5 * fwd_flops / f_bwd / 1e9);
+  const char* kernels[] = {"mma", "wmma"};
+  double f_fwd[2], f_bwd[2];
+  for (int i = 0; i < 2; ++i) {
+    const ScopedFlashKernel use(kernels[i]);
+    f_fwd[i] = time_ms([&] {
+      FlashAttentionForward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), pmax.data());
+    });
+    f_bwd[i] = time_ms([&] {
+      FlashAttentionBackward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), gy.data(),
+                             dq.data(), dk.data(), dv.data(), scratch.data());
+    });
+    std::printf(
+        "[flash %s] B=32 H=16 S=1024 D=64 bf16: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms"
+        " (%.1f TFLOP/s)\n",
+        kernels[i], f_fwd[i], fwd_flops / f_fwd[i] / 1e9, f_bwd[i],
+        2.5 * fwd_flops / f_bwd[i] / 1e9);
+  }
   // The reference path needs [B,H,S,S] probabilities (fp32 + bf16) and an fp32 scratch: 6 GiB.
   const size_t square = AttentionScratchSize(a);
   DeviceBuffer<float> probs(square), rscratch(square);
@@ -197,10 +239,12 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
                           rscratch16.data());
   });
   std::printf(
-      "[reference] same shape: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms"
-      " (%.1f TFLOP/s); fused speed-up %.2fx forward, %.2fx backward\n",
-      r_fwd, fwd_flops / r_fwd / 1e9, r_bwd, 2.5 * fwd_flops / r_bwd / 1e9, r_fwd / f_fwd,
-      r_bwd / f_bwd);
+      "[reference] same shape: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s);"
+      " speed-up of mma %.2fx forward, %.2fx backward; of wmma %.2fx forward, %.2fx backward;"
+      " mma over wmma %.2fx forward, %.2fx backward\n",
+      r_fwd, fwd_flops / r_fwd / 1e9, r_bwd, 2.5 * fwd_flops / r_bwd / 1e9, r_fwd / f_fwd[0],
+      r_bwd / f_bwd[0], r_fwd / f_fwd[1], r_bwd / f_bwd[1], f_fwd[1] / f_fwd[0],
+      f_bwd[1] / f_bwd[0]);
 }
 
 }  // namespace
