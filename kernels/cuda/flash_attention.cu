@@ -90,8 +90,10 @@ struct ForwardLaunch {
       if (mma) {
         auto kernel = FlashForwardMmaKernel<T, DQK, DV>;
         const size_t smem = FwdMmaSmem<DQK, DV>::kBytes;
+        constexpr int tile = kTile * MmaRowBlocks(DQK, DV);  // query rows per block
         AllowSmem(kernel, smem);
-        kernel<<<grid, kThreads, smem, stream>>>(p, q, k, v, out, lse, pair_max);
+        kernel<<<dim3(grid.x, (p.seq + tile - 1) / tile), kThreads, smem, stream>>>(p, q, k, v, out,
+                                                                                    lse, pair_max);
         return;
       }
     }

@@ -1,27 +1,30 @@
 // The fused attention forward on `mma.sync` register fragments (kernels/cuda/mma.cuh),
-// FlashAttention-2 style: the kernel FlashAttentionForward runs when FlashKernelInUse() is kMma.
-// Same contract, grid and tiling as the wmma FlashForwardKernel (flash_attention_kernels.cuh),
-// whose tile loader and parameters it shares; what differs is that nothing but the K/V operand
-// tiles goes through shared memory:
-//   - grid (B·H, 64-query tiles), heaviest (last) tiles first; 4 warps × 16 query rows. Why not
-//     8 warps × 16 rows over 128-query tiles: at S = 1024 the grid is already B·H·16 blocks, and
-//     64-row tiles skip more of the causal triangle (the diagonal tiles are half wasted either
-//     way, and a 128-row tile wastes twice as much); 4 warps also keep the per-SM register budget
-//     (≈ 128–200 registers a thread) at several resident blocks.
-//   - Q tile → shared memory once → each warp's A fragments (all qk_dim/16 k-steps) in registers.
-//   - per 64-key tile up to the diagonal: K and V tiles in shared memory as bf16 rows (16-byte
-//     global loads, rows padded by 16 bytes so that ldmatrix's eight 16-byte rows fall in
-//     distinct banks); B fragments by ldmatrix (K as is, V with .trans, so P·V's B pairs need no
-//     transposed copy); S = Q·Kᵀ in C registers; scale, raw max (S_max), mask, soft-cap and the
-//     online softmax per row in registers (a row lives in the 4 lanes of a group: its max takes
-//     two __shfl_xor_sync, its sum stays per lane until the end); P packed straight from C into
-//     A fragments; O += P·V in registers.
+// FlashAttention-2 style: what FlashAttentionForward runs when FlashKernelInUse() is kMma (every
+// head-dim pair). Same contract as the wmma FlashForwardKernel (flash_attention_kernels.cuh),
+// whose Params, tile loader and 64-key tiles it shares; the difference is that only the Q, K and
+// V operand tiles go through shared memory, every elementwise step stays in registers:
+//   - grid (B·H, query tiles), heaviest (last) tiles first; 4 warps, each owning kM·16 query rows
+//     (kM = MmaRowBlocks: 2 for qk_dim ≤ 64, FlashAttention-2's 128-query tile of 4 warps × 32
+//     rows, so that every K/V fragment read from shared memory feeds two tensor-core products and
+//     every K/V tile loaded serves 128 queries; 1 for larger dims, whose Q fragments and O
+//     accumulators would not fit twice in 255 registers). Why not 8 warps × 16 rows: the same
+//     tile, but each warp reads the whole K/V tile for 16 rows, twice the shared-memory traffic
+//     per product of 4 warps × 32 (ldmatrix bandwidth, not the tensor cores, bounds this loop).
+//   - Q tile → shared memory → each warp's A fragments (all qk_dim/16 k-steps) in registers.
+//   - per 64-key tile up to the diagonal: K and V tiles in shared memory as bf16 rows,
+//     double-buffered by cp.async (the next tile loads during this one; fp32 inputs go through
+//     registers to be rounded), rows padded by 16 bytes so that ldmatrix's eight 16-byte rows
+//     fall in distinct banks; B fragments by ldmatrix.x4 (K as stored, V with .trans, so P·V
+//     needs no transposed copy of V); S = Q·Kᵀ in C registers; scale, raw max (S_max), mask,
+//     soft-cap and the online softmax per row in registers (a row lives in the 4 lanes of a
+//     group: its max takes two __shfl_xor_sync, its sum stays per lane until the end); P packed
+//     from C straight into A fragments; O += P·V in registers.
 //   - tiles skipped: above the block's diagonal (the loop ends there), and per warp the tiles
-//     whose keys all lie above its rows; masking runs only on tiles that touch a warp's diagonal
-//     or the sequence's end.
+//     whose keys all lie above its rows; mask compares and the soft-cap branch only in the
+//     template variants of the elementwise step that need them.
 //   - end: O / l written from registers, LSE per row, the warp's raw max by the atomic max on the
 //     float's bits.
-// The exponentials are exp2 of log2(e)-scaled logits (one FMA and one ex2 an element).
+// Registers (sm_90, -Xptxas -v, no spills): see the report in docs/cuda.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -137,27 +140,37 @@ __device__ void LoadTileAsync(bf16* dst, const T* src, long ld, int valid) {
     constexpr int kPerRow = D / 8;
     for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
       const int r = idx / kPerRow, c = (idx % kPerRow) * 8;
-      CpAsync16(dst + r * Ld16(D) + c, src + (r < valid ? r : 0) * ld + c, r < valid);
+      if (valid > 0) {  // rows past the end zero-filled from row 0's (mapped) address
+        CpAsync16(dst + r * Ld16(D) + c, src + (r < valid ? r : 0) * ld + c, r < valid);
+      } else {  // the whole tile past the end (the second half of a last 128-query tile)
+        *reinterpret_cast<uint4*>(dst + r * Ld16(D) + c) = make_uint4(0, 0, 0, 0);
+      }
     }
   } else {
     LoadTile<D>(dst, src, ld, valid);
   }
 }
 
-// Shared memory of the mma forward: the Q tile and two K and V tiles (double-buffered: the next
-// key tile loads while this one is used), bf16 rows of Ld16(D); never more than the wmma
-// forward's FwdSmem (FlashAttentionSupported checks that size against the device).
-template <int DQK, int DV>
+// Query rows per warp in 16-row blocks: 2 (FlashAttention-2's 128-query tiles of 4 warps × 32
+// rows) where the registers allow, so that each K and V fragment loaded from shared memory feeds
+// two products and each K/V tile loaded into the block serves 128 queries; 1 (64-query tiles)
+// for qk_dim > 64, whose Q fragments and O accumulators would not fit twice in 255 registers.
+constexpr int MmaRowBlocks(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 2 : 1; }
+
+// Shared memory of the mma forward: the Q tile (64·kM rows) and two K and V tiles
+// (double-buffered: the next key tile loads while this one is used), bf16 rows of Ld16(D); never
+// more than the wmma forward's FwdSmem (FlashAttentionSupported checks that size).
+template <int DQK, int DV, int kM = MmaRowBlocks(DQK, DV)>
 struct FwdMmaSmem {
   static constexpr size_t kQ = 0;
   static constexpr size_t kKBytes = size_t(kTile) * Ld16(DQK) * 2;
   static constexpr size_t kVBytes = size_t(kTile) * Ld16(DV) * 2;
-  static constexpr size_t kK = kQ + kKBytes;  // buffer i at kK + i·(kKBytes + kVBytes)
-  static constexpr size_t kV = kK + kKBytes;  // buffer i at kV + i·(kKBytes + kVBytes)
+  static constexpr size_t kK = kQ + kM * kKBytes;  // buffer i at kK + i·kBuf
+  static constexpr size_t kV = kK + kKBytes;       // buffer i at kV + i·kBuf
   static constexpr size_t kBuf = kKBytes + kVBytes;
   static constexpr size_t kBytes = kK + 2 * kBuf;
   static_assert(kBytes <= FwdSmem<DQK, DV>::kBytes && kKBytes % 128 == 0 && kVBytes % 128 == 0 &&
-                DQK % 16 == 0 && DV % 16 == 0);
+                DQK % 16 == 0 && DV % 16 == 0 && (kM == 1 || kM == 2));
 };
 
 __device__ __forceinline__ void StorePair(float* p, float x, float y) {
@@ -167,36 +180,72 @@ __device__ __forceinline__ void StorePair(bf16* p, float x, float y) {
   *reinterpret_cast<uint32_t*>(p) = mma::PackBf16x2(x, y);
 }
 
-template <typename T, int DQK, int DV>
+// Scale, raw max, mask and soft-cap of a warp's scores in registers, in place: element e of
+// s[m][n] is (row[m][e / 2], key k0 + 8n + 2t + e % 2); masked ones (key after the row, row past
+// the end) become −∞ and stay out of the raw max. Templated so that the common tile (below the
+// diagonal, no cap) carries neither the mask's compares nor the cap's branch.
+template <bool kMasked, bool kCap, int kM>
+__device__ __forceinline__ void Logits(float (&s)[kM][kTile / 8][4], const int (&row)[kM][2],
+                                       int k0, int t, const Params& p, float inv_cap,
+                                       float& raw_max) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[m][n][e] * p.scale;
+        bool valid = true;
+        if constexpr (kMasked) {
+          const int i = row[m][e >> 1], j = k0 + n * 8 + 2 * t + (e & 1);
+          valid = j <= i && i < p.seq;
+        }
+        raw_max = fmaxf(raw_max, valid ? x : -INFINITY);
+        if constexpr (kCap) x = p.cap * tanhf(x * inv_cap);
+        s[m][n][e] = valid ? x : -INFINITY;
+      }
+    }
+  }
+}
+
+// grid (B·H, ⌈S / (64·kM)⌉ query tiles), heaviest (last) first; kThreads threads.
+template <typename T, int DQK, int DV, int kM = MmaRowBlocks(DQK, DV)>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                           const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
                           float* __restrict__ pair_max) {
-  using L = FwdMmaSmem<DQK, DV>;
+  using L = FwdMmaSmem<DQK, DV, kM>;
+  constexpr int kQTile = kTile * kM, kWarpRows = 16 * kM;
   constexpr int kQSteps = DQK / 16, kKeyTiles = kTile / 8, kVTiles = DV / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   MOELAB_FLASH_SMEM(smem);
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // The lane's place in every fragment (mma.cuh): group g holds rows g and g + 8 of the warp's
-  // 16, thread t the columns 2t, 2t + 1 of each 8-wide n-tile. ldmatrix: lane l addresses row
+  // The lane's place in every fragment (mma.cuh): group g holds rows g and g + 8 of each 16-row
+  // block, thread t the columns 2t, 2t + 1 of each 8-wide n-tile. ldmatrix: lane l addresses row
   // l % 8 of matrix l / 8.
   const int g = lane >> 2, t = lane & 3, mrow = lane & 7, mat = lane >> 3;
 
   const int S = p.seq, pair = blockIdx.x, b = pair / p.heads, h = pair % p.heads;
   const int kvh = h / (p.heads / p.kv_heads);
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQTile;
   const T* Q = q + long(b) * S * p.ldq + long(h) * DQK;
   const T* K = k + long(b) * S * p.ldk + long(kvh) * DQK;
   const T* V = v + long(b) * S * p.ldv + long(kvh) * DV;
-  const int w0 = q0 + warp * 16;  // the warp's first query row
+  const int w0 = q0 + warp * kWarpRows;  // the warp's first query row
   const bool warp_active = w0 < S;
-  const int warp_last = min(w0 + 15, S - 1);
-  const int row[2] = {w0 + g, w0 + g + 8};  // the lane's two query rows
+  const int warp_last = min(w0 + kWarpRows - 1, S - 1);
+  int row[kM][2];  // the lane's query rows: block m, half r
+#pragma unroll
+  for (int m = 0; m < kM; ++m) row[m][0] = w0 + 16 * m + g, row[m][1] = w0 + 16 * m + 8 + g;
 
   // Two groups of copies in flight: Q, then the first K and V tiles.
-  const int kv_end = min(q0 + kTile, S);
-  LoadTileAsync<DQK>(sq, Q + long(q0) * p.ldq, p.ldq, S - q0);
+  const int kv_end = min(q0 + kQTile, S);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    LoadTileAsync<DQK>(sq + m * kTile * Ld16(DQK), Q + long(q0 + m * kTile) * p.ldq, p.ldq,
+                       S - q0 - m * kTile);
+  }
   CpAsyncCommit();
   LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S);
   LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV), V, p.ldv, S);
@@ -204,19 +253,32 @@ __global__ void __launch_bounds__(kThreads)
   CpAsyncWait<1>();
   __syncthreads();
   // Q's A fragments: matrices (rows 0–7 | 8–15) × (k 0–7 | 8–15) of each 16-wide k-step.
-  uint32_t qa[kQSteps][4];
+  uint32_t qa[kM][kQSteps][4];
 #pragma unroll
-  for (int kk = 0; kk < kQSteps; ++kk) {
-    LdMatrixX4<false>(
-        qa[kk], sq + (warp * 16 + (mat & 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat >> 1) * 8);
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < kQSteps; ++kk) {
+      LdMatrixX4<false>(
+          qa[m][kk], sq + (warp * kWarpRows + 16 * m + (mat & 1) * 8 + mrow) * Ld16(DQK) + kk * 16 +
+                         (mat >> 1) * 8);
+    }
   }
 
-  float o[kVTiles][4];
+  float o[kM][kVTiles][4];
 #pragma unroll
-  for (int n = 0; n < kVTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // Per row (of the lane's two): running max of the capped logits in log2 units, the lane's
-  // part of the running sum, and the lane's raw (pre-cap) max.
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, raw_max = -INFINITY;
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kVTiles; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+  }
+  // Per row (of the lane's 2·kM): running max of the capped logits and the lane's part of the
+  // running sum; per lane the raw (pre-cap) max.
+  float m_run[kM][2], l_run[kM][2], raw_max = -INFINITY;
+  const float inv_cap = p.cap > 0 ? 1.0f / p.cap : 0.0f;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l_run[m][0] = l_run[m][1] = 0.0f;
+  }
 
   for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
     // The next tile into the other buffer (last read in the previous iteration, before its
@@ -236,12 +298,14 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* sk = reinterpret_cast<const bf16*>(smem + L::kK + buf * L::kBuf);
     const bf16* sv = reinterpret_cast<const bf16*>(smem + L::kV + buf * L::kBuf);
     if (warp_active && k0 <= warp_last) {  // else every key of the tile is above the warp's rows
-
       // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a
       // k-step: matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
-      float s[kKeyTiles][4];
+      float s[kM][kKeyTiles][4];
 #pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0;
+      }
 #pragma unroll
       for (int kk = 0; kk < kQSteps; ++kk) {
 #pragma unroll
@@ -249,59 +313,70 @@ __global__ void __launch_bounds__(kThreads)
           uint32_t kb[4];
           LdMatrixX4<false>(
               kb, sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
-          mma::MmaBf16(s[n], qa[kk], kb);
-          mma::MmaBf16(s[n + 1], qa[kk], kb + 2);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            mma::MmaBf16(s[m][n], qa[m][kk], kb);
+            mma::MmaBf16(s[m][n + 1], qa[m][kk], kb + 2);
+          }
         }
       }
 
-      // Logits in registers: element e of s[n] is (row[e / 2], key k0 + 8n + 2t + e % 2).
-      const bool masked = k0 + kTile - 1 > w0 || w0 + 15 >= S;  // touches the diagonal or the end
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, j = k0 + n * 8 + 2 * t + (e & 1);
-          float x = s[n][e] * p.scale;
-          if (masked && !(j <= row[r] && row[r] < S)) {
-            x = -INFINITY;
-          } else {
-            raw_max = fmaxf(raw_max, x);
-            if (p.cap > 0) x = p.cap * tanhf(x / p.cap);
-            x *= kLog2e;
-          }
-          s[n][e] = x;
-          tile_max[r] = fmaxf(tile_max[r], x);
+      // Logits in registers, masked only where the tile reaches past the warp's first row or the
+      // warp has rows past the end; the two branches are uniform across the block.
+      const bool masked = k0 + kTile - 1 > w0 || w0 + kWarpRows - 1 >= S;
+      if (masked) {
+        if (p.cap > 0) {
+          Logits<true, true>(s, row, k0, t, p, inv_cap, raw_max);
+        } else {
+          Logits<true, false>(s, row, k0, t, p, inv_cap, raw_max);
+        }
+      } else {
+        if (p.cap > 0) {
+          Logits<false, true>(s, row, k0, t, p, inv_cap, raw_max);
+        } else {
+          Logits<false, false>(s, row, k0, t, p, inv_cap, raw_max);
         }
       }
-      float alpha[2], base[2];
+      uint32_t pa[kM][kTile / 16][4];  // P's A fragments: C of key tiles 2kk, 2kk + 1, in bf16
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(m_run[r], tile_max[r]);
-        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet
-        alpha[r] = exp2f(m_run[r] - base[r]);         // 0 on the row's first tile
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
-      }
+      for (int m = 0; m < kM; ++m) {
+        float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kVTiles; ++n) {
-        o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-      }
-      // P = exp2(x − base), summed in fp32 and packed to bf16: C of key tiles 2kk, 2kk + 1 is the
-      // A fragment of P's k-step kk.
-      uint32_t pa[kTile / 16][4];
+        for (int n = 0; n < kKeyTiles; ++n) {
+          tile_max[0] = fmaxf(tile_max[0], fmaxf(s[m][n][0], s[m][n][1]));
+          tile_max[1] = fmaxf(tile_max[1], fmaxf(s[m][n][2], s[m][n][3]));
+        }
+        // exp(x − base) as exp2(x·log2 e − base·log2 e): one FMA and one ex2 an element.
+        float alpha[2], base[2];
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          const float m_new = fmaxf(m_run[m][r], tile_max[r]);
+          base[r] = m_new == -INFINITY ? 0.0f : m_new * kLog2e;   // nothing unmasked yet: 0
+          alpha[r] = exp2f(fmaf(m_run[m][r], kLog2e, -base[r]));  // 0 on the row's first tile
+          m_run[m][r] = m_new;
+          l_run[m][r] *= alpha[r];
+        }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float* c = s[2 * kk + half];
-          const float e0 = exp2f(c[0] - base[0]), e1 = exp2f(c[1] - base[0]);
-          const float e2 = exp2f(c[2] - base[1]), e3 = exp2f(c[3] - base[1]);
-          l_run[0] += e0 + e1, l_run[1] += e2 + e3;
-          pa[kk][2 * half] = mma::PackBf16x2(e0, e1);
-          pa[kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
+        for (int n = 0; n < kVTiles; ++n) {
+          o[m][n][0] *= alpha[0], o[m][n][1] *= alpha[0];
+          o[m][n][2] *= alpha[1], o[m][n][3] *= alpha[1];
+        }
+        // P = exp2(x − base), summed in fp32 (per lane until the end) and packed to bf16.
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float* c = s[m][2 * kk + half];
+            const float e0 = exp2f(fmaf(c[0], kLog2e, -base[0]));
+            const float e1 = exp2f(fmaf(c[1], kLog2e, -base[0]));
+            const float e2 = exp2f(fmaf(c[2], kLog2e, -base[1]));
+            const float e3 = exp2f(fmaf(c[3], kLog2e, -base[1]));
+            l_run[m][0] += e0 + e1, l_run[m][1] += e2 + e3;
+            pa[m][kk][2 * half] = mma::PackBf16x2(e0, e1);
+            pa[m][kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
+          }
         }
       }
       // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
@@ -313,8 +388,11 @@ __global__ void __launch_bounds__(kThreads)
           uint32_t vb[4];
           LdMatrixX4<true>(
               vb, sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
-          mma::MmaBf16(o[n], pa[kk], vb);
-          mma::MmaBf16(o[n + 1], pa[kk], vb + 2);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            mma::MmaBf16(o[m][n], pa[m][kk], vb);
+            mma::MmaBf16(o[m][n + 1], pa[m][kk], vb + 2);
+          }
         }
       }
     }
@@ -323,20 +401,21 @@ __global__ void __launch_bounds__(kThreads)
   if (!warp_active) return;  // no barrier follows
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (row[r] >= S) continue;
-    const float inv = 1.0f / l_run[r];
-    T* orow = out + (long(b) * S + row[r]) * p.ldo + long(h) * DV + 2 * t;
+    for (int r = 0; r < 2; ++r) {
+      float l = l_run[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if (row[m][r] >= S) continue;
+      const float inv = 1.0f / l;
+      T* orow = out + (long(b) * S + row[m][r]) * p.ldo + long(h) * DV + 2 * t;
 #pragma unroll
-    for (int n = 0; n < kVTiles; ++n)
-      StorePair(orow + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    // ln Σ exp(s') = (m₂ + log₂ l)·ln 2, m₂ the max in log2 units.
-    if (t == 0) lse[long(pair) * S + row[r]] = (m_run[r] + log2f(l_run[r])) * 0.6931471805599453f;
+      for (int n = 0; n < kVTiles; ++n) {
+        StorePair(orow + n * 8, o[m][n][2 * r] * inv, o[m][n][2 * r + 1] * inv);
+      }
+      if (t == 0) lse[long(pair) * S + row[m][r]] = m_run[m][r] + logf(l);
+    }
   }
   raw_max = detail::WarpMax(raw_max);
   if (lane == 0) detail::AtomicMaxFloat(pair_max + pair, raw_max);

@@ -54,13 +54,13 @@ Forward RunForward(const FlashReference& ref, bool mma) {
   const size_t pairs = size_t(a.batch) * a.heads;
   Forward f;
   f.lse.assign(ref.lse.size(), nan), f.pmax.assign(pairs, -INFINITY);
-  const dim3 grid(pairs, (a.seq + kTile - 1) / kTile);
   if (mma) {
-    emu::Launch(grid, kThreads, FwdMmaSmem<DQK, DV>::kBytes, [&] {
+    constexpr int tile = kTile * MmaRowBlocks(DQK, DV);
+    emu::Launch(dim3(pairs, (a.seq + tile - 1) / tile), kThreads, FwdMmaSmem<DQK, DV>::kBytes, [&] {
       FlashForwardMmaKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
     });
   } else {
-    emu::Launch(grid, kThreads, FwdSmem<DQK, DV>::kBytes, [&] {
+    emu::Launch(dim3(pairs, (a.seq + kTile - 1) / kTile), kThreads, FwdSmem<DQK, DV>::kBytes, [&] {
       FlashForwardKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
     });
   }
@@ -80,8 +80,10 @@ void ExpectMatchesReference(const FlashCase& c) {
 }
 
 TEST(FlashForwardMmaEmulation, MhaAcrossTileBoundaries) {
-  // Two query tiles, the second partial: the fast (unmasked) path, the diagonal and the end.
+  // Key tiles below, on and past the diagonal: the fast (unmasked) path, the masked one, the end.
   ExpectMatchesReference<bf16, 64, 64>({"mha 64, S=100", 1, 100, 2, 2, 64, 64, 0.0, false});
+  // Two 128-query tiles, the second of two rows (its upper half past the end).
+  ExpectMatchesReference<bf16, 64, 64>({"mha 64, S=130", 1, 130, 1, 1, 64, 64, 0.0, false});
 }
 
 TEST(FlashForwardMmaEmulation, GqaFusedStridesFp32Inputs) {
