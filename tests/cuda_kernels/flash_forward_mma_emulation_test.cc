@@ -109,6 +109,26 @@ TEST(FlashForwardMmaEmulation, RaggedAndSingleTokenSequences) {
   ExpectMatchesReference<bf16, 32, 32>({"32/32, S=1", 2, 1, 2, 1, 32, 32, 0.0, false});
 }
 
+TEST(FlashForwardMmaEmulation, SmaxIgnoresRowsPastTheEnd) {
+  // Every logit is 0.125·64·(0.5·−0.5) = −2 exactly; the zero-filled rows past S = 100 in the last
+  // warp (rows 96–127) score 0 on the key tile below its diagonal and must not reach S_max.
+  constexpr int S = 100, D = 64;
+  AttentionDims a;
+  a.batch = 1, a.seq = S, a.heads = 1, a.kv_heads = 1, a.qk_dim = D, a.v_dim = D;
+  a.ldq = a.ldk = a.ldv = a.ldo = D;
+  a.scale = 0.125;
+  std::vector<bf16> q(S * D, FromFloat<bf16>(0.5f)), k(S * D, FromFloat<bf16>(-0.5f)),
+      v(S * D, FromFloat<bf16>(1.0f)), out(S * D);
+  std::vector<float> lse(S), pmax(1, -INFINITY);
+  emu::Launch(dim3(1, 1), kThreads, FwdMmaSmem<D, D>::kBytes, [&] {
+    FlashForwardMmaKernel<bf16, D, D>(MakeParams(a), q.data(), k.data(), v.data(), out.data(),
+                                      lse.data(), pmax.data());
+  });
+  EXPECT_EQ(pmax[0], -2.0f);
+  for (int i = 0; i < S; ++i) EXPECT_NEAR(lse[i], -2.0 + std::log(i + 1.0), 1e-5) << i;
+  for (const bf16& o : out) EXPECT_EQ(ToFloat(o), 1.0f);
+}
+
 TEST(FlashForwardMmaEmulation, AgreesWithTheWmmaForward) {
   // Both round P to bf16 before P·V; they differ in the order of the fp32 sums and in exp2 vs
   // exp, so out within 1e-2 relative, LSE and S_max (no P involved) within 1e-4.
