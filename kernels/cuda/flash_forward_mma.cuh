@@ -296,8 +296,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
-    // The next tile into the other buffer (last read in the previous iteration, before its
-    // closing barrier) while this one lands.
+    CpAsyncWait<0>();  // this thread's copies of this tile (the only group in flight)
+    // One barrier a tile: after it, every thread's copies of this tile have landed, and every
+    // warp is done with the previous tile, whose buffer the next tile's copies then refill while
+    // this one is used.
+    __syncthreads();
     if (k0 + kTile < kv_end) {
       const size_t next = (buf ^ 1) * L::kBuf;
       LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK + next), K + long(k0 + kTile) * p.ldk,
@@ -305,11 +308,7 @@ __global__ void __launch_bounds__(kThreads)
       LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV + next), V + long(k0 + kTile) * p.ldv,
                         p.ldv, S - k0 - kTile);
       CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
     }
-    __syncthreads();  // every thread's copies of this tile have landed
     const bf16* sk = reinterpret_cast<const bf16*>(smem + L::kK + buf * L::kBuf);
     const bf16* sv = reinterpret_cast<const bf16*>(smem + L::kV + buf * L::kBuf);
     if (warp_active && k0 <= warp_last) {  // else every key of the tile is above the warp's rows
@@ -411,7 +410,6 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
   if (!warp_active) return;  // no barrier follows
 
