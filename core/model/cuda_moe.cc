@@ -128,6 +128,8 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
             S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t nk = static_cast<int64_t>(n) * k;
+  ProfilePhases phase(profiler_);
+  phase.Next("route");
   // Routing stays fp32 in both modes (the expert choice is discrete: bf16 logits would flip it).
   cuda::Gemm(false, true, n, E, d, 1.0f, x, d, p.router, d, 0.0f, tmp_->logits.data(), E);
   cuda::MoeRoute(tmp_->logits.data(), n, E, k, shape_.sigmoid, p.bias, shape_.route_scale,
@@ -142,6 +144,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MOELAB_CUDA_CHECK(
         cudaMemcpy(counts_out, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
   }
+  phase.Next("dispatch");
   cuda::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(),
                         slot_row_.data());
   cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
@@ -150,15 +153,20 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
     cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
+    phase.Next("experts");
     RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+    phase.Next("shared");
     SharedForwardBf16(p, xb, y);
+    phase.Next("combine");
     cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
     return aux;
   }
   MoeExpertActs<float>& a = f32_;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeGather(x, d, row_token_.data(), nk, a.xe.data());
+  phase.Next("experts");
   RoutedForward(a, f32_owned_, p.w1, p.w3, p.w2);
+  phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     float* out = s == 0 ? y : tmp_->sy.data() + (s - 1) * nd;
     cuda::SwigluForward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
@@ -166,6 +174,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
                         out);
   }
   for (int s = 1; s < S; ++s) Add(y, tmp_->sy.data() + (s - 1) * nd, y, nd);
+  phase.Next("combine");
   cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
   return aux;
 }
@@ -272,23 +281,31 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
             S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
+  ProfilePhases phase(profiler_);
+  phase.Next("combine");
   if (bf16_) {
     MoeExpertActs<bf16>& a = b16_;
     // dye (bf16) overwrites ye, which the gate gradients have read first.
     cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                              tmp_->dgates.data());
+    phase.Next("route");
     cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                            shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+    phase.Next("experts");
     RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
                    tmp_->scratch16.data());
+    phase.Next("shared");
     if (S > 0) {
       // The forward's bf16 cast of x was scratch (another layer has used it since): cast again.
       cuda::CastToBf16(x, tmp_->xb16.data(), nd);
       cuda::CastToBf16(dy, tmp_->dyb16.data(), nd);
       SharedBackwardBf16(p, g, tmp_->xb16.data(), tmp_->dyb16.data(), dx);
     }
+    phase.Next("route");
     cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+    phase.Next("dispatch");
     cuda::MoeGatherBackward(tmp_->dxe16.data(), slot_row_.data(), n, k, d, dx, S > 0);
+    phase.Next("route");
     cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
     return;
   }
@@ -296,18 +313,24 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                            tmp_->dgates.data());
+  phase.Next("route");
   cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                          shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+  phase.Next("experts");
   RoutedBackward(a, f32_owned_, p.w1, p.w3, p.w2, g, tmp_->dxe.data(), tmp_->scratch.data());
+  phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
                          a.sh1.data() + s * snh, a.sh3.data() + s * snh, a.sact.data() + s * snh,
                          dy, s == 0 ? dx : tmp_->sy.data() + (s - 1) * nd, g.s1 + s * wsize,
                          g.s3 + s * wsize, g.s2 + s * wsize, tmp_->scratch.data());
   }
-  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
   for (int s = 1; s < S; ++s) Add(dx, tmp_->sy.data() + (s - 1) * nd, dx, nd);
+  phase.Next("route");
+  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+  phase.Next("dispatch");
   cuda::MoeGatherBackward(tmp_->dxe.data(), slot_row_.data(), n, k, d, dx, S > 0);
+  phase.Next("route");
   cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/cuda_profiler.h"
 #include "core/model/backend_memory.h"
 #include "core/model/expert_exchange.h"
 #include "core/model/moe.h"
@@ -96,6 +97,9 @@ class DeviceMoe {
     batch_hook_ = std::move(hook);
     moe_layer_ = moe_layer;
   }
+  // Brackets the layer's phases (route, dispatch, experts, shared, combine) as sub-classes of
+  // the caller's "moe" bracket; null: none.
+  void set_profiler(CudaOpProfiler* profiler) { profiler_ = profiler; }
   // After Forward with the same x: dy → dx (overwritten), gradients overwritten.
   void Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x, const float* dy,
                 float* dx);
@@ -124,6 +128,7 @@ class DeviceMoe {
 
   MoeShape shape_;
   bool bf16_;
+  CudaOpProfiler* profiler_ = nullptr;
   int first_, count_;  // the routed experts held
   ExpertExchange exchange_;
   bool ep_active_ = false;  // the last Forward exchanged rows
