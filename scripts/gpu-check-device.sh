@@ -9,7 +9,8 @@
 #
 # Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
 # the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
-# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process; (4) the
+# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
+# gpu-dense again under each MOELAB_GPU_COMPARE setting (default MOELAB_FLASH_KERNEL=wmma); (4) the
 # PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
 # process; (5) the peer under torch.compile. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
@@ -238,6 +239,7 @@ BENCH_ARGS=(--steps 5 --warmup 2)
   for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
+  for cmp in ${MOELAB_GPU_COMPARE-MOELAB_FLASH_KERNEL=wmma}; do echo "  bench    $cmp moelab bench --device cuda --only gpu-dense ${BENCH_ARGS[*]}  (limit 75s)"; done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
   echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
 } | tee -a "$ENVLOG" >&2
@@ -302,6 +304,17 @@ if want bench; then
     gemm=$(segment "bench $s" "$BENCHLOG" | grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' | tail -1)
     record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
+  done
+  # gpu-dense again under another setting, for an in-model comparison in the same lease
+  # (default: the first fused-attention kernels, wmma); MOELAB_GPU_COMPARE="" for none.
+  for cmp in ${MOELAB_GPU_COMPARE-MOELAB_FLASH_KERNEL=wmma}; do
+    name="bench gpu-dense [$cmp]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$cmp" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
+      --device cuda --only gpu-dense "${BENCH_ARGS[@]}"
+    [ $STAGE_RC = 125 ] && continue
+    row=$(segment "$name" "$BENCHLOG" | grep -E "^gpu-dense " | tail -1 | tr -s ' ')
+    record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
+      "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
   done
 fi
 
