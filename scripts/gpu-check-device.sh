@@ -10,7 +10,7 @@
 # Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
 # the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
 # binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
-# gpu-dense again under each MOELAB_GPU_COMPARE setting (default MOELAB_FLASH_KERNEL=wmma); (4) the
+# a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[@shape]); (4) the
 # PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
 # process; (5) the peer under torch.compile. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
@@ -234,12 +234,17 @@ fi
 # ---- The plan ---------------------------------------------------------------------------------
 BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
+COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=wmma MOELAB_GEMM_STREAMS=1@gpu-moe"
 {
   echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
   for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
-  for cmp in ${MOELAB_GPU_COMPARE-MOELAB_FLASH_KERNEL=wmma}; do echo "  bench    $cmp moelab bench --device cuda --only gpu-dense ${BENCH_ARGS[*]}  (limit 75s)"; done
+  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
+    shape=gpu-dense
+    [[ $cmp == *@* ]] && shape=${cmp##*@}
+    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $shape ${BENCH_ARGS[*]}  (limit 75s)"
+  done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
   echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
 } | tee -a "$ENVLOG" >&2
@@ -305,14 +310,18 @@ if want bench; then
     record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
   done
-  # gpu-dense again under another setting, for an in-model comparison in the same lease
-  # (default: the first fused-attention kernels, wmma); MOELAB_GPU_COMPARE="" for none.
-  for cmp in ${MOELAB_GPU_COMPARE-MOELAB_FLASH_KERNEL=wmma}; do
-    name="bench gpu-dense [$cmp]"
-    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$cmp" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
-      --device cuda --only gpu-dense "${BENCH_ARGS[@]}"
+  # A shape again under another setting, for an in-model comparison in the same lease: each
+  # word of MOELAB_GPU_COMPARE is VAR=value[@shape] (shape default gpu-dense); default: the
+  # first fused-attention kernels (wmma) and the expert weight gradients on one stream, each
+  # against the default run above. MOELAB_GPU_COMPARE="" for none.
+  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
+    setting=${cmp%@*} shape=gpu-dense
+    [[ $cmp == *@* ]] && shape=${cmp##*@}
+    name="bench $shape [$setting]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$setting" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
+      --device cuda --only "$shape" "${BENCH_ARGS[@]}"
     [ $STAGE_RC = 125 ] && continue
-    row=$(segment "$name" "$BENCHLOG" | grep -E "^gpu-dense " | tail -1 | tr -s ' ')
+    row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
     record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
   done
