@@ -234,7 +234,7 @@ fi
 # ---- The plan ---------------------------------------------------------------------------------
 BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
-COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=wmma MOELAB_GEMM_STREAMS=1@gpu-moe"
+COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=wmma"
 {
   echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
   for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
@@ -312,8 +312,8 @@ if want bench; then
   done
   # A shape again under another setting, for an in-model comparison in the same lease: each
   # word of MOELAB_GPU_COMPARE is VAR=value[@shape] (shape default gpu-dense); default: the
-  # first fused-attention kernels (wmma) and the expert weight gradients on one stream, each
-  # against the default run above. MOELAB_GPU_COMPARE="" for none.
+  # first fused-attention kernels (wmma) against the default run above. MOELAB_GPU_COMPARE=""
+  # for none.
   for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
     setting=${cmp%@*} shape=gpu-dense
     [[ $cmp == *@* ]] && shape=${cmp##*@}

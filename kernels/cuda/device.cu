@@ -1,9 +1,8 @@
 #include <cuda_runtime.h>
 
-#include <map>
 #include <stdexcept>
 #include <string>
-#include <utility>
+#include <unordered_map>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device.h"
@@ -50,9 +49,7 @@ void CheckLaunch(const char* what) { Check(cudaGetLastError(), what); }
 namespace {
 
 struct ThreadState {
-  // By (device, stream): a stream's own handle, so that GEMMs running concurrently on several
-  // streams never share a cuBLAS workspace (kernels/cuda/gemm.cu spreads small groups so).
-  std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles;
+  std::unordered_map<int, cublasHandle_t> handles;  // by device
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   int scratch_device = -1;
@@ -69,17 +66,16 @@ thread_local ThreadState tls;
 cublasHandle_t Cublas(cudaStream_t stream) {
   int device = 0;
   MOELAB_CUDA_CHECK(cudaGetDevice(&device));
-  const auto key = std::make_pair(device, stream);
-  auto it = tls.handles.find(key);
+  auto it = tls.handles.find(device);
   if (it == tls.handles.end()) {
     cublasHandle_t h = nullptr;
     MOELAB_CUBLAS_CHECK(cublasCreate(&h));
     MOELAB_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
     // Default math: fp32 GEMMs in true fp32 (the twin tests compare against OpenBLAS).
     MOELAB_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
-    MOELAB_CUBLAS_CHECK(cublasSetStream(h, stream));
-    it = tls.handles.emplace(key, h).first;
+    it = tls.handles.emplace(device, h).first;
   }
+  MOELAB_CUBLAS_CHECK(cublasSetStream(it->second, stream));
   return it->second;
 }
 

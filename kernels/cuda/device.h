@@ -32,10 +32,9 @@ void CheckLaunch(const char* what);
 #define MOELAB_CUDA_CHECK(call) ::moelab::cuda::Check((call), #call)
 #define MOELAB_CUBLAS_CHECK(call) ::moelab::cuda::CheckCublas((call), #call)
 
-// The calling thread's cuBLAS handle for the current device and `stream` (created on first use,
-// bound to that stream, with CUBLAS_POINTER_MODE_HOST and the default math mode: fp32 GEMMs stay
-// true fp32, no TF32). One handle per stream: GEMMs on different streams never share a workspace,
-// so a product's result does not depend on what runs beside it.
+// The calling thread's cuBLAS handle for the current device (created on first use, with
+// CUBLAS_POINTER_MODE_HOST and the default math mode: fp32 GEMMs stay true fp32, no TF32),
+// bound to `stream` before it is returned.
 cublasHandle_t Cublas(cudaStream_t stream);
 
 // A device scratch owned by the calling thread that only grows (stream-ordered reuse: valid

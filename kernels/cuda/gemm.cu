@@ -1,11 +1,7 @@
 #include <cublas_api.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <map>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -56,63 +52,6 @@ void GemmBatchedEx(bool ta, bool tb, int m, int n, int k, float alpha, const TA*
     MOELAB_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         h, Op(tb), Op(ta), n, m, k, &alpha, b, DataType<TA>(), ldb, sb, a, DataType<TA>(), lda, sa,
         &beta, c, DataType<TC>(), ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-}
-
-// Side streams for the per-group loop of GemmGrouped: one product per group, each small (an
-// expert's weight gradient is d × hidden outputs, a few dozen output tiles on a GPU of 132 SMs),
-// so several run at once. Non-blocking streams (the legacy default stream would serialise them),
-// forked from the caller's stream with an event and joined back; created once per thread and
-// device.
-struct SideStreams {
-  std::vector<cudaStream_t> streams;
-  cudaEvent_t fork = nullptr;
-  std::vector<cudaEvent_t> joins;
-};
-thread_local std::map<int, SideStreams> side_streams;  // by device
-
-// How many streams the per-group loop spreads over: MOELAB_GEMM_STREAMS (1 = one after another,
-// on the caller's stream), default 4.
-int GroupStreams() {
-  const char* env = std::getenv("MOELAB_GEMM_STREAMS");
-  if (env == nullptr || *env == '\0') return 4;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  if (*end != '\0' || v < 1 || v > 16) {
-    throw std::invalid_argument(std::string("MOELAB_GEMM_STREAMS=") + env +
-                                ": expected a whole number of streams from 1 to 16");
-  }
-  return static_cast<int>(v);
-}
-
-// Makes `count` side streams of the current device wait for the work queued so far on `stream`.
-SideStreams& ForkSideStreams(cudaStream_t stream, int count) {
-  int device = 0;
-  MOELAB_CUDA_CHECK(cudaGetDevice(&device));
-  SideStreams& side = side_streams[device];
-  if (side.fork == nullptr) {
-    MOELAB_CUDA_CHECK(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
-  }
-  while (static_cast<int>(side.streams.size()) < count) {
-    cudaStream_t s = nullptr;
-    cudaEvent_t e = nullptr;
-    MOELAB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    MOELAB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    side.streams.push_back(s);
-    side.joins.push_back(e);
-  }
-  MOELAB_CUDA_CHECK(cudaEventRecord(side.fork, stream));
-  for (int i = 0; i < count; ++i) {
-    MOELAB_CUDA_CHECK(cudaStreamWaitEvent(side.streams[i], side.fork, 0));
-  }
-  return side;
-}
-
-// Makes `stream` wait for everything queued on the first `count` side streams.
-void JoinSideStreams(SideStreams& side, cudaStream_t stream, int count) {
-  for (int i = 0; i < count; ++i) {
-    MOELAB_CUDA_CHECK(cudaEventRecord(side.joins[i], side.streams[i]));
-    MOELAB_CUDA_CHECK(cudaStreamWaitEvent(stream, side.joins[i], 0));
   }
 }
 
@@ -233,23 +172,10 @@ void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
   }
 #endif
   if (!done) {
-    // One cuBLAS call per group, spread round-robin over side streams (each with its own handle
-    // and workspace: the same products, the same bits, whatever the spread).
-    const int lanes = std::min(GroupStreams(), static_cast<int>(live.size()));
-    if (lanes <= 1) {
-      for (const auto* g : live) {
-        GemmEx(trans_a, trans_b, g->m, g->n, g->k, alpha, g->a, g->lda, g->b, g->ldb, beta, g->c,
-               g->ldc, stream);
-      }
-      return;
-    }
-    SideStreams& side = ForkSideStreams(stream, lanes);
-    for (size_t i = 0; i < live.size(); ++i) {
-      const auto* g = live[i];
+    for (const auto* g : live) {
       GemmEx(trans_a, trans_b, g->m, g->n, g->k, alpha, g->a, g->lda, g->b, g->ldb, beta, g->c,
-             g->ldc, side.streams[i % lanes]);
+             g->ldc, stream);
     }
-    JoinSideStreams(side, stream, lanes);
   }
 }
 

@@ -65,11 +65,8 @@ struct GemmGroup {
 };
 
 // All groups in one cublasGemmGroupedBatchedEx call when the toolkit has it (CUDA >= 12.5) and
-// the types allow it (fp32/fp32 or bf16/bf16), else one cublasGemmEx per group, spread over
-// MOELAB_GEMM_STREAMS side streams (default 4; 1: one after another on `stream`) forked from and
-// joined back to `stream`, each stream with its own cuBLAS handle: bitwise the same results for
-// any spread. Used for the MoE experts' variable-size row blocks (bf16/float: the expert weight
-// gradients). TA/TC: float/float, bf16/float, bf16/bf16.
+// the types allow it (fp32/fp32 or bf16/bf16), else one cublasGemmEx per group. Used for the
+// MoE experts' variable-size row blocks. TA/TC: float/float, bf16/float, bf16/bf16.
 template <typename TA, typename TC>
 void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
                  const std::vector<GemmGroup<TA, TC>>& groups, cudaStream_t stream = nullptr);

@@ -3,9 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <stdexcept>
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
@@ -129,50 +126,6 @@ TEST(CudaGemm, GroupedMatchesPerGroupCpu) {
   CastToFloat(bc.data(), bc_float.data(), c.size());
   ExpectNear(bc_float.Download(), c, kBf16Atol, kBf16Rtol, "grouped bf16 -> bf16");
   ExpectNear(fc.Download(), c, kBf16Atol, kBf16Rtol, "grouped bf16 -> fp32");
-}
-
-// The per-group loop (bf16 in, fp32 out: the expert weight gradients) spread over side streams
-// gives the bits of the serial loop, and is ordered after the caller's stream's earlier work
-// and before its later work (the fork and join).
-TEST(CudaGemm, GroupedOverSideStreamsEqualsSerialBitwise) {
-  MOELAB_REQUIRE_GPU();
-  // dW_g [n, k] += dY_gᵀ · X_g over each group's rows (an expert's weight gradient), group 3 empty.
-  const int k = 96, n = 64, groups = 11;
-  std::vector<int> rows;
-  int total = 0;
-  for (int g = 0; g < groups; ++g) rows.push_back(g == 3 ? 0 : 40 + 7 * g), total += rows.back();
-  auto x = ToDevice(ToBf16(Random(size_t(total) * k, 21)));
-  auto dy = ToDevice(ToBf16(Random(size_t(total) * n, 22)));
-  auto run = [&](const char* streams) {
-    setenv("MOELAB_GEMM_STREAMS", streams, 1);
-    DeviceBuffer<float> dw(size_t(groups) * n * k);
-    // Queued before on the caller's stream: the side streams must see it (beta = 1 reads it).
-    dw.Upload(std::vector<float>(dw.size(), 1.0f));
-    std::vector<GemmGroup<bf16, float>> g32;
-    for (int g = 0, r0 = 0; g < groups; r0 += rows[g], ++g) {
-      g32.push_back({n, k, rows[g], dy.data() + size_t(r0) * n, n, x.data() + size_t(r0) * k, k,
-                     dw.data() + size_t(g) * n * k, k});
-    }
-    GemmGrouped(true, false, 1.0f, 1.0f, g32);
-    std::vector<float> out = dw.Download();  // on the caller's stream: after the join
-    unsetenv("MOELAB_GEMM_STREAMS");
-    return out;
-  };
-  const std::vector<float> serial = run("1");
-  const std::vector<float> spread = run("4");
-  ASSERT_EQ(serial.size(), spread.size());
-  EXPECT_EQ(std::memcmp(serial.data(), spread.data(), 4 * serial.size()), 0);
-  const std::vector<float> widest = run("16");
-  EXPECT_EQ(std::memcmp(serial.data(), widest.data(), 4 * serial.size()), 0);
-  EXPECT_EQ(serial[size_t(3) * n * k], 1.0f);  // the empty group's output kept its 1s
-  EXPECT_NE(serial[0], 1.0f);
-  setenv("MOELAB_GEMM_STREAMS", "0", 1);
-  DeviceBuffer<float> dw(size_t(2) * n * k);
-  std::vector<GemmGroup<bf16, float>> two = {
-      {n, k, rows[0], dy.data(), n, x.data(), k, dw.data(), k},
-      {n, k, rows[1], dy.data(), n, x.data(), k, dw.data() + size_t(n) * k, k}};
-  EXPECT_THROW(GemmGrouped(true, false, 1.0f, 0.0f, two), std::invalid_argument);
-  unsetenv("MOELAB_GEMM_STREAMS");
 }
 
 TEST(CudaGemm, Bf16RateProbeRunsOnASmallProduct) {
