@@ -5,7 +5,9 @@
 #include "core/model/cuda_moe.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"
@@ -22,7 +24,10 @@ size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
-  if (bf16) return 4 * f32 + 2 * (nk * d + swiglu + 2 * rows * d);
+  if (bf16) {
+    const size_t padded = MoePaddedRows(nk);  // yp16, and the padded SwiGLU backward scratch
+    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + padded * d);
+  }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
 }
 
@@ -34,7 +39,8 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   dgates.Resize(nk);
   if (bf16) {
     dxe16.Resize(nk * d);
-    scratch16.Resize(swiglu);
+    scratch16.Resize(std::max(MoePaddedRows(nk), nn) * 2 * H);
+    yp16.Resize(MoePaddedRows(nk) * d);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -46,11 +52,11 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
 }
 
 template <typename T>
-void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared,
-                              bool routed_acts) {
-  xe.Resize(nk * d);
+void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
+                              size_t padded) {
+  xe.Resize(std::max(nk, padded) * d);
   ye.Resize(nk * d);
-  const size_t routed = routed_acts ? nk * hidden : 0;
+  const size_t routed = routed_acts ? std::max(nk, padded) * hidden : 0;
   h1.Resize(routed);
   h3.Resize(routed);
   act.Resize(routed);
@@ -90,7 +96,9 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
 size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t f32 = rows * e.experts_total + nk;  // scores, gates
-  const size_t acts = 2 * nk * d + 3 * nk * H + 3 * S * rows * H;
+  // bf16: xe, h1, h3, act sized for the padded layout (MoePaddedRows).
+  const size_t xrows = bf16 ? MoePaddedRows(nk) : nk;
+  const size_t acts = (xrows + nk) * d + 3 * xrows * H + 3 * S * rows * H;
   const size_t ints = 3 * nk;  // topk, row_token, slot_row
   return 4 * f32 + (bf16 ? 2 : 4) * acts + 4 * ints + 8 * (2 * e.experts_total + 1);
 }
@@ -113,7 +121,8 @@ void DeviceMoe::Reserve(int rows) {
   slot_row_.Resize(nk);
   const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
-    b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
+    b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts,
+                routed_acts ? MoePaddedRows(nk) : 0);
   } else {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
@@ -152,9 +161,16 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MoeExpertActs<bf16>& a = b16_;
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
-    cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
-    phase.Next("experts");
-    RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+    padded_cap_ = PaddedCap();
+    if (padded_cap_ > 0) {
+      cuda::MoeGatherPadded(xb, d, row_token_.data(), offsets_.data(), E, padded_cap_, a.xe.data());
+      phase.Next("experts");
+      PaddedForward(p);
+    } else {
+      cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
+      phase.Next("experts grouped");
+      RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+    }
     phase.Next("shared");
     SharedForwardBf16(p, xb, y);
     phase.Next("combine");
@@ -200,6 +216,50 @@ const int64_t* DeviceMoe::AuxCounts() const {
 double DeviceMoe::AuxCoef(int n) const {
   if (!shape_.aux_loss) return 0.0;
   return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
+}
+
+namespace {
+// MOELAB_MOE_EXPERTS: "padded" (the default: strided-batched GEMMs over the padded layout when the
+// routing allows) or "grouped" (always the grouped GEMMs), for comparisons.
+bool PaddedExpertsWanted() {
+  const char* env = std::getenv("MOELAB_MOE_EXPERTS");
+  if (env == nullptr || *env == '\0' || std::string(env) == "padded") return true;
+  if (std::string(env) == "grouped") return false;
+  throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
+                              ": expected \"padded\" (the default) or \"grouped\"");
+}
+}  // namespace
+
+int DeviceMoe::PaddedCap() const {
+  // ExpertGroup() also refuses a shard of the experts held without an EP group.
+  if (!bf16_ || ExpertGroup() != nullptr || !PaddedExpertsWanted()) return 0;
+  const int E = shape_.experts;
+  int64_t most = 0;
+  for (int e = 0; e < E; ++e) most = std::max(most, host_offsets_[e + 1] - host_offsets_[e]);
+  const int64_t cap = (most + 7) / 8 * 8;
+  const int64_t room =
+      static_cast<int64_t>(MoePaddedRows(static_cast<size_t>(cap_) * shape_.top_k));
+  return cap > 0 && cap * E <= room ? static_cast<int>(cap) : 0;
+}
+
+void DeviceMoe::PaddedForward(const MoeLayerParams& p) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int E = shape_.experts, d = shape_.d, cap = padded_cap_;
+  bf16* yp = tmp_->yp16.data();
+  cuda::MoeExpertsForwardPadded<bf16>(a.xe.data(), E, cap, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
+                                      a.h1.data(), a.h3.data(), a.act.data(), yp);
+  cuda::MoeUnpadRows(yp, offsets_.data(), E, cap, d, a.ye.data());
+}
+
+void DeviceMoe::PaddedBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int E = shape_.experts, d = shape_.d, cap = padded_cap_;
+  bf16* dyp = tmp_->yp16.data();  // then the padded input gradient, in place
+  cuda::MoePadRows(a.ye.data(), offsets_.data(), E, cap, d, dyp);
+  cuda::MoeExpertsBackwardPadded<bf16>(a.xe.data(), E, cap, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
+                                       a.h1.data(), a.h3.data(), a.act.data(), dyp, dyp, g.w1, g.w3,
+                                       g.w2, tmp_->scratch16.data());
+  cuda::MoeUnpadRows(dyp, offsets_.data(), E, cap, d, tmp_->dxe16.data());
 }
 
 Communicator* DeviceMoe::ExpertGroup() const {
@@ -291,9 +351,14 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
     phase.Next("route");
     cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                            shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
-    phase.Next("experts");
-    RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
-                   tmp_->scratch16.data());
+    if (padded_cap_ > 0) {
+      phase.Next("experts");
+      PaddedBackward(p, g);
+    } else {
+      phase.Next("experts grouped");
+      RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+                     tmp_->scratch16.data());
+    }
     phase.Next("shared");
     if (S > 0) {
       // The forward's bf16 cast of x was scratch (another layer has used it since): cast again.

@@ -209,6 +209,52 @@ __global__ void GatherKernel(const T* x, int d, const int* row_token, T* xe) {
   for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
 }
 
+// Padded expert layout: block p is padded row p = e·cap + j; it holds compact row offsets[e] + j
+// when j < count_e, else zeros (so every product over the padding adds exact zeros).
+template <typename T>
+__global__ void PadRowsKernel(const T* compact, const int64_t* offsets, int cap, int d, T* padded) {
+  const long p = blockIdx.x;
+  const int e = static_cast<int>(p / cap), j = static_cast<int>(p % cap);
+  const int64_t r = offsets[e] + j;
+  T* dst = padded + p * d;
+  if (r < offsets[e + 1]) {
+    const T* src = compact + r * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
+  }
+}
+
+// The dispatch gather straight into the padded layout: padded row e·cap + j is token
+// row_token[offsets[e] + j] when j < count_e, else zeros.
+template <typename T>
+__global__ void GatherPaddedKernel(const T* x, int d, const int* row_token, const int64_t* offsets,
+                                   int cap, T* padded) {
+  const long p = blockIdx.x;
+  const int e = static_cast<int>(p / cap), j = static_cast<int>(p % cap);
+  const int64_t r = offsets[e] + j;
+  T* dst = padded + p * d;
+  if (r < offsets[e + 1]) {
+    const T* src = x + static_cast<long>(row_token[r]) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
+  }
+}
+
+// The inverse for the real rows: compact row offsets[e] + j ← padded row e·cap + j.
+template <typename T>
+__global__ void UnpadRowsKernel(const T* padded, const int64_t* offsets, int cap, int d,
+                                T* compact) {
+  const long p = blockIdx.x;
+  const int e = static_cast<int>(p / cap), j = static_cast<int>(p % cap);
+  const int64_t r = offsets[e] + j;
+  if (r >= offsets[e + 1]) return;
+  const T* src = padded + p * d;
+  T* dst = compact + r * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+}
+
 // T: the token side (x, y, gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32,
 // or bf16 in bf16 mode). Sums run in fp32 either way, so TE = float is the fp32 twin unchanged.
 template <typename T, typename TE>
@@ -342,6 +388,33 @@ void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe, cud
   CheckLaunch("MoeGather");
 }
 
+template <typename T>
+void MoeGatherPadded(const T* x, int d, const int* row_token, const int64_t* offsets, int experts,
+                     int cap, T* padded, cudaStream_t stream) {
+  const long rows = static_cast<long>(experts) * cap;
+  if (rows <= 0) return;
+  GatherPaddedKernel<<<rows, RowThreads(d), 0, stream>>>(x, d, row_token, offsets, cap, padded);
+  CheckLaunch("MoeGatherPadded");
+}
+
+template <typename T>
+void MoePadRows(const T* compact, const int64_t* offsets, int experts, int cap, int d, T* padded,
+                cudaStream_t stream) {
+  const long rows = static_cast<long>(experts) * cap;
+  if (rows <= 0) return;
+  PadRowsKernel<<<rows, RowThreads(d), 0, stream>>>(compact, offsets, cap, d, padded);
+  CheckLaunch("MoePadRows");
+}
+
+template <typename T>
+void MoeUnpadRows(const T* padded, const int64_t* offsets, int experts, int cap, int d, T* compact,
+                  cudaStream_t stream) {
+  const long rows = static_cast<long>(experts) * cap;
+  if (rows <= 0) return;
+  UnpadRowsKernel<<<rows, RowThreads(d), 0, stream>>>(padded, offsets, cap, d, compact);
+  CheckLaunch("MoeUnpadRows");
+}
+
 namespace {
 template <typename T, typename TE>
 void LaunchGatherBackward(const TE* dxe, const int* slot_row, int n, int k, int d, T* dx,
@@ -408,6 +481,15 @@ template void MoeRouteBackward<float>(const float*, const int*, const float*, co
                                       int, int, bool, double, double, float*, cudaStream_t);
 template void MoeGather<float>(const float*, int, const int*, int64_t, float*, cudaStream_t);
 template void MoeGather<bf16>(const bf16*, int, const int*, int64_t, bf16*, cudaStream_t);
+template void MoeGatherPadded<float>(const float*, int, const int*, const int64_t*, int, int,
+                                     float*, cudaStream_t);
+template void MoeGatherPadded<bf16>(const bf16*, int, const int*, const int64_t*, int, int, bf16*,
+                                    cudaStream_t);
+template void MoePadRows<float>(const float*, const int64_t*, int, int, int, float*, cudaStream_t);
+template void MoePadRows<bf16>(const bf16*, const int64_t*, int, int, int, bf16*, cudaStream_t);
+template void MoeUnpadRows<float>(const float*, const int64_t*, int, int, int, float*,
+                                  cudaStream_t);
+template void MoeUnpadRows<bf16>(const bf16*, const int64_t*, int, int, int, bf16*, cudaStream_t);
 template void MoeGatherBackward<float>(const float*, const int*, int, int, int, float*, bool,
                                        cudaStream_t);
 template void MoeCombine<float>(const float*, const int*, const float*, int, int, int, float*, bool,
@@ -519,6 +601,49 @@ void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, i
   GemmGrouped(true, false, 1.0f, 0.0f, gdw3, stream);
 }
 
+// The same products over the padded layout: one strided-batched GEMM per product, every expert
+// cap rows (the padding rows are zeros and stay zeros: silu(0)·0 = 0, and their gradients are 0).
+template <typename T>
+void MoeExpertsForwardPadded(const T* xp, int experts, int cap, int d, int hidden, const T* w1,
+                             const T* w3, const T* w2, T* h1, T* h3, T* act, T* yp,
+                             cudaStream_t stream) {
+  if (cap <= 0) return;
+  const int64_t w = static_cast<int64_t>(hidden) * d, sx = static_cast<int64_t>(cap) * d,
+                sh = static_cast<int64_t>(cap) * hidden;
+  GemmStridedBatched(false, true, cap, hidden, d, 1.0f, xp, d, sx, w1, d, w, 0.0f, h1, hidden, sh,
+                     experts, stream);
+  GemmStridedBatched(false, true, cap, hidden, d, 1.0f, xp, d, sx, w3, d, w, 0.0f, h3, hidden, sh,
+                     experts, stream);
+  SwigluActivation(h1, h3, static_cast<size_t>(experts) * sh, act, stream);
+  GemmStridedBatched(false, true, cap, d, hidden, 1.0f, act, hidden, sh, w2, hidden, w, 0.0f, yp, d,
+                     sx, experts, stream);
+}
+
+template <typename T>
+void MoeExpertsBackwardPadded(const T* xp, int experts, int cap, int d, int hidden, const T* w1,
+                              const T* w3, const T* w2, const T* h1, const T* h3, const T* act,
+                              const T* dyp, T* dxp, float* dw1, float* dw3, float* dw2, T* scratch,
+                              cudaStream_t stream) {
+  if (cap <= 0) return;
+  const int64_t w = static_cast<int64_t>(hidden) * d, sx = static_cast<int64_t>(cap) * d,
+                sh = static_cast<int64_t>(cap) * hidden;
+  T* dact = scratch;  // [E·cap, H], becomes dh1
+  T* dh3 = scratch + experts * sh;
+  GemmStridedBatched(false, false, cap, hidden, d, 1.0f, dyp, d, sx, w2, hidden, w, 0.0f, dact,
+                     hidden, sh, experts, stream);
+  GemmStridedBatched(true, false, d, hidden, cap, 1.0f, dyp, d, sx, act, hidden, sh, 0.0f, dw2,
+                     hidden, w, experts, stream);
+  SwigluActivationBackward(h1, h3, dact, static_cast<size_t>(experts) * sh, dact, dh3, stream);
+  GemmStridedBatched(false, false, cap, d, hidden, 1.0f, dact, hidden, sh, w1, d, w, 0.0f, dxp, d,
+                     sx, experts, stream);
+  GemmStridedBatched(false, false, cap, d, hidden, 1.0f, dh3, hidden, sh, w3, d, w, 1.0f, dxp, d,
+                     sx, experts, stream);
+  GemmStridedBatched(true, false, hidden, d, cap, 1.0f, dact, hidden, sh, xp, d, sx, 0.0f, dw1, d,
+                     w, experts, stream);
+  GemmStridedBatched(true, false, hidden, d, cap, 1.0f, dh3, hidden, sh, xp, d, sx, 0.0f, dw3, d, w,
+                     experts, stream);
+}
+
 template void MoeExpertsForward<float>(const float*, const int64_t*, int, int, int, const float*,
                                        const float*, const float*, float*, float*, float*, float*,
                                        cudaStream_t);
@@ -533,5 +658,20 @@ template void MoeExpertsBackward<bf16>(const bf16*, const int64_t*, int, int, in
                                        const bf16*, const bf16*, const bf16*, const bf16*,
                                        const bf16*, const bf16*, bf16*, float*, float*, float*,
                                        bf16*, cudaStream_t);
+
+template void MoeExpertsForwardPadded<float>(const float*, int, int, int, int, const float*,
+                                             const float*, const float*, float*, float*, float*,
+                                             float*, cudaStream_t);
+template void MoeExpertsForwardPadded<bf16>(const bf16*, int, int, int, int, const bf16*,
+                                            const bf16*, const bf16*, bf16*, bf16*, bf16*, bf16*,
+                                            cudaStream_t);
+template void MoeExpertsBackwardPadded<float>(const float*, int, int, int, int, const float*,
+                                              const float*, const float*, const float*,
+                                              const float*, const float*, const float*, float*,
+                                              float*, float*, float*, float*, cudaStream_t);
+template void MoeExpertsBackwardPadded<bf16>(const bf16*, int, int, int, int, const bf16*,
+                                             const bf16*, const bf16*, const bf16*, const bf16*,
+                                             const bf16*, const bf16*, bf16*, float*, float*,
+                                             float*, bf16*, cudaStream_t);
 
 }  // namespace moelab::cuda

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -243,6 +244,89 @@ TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
   ExpectNear(fdxe.Download(), dxe, 5e-2, 3e-2, "bf16 dxe");
   ExpectNear(gdw1.Download(), dw1, 5e-2, 3e-2, "bf16 dw1");
   ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "bf16 dw2");
+}
+
+// The padded layout (strided-batched experts, bf16 mode's default) against the CPU experts, as the
+// grouped bf16 path above is checked; with an empty expert whose stale gradients must become 0,
+// and the layout kernels exact: gather-padded = pad(gather), zeros in the padding, unpad(pad) = id.
+TEST(CudaMoeExperts, PaddedLayoutMatchesCpuIncludingAnEmptyExpert) {
+  MOELAB_REQUIRE_GPU();
+  const int E = 4, d = 32, hidden = 48, n = 30;
+  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};  // expert 1 has no rows
+  const int64_t rows = offsets.back();
+  const int cap = 32;  // ≥ 27, the largest count, rounded up to 8
+  const size_t ws = size_t(hidden) * d, rh = size_t(rows) * hidden, ph = size_t(E) * cap * hidden;
+  const auto xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
+             w3 = Random(E * ws, 13, -0.3f, 0.3f), w2 = Random(E * ws, 14, -0.3f, 0.3f),
+             dye = Random(size_t(rows) * d, 15);
+  std::vector<float> h1(rh), h3(rh), act(rh), ye(size_t(rows) * d), dxe(ye.size()), dw1(E * ws),
+      dw3(E * ws), dw2(E * ws), scratch(2 * rh);
+  cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                         h1.data(), h3.data(), act.data(), ye.data(),
+                         cpu::MoeExpertSchedule::kBlasParallel);
+  cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                          h1.data(), h3.data(), act.data(), dye.data(), dxe.data(), dw1.data(),
+                          dw3.data(), dw2.data(), scratch.data(),
+                          cpu::MoeExpertSchedule::kBlasParallel);
+  // Layout kernels: the token rows of xe come from a token matrix through row_token.
+  std::vector<int> row_token(rows);
+  for (int64_t r = 0; r < rows; ++r) row_token[r] = static_cast<int>((r * 7) % n);
+  const auto x = ToBf16(Random(size_t(n) * d, 16));
+  auto gx = ToDevice(x);
+  auto grow = ToDevice(row_token);
+  auto goff = ToDevice(offsets);
+  DeviceBuffer<bf16> compact(size_t(rows) * d), padded(size_t(E) * cap * d),
+      direct(size_t(E) * cap * d), back(size_t(rows) * d);
+  MoeGather(gx.data(), d, grow.data(), rows, compact.data());
+  MoePadRows(compact.data(), goff.data(), E, cap, d, padded.data());
+  MoeGatherPadded(gx.data(), d, grow.data(), goff.data(), E, cap, direct.data());
+  MoeUnpadRows(padded.data(), goff.data(), E, cap, d, back.data());
+  const auto pad_host = padded.Download(), direct_host = direct.Download();
+  ASSERT_EQ(std::memcmp(pad_host.data(), direct_host.data(), 2 * pad_host.size()), 0);
+  const auto compact_host = compact.Download(), back_host = back.Download();
+  ASSERT_EQ(std::memcmp(compact_host.data(), back_host.data(), 2 * back_host.size()), 0);
+  for (int e = 0; e < E; ++e) {
+    for (int j = 0; j < cap; ++j) {
+      const bool real = offsets[e] + j < offsets[e + 1];
+      const size_t at = (size_t(e) * cap + j) * d;
+      for (int c = 0; c < d; c += 7) {
+        const float v = __bfloat162float(pad_host[at + c]);
+        if (real) {
+          ASSERT_EQ(v, __bfloat162float(x[size_t(row_token[offsets[e] + j]) * d + c])) << e << j;
+        } else {
+          ASSERT_EQ(v, 0.0f) << "padding row " << e << "," << j;
+        }
+      }
+    }
+  }
+  // The experts over the padded layout.
+  auto bxe = ToDevice(ToBf16(xe)), bw1 = ToDevice(ToBf16(w1)), bw3 = ToDevice(ToBf16(w3)),
+       bw2 = ToDevice(ToBf16(w2)), bdye = ToDevice(ToBf16(dye));
+  DeviceBuffer<bf16> xp(size_t(E) * cap * d), yp(size_t(E) * cap * d), ph1(ph), ph3(ph), pact(ph),
+      pscratch(2 * ph), bye(size_t(rows) * d), bdxe(size_t(rows) * d);
+  DeviceBuffer<float> gdw1(E * ws), gdw3(E * ws), gdw2(E * ws);
+  Fill(gdw1.data(), E * ws, 7.0f);  // stale values: the empty expert's gradient must become 0
+  Fill(gdw3.data(), E * ws, 7.0f);
+  Fill(gdw2.data(), E * ws, 7.0f);
+  MoePadRows(bxe.data(), goff.data(), E, cap, d, xp.data());
+  MoeExpertsForwardPadded(xp.data(), E, cap, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                          ph1.data(), ph3.data(), pact.data(), yp.data());
+  MoeUnpadRows(yp.data(), goff.data(), E, cap, d, bye.data());
+  MoePadRows(bdye.data(), goff.data(), E, cap, d, yp.data());
+  MoeExpertsBackwardPadded(xp.data(), E, cap, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                           ph1.data(), ph3.data(), pact.data(), yp.data(), yp.data(), gdw1.data(),
+                           gdw3.data(), gdw2.data(), pscratch.data());
+  MoeUnpadRows(yp.data(), goff.data(), E, cap, d, bdxe.data());
+  DeviceBuffer<float> fye(ye.size()), fdxe(dxe.size());
+  CastToFloat(bye.data(), fye.data(), ye.size());
+  CastToFloat(bdxe.data(), fdxe.data(), dxe.size());
+  ExpectNear(fye.Download(), ye, 5e-2, 3e-2, "padded ye");
+  ExpectNear(fdxe.Download(), dxe, 5e-2, 3e-2, "padded dxe");
+  ExpectNear(gdw1.Download(), dw1, 5e-2, 3e-2, "padded dw1");
+  ExpectNear(gdw3.Download(), dw3, 5e-2, 3e-2, "padded dw3");
+  ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "padded dw2");
+  const auto empty = gdw1.Download();
+  for (size_t i = ws; i < 2 * ws; ++i) ASSERT_EQ(empty[i], 0.0f) << "empty expert's dw1 " << i;
 }
 
 }  // namespace
