@@ -20,12 +20,16 @@ namespace moelab::cudamodel {
 
 using cuda::bf16;
 
+size_t MoePaddedRows(size_t nk, int experts) {
+  return static_cast<size_t>(cuda::MoeChunkedRows(static_cast<int64_t>(nk), experts));
+}
+
 size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
   if (bf16) {
-    const size_t padded = MoePaddedRows(nk);  // yp16, and the padded SwiGLU backward scratch
+    const size_t padded = MoePaddedRows(nk, e.experts_total);  // yp16, chunked SwiGLU scratch
     return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + padded * d);
   }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
@@ -39,8 +43,8 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   dgates.Resize(nk);
   if (bf16) {
     dxe16.Resize(nk * d);
-    scratch16.Resize(std::max(MoePaddedRows(nk), nn) * 2 * H);
-    yp16.Resize(MoePaddedRows(nk) * d);
+    scratch16.Resize(std::max(MoePaddedRows(nk, e.experts_total), nn) * 2 * H);
+    yp16.Resize(MoePaddedRows(nk, e.experts_total) * d);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -96,8 +100,8 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
 size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t f32 = rows * e.experts_total + nk;  // scores, gates
-  // bf16: xe, h1, h3, act sized for the padded layout (MoePaddedRows).
-  const size_t xrows = bf16 ? MoePaddedRows(nk) : nk;
+  // bf16: xe, h1, h3, act sized for the chunked layout (MoePaddedRows).
+  const size_t xrows = bf16 ? MoePaddedRows(nk, e.experts_total) : nk;
   const size_t acts = (xrows + nk) * d + 3 * xrows * H + 3 * S * rows * H;
   const size_t ints = 3 * nk;  // topk, row_token, slot_row
   return 4 * f32 + (bf16 ? 2 : 4) * acts + 4 * ints + 8 * (2 * e.experts_total + 1);
@@ -122,7 +126,7 @@ void DeviceMoe::Reserve(int rows) {
   const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
     b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts,
-                routed_acts ? MoePaddedRows(nk) : 0);
+                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0);
   } else {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
@@ -161,11 +165,14 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MoeExpertActs<bf16>& a = b16_;
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
-    padded_cap_ = PaddedCap();
-    if (padded_cap_ > 0) {
-      cuda::MoeGatherPadded(xb, d, row_token_.data(), offsets_.data(), E, padded_cap_, a.xe.data());
+    chunked_ = UseChunks();
+    if (chunked_) {
+      chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
+      chunk_table_.Upload(chunks_.table);
+      cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
+                             chunks_.rows, a.xe.data());
       phase.Next("experts");
-      PaddedForward(p);
+      ChunkedForward(p);
     } else {
       cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
       phase.Next("experts grouped");
@@ -219,47 +226,41 @@ double DeviceMoe::AuxCoef(int n) const {
 }
 
 namespace {
-// MOELAB_MOE_EXPERTS: "padded" (the default: strided-batched GEMMs over the padded layout when the
-// routing allows) or "grouped" (always the grouped GEMMs), for comparisons.
-bool PaddedExpertsWanted() {
+// MOELAB_MOE_EXPERTS: "chunked" (the default: batched GEMMs over the chunked layout) or
+// "grouped" (cuBLAS's grouped GEMMs on the compact rows), for comparisons.
+bool ChunkedExpertsWanted() {
   const char* env = std::getenv("MOELAB_MOE_EXPERTS");
-  if (env == nullptr || *env == '\0' || std::string(env) == "padded") return true;
+  if (env == nullptr || *env == '\0' || std::string(env) == "chunked") return true;
   if (std::string(env) == "grouped") return false;
   throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
-                              ": expected \"padded\" (the default) or \"grouped\"");
+                              ": expected \"chunked\" (the default) or \"grouped\"");
 }
 }  // namespace
 
-int DeviceMoe::PaddedCap() const {
+bool DeviceMoe::UseChunks() const {
   // ExpertGroup() also refuses a shard of the experts held without an EP group.
-  if (!bf16_ || ExpertGroup() != nullptr || !PaddedExpertsWanted()) return 0;
-  const int E = shape_.experts;
-  int64_t most = 0;
-  for (int e = 0; e < E; ++e) most = std::max(most, host_offsets_[e + 1] - host_offsets_[e]);
-  const int64_t cap = (most + 7) / 8 * 8;
-  const int64_t room =
-      static_cast<int64_t>(MoePaddedRows(static_cast<size_t>(cap_) * shape_.top_k));
-  return cap > 0 && cap * E <= room ? static_cast<int>(cap) : 0;
+  return bf16_ && ExpertGroup() == nullptr && ChunkedExpertsWanted();
 }
 
-void DeviceMoe::PaddedForward(const MoeLayerParams& p) {
+void DeviceMoe::ChunkedForward(const MoeLayerParams& p) {
   MoeExpertActs<bf16>& a = b16_;
-  const int E = shape_.experts, d = shape_.d, cap = padded_cap_;
-  bf16* yp = tmp_->yp16.data();
-  cuda::MoeExpertsForwardPadded<bf16>(a.xe.data(), E, cap, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
-                                      a.h1.data(), a.h3.data(), a.act.data(), yp);
-  cuda::MoeUnpadRows(yp, offsets_.data(), E, cap, d, a.ye.data());
+  const int d = shape_.d;
+  bf16* yc = tmp_->yp16.data();
+  cuda::MoeExpertsForwardChunked(a.xe.data(), chunks_, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
+                                 a.h1.data(), a.h3.data(), a.act.data(), yc);
+  cuda::MoeUnchunkRows(yc, chunk_table_.data(), chunks_.count(), chunks_.rows, d, a.ye.data());
 }
 
-void DeviceMoe::PaddedBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
+void DeviceMoe::ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
   MoeExpertActs<bf16>& a = b16_;
-  const int E = shape_.experts, d = shape_.d, cap = padded_cap_;
-  bf16* dyp = tmp_->yp16.data();  // then the padded input gradient, in place
-  cuda::MoePadRows(a.ye.data(), offsets_.data(), E, cap, d, dyp);
-  cuda::MoeExpertsBackwardPadded<bf16>(a.xe.data(), E, cap, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
-                                       a.h1.data(), a.h3.data(), a.act.data(), dyp, dyp, g.w1, g.w3,
-                                       g.w2, tmp_->scratch16.data());
-  cuda::MoeUnpadRows(dyp, offsets_.data(), E, cap, d, tmp_->dxe16.data());
+  const int d = shape_.d;
+  bf16* dyc = tmp_->yp16.data();  // then the chunked input gradient, in place
+  cuda::MoeChunkRowsOf(a.ye.data(), chunk_table_.data(), chunks_.count(), chunks_.rows, d, dyc);
+  cuda::MoeExpertsBackwardChunked(a.xe.data(), chunks_, shape_.experts, d, shape_.hidden, p.w1b,
+                                  p.w3b, p.w2b, a.h1.data(), a.h3.data(), a.act.data(), dyc, dyc,
+                                  g.w1, g.w3, g.w2, tmp_->scratch16.data());
+  cuda::MoeUnchunkRows(dyc, chunk_table_.data(), chunks_.count(), chunks_.rows, d,
+                       tmp_->dxe16.data());
 }
 
 Communicator* DeviceMoe::ExpertGroup() const {
@@ -351,9 +352,9 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
     phase.Next("route");
     cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                            shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
-    if (padded_cap_ > 0) {
+    if (chunked_) {
       phase.Next("experts");
-      PaddedBackward(p, g);
+      ChunkedBackward(p, g);
     } else {
       phase.Next("experts grouped");
       RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),

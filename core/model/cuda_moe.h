@@ -17,6 +17,7 @@
 #include "core/model/expert_exchange.h"
 #include "core/model/moe.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/moe_experts.h"
 
 namespace moelab {
 class Communicator;
@@ -45,7 +46,7 @@ struct MoeLayerGrads {
 // scratch): one set per model, sized for the largest micro-batch.
 struct MoeScratch {
   cuda::DeviceBuffer<float> logits, dgates, dxe, sy, scratch;
-  // yp16: the padded experts' output, then output gradient, then input gradient (bf16 mode).
+  // yp16: the chunked experts' output, then output gradient, then input gradient (bf16 mode).
   cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16, yp16;
   int cap = 0;
   // Bytes for `rows` tokens; Reserve and the memory plan (PlanCudaMemory) share this arithmetic.
@@ -56,8 +57,8 @@ struct MoeScratch {
 // The activations a layer keeps for its backward, in the expert precision T (float or bf16).
 // Under expert parallelism the routed experts' h1, h3, act belong to the owned rows instead
 // (MoeOwnedRows), so routed_acts is false and they stay empty.
-// padded: rows for the padded layout (MoePaddedRows; 0: none), which xe, h1, h3, act then hold
-// instead of the nk compact rows when the routing is balanced enough.
+// padded: rows for the chunked expert layout (MoePaddedRows; 0: none), which xe, h1, h3, act then
+// hold instead of the nk compact rows.
 template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
@@ -65,10 +66,9 @@ struct MoeExpertActs {
               size_t padded = 0);
 };
 
-// The rows the padded expert layout may take for nk dispatched rows: E·cap with cap the largest
-// expert's count (rounded up to 8) must fit, else the layer runs the grouped GEMMs. Half again
-// as many: the largest expert may carry 1.5× the mean load (balanced routing stays well inside).
-inline size_t MoePaddedRows(size_t nk) { return nk + nk / 2; }
+// The rows the chunked expert layout (kernels/cuda/moe_experts.h) takes at most for nk dispatched
+// rows over E experts: nk plus one chunk of padding per expert (≤ nk/4 + 8E).
+size_t MoePaddedRows(size_t nk, int experts);
 
 // Expert parallelism: the rows this rank receives for the experts it owns (inputs, outputs then
 // output gradients, input gradients), their routed activations and backward scratch. Their
@@ -130,13 +130,13 @@ class DeviceMoe {
   // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
   const int64_t* AuxCounts() const;
   double AuxCoef(int n) const;
-  // The padded layout's rows per expert for this forward (bf16 mode, no EP, the largest count
-  // rounded up to 8, E·cap within the reserved padded rows), or 0: the grouped GEMMs.
-  int PaddedCap() const;
-  // The routed experts over the padded layout (bf16): a.xe holds it, outputs unpadded into a.ye;
-  // the backward pads dye, unpads dxe into dxe16.
-  void PaddedForward(const MoeLayerParams& p);
-  void PaddedBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
+  // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP, not
+  // MOELAB_MOE_EXPERTS=grouped); else the grouped GEMMs.
+  bool UseChunks() const;
+  // The routed experts over the chunked layout (bf16): a.xe holds it (gathered there), outputs
+  // unchunked into a.ye; the backward chunks dye and unchunks dxe into dxe16.
+  void ChunkedForward(const MoeLayerParams& p);
+  void ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
   // The expert-parallel group of this call (null: none), checked against the held experts.
   Communicator* ExpertGroup() const;
   void SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const cuda::bf16* xb,
@@ -148,7 +148,9 @@ class DeviceMoe {
   int first_, count_;  // the routed experts held
   ExpertExchange exchange_;
   bool ep_active_ = false;  // the last Forward exchanged rows
-  int padded_cap_ = 0;      // the last Forward's padded rows per expert (0: grouped)
+  bool chunked_ = false;    // the last Forward ran the chunked layout
+  cuda::MoeChunks chunks_;  // its plan (host), and its table on the device
+  cuda::DeviceBuffer<int64_t> chunk_table_;
   MoeBatchStatsHook batch_hook_;
   int moe_layer_ = 0;
   std::vector<int64_t> batch_counts_;  // [E] the batch's (after the hook), host

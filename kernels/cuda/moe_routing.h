@@ -46,19 +46,20 @@ void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offset
 void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
                      cudaStream_t stream = nullptr);
 
-// Between the compact expert layout (expert e's rows at offsets[e] …, the dispatch plan's) and the
-// padded one (at e·cap …, each expert cap rows; cap ≥ every count): padding rows are written as
-// zeros; unpadding copies the real rows back. offsets [E+1] on the device. T = float or bf16.
-// MoeGather into the padded layout: row e·cap + j gets x[row_token[offsets[e] + j]], or zeros.
+// The chunked expert layout (MoeChunks, moe_experts.h): table [2B] on the device (each chunk's
+// first compact row, then its expert's end row). MoeGatherChunked: chunked row b·rows + j gets
+// x[row_token[table[b] + j]] for the chunk's real rows, zeros for its padding. MoeChunkRowsOf:
+// the same from compact expert rows (no token indirection). MoeUnchunkRows: the real rows back to
+// the compact layout. T = float or bf16.
 template <typename T>
-void MoeGatherPadded(const T* x, int d, const int* row_token, const int64_t* offsets, int experts,
-                     int cap, T* padded, cudaStream_t stream = nullptr);
+void MoeGatherChunked(const T* x, int d, const int* row_token, const int64_t* table, int chunks,
+                      int rows, T* chunked, cudaStream_t stream = nullptr);
 template <typename T>
-void MoePadRows(const T* compact, const int64_t* offsets, int experts, int cap, int d, T* padded,
-                cudaStream_t stream = nullptr);
+void MoeChunkRowsOf(const T* compact, const int64_t* table, int chunks, int rows, int d, T* chunked,
+                    cudaStream_t stream = nullptr);
 template <typename T>
-void MoeUnpadRows(const T* padded, const int64_t* offsets, int experts, int cap, int d, T* compact,
-                  cudaStream_t stream = nullptr);
+void MoeUnchunkRows(const T* chunked, const int64_t* table, int chunks, int rows, int d, T* compact,
+                    cudaStream_t stream = nullptr);
 
 // T = float, or bf16 (a copy: bf16 mode gathers the bf16 cast of x).
 template <typename T>

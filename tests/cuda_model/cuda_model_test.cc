@@ -218,11 +218,11 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
   }
 }
 
-// bf16 experts over the padded layout (strided-batched GEMMs, the default) against the grouped
-// GEMMs (MOELAB_MOE_EXPERTS=grouped) on the same 20-step runs: every loss within 0.02 nats (the
-// same products, cuBLAS's summation orders differ), and the profiler shows which path ran
-// ("moe/experts" padded, "moe/experts grouped" otherwise) so the test fails if padding never ran.
-TEST_F(CudaModelTest, PaddedExpertsTrackGroupedExperts) {
+// bf16 experts over the chunked layout (batched GEMMs, the default) against the grouped GEMMs
+// (MOELAB_MOE_EXPERTS=grouped) on the same 20-step runs: every loss within 0.02 nats (the same
+// products, cuBLAS's summation orders differ), and the profiler shows which path ran
+// ("moe/experts" chunked, "moe/experts grouped" otherwise).
+TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
   RunConfig c = Small();
   c.train.batch_size = 8;
   c.model.seq_len = 64;  // 512 tokens · top-2 over 4 experts: 256 rows an expert on average
@@ -239,7 +239,7 @@ TEST_F(CudaModelTest, PaddedExpertsTrackGroupedExperts) {
     model.Init(c.train.seed);
     CudaOpProfiler profiler;
     model.backend().set_profiler(&profiler);
-    std::vector<int32_t> tokens(size_t(c.train.batch_size) * c.model.seq_len);
+    std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
     StepStats stats;
     model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
@@ -247,10 +247,10 @@ TEST_F(CudaModelTest, PaddedExpertsTrackGroupedExperts) {
     model.backend().set_profiler(nullptr);
     return std::make_pair(t.count("moe/experts") > 0, t.count("moe/experts grouped") > 0);
   };
-  const auto padded_paths = paths();
-  EXPECT_TRUE(padded_paths.first) << "the padded layout never ran";
-  EXPECT_FALSE(padded_paths.second) << "a layer fell back to the grouped GEMMs";
-  const Recorder padded = RunOn(c, "cuda", "bf16");
+  const auto chunked_paths = paths();
+  EXPECT_TRUE(chunked_paths.first) << "the chunked layout never ran";
+  EXPECT_FALSE(chunked_paths.second) << "a layer ran the grouped GEMMs";
+  const Recorder chunked = RunOn(c, "cuda", "bf16");
   setenv("MOELAB_MOE_EXPERTS", "grouped", 1);
   const auto grouped_paths = paths();
   const Recorder grouped = RunOn(c, "cuda", "bf16");
@@ -261,11 +261,11 @@ TEST_F(CudaModelTest, PaddedExpertsTrackGroupedExperts) {
   EXPECT_TRUE(grouped_paths.second);
   EXPECT_NE(refused.status, RunStatus::kDone);
   EXPECT_NE(refused.error.find("MOELAB_MOE_EXPERTS=sideways"), std::string::npos) << refused.error;
-  ASSERT_EQ(padded.status, RunStatus::kDone) << padded.error;
+  ASSERT_EQ(chunked.status, RunStatus::kDone) << chunked.error;
   ASSERT_EQ(grouped.status, RunStatus::kDone) << grouped.error;
-  ASSERT_EQ(padded.loss.size(), grouped.loss.size());
-  for (size_t i = 0; i < padded.loss.size(); ++i) {
-    EXPECT_NEAR(padded.loss[i], grouped.loss[i], 0.02) << "step " << i + 1;
+  ASSERT_EQ(chunked.loss.size(), grouped.loss.size());
+  for (size_t i = 0; i < chunked.loss.size(); ++i) {
+    EXPECT_NEAR(chunked.loss[i], grouped.loss[i], 0.02) << "step " << i + 1;
   }
 }
 
