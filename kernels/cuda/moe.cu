@@ -154,85 +154,49 @@ __global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T
 
 // ---------------------------------------------------------------- dispatch plan
 
-// The assignments (token, slot) in order are cut into chunks of kPlanChunk; a stable counting sort
-// by expert in three passes: per-chunk counts, one scan in (expert, chunk) order, and a scatter in
-// which each chunk places its assignments in order after everything before them.
-constexpr int kPlanChunk = 1024;
-
-// Block b counts its chunk's assignments per expert into counts[e·chunks + b].
-__global__ void ChunkCountKernel(const int* topk, long nk, int E, int chunks, int* counts) {
-  extern __shared__ int tally[];  // [E]
-  for (int e = threadIdx.x; e < E; e += blockDim.x) tally[e] = 0;
-  __syncthreads();
-  const long i0 = static_cast<long>(blockIdx.x) * kPlanChunk;
-  const long i1 = min(nk, i0 + kPlanChunk);
-  for (long i = i0 + threadIdx.x; i < i1; i += blockDim.x) atomicAdd(&tally[topk[i]], 1);
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e * chunks + blockIdx.x] = tally[e];
+// Block e counts the assignments to expert e into offsets[e + 1].
+__global__ void CountExpertKernel(const int* topk, long nk, int64_t* offsets) {
+  __shared__ long long shared[32];
+  const int e = blockIdx.x;
+  long long c = 0;
+  for (long i = threadIdx.x; i < nk; i += blockDim.x) c += topk[i] == e;
+  c = detail::BlockSum(c, shared);
+  if (threadIdx.x == 0) offsets[e + 1] = c;
 }
 
-// One block: counts [E·chunks] → their exclusive prefix sums in place (expert-major, so chunk b of
-// expert e starts after every earlier expert and after e's earlier chunks); offsets[e] = the
-// start of expert e's chunk 0, offsets[E] = nk. Sequential per thread over a slice, then a scan
-// of the slices' totals (integers: exact).
-__global__ void ScanChunkCountsKernel(int* counts, long total, int E, int chunks, long nk,
-                                      int64_t* offsets) {
-  __shared__ long long sums[1024];
-  const int t = threadIdx.x, T = blockDim.x;
-  const long per = (total + T - 1) / T, a = t * per, b = min(total, a + per);
-  long long s = 0;
-  for (long i = a; i < b; ++i) s += counts[i];
-  sums[t] = s;
-  __syncthreads();
-  if (t == 0) {
-    long long run = 0;
-    for (int u = 0; u < T; ++u) {
-      const long long v = sums[u];
-      sums[u] = run;
-      run += v;
+__global__ void ScanOffsetsKernel(int64_t* offsets, int E) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    offsets[0] = 0;
+    for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  }
+}
+
+// Block e walks the assignments in (token, slot) order in chunks of blockDim and places its
+// matches with a block-wide exclusive scan of the match flags: the CPU's stable order.
+__global__ void ScatterExpertKernel(const int* topk, long nk, int k, const int64_t* offsets,
+                                    int* row_token, int* slot_row) {
+  __shared__ int warp_counts[32];
+  const int e = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int64_t base = offsets[e];
+  for (long c0 = 0; c0 < nk; c0 += blockDim.x) {
+    const long i = c0 + threadIdx.x;
+    const bool match = i < nk && topk[i] == e;
+    const unsigned ballot = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < warps; ++w) {
+      before += w < warp ? warp_counts[w] : 0;
+      total += warp_counts[w];
     }
-  }
-  __syncthreads();
-  long long run = sums[t];
-  for (long i = a; i < b; ++i) {
-    const int v = counts[i];
-    counts[i] = static_cast<int>(run);
-    run += v;
-  }
-  __syncthreads();
-  for (int e = t; e < E; e += T) offsets[e] = counts[static_cast<long>(e) * chunks];
-  if (t == 0) offsets[E] = nk;
-}
-
-// One warp per chunk, 32 assignments at a time in order: lanes with the same expert find each
-// other (__match_any_sync), rank among themselves by lane, and the group's lowest lane advances
-// the chunk's running count for that expert.
-__global__ void ChunkScatterKernel(const int* topk, long nk, int k, int E, int chunks,
-                                   const int* bases, int* row_token, int* slot_row) {
-  extern __shared__ int placed[];  // [E] how many of the chunk's rows each expert has so far
-  const int lane = threadIdx.x;
-  for (int e = lane; e < E; e += 32) placed[e] = 0;
-  __syncwarp();
-  const long i0 = static_cast<long>(blockIdx.x) * kPlanChunk;
-  const long i1 = min(nk, i0 + kPlanChunk);
-  for (long g = i0; g < i1; g += 32) {
-    const long i = g + lane;
-    const bool live = i < i1;
-    const int e = live ? topk[i] : -1 - lane;  // dead lanes match nobody
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int leader = __ffs(peers) - 1;
-    const int before = __popc(peers & ((1u << lane) - 1u));
-    int base = 0;
-    if (live && lane == leader) base = placed[e];
-    base = __shfl_sync(0xffffffffu, base, leader);
-    if (live) {
-      const int r = bases[e * chunks + blockIdx.x] + base + before;
+    if (match) {
+      const int64_t r = base + before + __popc(ballot & ((1u << lane) - 1u));
       row_token[r] = static_cast<int>(i / k);
-      slot_row[i] = r;
+      slot_row[i] = static_cast<int>(r);
     }
-    __syncwarp();
-    if (live && lane == leader) placed[e] = base + __popc(peers);
-    __syncwarp();
+    base += total;
+    __syncthreads();  // warp_counts is rewritten by the next chunk
   }
 }
 
@@ -389,14 +353,9 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
                      int* slot_row, cudaStream_t stream) {
   const long nk = static_cast<long>(n) * k;
-  const int chunks = static_cast<int>(std::max<long>(1, (nk + kPlanChunk - 1) / kPlanChunk));
-  const long total = static_cast<long>(experts) * chunks;
-  int* counts = static_cast<int*>(ThreadScratch(sizeof(int) * total));
-  const size_t tally = sizeof(int) * experts;
-  ChunkCountKernel<<<chunks, kThreads, tally, stream>>>(topk, nk, experts, chunks, counts);
-  ScanChunkCountsKernel<<<1, 1024, 0, stream>>>(counts, total, experts, chunks, nk, offsets);
-  ChunkScatterKernel<<<chunks, 32, tally, stream>>>(topk, nk, k, experts, chunks, counts, row_token,
-                                                    slot_row);
+  CountExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, offsets);
+  ScanOffsetsKernel<<<1, 32, 0, stream>>>(offsets, experts);
+  ScatterExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, k, offsets, row_token, slot_row);
   CheckLaunch("MoeDispatchPlan");
 }
 
