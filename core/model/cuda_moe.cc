@@ -20,7 +20,16 @@ namespace moelab::cudamodel {
 
 using cuda::bf16;
 
+bool ChunkedExpertsWanted() {
+  const char* env = std::getenv("MOELAB_MOE_EXPERTS");
+  if (env == nullptr || *env == '\0' || std::string(env) == "grouped") return false;
+  if (std::string(env) == "chunked") return true;
+  throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
+                              ": expected \"grouped\" (the default) or \"chunked\"");
+}
+
 size_t MoePaddedRows(size_t nk, int experts) {
+  if (!ChunkedExpertsWanted()) return nk;
   return static_cast<size_t>(cuda::MoeChunkedRows(static_cast<int64_t>(nk), experts));
 }
 
@@ -29,8 +38,9 @@ size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
   if (bf16) {
-    const size_t padded = MoePaddedRows(nk, e.experts_total);  // yp16, chunked SwiGLU scratch
-    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + padded * d);
+    const size_t padded = MoePaddedRows(nk, e.experts_total);  // the SwiGLU scratch's rows
+    const size_t yp = ChunkedExpertsWanted() ? padded * d : 0;
+    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + yp);
   }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
 }
@@ -44,7 +54,7 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   if (bf16) {
     dxe16.Resize(nk * d);
     scratch16.Resize(std::max(MoePaddedRows(nk, e.experts_total), nn) * 2 * H);
-    yp16.Resize(MoePaddedRows(nk, e.experts_total) * d);
+    yp16.Resize(ChunkedExpertsWanted() ? MoePaddedRows(nk, e.experts_total) * d : 0);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -53,6 +63,7 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
     scratch.Resize(swiglu);
   }
   cap = rows;
+  chunked = bf16 && ChunkedExpertsWanted();
 }
 
 template <typename T>
@@ -131,6 +142,7 @@ void DeviceMoe::Reserve(int rows) {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
   cap_ = rows;
+  chunk_room_ = bf16_ && ChunkedExpertsWanted();
 }
 
 double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, float* y,
@@ -225,21 +237,13 @@ double DeviceMoe::AuxCoef(int n) const {
   return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
 }
 
-namespace {
-// MOELAB_MOE_EXPERTS: "chunked" (the default: batched GEMMs over the chunked layout) or
-// "grouped" (cuBLAS's grouped GEMMs on the compact rows), for comparisons.
-bool ChunkedExpertsWanted() {
-  const char* env = std::getenv("MOELAB_MOE_EXPERTS");
-  if (env == nullptr || *env == '\0' || std::string(env) == "chunked") return true;
-  if (std::string(env) == "grouped") return false;
-  throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
-                              ": expected \"chunked\" (the default) or \"grouped\"");
-}
-}  // namespace
+namespace {}  // namespace
 
 bool DeviceMoe::UseChunks() const {
   // ExpertGroup() also refuses a shard of the experts held without an EP group.
-  return bf16_ && ExpertGroup() == nullptr && ChunkedExpertsWanted();
+  // Only on buffers reserved for the layout (the setting may have changed since).
+  return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr &&
+         ChunkedExpertsWanted();
 }
 
 void DeviceMoe::ChunkedForward(const MoeLayerParams& p) {

@@ -49,6 +49,7 @@ struct MoeScratch {
   // yp16: the chunked experts' output, then output gradient, then input gradient (bf16 mode).
   cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16, yp16;
   int cap = 0;
+  bool chunked = false;  // sized for the chunked expert layout (MoePaddedRows) when reserved
   // Bytes for `rows` tokens; Reserve and the memory plan (PlanCudaMemory) share this arithmetic.
   static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16);
   void Reserve(const MoEConfig& e, int d, int rows, bool bf16);
@@ -66,8 +67,12 @@ struct MoeExpertActs {
               size_t padded = 0);
 };
 
-// The rows the chunked expert layout (kernels/cuda/moe_experts.h) takes at most for nk dispatched
-// rows over E experts: nk plus one chunk of padding per expert (≤ nk/4 + 8E).
+// MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
+// path that ran on a GPU) or "chunked" (batched GEMMs over the chunked layout in bf16 mode
+// without EP; not yet run on a GPU). Anything else throws, naming the value.
+bool ChunkedExpertsWanted();
+// The rows xe, h1, h3, act hold for nk dispatched rows over E experts: with chunks, at most nk plus
+// one chunk of padding per expert (≤ nk/4 + 8E, kernels/cuda/moe_experts.h); else nk.
 size_t MoePaddedRows(size_t nk, int experts);
 
 // Expert parallelism: the rows this rank receives for the experts it owns (inputs, outputs then
@@ -147,9 +152,10 @@ class DeviceMoe {
   CudaOpProfiler* profiler_ = nullptr;
   int first_, count_;  // the routed experts held
   ExpertExchange exchange_;
-  bool ep_active_ = false;  // the last Forward exchanged rows
-  bool chunked_ = false;    // the last Forward ran the chunked layout
-  cuda::MoeChunks chunks_;  // its plan (host), and its table on the device
+  bool ep_active_ = false;   // the last Forward exchanged rows
+  bool chunked_ = false;     // the last Forward ran the chunked layout
+  bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
+  cuda::MoeChunks chunks_;   // its plan (host), and its table on the device
   cuda::DeviceBuffer<int64_t> chunk_table_;
   MoeBatchStatsHook batch_hook_;
   int moe_layer_ = 0;

@@ -78,8 +78,10 @@ TEST(CudaOpProfilerTest, NestedBracketsAreSubClassesBesideTheOuterTotal) {
   const auto t = p.Totals();
   ASSERT_EQ(t.size(), 4u);
   ASSERT_TRUE(t.count("moe") && t.count("moe/route") && t.count("moe/experts") && t.count("gemm"));
+  // (No order between the phases' times: on the H200 the first product's cuBLAS set-up once made
+  // one GEMM slower than two.)
   EXPECT_GT(t.at("moe/route"), 0.0);
-  EXPECT_GT(t.at("moe/experts"), t.at("moe/route"));  // two products against one
+  EXPECT_GT(t.at("moe/experts"), 0.0);
   EXPECT_GE(t.at("moe") * 1.001, t.at("moe/route") + t.at("moe/experts"));
   EXPECT_THROW(p.End(), std::logic_error);  // every bracket closed
   p.Reset();

@@ -218,10 +218,10 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
   }
 }
 
-// bf16 experts over the chunked layout (batched GEMMs, the default) against the grouped GEMMs
-// (MOELAB_MOE_EXPERTS=grouped) on the same 20-step runs: every loss within 0.02 nats (the same
-// products, cuBLAS's summation orders differ), and the profiler shows which path ran
-// ("moe/experts" chunked, "moe/experts grouped" otherwise).
+// bf16 experts over the chunked layout (MOELAB_MOE_EXPERTS=chunked) against the grouped GEMMs (the
+// default) on the same 20-step runs: every loss within 0.02 nats (the same products, cuBLAS's
+// summation orders differ), and the profiler shows which path ran ("moe/experts" chunked,
+// "moe/experts grouped" otherwise).
 TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
   RunConfig c = Small();
   c.train.batch_size = 8;
@@ -247,11 +247,12 @@ TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
     model.backend().set_profiler(nullptr);
     return std::make_pair(t.count("moe/experts") > 0, t.count("moe/experts grouped") > 0);
   };
+  setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
   const auto chunked_paths = paths();
   EXPECT_TRUE(chunked_paths.first) << "the chunked layout never ran";
   EXPECT_FALSE(chunked_paths.second) << "a layer ran the grouped GEMMs";
   const Recorder chunked = RunOn(c, "cuda", "bf16");
-  setenv("MOELAB_MOE_EXPERTS", "grouped", 1);
+  unsetenv("MOELAB_MOE_EXPERTS");  // the default
   const auto grouped_paths = paths();
   const Recorder grouped = RunOn(c, "cuda", "bf16");
   setenv("MOELAB_MOE_EXPERTS", "sideways", 1);
