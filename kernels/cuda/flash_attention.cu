@@ -114,10 +114,10 @@ struct BackwardLaunch {
 
 FlashKernel FlashKernelInUse() {
   const char* env = std::getenv("MOELAB_FLASH_KERNEL");
-  if (env == nullptr || *env == '\0' || std::string(env) == "mma") return FlashKernel::kMma;
-  if (std::string(env) == "wmma") return FlashKernel::kWmma;
+  if (env == nullptr || *env == '\0' || std::string(env) == "wmma") return FlashKernel::kWmma;
+  if (std::string(env) == "mma") return FlashKernel::kMma;
   throw std::invalid_argument(std::string("MOELAB_FLASH_KERNEL=") + env +
-                              ": expected \"mma\" (the default) or \"wmma\"");
+                              ": expected \"wmma\" (the default) or \"mma\"");
 }
 
 bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::string* why) {
