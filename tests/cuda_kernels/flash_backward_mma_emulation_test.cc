@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -118,13 +119,18 @@ TEST(FlashBackwardMmaEmulation, TwoRunsAreBitwiseEqualAndCloseToTheWmmaKernels) 
   const std::vector<float> a = Backward<bf16, 64, 64>(c, ref), b = Backward<bf16, 64, 64>(c, ref);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
-  // Same bf16 operands, fp32 sums in another order: as close as either is to the double CPU.
+  // The wmma kernels round the same bf16 operands and, under the emulation, sum the same
+  // products in the same 16-term steps: the two agree to fp32 rounding (bit for bit with GCC
+  // today), where a fragment or mask error moves entries by percents. On the GPU the tensor
+  // cores' own summation order may differ; flash_attention_test.cc bounds both against the CPU.
   const std::vector<float> w = Backward<bf16, 64, 64>(c, ref, /*wmma=*/true);
   for (auto [off, width, what] :
        {std::tuple{ref.q_off, ref.qw, "dq"}, std::tuple{ref.k_off, ref.kw, "dk"},
         std::tuple{ref.v_off, ref.vw, "dv"}}) {
     const std::vector<float> got = ref.Slice(a, off, width), want = ref.Slice(w, off, width);
-    FlashReference::ExpectBf16Near(got, std::vector<double>(want.begin(), want.end()), what);
+    float max_abs = 0;
+    for (float x : want) max_abs = std::max(max_abs, std::abs(x));
+    testing::ExpectNear(got, want, 1e-5 * max_abs, 1e-5, what);
   }
 }
 
