@@ -107,10 +107,12 @@ TEST(FlashBackwardMmaEmulation, MlaUnequalDimsRaggedAndSingleTokenSequences) {
   RunCase<bf16, 32, 32>({"32/32, S=1", 2, 1, 2, 1, 32, 32, 0.0, false});
 }
 
-// The shape whose K/V (and Q/dO) fragments are re-read from shared memory, not kept in registers.
-TEST(FlashBackwardMmaEmulation, LargestShapeReadsItsRowsFromSharedMemory) {
-  static_assert(!kKeepRowsInRegisters<192, 128>);
+// DeepSeek-style MLA dims: 192/128 re-reads its K/V (and Q/dO) fragments from shared memory
+// instead of keeping them in registers; 96/64 with a sequence of exactly one full tile.
+TEST(FlashBackwardMmaEmulation, LargeMlaShapesOneOfThemReadingItsRowsFromSharedMemory) {
+  static_assert(!kKeepRowsInRegisters<192, 128> && kKeepRowsInRegisters<96, 64>);
   RunCase<bf16, 192, 128>({"mla 192/128, S=33", 1, 33, 2, 1, 192, 128, 0.0, false});
+  RunCase<bf16, 96, 64>({"gqa 96/64 softcap 1.5, S=64", 1, 64, 2, 1, 96, 64, 1.5, false});
 }
 
 TEST(FlashBackwardMmaEmulation, TwoRunsAreBitwiseEqualAndCloseToTheWmmaKernels) {
