@@ -58,7 +58,7 @@ __device__ __forceinline__ uint32_t Ld32(const bf16* p) {
 }
 __device__ __forceinline__ void St32(bf16* p, uint32_t v) {
 #ifdef MOELAB_CUDA_EMULATION
-  std::memcpy(p, &v, 4);
+  std::memcpy(static_cast<void*>(p), &v, 4);  // void*: bf16 is a class to GCC
 #else
   *reinterpret_cast<uint32_t*>(p) = v;
 #endif
