@@ -106,13 +106,11 @@ __device__ void LoadTileBoth(bf16* dst, bf16* dst_t, const T* src, long ld, int 
 }
 
 // P and dS of one C element: s the raw Q·K sum, dp the dO·V sum, (lse, dd) its query's.
-// Returns P; *ds gets dS (0 for a masked pair).
+// Returns P; *ds gets dS (0 for a masked pair). Branch-free in `valid` (selects, not a divergent
+// branch) so that the warp reaches its next mma.sync converged without relying on the compiler;
+// the soft-cap branch is uniform.
 __device__ __forceinline__ float ProbGrad(const Params& p, bool valid, float s, float dp, float lse,
                                           float dd, float* ds) {
-  if (!valid) {
-    *ds = 0.0f;
-    return 0.0f;
-  }
   s *= p.scale;
   float dcap = 1.0f;
   if (p.cap > 0) {
@@ -120,8 +118,8 @@ __device__ __forceinline__ float ProbGrad(const Params& p, bool valid, float s, 
     s = p.cap * t;
     dcap = 1.0f - t * t;
   }
-  const float pr = __expf(s - lse);
-  *ds = pr * (dp - dd) * dcap;
+  const float pr = valid ? __expf(s - lse) : 0.0f;  // masked: exp may overflow, never used
+  *ds = valid ? pr * (dp - dd) * dcap : 0.0f;
   return pr;
 }
 
