@@ -34,14 +34,16 @@ constexpr int kLdT = kTile + 8;  // transposed bf16 tiles [D][kLdT]: 36 words a 
 
 // Keep the warp's own rows of the fixed operands (K and V, or Q and dO) as A fragments in
 // registers when they fit beside the accumulators: (DQK + DV) / 4 registers. The largest shape
-// (192/128) re-reads them from shared memory instead (ptxas: spills otherwise).
+// (192/128) re-reads them from shared memory instead (kept, the dK/dV kernel spills 148 bytes at
+// 255 registers and the dQ kernel needs 253).
 template <int DQK, int DV>
 constexpr bool kKeepRowsInRegisters = DQK + DV <= 256;
 
 // Which (qk_dim, v_dim) these kernels cover; the dispatch falls back to the wmma kernels for the
 // rest. All seven instantiated shapes fit: nvcc 13.0 -Xptxas -v, sm_90, bf16 inputs, registers
 // dK/dV | dQ: 16/16 72 | 80, 32/32 96 | 96, 64/64 162 | 128, 128/128 254 | 202, 48/32 116 | 124,
-// 96/64 168 (12 bytes spilled) | 162, 192/128 241 | 168; no other spills (sm_80 alike).
+// 96/64 168 (12 bytes spilled) | 162, 192/128 241 | 168; fp32 inputs alike (16/16's dQ: 16
+// bytes spilled); sm_80 within a few registers (16/16: 4 bytes spilled).
 template <int DQK, int DV>
 constexpr bool MmaBackwardCovers() {
   return DQK % 16 == 0 && DV % 16 == 0 && DQK <= 192 && DV <= 128;
