@@ -108,8 +108,10 @@ struct BackwardLaunch {
                                                                          dout, dk, dv);
         auto qk = FlashBackwardQMmaKernel<T, DQK, DV>;
         AllowSmem(qk, BwdMmaQSmem<DQK, DV>::kBytes);
-        qk<<<q_grid, kThreads, BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec, dout,
-                                                                       dq);
+        constexpr int kRows = kDqQueryTile<DQK, DV>;  // its query tile: 64 or 128 rows
+        const dim3 mma_q_grid(a.batch * a.heads, (a.seq + kRows - 1) / kRows);
+        qk<<<mma_q_grid, kThreads, BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec,
+                                                                           dout, dq);
         return;
       }
     }

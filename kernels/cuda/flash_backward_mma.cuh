@@ -6,12 +6,16 @@
 // Internal header, included by flash_attention.cu and by
 // tests/cuda_kernels/flash_backward_mma_emulation_test.cc (the same source on the CPU emulation).
 //
-// Shape of the work: each warp owns 16 rows (keys in the dK/dV kernel, queries in the dQ kernel)
-// and walks the other side 16 at a time: a 16 × 16 block of S and of dP (two m16n8 tiles each,
-// summed over the head dim), P and dS formed where they lie, then packed pairwise to bf16 they
-// ARE the A fragment of the next product (dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K), whose k
-// dimension is those 16. The accumulators (dK and dV, or dQ) stay in registers throughout, and so
-// do the warp's own rows of K and V (or Q and dO) as A fragments where registers allow.
+// Shape of the work: each warp owns 16 rows (keys in the dK/dV kernel; queries in the dQ kernel,
+// 32 there for head dims up to 64/64) and walks the other side 16 at a time: a 16 × 16 block of S
+// and of dP (two m16n8 tiles each, summed over the head dim), P and dS formed where they lie,
+// then packed pairwise to bf16 they ARE the A fragment of the next product (dV += Pᵀ·dO,
+// dK += dSᵀ·Q, dQ += dS·K), whose k dimension is those 16. The accumulators (dK and dV, or dQ)
+// stay in registers throughout, and so do the warp's own rows of K and V (or Q and dO) as A
+// fragments where registers allow. Every B fragment comes from shared memory (32-bit loads,
+// conflict-free) and feeds one product per 16 rows the warp owns: at 16 rows that traffic, not
+// the tensor cores, is the likely limit, hence the dQ kernel's 32 where registers allow (the
+// dK/dV kernel's two accumulator sets leave no room for it).
 //
 // The B fragment of m16n8k16 wants pairs along k in one 32-bit word. For X·Yᵀ (S = Q·Kᵀ,
 // dP = dO·Vᵀ) those are consecutive elements of a row of Y: the tiles as loaded. For X·Y
@@ -40,10 +44,10 @@ template <int DQK, int DV>
 constexpr bool kKeepRowsInRegisters = DQK + DV <= 256;
 
 // Which (qk_dim, v_dim) these kernels cover; the dispatch falls back to the wmma kernels for the
-// rest. All seven instantiated shapes fit: nvcc 13.0 -Xptxas -v, sm_90, bf16 inputs, registers
-// dK/dV | dQ: 16/16 72 | 80, 32/32 96 | 96, 64/64 162 | 128, 128/128 254 | 202, 48/32 116 | 124,
-// 96/64 168 (12 bytes spilled) | 162, 192/128 241 | 168; fp32 inputs alike (16/16's dQ: 16
-// bytes spilled); sm_80 within a few registers (16/16: 4 bytes spilled).
+// rest. All seven instantiated shapes fit: nvcc 13.0 -Xptxas -v, sm_90, registers dK/dV | dQ:
+// 16/16 72 | 117, 32/32 96 | 151, 64/64 162 | 218, 128/128 254 | 202, 48/32 116 | 168,
+// 96/64 168 | 162, 192/128 241 | 168; spills only 12 bytes in 96/64's dK/dV and 48/32's dQ;
+// fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled).
 template <int DQK, int DV>
 constexpr bool MmaBackwardCovers() {
   return DQK % 16 == 0 && DV % 16 == 0 && DQK <= 192 && DV <= 128;
@@ -147,13 +151,23 @@ struct BwdMmaKvSmem {
   static_assert(kBytes <= BwdSmem<DQK, DV>::kBytes, "no more than the wmma kernel's");
 };
 
+// Rows (16-row m-tiles) each warp of the dQ kernel owns: two where the second set of
+// accumulators and A fragments fits (every B fragment read from shared memory then feeds two
+// products: half the shared-memory traffic per product), else one. The dQ kernel's query tile is
+// kWarps · 16 · m rows.
+template <int DQK, int DV>
+constexpr int kDqMTiles = DQK + DV <= 128 ? 2 : 1;
+template <int DQK, int DV>
+constexpr int kDqQueryTile = kWarps * 16 * kDqMTiles<DQK, DV>;
+
 // Shared memory of the dQ kernel: Q and dO of the query tile, K (also transposed) and V of the
 // key tile.
 template <int DQK, int DV>
 struct BwdMmaQSmem {
+  static constexpr int kRows = kDqQueryTile<DQK, DV>;
   static constexpr size_t kQ = 0;
-  static constexpr size_t kDo = kQ + size_t(kTile) * Ld16(DQK) * 2;
-  static constexpr size_t kK = kDo + size_t(kTile) * Ld16(DV) * 2;
+  static constexpr size_t kDo = kQ + size_t(kRows) * Ld16(DQK) * 2;
+  static constexpr size_t kK = kDo + size_t(kRows) * Ld16(DV) * 2;
   static constexpr size_t kKt = kK + size_t(kTile) * Ld16(DQK) * 2;
   static constexpr size_t kV = kKt + size_t(DQK) * kLdT * 2;
   static constexpr size_t kBytes = kV + size_t(kTile) * Ld16(DV) * 2;
@@ -311,9 +325,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dQ of one 64-query tile of one head: grid (B·H, query tiles), heaviest first. Warp w owns
-// queries q0 + 16w .. + 15; its accumulator sums over the key tiles up to the diagonal and the
-// 16-key chunks in order.
+// dQ of one query tile (kDqQueryTile rows) of one head: grid (B·H, query tiles), heaviest
+// first. Warp w owns queries q0 + 16·kM·w .. (kM m-tiles of 16); its accumulators sum over the
+// key tiles up to the diagonal and the 16-key chunks in order.
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
@@ -323,6 +337,7 @@ __global__ void __launch_bounds__(kThreads)
   using L = BwdMmaQSmem<DQK, DV>;
   using namespace mmabwd;  // NOLINT: the fragment helpers
   constexpr bool kKeep = kKeepRowsInRegisters<DQK, DV>;
+  constexpr int kM = kDqMTiles<DQK, DV>, kRows = kDqQueryTile<DQK, DV>;
   constexpr int kLdQ = Ld16(DQK), kLdV = Ld16(DV);
   MOELAB_FLASH_SMEM(smem);
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
@@ -334,35 +349,53 @@ __global__ void __launch_bounds__(kThreads)
 
   const int S = p.seq, pair = blockIdx.x, b = pair / p.heads, h = pair % p.heads;
   const int kvh = h / (p.heads / p.kv_heads);
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
-  LoadTile<DQK>(sq, q + (long(b) * S + q0) * p.ldq + long(h) * DQK, p.ldq, S - q0);
-  LoadTile<DV>(sdo, dout + (long(b) * S + q0) * p.ldo + long(h) * DV, p.ldo, S - q0);
-
-  const int w0 = q0 + warp * 16;  // the warp's first query
-  const bool warp_active = w0 < S;
-  // The lane's two query rows (C elements 0, 1: w0 + gr; 2, 3: w0 + gr + 8) and their lse, D.
-  float row_lse[2], row_d[2];
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = w0 + gr + 8 * half;
-    row_lse[half] = i < S ? lse[long(pair) * S + i] : 0.0f;
-    row_d[half] = i < S ? dvec[long(pair) * S + i] : 0.0f;
+  for (int r0 = 0; r0 < kRows; r0 += kTile) {
+    LoadTile<DQK>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK, p.ldq,
+                  S - q0 - r0);
+    LoadTile<DV>(sdo + r0 * kLdV, dout + (long(b) * S + q0 + r0) * p.ldo + long(h) * DV, p.ldo,
+                 S - q0 - r0);
+  }
+
+  const int w0 = q0 + warp * 16 * kM;  // the warp's first query; m-tile mi: w0 + 16·mi ..
+  const bool warp_active = w0 < S;
+  // The lane's query rows (C elements 0, 1 of m-tile mi: w0 + 16·mi + gr; 2, 3: + 8), lse, D.
+  float row_lse[kM][2], row_d[kM][2];
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = w0 + 16 * mi + gr + 8 * half;
+      row_lse[mi][half] = i < S ? lse[long(pair) * S + i] : 0.0f;
+      row_d[mi][half] = i < S ? dvec[long(pair) * S + i] : 0.0f;
+    }
   }
   __syncthreads();
-  const bf16* wq = sq + warp * 16 * kLdQ;
-  const bf16* wdo = sdo + warp * 16 * kLdV;
-  uint32_t qa_frag[kKeep ? DQK / 16 : 1][4], oa_frag[kKeep ? DV / 16 : 1][4];
+  const bf16* wq = sq + (warp * 16 * kM) * kLdQ;
+  const bf16* wdo = sdo + (warp * 16 * kM) * kLdV;
+  uint32_t qa_frag[kM][kKeep ? DQK / 16 : 1][4], oa_frag[kM][kKeep ? DV / 16 : 1][4];
   if constexpr (kKeep) {
 #pragma unroll
-    for (int kk = 0; kk < DQK / 16; ++kk) LoadA(qa_frag[kk], wq, kLdQ, 16 * kk);
+    for (int mi = 0; mi < kM; ++mi) {
 #pragma unroll
-    for (int kk = 0; kk < DV / 16; ++kk) LoadA(oa_frag[kk], wdo, kLdV, 16 * kk);
+      for (int kk = 0; kk < DQK / 16; ++kk)
+        LoadA(qa_frag[mi][kk], wq + 16 * mi * kLdQ, kLdQ, 16 * kk);
+#pragma unroll
+      for (int kk = 0; kk < DV / 16; ++kk)
+        LoadA(oa_frag[mi][kk], wdo + 16 * mi * kLdV, kLdV, 16 * kk);
+    }
   }
-  float dq_acc[DQK / 8][4];
+  float dq_acc[kM][DQK / 8][4];
 #pragma unroll
-  for (int n = 0; n < DQK / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0;
+  for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+    for (int n = 0; n < DQK / 8; ++n) {
+      dq_acc[mi][n][0] = dq_acc[mi][n][1] = dq_acc[mi][n][2] = dq_acc[mi][n][3] = 0;
+    }
+  }
 
-  const int kv_end = min(q0 + kTile, S);
+  const int kv_end = min(q0 + kRows, S);
   for (int k0 = 0; k0 < kv_end; k0 += kTile) {
     __syncthreads();  // the previous key tile is no longer read
     LoadTileBoth<DQK>(sk, skt, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0);
@@ -372,73 +405,90 @@ __global__ void __launch_bounds__(kThreads)
     for (int kc = 0; kc < kTile; kc += 16) {
       const int ka = k0 + kc;  // the chunk's first key
       // Warp-uniform skips: past the sequence, or every key after every query of the warp.
-      if (ka >= S || ka > w0 + 15) continue;
-      // S = Q_w·Kᵀ and dP = dO_w·Vᵀ over the chunk: rows the warp's queries, n-tile n the keys
-      // ka + 8n ..
-      float s[2][4] = {}, dp[2][4] = {};
+      if (ka >= S || ka > w0 + 16 * kM - 1) continue;
+      // S = Q_w·Kᵀ and dP = dO_w·Vᵀ over the chunk: rows the warp's queries (m-tile mi), n-tile
+      // n the keys ka + 8n ..; each B fragment serves every m-tile.
+      float s[kM][2][4] = {}, dp[kM][2][4] = {};
 #pragma unroll
       for (int kk = 0; kk < DQK / 16; ++kk) {
-        uint32_t a[4], bk[2];
-        if constexpr (kKeep) {
-          a[0] = qa_frag[kk][0], a[1] = qa_frag[kk][1], a[2] = qa_frag[kk][2];
-          a[3] = qa_frag[kk][3];
-        } else {
-          LoadA(a, wq, kLdQ, 16 * kk);
+        uint32_t a[kM][4], bk[2];
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi) {
+          if constexpr (kKeep) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) a[mi][x] = qa_frag[mi][kk][x];
+          } else {
+            LoadA(a[mi], wq + 16 * mi * kLdQ, kLdQ, 16 * kk);
+          }
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           LoadBt(bk, sk, kLdQ, kc + 8 * n, 16 * kk);
-          mma::MmaBf16(s[n], a, bk);
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi) mma::MmaBf16(s[mi][n], a[mi], bk);
         }
       }
 #pragma unroll
       for (int kk = 0; kk < DV / 16; ++kk) {
-        uint32_t a[4], bv[2];
-        if constexpr (kKeep) {
-          a[0] = oa_frag[kk][0], a[1] = oa_frag[kk][1], a[2] = oa_frag[kk][2];
-          a[3] = oa_frag[kk][3];
-        } else {
-          LoadA(a, wdo, kLdV, 16 * kk);
+        uint32_t a[kM][4], bv[2];
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi) {
+          if constexpr (kKeep) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) a[mi][x] = oa_frag[mi][kk][x];
+          } else {
+            LoadA(a[mi], wdo + 16 * mi * kLdV, kLdV, 16 * kk);
+          }
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           LoadBt(bv, sv, kLdV, kc + 8 * n, 16 * kk);
-          mma::MmaBf16(dp[n], a, bv);
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi) mma::MmaBf16(dp[mi][n], a[mi], bv);
         }
       }
-      // dS where it lies: element e of n-tile n is query w0 + gr + 8·(e ≥ 2), key
-      // ka + 8n + 2t + (e odd); packed pairwise it is the A fragment (k = the 16 keys).
-      uint32_t dsa[4];
+      // dS where it lies: element e of n-tile n of m-tile mi is query w0 + 16·mi + gr + 8·(e ≥ 2),
+      // key ka + 8n + 2t + (e odd); packed pairwise it is the A fragment (k = the 16 keys).
+      uint32_t dsa[kM][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float ds[4];
+      for (int mi = 0; mi < kM; ++mi) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int half = e >> 1, qi = w0 + gr + 8 * half, key = ka + 8 * n + 2 * t + (e & 1);
-          ProbGrad(p, key <= qi && qi < S, s[n][e], dp[n][e], row_lse[half], row_d[half], &ds[e]);
+        for (int n = 0; n < 2; ++n) {
+          float ds[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int half = e >> 1, qi = w0 + 16 * mi + gr + 8 * half;
+            const int key = ka + 8 * n + 2 * t + (e & 1);
+            ProbGrad(p, key <= qi && qi < S, s[mi][n][e], dp[mi][n][e], row_lse[mi][half],
+                     row_d[mi][half], &ds[e]);
+          }
+          dsa[mi][2 * n] = mma::PackBf16x2(ds[0], ds[1]);
+          dsa[mi][2 * n + 1] = mma::PackBf16x2(ds[2], ds[3]);
         }
-        dsa[2 * n] = mma::PackBf16x2(ds[0], ds[1]);
-        dsa[2 * n + 1] = mma::PackBf16x2(ds[2], ds[3]);
       }
       // dQ += dS·K: B[k = key][n = column] from the transposed K tile.
 #pragma unroll
       for (int n = 0; n < DQK / 8; ++n) {
         uint32_t bk[2];
         LoadBt(bk, skt, kLdT, 8 * n, kc);
-        mma::MmaBf16(dq_acc[n], dsa, bk);
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi) mma::MmaBf16(dq_acc[mi][n], dsa[mi], bk);
       }
     }
   }
   if (!warp_active) return;
   float* dqw = dq + long(b) * S * p.ldq + long(h) * DQK;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = w0 + gr + 8 * half;
-    if (i >= S) continue;
+  for (int mi = 0; mi < kM; ++mi) {
 #pragma unroll
-    for (int n = 0; n < DQK / 8; ++n) {
-      dqw[i * p.ldq + 8 * n + 2 * t] = p.scale * dq_acc[n][2 * half];
-      dqw[i * p.ldq + 8 * n + 2 * t + 1] = p.scale * dq_acc[n][2 * half + 1];
+    for (int half = 0; half < 2; ++half) {
+      const int i = w0 + 16 * mi + gr + 8 * half;
+      if (i >= S) continue;
+#pragma unroll
+      for (int n = 0; n < DQK / 8; ++n) {
+        dqw[i * p.ldq + 8 * n + 2 * t] = p.scale * dq_acc[mi][n][2 * half];
+        dqw[i * p.ldq + 8 * n + 2 * t + 1] = p.scale * dq_acc[mi][n][2 * half + 1];
+      }
     }
   }
 }

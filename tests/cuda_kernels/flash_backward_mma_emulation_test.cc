@@ -68,7 +68,8 @@ std::vector<float> Backward(const FlashCase& c, const FlashReference& ref, bool 
     emu::Launch(dim3(c.batch * c.kv_heads, tiles), kThreads, BwdMmaKvSmem<DQK, DV>::kBytes, [&] {
       FlashBackwardKvMmaKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dk, dv);
     });
-    emu::Launch(dim3(pairs, tiles), kThreads, BwdMmaQSmem<DQK, DV>::kBytes, [&] {
+    const unsigned q_tiles = (c.seq + kDqQueryTile<DQK, DV> - 1) / kDqQueryTile<DQK, DV>;
+    emu::Launch(dim3(pairs, q_tiles), kThreads, BwdMmaQSmem<DQK, DV>::kBytes, [&] {
       FlashBackwardQMmaKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dq);
     });
   }
@@ -91,7 +92,8 @@ void RunCase(const FlashCase& c) {
 }
 
 // Small shapes (a thread per CUDA thread): tile and 16-row chunk boundaries, the diagonal skips,
-// GQA with fused strides and fp32 inputs, soft-cap, MLA's unequal dims, seq 1.
+// GQA with fused strides and fp32 inputs, soft-cap, MLA's unequal dims, seq 1, one m-tile a warp
+// (128/128 and up) and two (64/64 and down) in the dQ kernel.
 TEST(FlashBackwardMmaEmulation, MhaAndMqaSoftCapAcrossTileBoundaries) {
   RunCase<bf16, 64, 64>({"mha 64, S=100", 1, 100, 2, 2, 64, 64, 0.0, false});
   RunCase<bf16, 64, 64>({"mqa softcap 3, S=77", 1, 77, 2, 1, 64, 64, 3.0, false});
@@ -105,6 +107,9 @@ TEST(FlashBackwardMmaEmulation, MlaUnequalDimsRaggedAndSingleTokenSequences) {
   RunCase<bf16, 48, 32>({"mla 48/32 softcap 2, S=65", 1, 65, 2, 2, 48, 32, 2.0, false});
   RunCase<float, 16, 16>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
   RunCase<bf16, 32, 32>({"32/32, S=1", 2, 1, 2, 1, 32, 32, 0.0, false});
+  // Two of the dQ kernel's 128-query tiles (two m-tiles a warp at these dims), the second ragged.
+  static_assert(kDqQueryTile<16, 16> == 128);
+  RunCase<bf16, 16, 16>({"16/16 one head, S=200", 1, 200, 1, 1, 16, 16, 0.0, false});
 }
 
 // DeepSeek-style MLA dims: 192/128 re-reads its K/V (and Q/dO) fragments from shared memory
