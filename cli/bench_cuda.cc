@@ -340,7 +340,18 @@ int RunCudaBench(const CudaBenchOptions& o) {
         "{:<20} {:>11} {:>11} {:>5} {:>7.1f} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} {:>6.1f}%\n",
         r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.fwd_bwd_ms, r.opt_ms,
         r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation);
-    for (const auto& [k, v] : r.breakdown_ms) fmt::print("    {:<18} {:>9.2f} ms\n", k, v);
+    // Op classes, each followed by its sub-classes ("moe/experts": the layer's phases), then what
+    // no bracket covers (elementwise adds, casts, the gradient accumulation).
+    double bracketed = 0;
+    for (const auto& [k, v] : r.breakdown_ms) {
+      const size_t slash = k.rfind('/');
+      if (slash == std::string::npos) bracketed += v;
+      fmt::print("    {:<24} {:>9.2f} ms\n",
+                 slash == std::string::npos ? k : "  " + k.substr(slash + 1), v);
+    }
+    if (!r.breakdown_ms.empty()) {
+      fmt::print("    {:<24} {:>9.2f} ms\n", "(not bracketed)", r.fwd_bwd_ms - bracketed);
+    }
     std::fflush(stdout);
   }
   if (o.json) {

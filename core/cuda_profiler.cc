@@ -16,8 +16,7 @@ struct CudaOpProfiler::Impl {
   };
   std::vector<Bracket> brackets;  // reused across Reset (events are created once)
   size_t used = 0;
-  bool open = false;
-  int nested = 0;  // brackets opened inside an open one: ignored (the outer one counts)
+  std::vector<size_t> open;  // the open brackets, innermost last
   ~Impl() {
     for (Bracket& b : brackets) {
       cudaEventDestroy(b.start);
@@ -31,10 +30,6 @@ CudaOpProfiler::~CudaOpProfiler() = default;
 
 void CudaOpProfiler::Begin(const char* op_class) {
   Impl& I = *impl_;
-  if (I.open) {
-    ++I.nested;
-    return;
-  }
   if (I.used == I.brackets.size()) {
     Impl::Bracket b;
     MOELAB_CUDA(cudaEventCreate(&b.start));
@@ -42,21 +37,16 @@ void CudaOpProfiler::Begin(const char* op_class) {
     I.brackets.push_back(b);
   }
   Impl::Bracket& b = I.brackets[I.used];
-  b.op = op_class;
+  b.op = I.open.empty() ? op_class : I.brackets[I.open.back()].op + "/" + op_class;
   MOELAB_CUDA(cudaEventRecord(b.start, nullptr));
-  I.open = true;
+  I.open.push_back(I.used++);
 }
 
 void CudaOpProfiler::End() {
   Impl& I = *impl_;
-  if (!I.open) throw std::logic_error("CudaOpProfiler: End without Begin");
-  if (I.nested > 0) {
-    --I.nested;
-    return;
-  }
-  MOELAB_CUDA(cudaEventRecord(I.brackets[I.used].stop, nullptr));
-  ++I.used;
-  I.open = false;
+  if (I.open.empty()) throw std::logic_error("CudaOpProfiler: End without Begin");
+  MOELAB_CUDA(cudaEventRecord(I.brackets[I.open.back()].stop, nullptr));
+  I.open.pop_back();
 }
 
 std::map<std::string, double> CudaOpProfiler::Totals() {
@@ -73,8 +63,7 @@ std::map<std::string, double> CudaOpProfiler::Totals() {
 
 void CudaOpProfiler::Reset() {
   impl_->used = 0;
-  impl_->open = false;
-  impl_->nested = 0;
+  impl_->open.clear();
 }
 
 #else

@@ -16,7 +16,8 @@ class CudaOpProfiler {
   ~CudaOpProfiler();
   CudaOpProfiler(const CudaOpProfiler&) = delete;
   CudaOpProfiler& operator=(const CudaOpProfiler&) = delete;
-  // Brackets on the default stream; a bracket opened inside another is folded into the outer.
+  // Brackets on the default stream. A bracket opened inside another is also a sub-class of it,
+  // reported as "outer/inner" beside the outer's inclusive total (the MoE layer's phases, say).
   void Begin(const char* op_class);
   void End();
   // Seconds per op class summed over every bracket since the last Reset (waits for the GPU).
@@ -42,6 +43,28 @@ class ProfileScope {
 
  private:
   CudaOpProfiler* p_;
+};
+
+// Consecutive brackets over one stretch of code: Next(name) closes the previous phase and opens
+// the next; the last one closes with the object. A null profiler costs one branch a phase.
+class ProfilePhases {
+ public:
+  explicit ProfilePhases(CudaOpProfiler* p) : p_(p) {}
+  ~ProfilePhases() {
+    if (p_ && open_) p_->End();
+  }
+  void Next(const char* op_class) {
+    if (!p_) return;
+    if (open_) p_->End();
+    p_->Begin(op_class);
+    open_ = true;
+  }
+  ProfilePhases(const ProfilePhases&) = delete;
+  ProfilePhases& operator=(const ProfilePhases&) = delete;
+
+ private:
+  CudaOpProfiler* p_;
+  bool open_ = false;
 };
 
 }  // namespace moelab

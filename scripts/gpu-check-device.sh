@@ -9,7 +9,8 @@
 #
 # Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
 # the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
-# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process; (4) the
+# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
+# a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[@shape]); (4) the
 # PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
 # process; (5) the peer under torch.compile. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
@@ -233,11 +234,20 @@ fi
 # ---- The plan ---------------------------------------------------------------------------------
 BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
+COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked@gpu-moe"
+OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked"
 {
   echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
   for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
+  read -ra opt <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
+  ((${#opt[@]})) && echo "  tests    every test binary again with ${opt[*]}"
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
+  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
+    shape=gpu-dense
+    [[ $cmp == *@* ]] && shape=${cmp##*@}
+    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $shape ${BENCH_ARGS[*]}  (limit 75s)"
+  done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
   echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
 } | tee -a "$ENVLOG" >&2
@@ -254,6 +264,18 @@ list_tests() {
 # or a time-out, those that never finished. A sticky CUDA error (a faulting kernel) fails every
 # later test of its process; alone, each test says whether it fails by itself.
 declare -A REDO=()
+# summarise_tests SEGMENT: sets `failed` (the failed tests' names) and `detail` (the counts).
+summarise_tests() {
+  local run ok skipped nogpu
+  run=$(grep -c '^\[ RUN      \]' <<<"$1")
+  ok=$(grep -c '^\[       OK \]' <<<"$1")
+  failed=$(grep '^\[  FAILED  \] [A-Za-z]' <<<"$1" | grep -v ' tests\?, listed below' | awk '{print $4}' | sort -u)
+  skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' <<<"$1" | awk '{print $4}' | sort -u | grep -c .)
+  nogpu=$(grep -c 'no CUDA device' <<<"$1")
+  detail="$run run, $ok passed, $(grep -c . <<<"$failed") failed, $skipped skipped"
+  ((nogpu)) && detail="$detail; $nogpu lines say 'no CUDA device': THE GPU WAS NOT USED"
+  [ -n "$failed" ] && detail="$detail; failed: $(tr '\n' ' ' <<<"$failed" | head -c 400)"
+}
 if want tests; then
   mkdir -p "$WORK/xml"
   for t in "${TESTS[@]}"; do
@@ -264,14 +286,7 @@ if want tests; then
       --gtest_output="xml:$WORK/xml/$name.xml" --gtest_color=no
     [ $STAGE_RC = 125 ] && continue
     seg=$(segment "test $name" "$TESTLOG")
-    run=$(grep -c '^\[ RUN      \]' <<<"$seg")
-    ok=$(grep -c '^\[       OK \]' <<<"$seg")
-    failed=$(grep '^\[  FAILED  \] [A-Za-z]' <<<"$seg" | grep -v ' tests\?, listed below' | awk '{print $4}' | sort -u)
-    skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u | grep -c .)
-    nogpu=$(grep -c 'no CUDA device' <<<"$seg")
-    detail="$run run, $ok passed, $(grep -c . <<<"$failed") failed, $skipped skipped"
-    ((nogpu)) && detail="$detail; $nogpu lines say 'no CUDA device': THE GPU WAS NOT USED"
-    [ -n "$failed" ] && detail="$detail; failed: $(tr '\n' ' ' <<<"$failed" | head -c 400)"
+    summarise_tests "$seg"
     if ((STAGE_RC != 0 && STAGE_RC != 1)); then
       detail="$detail; last started: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
       finished=$(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u)
@@ -281,6 +296,20 @@ if want tests; then
     record "test $name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
   done
   (cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
+  # The opt-in GPU paths that have not yet run on a GPU (docs/cuda.md): every test binary once
+  # more with them switched on. MOELAB_GPU_OPT_IN: VAR=value words ("" for none).
+  read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
+  if ((${#OPT_IN[@]})); then
+    for t in "${TESTS[@]}"; do
+      name="test $(basename "$t") [${OPT_IN[*]}]"
+      limit=120
+      [[ $t == *kernels* ]] && limit=60
+      stage "$name" $limit "$TESTLOG" "${RUN[@]}" "${OPT_IN[@]}" "${LAUNCH[@]}" "$t" --gtest_color=no
+      [ $STAGE_RC = 125 ] && continue
+      summarise_tests "$(segment "$name" "$TESTLOG")"
+      record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
+    done
+  fi
 fi
 
 # ---- Stage 3: bench, one shape per process -----------------------------------------------------
@@ -302,6 +331,21 @@ if want bench; then
     gemm=$(segment "bench $s" "$BENCHLOG" | grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' | tail -1)
     record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
+  done
+  # A shape again under another setting, for an in-model comparison in the same lease: each
+  # word of MOELAB_GPU_COMPARE is VAR=value[@shape] (shape default gpu-dense); default: the
+  # opt-in paths not yet run on a GPU (the register-fragment attention on gpu-dense, the chunked
+  # experts on gpu-moe) against the default runs above. MOELAB_GPU_COMPARE="" for none.
+  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
+    setting=${cmp%@*} shape=gpu-dense
+    [[ $cmp == *@* ]] && shape=${cmp##*@}
+    name="bench $shape [$setting]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$setting" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
+      --device cuda --only "$shape" "${BENCH_ARGS[@]}"
+    [ $STAGE_RC = 125 ] && continue
+    row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
+    record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
+      "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
   done
 fi
 

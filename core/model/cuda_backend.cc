@@ -276,7 +276,7 @@ class CudaBackend final : public Backend<float> {
   }
   void AttentionForward(const cpu::AttentionDims& a, const float* q, const float* k, const float* v,
                         float* saved, float* out, float* pair_max) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "attention fwd");
     if (flash_) {
       cuda::FlashAttentionForward<float>(cuda::AttentionDims(a), q, k, v, out, saved, pair_max);
       return;
@@ -287,7 +287,7 @@ class CudaBackend final : public Backend<float> {
   void AttentionBackward(const cpu::AttentionDims& a, const float* q, const float* k,
                          const float* v, const float* out, const float* saved, const float* dout,
                          float* dq, float* dk, float* dv, float* scratch) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "attention bwd");
     if (flash_) {
       cuda::FlashAttentionBackward<float>(cuda::AttentionDims(a), q, k, v, out, saved, dout, dq, dk,
                                           dv, scratch);
@@ -302,27 +302,27 @@ class CudaBackend final : public Backend<float> {
   }
   void Rope(float* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
             const float* cos, const float* sin, bool inverse) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "rope");
     cuda::RopeApply(x, n, seq, ld, heads, head_stride, offset, rot_dim, cos, sin, inverse);
   }
   void RopeQk(const cpu::RopeSlice<float>& q, const cpu::RopeSlice<float>& k, int n, int seq,
               int rot_dim, const float* cos, const float* sin, bool inverse) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "rope");
     cuda::RopeApplyQk(q, k, n, seq, rot_dim, cos, sin, inverse);
   }
   void CopyHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd,
                  int dst_stride, int dst_off, int n, int heads, int width) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "attention layout");
     cudamodel::CopyHeads(src, lds, src_stride, src_off, dst, ldd, dst_stride, dst_off, n, heads,
                          width, false);
   }
   void SumHeads(const float* src, int lds, int src_stride, int src_off, float* dst, int ldd, int n,
                 int heads, int width) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "attention layout");
     cudamodel::SumHeads(src, lds, src_stride, src_off, dst, ldd, n, heads, width);
   }
   void CopyRows(const float* src, int lds, float* dst, int ldd, int rows, int cols) override {
-    ProfileScope ps(profiler_, "attention");
+    ProfileScope ps(profiler_, "attention layout");
     MOELAB_CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * ldd, src, sizeof(float) * lds,
                                         sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice,
                                         nullptr));
@@ -442,12 +442,14 @@ cudamodel::MoeLayerParams CudaMoe::Params(const MoeWeights<float>& w, const floa
 double CudaMoe::Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n,
                         float* y, int64_t* counts) {
   ProfileScope ps(be_->profiler(), "moe");
+  layer_.set_profiler(be_->profiler());
   return layer_.Forward(Params(w, bias), x, n, y, counts);
 }
 
 void CudaMoe::Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
                        const float* dy, int, float* dx) {
   ProfileScope ps(be_->profiler(), "moe");
+  layer_.set_profiler(be_->profiler());
   cudamodel::MoeLayerGrads grads{g.router, g.w1, g.w3, g.w2};
   if (shared_) grads.s1 = g.shared_w1, grads.s3 = g.shared_w3, grads.s2 = g.shared_w2;
   // The selection bias only steers the forward's choice; the backward reads what it saved.

@@ -5,7 +5,9 @@
 #include "core/model/cuda_moe.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"
@@ -18,11 +20,28 @@ namespace moelab::cudamodel {
 
 using cuda::bf16;
 
+bool ChunkedExpertsWanted() {
+  const char* env = std::getenv("MOELAB_MOE_EXPERTS");
+  if (env == nullptr || *env == '\0' || std::string(env) == "grouped") return false;
+  if (std::string(env) == "chunked") return true;
+  throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
+                              ": expected \"grouped\" (the default) or \"chunked\"");
+}
+
+size_t MoePaddedRows(size_t nk, int experts) {
+  if (!ChunkedExpertsWanted()) return nk;
+  return static_cast<size_t>(cuda::MoeChunkedRows(static_cast<int64_t>(nk), experts));
+}
+
 size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
-  if (bf16) return 4 * f32 + 2 * (nk * d + swiglu + 2 * rows * d);
+  if (bf16) {
+    const size_t padded = MoePaddedRows(nk, e.experts_total);  // the SwiGLU scratch's rows
+    const size_t yp = ChunkedExpertsWanted() ? padded * d : 0;
+    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + yp);
+  }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
 }
 
@@ -34,7 +53,8 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   dgates.Resize(nk);
   if (bf16) {
     dxe16.Resize(nk * d);
-    scratch16.Resize(swiglu);
+    scratch16.Resize(std::max(MoePaddedRows(nk, e.experts_total), nn) * 2 * H);
+    yp16.Resize(ChunkedExpertsWanted() ? MoePaddedRows(nk, e.experts_total) * d : 0);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -43,14 +63,15 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
     scratch.Resize(swiglu);
   }
   cap = rows;
+  chunked = bf16 && ChunkedExpertsWanted();
 }
 
 template <typename T>
-void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared,
-                              bool routed_acts) {
-  xe.Resize(nk * d);
+void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
+                              size_t padded) {
+  xe.Resize(std::max(nk, padded) * d);
   ye.Resize(nk * d);
-  const size_t routed = routed_acts ? nk * hidden : 0;
+  const size_t routed = routed_acts ? std::max(nk, padded) * hidden : 0;
   h1.Resize(routed);
   h3.Resize(routed);
   act.Resize(routed);
@@ -90,7 +111,9 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
 size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t f32 = rows * e.experts_total + nk;  // scores, gates
-  const size_t acts = 2 * nk * d + 3 * nk * H + 3 * S * rows * H;
+  // bf16: xe, h1, h3, act sized for the chunked layout (MoePaddedRows).
+  const size_t xrows = bf16 ? MoePaddedRows(nk, e.experts_total) : nk;
+  const size_t acts = (xrows + nk) * d + 3 * xrows * H + 3 * S * rows * H;
   const size_t ints = 3 * nk;  // topk, row_token, slot_row
   return 4 * f32 + (bf16 ? 2 : 4) * acts + 4 * ints + 8 * (2 * e.experts_total + 1);
 }
@@ -113,11 +136,13 @@ void DeviceMoe::Reserve(int rows) {
   slot_row_.Resize(nk);
   const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
-    b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
+    b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts,
+                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0);
   } else {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
   cap_ = rows;
+  chunk_room_ = bf16_ && ChunkedExpertsWanted();
 }
 
 double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, float* y,
@@ -128,6 +153,8 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
             S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
   const int64_t nk = static_cast<int64_t>(n) * k;
+  ProfilePhases phase(profiler_);
+  phase.Next("route");
   // Routing stays fp32 in both modes (the expert choice is discrete: bf16 logits would flip it).
   cuda::Gemm(false, true, n, E, d, 1.0f, x, d, p.router, d, 0.0f, tmp_->logits.data(), E);
   cuda::MoeRoute(tmp_->logits.data(), n, E, k, shape_.sigmoid, p.bias, shape_.route_scale,
@@ -142,6 +169,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MOELAB_CUDA_CHECK(
         cudaMemcpy(counts_out, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
   }
+  phase.Next("dispatch");
   cuda::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(),
                         slot_row_.data());
   cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
@@ -149,16 +177,31 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MoeExpertActs<bf16>& a = b16_;
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
-    cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
-    RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+    chunked_ = UseChunks();
+    if (chunked_) {
+      chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
+      chunk_table_.Upload(chunks_.table);
+      cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
+                             chunks_.rows, a.xe.data());
+      phase.Next("experts");
+      ChunkedForward(p);
+    } else {
+      cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
+      phase.Next("experts grouped");
+      RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+    }
+    phase.Next("shared");
     SharedForwardBf16(p, xb, y);
+    phase.Next("combine");
     cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
     return aux;
   }
   MoeExpertActs<float>& a = f32_;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeGather(x, d, row_token_.data(), nk, a.xe.data());
+  phase.Next("experts");
   RoutedForward(a, f32_owned_, p.w1, p.w3, p.w2);
+  phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     float* out = s == 0 ? y : tmp_->sy.data() + (s - 1) * nd;
     cuda::SwigluForward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
@@ -166,6 +209,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
                         out);
   }
   for (int s = 1; s < S; ++s) Add(y, tmp_->sy.data() + (s - 1) * nd, y, nd);
+  phase.Next("combine");
   cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
   return aux;
 }
@@ -191,6 +235,36 @@ const int64_t* DeviceMoe::AuxCounts() const {
 double DeviceMoe::AuxCoef(int n) const {
   if (!shape_.aux_loss) return 0.0;
   return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
+}
+
+namespace {}  // namespace
+
+bool DeviceMoe::UseChunks() const {
+  // ExpertGroup() also refuses a shard of the experts held without an EP group.
+  // Only on buffers reserved for the layout (the setting may have changed since).
+  return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr &&
+         ChunkedExpertsWanted();
+}
+
+void DeviceMoe::ChunkedForward(const MoeLayerParams& p) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int d = shape_.d;
+  bf16* yc = tmp_->yp16.data();
+  cuda::MoeExpertsForwardChunked(a.xe.data(), chunks_, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
+                                 a.h1.data(), a.h3.data(), a.act.data(), yc);
+  cuda::MoeUnchunkRows(yc, chunk_table_.data(), chunks_.count(), chunks_.rows, d, a.ye.data());
+}
+
+void DeviceMoe::ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int d = shape_.d;
+  bf16* dyc = tmp_->yp16.data();  // then the chunked input gradient, in place
+  cuda::MoeChunkRowsOf(a.ye.data(), chunk_table_.data(), chunks_.count(), chunks_.rows, d, dyc);
+  cuda::MoeExpertsBackwardChunked(a.xe.data(), chunks_, shape_.experts, d, shape_.hidden, p.w1b,
+                                  p.w3b, p.w2b, a.h1.data(), a.h3.data(), a.act.data(), dyc, dyc,
+                                  g.w1, g.w3, g.w2, tmp_->scratch16.data());
+  cuda::MoeUnchunkRows(dyc, chunk_table_.data(), chunks_.count(), chunks_.rows, d,
+                       tmp_->dxe16.data());
 }
 
 Communicator* DeviceMoe::ExpertGroup() const {
@@ -272,23 +346,36 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
             S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
+  ProfilePhases phase(profiler_);
+  phase.Next("combine");
   if (bf16_) {
     MoeExpertActs<bf16>& a = b16_;
     // dye (bf16) overwrites ye, which the gate gradients have read first.
     cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                              tmp_->dgates.data());
+    phase.Next("route");
     cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                            shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
-    RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
-                   tmp_->scratch16.data());
+    if (chunked_) {
+      phase.Next("experts");
+      ChunkedBackward(p, g);
+    } else {
+      phase.Next("experts grouped");
+      RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+                     tmp_->scratch16.data());
+    }
+    phase.Next("shared");
     if (S > 0) {
       // The forward's bf16 cast of x was scratch (another layer has used it since): cast again.
       cuda::CastToBf16(x, tmp_->xb16.data(), nd);
       cuda::CastToBf16(dy, tmp_->dyb16.data(), nd);
       SharedBackwardBf16(p, g, tmp_->xb16.data(), tmp_->dyb16.data(), dx);
     }
+    phase.Next("route");
     cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+    phase.Next("dispatch");
     cuda::MoeGatherBackward(tmp_->dxe16.data(), slot_row_.data(), n, k, d, dx, S > 0);
+    phase.Next("route");
     cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
     return;
   }
@@ -296,18 +383,24 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
                            tmp_->dgates.data());
+  phase.Next("route");
   cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                          shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+  phase.Next("experts");
   RoutedBackward(a, f32_owned_, p.w1, p.w3, p.w2, g, tmp_->dxe.data(), tmp_->scratch.data());
+  phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
                          a.sh1.data() + s * snh, a.sh3.data() + s * snh, a.sact.data() + s * snh,
                          dy, s == 0 ? dx : tmp_->sy.data() + (s - 1) * nd, g.s1 + s * wsize,
                          g.s3 + s * wsize, g.s2 + s * wsize, tmp_->scratch.data());
   }
-  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
   for (int s = 1; s < S; ++s) Add(dx, tmp_->sy.data() + (s - 1) * nd, dx, nd);
+  phase.Next("route");
+  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+  phase.Next("dispatch");
   cuda::MoeGatherBackward(tmp_->dxe.data(), slot_row_.data(), n, k, d, dx, S > 0);
+  phase.Next("route");
   cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
 }
 

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/cuda_profiler.h"
 #include "core/model/backend_memory.h"
 #include "core/model/expert_exchange.h"
 #include "core/model/moe.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/moe_experts.h"
 
 namespace moelab {
 class Communicator;
@@ -44,8 +46,10 @@ struct MoeLayerGrads {
 // scratch): one set per model, sized for the largest micro-batch.
 struct MoeScratch {
   cuda::DeviceBuffer<float> logits, dgates, dxe, sy, scratch;
-  cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16;
+  // yp16: the chunked experts' output, then output gradient, then input gradient (bf16 mode).
+  cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16, yp16;
   int cap = 0;
+  bool chunked = false;  // sized for the chunked expert layout (MoePaddedRows) when reserved
   // Bytes for `rows` tokens; Reserve and the memory plan (PlanCudaMemory) share this arithmetic.
   static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16);
   void Reserve(const MoEConfig& e, int d, int rows, bool bf16);
@@ -54,11 +58,22 @@ struct MoeScratch {
 // The activations a layer keeps for its backward, in the expert precision T (float or bf16).
 // Under expert parallelism the routed experts' h1, h3, act belong to the owned rows instead
 // (MoeOwnedRows), so routed_acts is false and they stay empty.
+// padded: rows for the chunked expert layout (MoePaddedRows; 0: none), which xe, h1, h3, act then
+// hold instead of the nk compact rows.
 template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
-  void Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts);
+  void Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
+              size_t padded = 0);
 };
+
+// MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
+// path that ran on a GPU) or "chunked" (batched GEMMs over the chunked layout in bf16 mode
+// without EP; not yet run on a GPU). Anything else throws, naming the value.
+bool ChunkedExpertsWanted();
+// The rows xe, h1, h3, act hold for nk dispatched rows over E experts: with chunks, at most nk plus
+// one chunk of padding per expert (≤ nk/4 + 8E, kernels/cuda/moe_experts.h); else nk.
+size_t MoePaddedRows(size_t nk, int experts);
 
 // Expert parallelism: the rows this rank receives for the experts it owns (inputs, outputs then
 // output gradients, input gradients), their routed activations and backward scratch. Their
@@ -96,6 +111,9 @@ class DeviceMoe {
     batch_hook_ = std::move(hook);
     moe_layer_ = moe_layer;
   }
+  // Brackets the layer's phases (route, dispatch, experts, shared, combine) as sub-classes of
+  // the caller's "moe" bracket; null: none.
+  void set_profiler(CudaOpProfiler* profiler) { profiler_ = profiler; }
   // After Forward with the same x: dy → dx (overwritten), gradients overwritten.
   void Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x, const float* dy,
                 float* dx);
@@ -117,6 +135,13 @@ class DeviceMoe {
   // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
   const int64_t* AuxCounts() const;
   double AuxCoef(int n) const;
+  // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP, not
+  // MOELAB_MOE_EXPERTS=grouped); else the grouped GEMMs.
+  bool UseChunks() const;
+  // The routed experts over the chunked layout (bf16): a.xe holds it (gathered there), outputs
+  // unchunked into a.ye; the backward chunks dye and unchunks dxe into dxe16.
+  void ChunkedForward(const MoeLayerParams& p);
+  void ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
   // The expert-parallel group of this call (null: none), checked against the held experts.
   Communicator* ExpertGroup() const;
   void SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const cuda::bf16* xb,
@@ -124,9 +149,14 @@ class DeviceMoe {
 
   MoeShape shape_;
   bool bf16_;
+  CudaOpProfiler* profiler_ = nullptr;
   int first_, count_;  // the routed experts held
   ExpertExchange exchange_;
-  bool ep_active_ = false;  // the last Forward exchanged rows
+  bool ep_active_ = false;   // the last Forward exchanged rows
+  bool chunked_ = false;     // the last Forward ran the chunked layout
+  bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
+  cuda::MoeChunks chunks_;   // its plan (host), and its table on the device
+  cuda::DeviceBuffer<int64_t> chunk_table_;
   MoeBatchStatsHook batch_hook_;
   int moe_layer_ = 0;
   std::vector<int64_t> batch_counts_;  // [E] the batch's (after the hook), host

@@ -10,6 +10,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/flash_backward_mma.cuh"
 #include "kernels/cuda/flash_forward_mma.cuh"
 
 namespace moelab::cuda {
@@ -115,15 +116,29 @@ struct BackwardLaunch {
   float *dq, *dk, *dv;
   template <int DQK, int DV>
   void Run() const {
+    const dim3 kv_grid(a.batch * a.kv_heads, Tiles(a.seq)), q_grid(a.batch * a.heads, Tiles(a.seq));
+    if constexpr (MmaBackwardCovers<DQK, DV>()) {
+      if (FlashKernelInUse() == FlashKernel::kMma) {
+        auto kv = FlashBackwardKvMmaKernel<T, DQK, DV>;
+        AllowSmem(kv, BwdMmaKvSmem<DQK, DV>::kBytes);
+        kv<<<kv_grid, kThreads, BwdMmaKvSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec,
+                                                                         dout, dk, dv);
+        auto qk = FlashBackwardQMmaKernel<T, DQK, DV>;
+        AllowSmem(qk, BwdMmaQSmem<DQK, DV>::kBytes);
+        constexpr int kRows = kDqQueryTile<DQK, DV>;  // its query tile: 64 or 128 rows
+        const dim3 mma_q_grid(a.batch * a.heads, (a.seq + kRows - 1) / kRows);
+        qk<<<mma_q_grid, kThreads, BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec,
+                                                                           dout, dq);
+        return;
+      }
+    }
     const size_t smem = BwdSmem<DQK, DV>::kBytes;
     auto kv = FlashBackwardKvKernel<T, DQK, DV>;
     AllowSmem(kv, smem);
-    kv<<<dim3(a.batch * a.kv_heads, Tiles(a.seq)), kThreads, smem, stream>>>(p, q, k, v, lse, dvec,
-                                                                             dout, dk, dv);
+    kv<<<kv_grid, kThreads, smem, stream>>>(p, q, k, v, lse, dvec, dout, dk, dv);
     auto qk = FlashBackwardQKernel<T, DQK, DV>;
     AllowSmem(qk, smem);
-    qk<<<dim3(a.batch * a.heads, Tiles(a.seq)), kThreads, smem, stream>>>(p, q, k, v, lse, dvec,
-                                                                          dout, dq);
+    qk<<<q_grid, kThreads, smem, stream>>>(p, q, k, v, lse, dvec, dout, dq);
   }
 };
 
@@ -131,10 +146,10 @@ struct BackwardLaunch {
 
 FlashKernel FlashKernelInUse() {
   const char* env = std::getenv("MOELAB_FLASH_KERNEL");
-  if (env == nullptr || *env == '\0' || std::string(env) == "mma") return FlashKernel::kMma;
-  if (std::string(env) == "wmma") return FlashKernel::kWmma;
+  if (env == nullptr || *env == '\0' || std::string(env) == "wmma") return FlashKernel::kWmma;
+  if (std::string(env) == "mma") return FlashKernel::kMma;
   throw std::invalid_argument(std::string("MOELAB_FLASH_KERNEL=") + env +
-                              ": expected \"mma\" (the default) or \"wmma\"");
+                              ": expected \"wmma\" (the default) or \"mma\"");
 }
 
 bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::string* why) {

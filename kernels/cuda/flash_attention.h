@@ -43,11 +43,11 @@ template <typename T>
 void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* out,
                            float* lse, float* pair_max, cudaStream_t stream = nullptr);
 
-// Which implementation of the fused kernels runs. kMma: `mma.sync` fragments kept in registers
-// (kernels/cuda/mma.cuh), the default wherever it covers the shape; kWmma: the first version
-// (nvcuda::wmma, every elementwise step through shared memory), also the fallback. The
-// environment variable MOELAB_FLASH_KERNEL=mma|wmma overrides it, read at every launch (for
-// comparisons and tests); any other value throws, naming it.
+// Which implementation of the fused kernels runs. kWmma: the first version (nvcuda::wmma, every
+// elementwise step through shared memory), the default: it is the one that has run on a GPU.
+// kMma: `mma.sync` fragments kept in registers (kernels/cuda/mma.cuh), checked under the CPU
+// emulation only so far; opt in with MOELAB_FLASH_KERNEL=mma (read at every launch; any other
+// value than mma or wmma throws, naming it). The GPU check runs every test with it too.
 enum class FlashKernel { kMma, kWmma };
 FlashKernel FlashKernelInUse();
 

@@ -179,6 +179,43 @@ void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
   }
 }
 
+template <typename TA, typename TC>
+void GemmPointerBatched(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                        const std::vector<const TA*>& a, int lda, const std::vector<const TA*>& b,
+                        int ldb, float beta, const std::vector<TC*>& c, int ldc,
+                        cudaStream_t stream) {
+  const int batch = static_cast<int>(a.size());
+  if (b.size() != a.size() || c.size() != a.size()) {
+    throw std::invalid_argument("GemmPointerBatched: a, b and c differ in length");
+  }
+  if (m <= 0 || n <= 0 || batch == 0) return;
+  // Column-major view (as GemmEx): Cᵀ = op(B)ᵀ·op(A)ᵀ, so B's pointers go first.
+  std::vector<const void*> ptrs(3 * static_cast<size_t>(batch));
+  for (int i = 0; i < batch; ++i) {
+    ptrs[i] = b[i];
+    ptrs[batch + i] = a[i];
+    ptrs[2 * batch + i] = c[i];
+  }
+  // Stream-ordered reuse of the thread's scratch, as GemmGrouped: the pageable copy is staged
+  // before cudaMemcpyAsync returns, and the next caller's copy queues behind this GEMM.
+  void** d = static_cast<void**>(ThreadScratch(ptrs.size() * sizeof(void*)));
+  MOELAB_CUDA_CHECK(
+      cudaMemcpyAsync(d, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, stream));
+  MOELAB_CUBLAS_CHECK(cublasGemmBatchedEx(Cublas(stream), Op(trans_b), Op(trans_a), n, m, k, &alpha,
+                                          d, DataType<TA>(), ldb, d + batch, DataType<TA>(), lda,
+                                          &beta, d + 2 * batch, DataType<TC>(), ldc, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template void GemmPointerBatched<bf16, bf16>(bool, bool, int, int, int, float,
+                                             const std::vector<const bf16*>&, int,
+                                             const std::vector<const bf16*>&, int, float,
+                                             const std::vector<bf16*>&, int, cudaStream_t);
+template void GemmPointerBatched<bf16, float>(bool, bool, int, int, int, float,
+                                              const std::vector<const bf16*>&, int,
+                                              const std::vector<const bf16*>&, int, float,
+                                              const std::vector<float*>&, int, cudaStream_t);
+
 template void GemmGrouped<float, float>(bool, bool, float, float,
                                         const std::vector<GemmGroup<float, float>>&, cudaStream_t);
 template void GemmGrouped<bf16, float>(bool, bool, float, float,

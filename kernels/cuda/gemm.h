@@ -71,6 +71,16 @@ template <typename TA, typename TC>
 void GemmGrouped(bool trans_a, bool trans_b, float alpha, float beta,
                  const std::vector<GemmGroup<TA, TC>>& groups, cudaStream_t stream = nullptr);
 
+// batch products of one shape, C_i = alpha·op(A_i)·op(B_i) + beta·C_i, the operands anywhere
+// (host arrays of device pointers, copied to the device here; cublasGemmBatchedEx). The chunked
+// expert layout's products: every chunk the same rows, its expert's weights. TA/TC: bf16/bf16,
+// bf16/float.
+template <typename TA, typename TC>
+void GemmPointerBatched(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                        const std::vector<const TA*>& a, int lda, const std::vector<const TA*>& b,
+                        int ldb, float beta, const std::vector<TC*>& c, int ldc,
+                        cudaStream_t stream = nullptr);
+
 // Measures cuBLAS's bf16 GEMM rate (bf16 in, fp32 accumulate, bf16 out) on an n×n×n product:
 // allocates the operands, warms up, times `iters` products with CUDA events, frees. Returns
 // FLOP/s (2n³·iters / seconds). Synchronises. Throws when no device is usable.

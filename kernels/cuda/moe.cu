@@ -1,6 +1,7 @@
 // MoE routing, dispatch/combine, the experts' grouped GEMMs, and the dense SwiGLU FFN.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -209,6 +210,36 @@ __global__ void GatherKernel(const T* x, int d, const int* row_token, T* xe) {
   for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
 }
 
+// Chunked expert layout (MoeChunks): block p is row j = p % rows of chunk b = p / rows, compact
+// row r = table[b] + j when r < table[B + b] (its expert's end), else a zero row.
+template <typename T>
+__global__ void GatherChunkedKernel(const T* x, int d, const int* row_token, const int64_t* table,
+                                    int chunks, int rows, T* chunked) {
+  const long p = blockIdx.x;
+  const int b = static_cast<int>(p / rows);
+  const int64_t r = table[b] + p % rows;
+  T* dst = chunked + p * d;
+  if (r < table[chunks + b]) {
+    const T* src = x + static_cast<long>(row_token ? row_token[r] : r) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+  } else {
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
+  }
+}
+
+// The inverse for the real rows: compact row r ← chunked row p.
+template <typename T>
+__global__ void UnchunkKernel(const T* chunked, const int64_t* table, int chunks, int rows, int d,
+                              T* compact) {
+  const long p = blockIdx.x;
+  const int b = static_cast<int>(p / rows);
+  const int64_t r = table[b] + p % rows;
+  if (r >= table[chunks + b]) return;
+  const T* src = chunked + p * d;
+  T* dst = compact + r * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+}
+
 // T: the token side (x, y, gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32,
 // or bf16 in bf16 mode). Sums run in fp32 either way, so TE = float is the fp32 twin unchanged.
 template <typename T, typename TE>
@@ -342,6 +373,31 @@ void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe, cud
   CheckLaunch("MoeGather");
 }
 
+template <typename T>
+void MoeGatherChunked(const T* x, int d, const int* row_token, const int64_t* table, int chunks,
+                      int rows, T* chunked, cudaStream_t stream) {
+  const long n = static_cast<long>(chunks) * rows;
+  if (n <= 0) return;
+  GatherChunkedKernel<<<n, RowThreads(d), 0, stream>>>(x, d, row_token, table, chunks, rows,
+                                                       chunked);
+  CheckLaunch("MoeGatherChunked");
+}
+
+template <typename T>
+void MoeChunkRowsOf(const T* compact, const int64_t* table, int chunks, int rows, int d, T* chunked,
+                    cudaStream_t stream) {
+  MoeGatherChunked<T>(compact, d, nullptr, table, chunks, rows, chunked, stream);
+}
+
+template <typename T>
+void MoeUnchunkRows(const T* chunked, const int64_t* table, int chunks, int rows, int d, T* compact,
+                    cudaStream_t stream) {
+  const long n = static_cast<long>(chunks) * rows;
+  if (n <= 0) return;
+  UnchunkKernel<<<n, RowThreads(d), 0, stream>>>(chunked, table, chunks, rows, d, compact);
+  CheckLaunch("MoeUnchunkRows");
+}
+
 namespace {
 template <typename T, typename TE>
 void LaunchGatherBackward(const TE* dxe, const int* slot_row, int n, int k, int d, T* dx,
@@ -408,6 +464,16 @@ template void MoeRouteBackward<float>(const float*, const int*, const float*, co
                                       int, int, bool, double, double, float*, cudaStream_t);
 template void MoeGather<float>(const float*, int, const int*, int64_t, float*, cudaStream_t);
 template void MoeGather<bf16>(const bf16*, int, const int*, int64_t, bf16*, cudaStream_t);
+template void MoeGatherChunked<float>(const float*, int, const int*, const int64_t*, int, int,
+                                      float*, cudaStream_t);
+template void MoeGatherChunked<bf16>(const bf16*, int, const int*, const int64_t*, int, int, bf16*,
+                                     cudaStream_t);
+template void MoeChunkRowsOf<float>(const float*, const int64_t*, int, int, int, float*,
+                                    cudaStream_t);
+template void MoeChunkRowsOf<bf16>(const bf16*, const int64_t*, int, int, int, bf16*, cudaStream_t);
+template void MoeUnchunkRows<float>(const float*, const int64_t*, int, int, int, float*,
+                                    cudaStream_t);
+template void MoeUnchunkRows<bf16>(const bf16*, const int64_t*, int, int, int, bf16*, cudaStream_t);
 template void MoeGatherBackward<float>(const float*, const int*, int, int, int, float*, bool,
                                        cudaStream_t);
 template void MoeCombine<float>(const float*, const int*, const float*, int, int, int, float*, bool,
@@ -517,6 +583,131 @@ void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, i
   GemmGrouped(false, false, 1.0f, 1.0f, gdx3, stream);
   GemmGrouped(true, false, 1.0f, 0.0f, gdw1, stream);
   GemmGrouped(true, false, 1.0f, 0.0f, gdw3, stream);
+}
+
+int MoeChunkRows(int64_t nk, int experts) {
+  const int64_t quarter = nk / (4 * static_cast<int64_t>(std::max(experts, 1))) / 8 * 8;
+  return static_cast<int>(std::max<int64_t>(8, quarter));
+}
+
+int64_t MoeChunkedRows(int64_t nk, int experts) {
+  return nk + static_cast<int64_t>(experts) * MoeChunkRows(nk, experts);
+}
+
+MoeChunks PlanMoeChunks(const int64_t* host_offsets, int experts, int rows) {
+  MoeChunks ch;
+  ch.rows = rows;
+  std::vector<int64_t> first, end;
+  for (int e = 0; e < experts; ++e) {
+    int round = 0;
+    for (int64_t r = host_offsets[e]; r < host_offsets[e + 1]; r += rows, ++round) {
+      ch.expert.push_back(e);
+      ch.round.push_back(round);
+      first.push_back(r);
+      end.push_back(host_offsets[e + 1]);
+    }
+    ch.rounds = std::max(ch.rounds, round);
+  }
+  ch.table = first;
+  ch.table.insert(ch.table.end(), end.begin(), end.end());
+  return ch;
+}
+
+namespace {
+// Chunk b's block of a chunked buffer of `width` columns.
+template <typename T>
+std::vector<T*> ChunkBlocks(T* base, const MoeChunks& ch, int width) {
+  std::vector<T*> v(ch.count());
+  for (int b = 0; b < ch.count(); ++b) v[b] = base + static_cast<int64_t>(b) * ch.rows * width;
+  return v;
+}
+template <typename T>
+std::vector<const T*> Const(const std::vector<T*>& v) {
+  return std::vector<const T*>(v.begin(), v.end());
+}
+// Each chunk's expert's matrix of `size` elements.
+template <typename T>
+std::vector<T*> PerExpert(T* base, const MoeChunks& ch, int64_t size) {
+  std::vector<T*> v(ch.count());
+  for (int b = 0; b < ch.count(); ++b) v[b] = base + ch.expert[b] * size;
+  return v;
+}
+// dW_e = Σ over e's chunks of op(A_chunk)·B_chunk, in rounds: round r takes every expert's r-th
+// chunk (beta 0 in round 0, then 1), so each sum runs in chunk order whatever the batch.
+void WeightGradRounds(const MoeChunks& ch, int m, int n, const std::vector<const bf16*>& a, int lda,
+                      const std::vector<const bf16*>& b, int ldb, float* dw, int64_t size,
+                      cudaStream_t stream) {
+  for (int r = 0; r < ch.rounds; ++r) {
+    std::vector<const bf16*> ra, rb;
+    std::vector<float*> rc;
+    for (int i = 0; i < ch.count(); ++i) {
+      if (ch.round[i] != r) continue;
+      ra.push_back(a[i]), rb.push_back(b[i]), rc.push_back(dw + ch.expert[i] * size);
+    }
+    GemmPointerBatched<bf16, float>(true, false, m, n, ch.rows, 1.0f, ra, lda, rb, ldb,
+                                    r > 0 ? 1.0f : 0.0f, rc, n, stream);
+  }
+}
+}  // namespace
+
+void MoeExpertsForwardChunked(const bf16* xc, const MoeChunks& ch, int d, int hidden,
+                              const bf16* w1, const bf16* w3, const bf16* w2, bf16* h1, bf16* h3,
+                              bf16* act, bf16* yc, cudaStream_t stream) {
+  if (ch.count() == 0) return;
+  const int64_t w = static_cast<int64_t>(hidden) * d;
+  const int R = ch.rows;
+  const auto x = Const(ChunkBlocks(const_cast<bf16*>(xc), ch, d));
+  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d,
+                                 Const(PerExpert(const_cast<bf16*>(w1), ch, w)), d, 0.0f,
+                                 ChunkBlocks(h1, ch, hidden), hidden, stream);
+  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d,
+                                 Const(PerExpert(const_cast<bf16*>(w3), ch, w)), d, 0.0f,
+                                 ChunkBlocks(h3, ch, hidden), hidden, stream);
+  SwigluActivation(h1, h3, static_cast<size_t>(ch.count()) * R * hidden, act, stream);
+  GemmPointerBatched<bf16, bf16>(false, true, R, d, hidden, 1.0f,
+                                 Const(ChunkBlocks(act, ch, hidden)), hidden,
+                                 Const(PerExpert(const_cast<bf16*>(w2), ch, w)), hidden, 0.0f,
+                                 ChunkBlocks(yc, ch, d), d, stream);
+}
+
+void MoeExpertsBackwardChunked(const bf16* xc, const MoeChunks& ch, int experts, int d, int hidden,
+                               const bf16* w1, const bf16* w3, const bf16* w2, const bf16* h1,
+                               const bf16* h3, const bf16* act, const bf16* dyc, bf16* dxc,
+                               float* dw1, float* dw3, float* dw2, bf16* scratch,
+                               cudaStream_t stream) {
+  const int64_t w = static_cast<int64_t>(hidden) * d;
+  // An expert without rows has no chunk: its gradients are zero.
+  std::vector<bool> has(experts, false);
+  for (int e : ch.expert) has[e] = true;
+  for (int e = 0; e < experts; ++e) {
+    if (has[e]) continue;
+    for (float* g : {dw1, dw3, dw2}) {
+      MOELAB_CUDA_CHECK(cudaMemsetAsync(g + e * w, 0, sizeof(float) * w, stream));
+    }
+  }
+  if (ch.count() == 0) return;
+  const int R = ch.rows;
+  bf16* dact = scratch;  // [B·R, H], becomes dh1
+  bf16* dh3 = scratch + static_cast<int64_t>(ch.count()) * R * hidden;
+  const auto dy = Const(ChunkBlocks(const_cast<bf16*>(dyc), ch, d));
+  GemmPointerBatched<bf16, bf16>(false, false, R, hidden, d, 1.0f, dy, d,
+                                 Const(PerExpert(const_cast<bf16*>(w2), ch, w)), hidden, 0.0f,
+                                 ChunkBlocks(dact, ch, hidden), hidden, stream);
+  WeightGradRounds(ch, d, hidden, dy, d, Const(ChunkBlocks(const_cast<bf16*>(act), ch, hidden)),
+                   hidden, dw2, w, stream);
+  SwigluActivationBackward(h1, h3, dact, static_cast<size_t>(ch.count()) * R * hidden, dact, dh3,
+                           stream);
+  GemmPointerBatched<bf16, bf16>(
+      false, false, R, d, hidden, 1.0f, Const(ChunkBlocks(dact, ch, hidden)), hidden,
+      Const(PerExpert(const_cast<bf16*>(w1), ch, w)), d, 0.0f, ChunkBlocks(dxc, ch, d), d, stream);
+  GemmPointerBatched<bf16, bf16>(
+      false, false, R, d, hidden, 1.0f, Const(ChunkBlocks(dh3, ch, hidden)), hidden,
+      Const(PerExpert(const_cast<bf16*>(w3), ch, w)), d, 1.0f, ChunkBlocks(dxc, ch, d), d, stream);
+  const auto x = Const(ChunkBlocks(const_cast<bf16*>(xc), ch, d));
+  WeightGradRounds(ch, hidden, d, Const(ChunkBlocks(dact, ch, hidden)), hidden, x, d, dw1, w,
+                   stream);
+  WeightGradRounds(ch, hidden, d, Const(ChunkBlocks(dh3, ch, hidden)), hidden, x, d, dw3, w,
+                   stream);
 }
 
 template void MoeExpertsForward<float>(const float*, const int64_t*, int, int, int, const float*,

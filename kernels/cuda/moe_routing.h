@@ -46,6 +46,21 @@ void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offset
 void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
                      cudaStream_t stream = nullptr);
 
+// The chunked expert layout (MoeChunks, moe_experts.h): table [2B] on the device (each chunk's
+// first compact row, then its expert's end row). MoeGatherChunked: chunked row b·rows + j gets
+// x[row_token[table[b] + j]] for the chunk's real rows, zeros for its padding. MoeChunkRowsOf:
+// the same from compact expert rows (no token indirection). MoeUnchunkRows: the real rows back to
+// the compact layout. T = float or bf16.
+template <typename T>
+void MoeGatherChunked(const T* x, int d, const int* row_token, const int64_t* table, int chunks,
+                      int rows, T* chunked, cudaStream_t stream = nullptr);
+template <typename T>
+void MoeChunkRowsOf(const T* compact, const int64_t* table, int chunks, int rows, int d, T* chunked,
+                    cudaStream_t stream = nullptr);
+template <typename T>
+void MoeUnchunkRows(const T* chunked, const int64_t* table, int chunks, int rows, int d, T* compact,
+                    cudaStream_t stream = nullptr);
+
 // T = float, or bf16 (a copy: bf16 mode gathers the bf16 cast of x).
 template <typename T>
 void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe,

@@ -3,9 +3,10 @@
 // multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
 // strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
 // reproducible; and a micro-benchmark of both implementations (mma, wmma) against the reference
-// path. The shapes run the default implementation (MOELAB_FLASH_KERNEL unset: mma where it covers
-// the shape), one also the wmma one. The same kernels also run on the CPU emulation
-// (flash_emulation_test.cc, flash_forward_mma_emulation_test.cc).
+// path. The shapes run the implementation MOELAB_FLASH_KERNEL selects (the GPU check runs the
+// binary without it, wmma, and again with mma), one always the wmma one (the mma kernels'
+// fallback). The same kernels also run on the CPU emulation (flash_emulation_test.cc,
+// flash_forward_mma_emulation_test.cc, flash_backward_mma_emulation_test.cc).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -243,6 +244,113 @@ TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
   ExpectNear(fdxe.Download(), dxe, 5e-2, 3e-2, "bf16 dxe");
   ExpectNear(gdw1.Download(), dw1, 5e-2, 3e-2, "bf16 dw1");
   ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "bf16 dw2");
+}
+
+// The chunked layout's plan (host only): chunks of 8 rows over counts 13, 0, 27, 7.
+TEST(CudaMoeChunks, PlanCutsEachExpertInOrderAndBoundsThePadding) {
+  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};
+  const MoeChunks ch = PlanMoeChunks(offsets.data(), 4, 8);
+  EXPECT_EQ(ch.rows, 8);
+  EXPECT_EQ(ch.expert, (std::vector<int>{0, 0, 2, 2, 2, 2, 3}));
+  EXPECT_EQ(ch.round, (std::vector<int>{0, 1, 0, 1, 2, 3, 0}));
+  EXPECT_EQ(ch.rounds, 4);
+  EXPECT_EQ(ch.table, (std::vector<int64_t>{0, 8, 13, 21, 29, 37, 40,       // first rows
+                                            13, 13, 40, 40, 40, 40, 47}));  // their experts' ends
+  EXPECT_EQ(MoeChunkRows(131072, 64), 512);  // gpu-moe: a quarter of the mean load
+  EXPECT_EQ(MoeChunkRows(100, 64), 8);       // never below 8
+  for (int64_t nk : {1, 100, 1000, 131072}) {
+    for (int E : {1, 4, 64}) {
+      std::vector<int64_t> skew(E + 1, 0);  // every row on the last expert, plus one each
+      for (int e = 0; e < E; ++e) skew[e + 1] = skew[e] + (e + 1 == E ? nk : 1);
+      const MoeChunks c = PlanMoeChunks(skew.data(), E, MoeChunkRows(skew[E], E));
+      EXPECT_LE(int64_t(c.count()) * c.rows, MoeChunkedRows(skew[E], E)) << nk << " " << E;
+    }
+  }
+}
+
+// The chunked layout (batched experts, bf16 mode's default) against the CPU experts, as the
+// grouped bf16 path above is checked, with an empty expert whose stale gradients must become 0;
+// and the layout kernels exact: gathering chunked = chunking the compact gather, zeros in the
+// padding, unchunk(chunk) = identity.
+TEST(CudaMoeExperts, ChunkedLayoutMatchesCpuIncludingAnEmptyExpert) {
+  MOELAB_REQUIRE_GPU();
+  const int E = 4, d = 32, hidden = 48, n = 30;
+  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};  // expert 1 has no rows
+  const int64_t rows = offsets.back();
+  const size_t ws = size_t(hidden) * d, rh = size_t(rows) * hidden;
+  const auto xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
+             w3 = Random(E * ws, 13, -0.3f, 0.3f), w2 = Random(E * ws, 14, -0.3f, 0.3f),
+             dye = Random(size_t(rows) * d, 15);
+  std::vector<float> h1(rh), h3(rh), act(rh), ye(size_t(rows) * d), dxe(ye.size()), dw1(E * ws),
+      dw3(E * ws), dw2(E * ws), scratch(2 * rh);
+  cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                         h1.data(), h3.data(), act.data(), ye.data(),
+                         cpu::MoeExpertSchedule::kBlasParallel);
+  cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                          h1.data(), h3.data(), act.data(), dye.data(), dxe.data(), dw1.data(),
+                          dw3.data(), dw2.data(), scratch.data(),
+                          cpu::MoeExpertSchedule::kBlasParallel);
+  for (int chunk : {8, 16}) {
+    SCOPED_TRACE(chunk);
+    const MoeChunks ch = PlanMoeChunks(offsets.data(), E, chunk);
+    const size_t cr = size_t(ch.count()) * ch.rows;
+    auto table = ToDevice(ch.table);
+    // Layout kernels: the token rows of xe come from a token matrix through row_token.
+    std::vector<int> row_token(rows);
+    for (int64_t r = 0; r < rows; ++r) row_token[r] = static_cast<int>((r * 7) % n);
+    const auto x = ToBf16(Random(size_t(n) * d, 16));
+    auto gx = ToDevice(x);
+    auto grow = ToDevice(row_token);
+    DeviceBuffer<bf16> compact(size_t(rows) * d), chunked(cr * d), direct(cr * d),
+        back(size_t(rows) * d);
+    MoeGather(gx.data(), d, grow.data(), rows, compact.data());
+    MoeChunkRowsOf(compact.data(), table.data(), ch.count(), ch.rows, d, chunked.data());
+    MoeGatherChunked(gx.data(), d, grow.data(), table.data(), ch.count(), ch.rows, direct.data());
+    MoeUnchunkRows(chunked.data(), table.data(), ch.count(), ch.rows, d, back.data());
+    const auto chunked_host = chunked.Download(), direct_host = direct.Download();
+    ASSERT_EQ(std::memcmp(chunked_host.data(), direct_host.data(), 2 * cr * d), 0);
+    const auto compact_host = compact.Download(), back_host = back.Download();
+    ASSERT_EQ(std::memcmp(compact_host.data(), back_host.data(), 2 * back_host.size()), 0);
+    for (int b = 0; b < ch.count(); ++b) {
+      for (int j = 0; j < ch.rows; ++j) {
+        const int64_t r = ch.table[b] + j;
+        const bool real = r < ch.table[ch.count() + b];
+        for (int c = 0; c < d; c += 5) {
+          const float v = __bfloat162float(chunked_host[(size_t(b) * ch.rows + j) * d + c]);
+          const float want = real ? __bfloat162float(x[size_t(row_token[r]) * d + c]) : 0.0f;
+          ASSERT_EQ(v, want) << "chunk " << b << " row " << j;
+        }
+      }
+    }
+    // The experts over the chunked layout.
+    auto bxe = ToDevice(ToBf16(xe)), bw1 = ToDevice(ToBf16(w1)), bw3 = ToDevice(ToBf16(w3)),
+         bw2 = ToDevice(ToBf16(w2)), bdye = ToDevice(ToBf16(dye));
+    DeviceBuffer<bf16> xc(cr * d), yc(cr * d), ch1(cr * hidden), ch3(cr * hidden),
+        cact(cr * hidden), cscratch(2 * cr * hidden), bye(size_t(rows) * d), bdxe(size_t(rows) * d);
+    DeviceBuffer<float> gdw1(E * ws), gdw3(E * ws), gdw2(E * ws);
+    Fill(gdw1.data(), E * ws, 7.0f);  // stale values: the empty expert's gradient must become 0
+    Fill(gdw3.data(), E * ws, 7.0f);
+    Fill(gdw2.data(), E * ws, 7.0f);
+    MoeChunkRowsOf(bxe.data(), table.data(), ch.count(), ch.rows, d, xc.data());
+    MoeExpertsForwardChunked(xc.data(), ch, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                             ch1.data(), ch3.data(), cact.data(), yc.data());
+    MoeUnchunkRows(yc.data(), table.data(), ch.count(), ch.rows, d, bye.data());
+    MoeChunkRowsOf(bdye.data(), table.data(), ch.count(), ch.rows, d, yc.data());
+    MoeExpertsBackwardChunked(xc.data(), ch, E, d, hidden, bw1.data(), bw3.data(), bw2.data(),
+                              ch1.data(), ch3.data(), cact.data(), yc.data(), yc.data(),
+                              gdw1.data(), gdw3.data(), gdw2.data(), cscratch.data());
+    MoeUnchunkRows(yc.data(), table.data(), ch.count(), ch.rows, d, bdxe.data());
+    DeviceBuffer<float> fye(ye.size()), fdxe(dxe.size());
+    CastToFloat(bye.data(), fye.data(), ye.size());
+    CastToFloat(bdxe.data(), fdxe.data(), dxe.size());
+    ExpectNear(fye.Download(), ye, 5e-2, 3e-2, "chunked ye");
+    ExpectNear(fdxe.Download(), dxe, 5e-2, 3e-2, "chunked dxe");
+    ExpectNear(gdw1.Download(), dw1, 5e-2, 3e-2, "chunked dw1");
+    ExpectNear(gdw3.Download(), dw3, 5e-2, 3e-2, "chunked dw3");
+    ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "chunked dw2");
+    const auto empty = gdw2.Download();
+    for (size_t i = ws; i < 2 * ws; ++i) ASSERT_EQ(empty[i], 0.0f) << "empty expert's dw2 " << i;
+  }
 }
 
 }  // namespace
