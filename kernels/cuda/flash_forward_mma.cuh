@@ -24,9 +24,9 @@
 //     template variants of the elementwise step that need them.
 //   - end: O / l written from registers, LSE per row, the warp's raw max by the atomic max on the
 //     float's bits.
-// Registers (nvcc 13, -Xptxas -v, sm_90, bf16 inputs): 255 at 64/64, 48/32, 32/32 (kM = 2) and
-// 254 at 128/128, 192/128 (kM = 1): 2 blocks (8 warps) an SM; 168 at 16/16 and 96/64: 3 blocks.
-// fp32 inputs the same or fewer. No spills (sm_80: 8 bytes at bf16 16/16).
+// Registers (nvcc 13, -Xptxas -v, sm_90, bf16 inputs): kM = 2: 255 at 64/64, 48/32, 32/32 and
+// 168 at 16/16; kM = 1: 254 at 128/128, 192/128 and 168 at 96/64. 255 or 254: 2 blocks (8 warps)
+// an SM; 168: 3 blocks. fp32 inputs the same or fewer. No spills (sm_80: 8 bytes at bf16 16/16).
 #pragma once
 
 #include <cuda_bf16.h>
