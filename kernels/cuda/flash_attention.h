@@ -7,7 +7,9 @@
 // Forward: one block per (batch·head, 64-query tile); each of its 4 warps owns 16 query rows and
 // walks the 64-key tiles up to the diagonal only (causal tile skipping), with an fp32 online
 // softmax. Scores and P·V run on nvcuda::wmma 16×16×16 bf16 fragments with fp32 accumulation;
-// fp32 inputs are rounded to bf16 as the tiles are loaded into shared memory.
+// fp32 inputs are rounded to bf16 as the tiles are loaded into shared memory. A second
+// implementation of forward and backward keeps every elementwise step in registers on mma.sync
+// fragments (flash_forward_mma.cuh, flash_backward_mma.cuh; FlashKernelInUse below).
 //
 // Backward (deterministic, no float atomics): D = rowsum(dO ∘ O) first; then one kernel per
 // 64-key tile of a kv head computes dK and dV, looping over the query heads of its group in head
