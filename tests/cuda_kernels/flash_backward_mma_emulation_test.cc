@@ -29,14 +29,7 @@ namespace {
 using testing::FlashCase;
 using testing::FlashReference;
 
-template <typename T>
-T FromFloat(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16(x);
-  }
-}
+using testing::FromFloat;
 
 // FlashAttentionBackward's launch sequence on the emulation (D, then dK/dV, then dQ), with the
 // mma kernels or (wmma = true) the wmma ones. Returns dx in the input layout; untouched

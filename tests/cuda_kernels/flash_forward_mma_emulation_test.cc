@@ -28,16 +28,8 @@ using testing::ExpectNear;
 using testing::FlashCase;
 using testing::FlashReference;
 
-float ToFloat(float x) { return x; }
-float ToFloat(bf16 x) { return __bfloat162float(x); }
-template <typename T>
-T FromFloat(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16(x);
-  }
-}
+using testing::FromFloat;
+using testing::ToFloat;
 
 struct Forward {
   std::vector<float> out, lse, pmax;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -128,5 +129,17 @@ struct FlashReference {
   std::vector<float> x, dout;              // inputs (bf16-representable)
   std::vector<double> out, lse, pmax, dx;  // reference results
 };
+
+// Element conversions for the emulation tests' host-side buffers (float or bf16 inputs).
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(bf16 x) { return __bfloat162float(x); }
+template <typename T>
+T FromFloat(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return __float2bfloat16(x);
+  }
+}
 
 }  // namespace moelab::cuda::testing
