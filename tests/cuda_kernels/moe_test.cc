@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/moe_experts.h"
@@ -190,25 +191,37 @@ TEST(CudaMoeDispatch, Bf16ExpertRowsMatchFp32Kernels) {
   EXPECT_EQ(ToFloat(bye.Download()), want);
 }
 
+// The experts' CPU reference on four experts of uneven loads, expert 1 without rows.
+struct ExpertsCase {
+  static constexpr int E = 4, d = 32, hidden = 48;
+  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};
+  const int64_t rows = offsets.back();
+  const size_t ws = size_t(hidden) * d, rh = size_t(rows) * hidden;
+  const std::vector<float> xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
+                           w3 = Random(E * ws, 13, -0.3f, 0.3f),
+                           w2 = Random(E * ws, 14, -0.3f, 0.3f), dye = Random(size_t(rows) * d, 15);
+  std::vector<float> h1 = std::vector<float>(rh), h3 = h1, act = h1,
+                     ye = std::vector<float>(size_t(rows) * d), dxe = ye,
+                     dw1 = std::vector<float>(E * ws, 7.0f), dw3 = dw1, dw2 = dw1;
+  ExpertsCase() {
+    std::vector<float> scratch(2 * rh);
+    cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
+                           h1.data(), h3.data(), act.data(), ye.data(),
+                           cpu::MoeExpertSchedule::kBlasParallel);
+    cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(),
+                            w2.data(), h1.data(), h3.data(), act.data(), dye.data(), dxe.data(),
+                            dw1.data(), dw3.data(), dw2.data(), scratch.data(),
+                            cpu::MoeExpertSchedule::kBlasParallel);
+  }
+};
+
 TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
   MOELAB_REQUIRE_GPU();
-  const int E = 4, d = 32, hidden = 48;
-  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};  // expert 1 has no rows
-  const int64_t rows = offsets.back();
-  const size_t ws = size_t(hidden) * d;
-  const auto xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
-             w3 = Random(E * ws, 13, -0.3f, 0.3f), w2 = Random(E * ws, 14, -0.3f, 0.3f),
-             dye = Random(size_t(rows) * d, 15);
-  const size_t rh = size_t(rows) * hidden;
-  std::vector<float> h1(rh), h3(rh), act(rh), ye(size_t(rows) * d), dxe(ye.size()),
-      dw1(E * ws, 7.0f), dw3(E * ws, 7.0f), dw2(E * ws, 7.0f), scratch(2 * rh);
-  cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
-                         h1.data(), h3.data(), act.data(), ye.data(),
-                         cpu::MoeExpertSchedule::kBlasParallel);
-  cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
-                          h1.data(), h3.data(), act.data(), dye.data(), dxe.data(), dw1.data(),
-                          dw3.data(), dw2.data(), scratch.data(),
-                          cpu::MoeExpertSchedule::kBlasParallel);
+  const ExpertsCase cs;
+  const int E = cs.E, d = cs.d, hidden = cs.hidden;
+  const auto& [offsets, rows, ws, rh] = std::tie(cs.offsets, cs.rows, cs.ws, cs.rh);
+  const auto &xe = cs.xe, &w1 = cs.w1, &w3 = cs.w3, &w2 = cs.w2, &dye = cs.dye;
+  const auto &ye = cs.ye, &dxe = cs.dxe, &dw1 = cs.dw1, &dw3 = cs.dw3, &dw2 = cs.dw2;
   auto gxe = ToDevice(xe), gw1 = ToDevice(w1), gw3 = ToDevice(w3), gw2 = ToDevice(w2),
        gdye = ToDevice(dye);
   DeviceBuffer<float> gh1(rh), gh3(rh), gact(rh), gye(ye.size()), gdxe(dxe.size()), gdw1(E * ws),
@@ -274,22 +287,11 @@ TEST(CudaMoeChunks, PlanCutsEachExpertInOrderAndBoundsThePadding) {
 // padding, unchunk(chunk) = identity.
 TEST(CudaMoeExperts, ChunkedLayoutMatchesCpuIncludingAnEmptyExpert) {
   MOELAB_REQUIRE_GPU();
-  const int E = 4, d = 32, hidden = 48, n = 30;
-  const std::vector<int64_t> offsets = {0, 13, 13, 40, 47};  // expert 1 has no rows
-  const int64_t rows = offsets.back();
-  const size_t ws = size_t(hidden) * d, rh = size_t(rows) * hidden;
-  const auto xe = Random(size_t(rows) * d, 11), w1 = Random(E * ws, 12, -0.3f, 0.3f),
-             w3 = Random(E * ws, 13, -0.3f, 0.3f), w2 = Random(E * ws, 14, -0.3f, 0.3f),
-             dye = Random(size_t(rows) * d, 15);
-  std::vector<float> h1(rh), h3(rh), act(rh), ye(size_t(rows) * d), dxe(ye.size()), dw1(E * ws),
-      dw3(E * ws), dw2(E * ws), scratch(2 * rh);
-  cpu::MoeExpertsForward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
-                         h1.data(), h3.data(), act.data(), ye.data(),
-                         cpu::MoeExpertSchedule::kBlasParallel);
-  cpu::MoeExpertsBackward(xe.data(), offsets.data(), E, d, hidden, w1.data(), w3.data(), w2.data(),
-                          h1.data(), h3.data(), act.data(), dye.data(), dxe.data(), dw1.data(),
-                          dw3.data(), dw2.data(), scratch.data(),
-                          cpu::MoeExpertSchedule::kBlasParallel);
+  const ExpertsCase cs;
+  const int E = cs.E, d = cs.d, hidden = cs.hidden, n = 30;
+  const auto& [offsets, rows, ws] = std::tie(cs.offsets, cs.rows, cs.ws);
+  const auto &xe = cs.xe, &w1 = cs.w1, &w3 = cs.w3, &w2 = cs.w2, &dye = cs.dye;
+  const auto &ye = cs.ye, &dxe = cs.dxe, &dw1 = cs.dw1, &dw3 = cs.dw3, &dw2 = cs.dw2;
   for (int chunk : {8, 16}) {
     SCOPED_TRACE(chunk);
     const MoeChunks ch = PlanMoeChunks(offsets.data(), E, chunk);
