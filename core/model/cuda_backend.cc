@@ -559,6 +559,15 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
+  // The environment's switches between GPU implementations (MOELAB_ATTENTION,
+  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS; docs/cuda.md): a bad value stops the run here.
+  try {
+    ChooseFlash(c);
+    cuda::FlashKernelInUse();
+    cudamodel::ChunkedExpertsWanted();
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("train.device", e.what());
+  }
   std::string why;
   if (world > 1 && !NcclCommunicator::Available(&why)) {
     throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);

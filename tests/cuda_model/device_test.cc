@@ -198,6 +198,30 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 // or micro-batches; ZeRO-1 and plain data parallelism pass; a CPU config is never refused.
 // Expert parallelism, ZeRO-1 and every balance mode run on CUDA (issue 22): what is left to
 // refuse is an odd d_model with bf16 expert parallelism (rows travel as 4-byte words).
+// A bad value of an implementation switch in the environment stops the run before anything runs,
+// naming the variable (no GPU needed).
+TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
+  RunConfig c;
+  c.train.device = "cuda";
+  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS"}) {
+    SCOPED_TRACE(var);
+    setenv(var, "sideways", 1);
+    try {
+      RequireCudaSupports(c, 1, 1);
+      ADD_FAILURE() << "accepted " << var << "=sideways";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.path(), "train.device");
+      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+    }
+    unsetenv(var);
+  }
+  setenv("MOELAB_FLASH_KERNEL", "mma", 1);
+  setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  unsetenv("MOELAB_FLASH_KERNEL");
+  unsetenv("MOELAB_MOE_EXPERTS");
+}
+
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   RunConfig c;
   c.train.device = "cuda";
