@@ -38,8 +38,8 @@ size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
   if (bf16) {
-    const size_t padded = MoePaddedRows(nk, e.experts_total);  // the SwiGLU scratch's rows
-    const size_t yp = ChunkedExpertsWanted() ? padded * d : 0;
+    const size_t padded = MoePaddedRows(nk, e.experts_total);   // the SwiGLU scratch's rows
+    const size_t yp = ChunkedExpertsWanted() ? padded * d : 0;  // yp16: chunks only
     return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + yp);
   }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
@@ -53,8 +53,9 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   dgates.Resize(nk);
   if (bf16) {
     dxe16.Resize(nk * d);
-    scratch16.Resize(std::max(MoePaddedRows(nk, e.experts_total), nn) * 2 * H);
-    yp16.Resize(ChunkedExpertsWanted() ? MoePaddedRows(nk, e.experts_total) * d : 0);
+    const size_t padded = MoePaddedRows(nk, e.experts_total);
+    scratch16.Resize(std::max(padded, nn) * 2 * H);
+    yp16.Resize(ChunkedExpertsWanted() ? padded * d : 0);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -236,8 +237,6 @@ double DeviceMoe::AuxCoef(int n) const {
   if (!shape_.aux_loss) return 0.0;
   return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
 }
-
-namespace {}  // namespace
 
 bool DeviceMoe::UseChunks() const {
   // ExpertGroup() also refuses a shard of the experts held without an EP group.

@@ -614,16 +614,12 @@ MoeChunks PlanMoeChunks(const int64_t* host_offsets, int experts, int rows) {
 }
 
 namespace {
-// Chunk b's block of a chunked buffer of `width` columns.
+// Chunk b's block of a chunked buffer of `width` columns (T = const bf16 for an operand).
 template <typename T>
 std::vector<T*> ChunkBlocks(T* base, const MoeChunks& ch, int width) {
   std::vector<T*> v(ch.count());
   for (int b = 0; b < ch.count(); ++b) v[b] = base + static_cast<int64_t>(b) * ch.rows * width;
   return v;
-}
-template <typename T>
-std::vector<const T*> Const(const std::vector<T*>& v) {
-  return std::vector<const T*>(v.begin(), v.end());
 }
 // Each chunk's expert's matrix of `size` elements.
 template <typename T>
@@ -656,18 +652,15 @@ void MoeExpertsForwardChunked(const bf16* xc, const MoeChunks& ch, int d, int hi
   if (ch.count() == 0) return;
   const int64_t w = static_cast<int64_t>(hidden) * d;
   const int R = ch.rows;
-  const auto x = Const(ChunkBlocks(const_cast<bf16*>(xc), ch, d));
-  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d,
-                                 Const(PerExpert(const_cast<bf16*>(w1), ch, w)), d, 0.0f,
-                                 ChunkBlocks(h1, ch, hidden), hidden, stream);
-  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d,
-                                 Const(PerExpert(const_cast<bf16*>(w3), ch, w)), d, 0.0f,
-                                 ChunkBlocks(h3, ch, hidden), hidden, stream);
+  const auto x = ChunkBlocks(xc, ch, d);
+  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d, PerExpert(w1, ch, w), d,
+                                 0.0f, ChunkBlocks(h1, ch, hidden), hidden, stream);
+  GemmPointerBatched<bf16, bf16>(false, true, R, hidden, d, 1.0f, x, d, PerExpert(w3, ch, w), d,
+                                 0.0f, ChunkBlocks(h3, ch, hidden), hidden, stream);
   SwigluActivation(h1, h3, static_cast<size_t>(ch.count()) * R * hidden, act, stream);
-  GemmPointerBatched<bf16, bf16>(false, true, R, d, hidden, 1.0f,
-                                 Const(ChunkBlocks(act, ch, hidden)), hidden,
-                                 Const(PerExpert(const_cast<bf16*>(w2), ch, w)), hidden, 0.0f,
-                                 ChunkBlocks(yc, ch, d), d, stream);
+  GemmPointerBatched<bf16, bf16>(
+      false, true, R, d, hidden, 1.0f, ChunkBlocks<const bf16>(act, ch, hidden), hidden,
+      PerExpert(w2, ch, w), hidden, 0.0f, ChunkBlocks(yc, ch, d), d, stream);
 }
 
 void MoeExpertsBackwardChunked(const bf16* xc, const MoeChunks& ch, int experts, int d, int hidden,
@@ -689,24 +682,22 @@ void MoeExpertsBackwardChunked(const bf16* xc, const MoeChunks& ch, int experts,
   const int R = ch.rows;
   bf16* dact = scratch;  // [B·R, H], becomes dh1
   bf16* dh3 = scratch + static_cast<int64_t>(ch.count()) * R * hidden;
-  const auto dy = Const(ChunkBlocks(const_cast<bf16*>(dyc), ch, d));
-  GemmPointerBatched<bf16, bf16>(false, false, R, hidden, d, 1.0f, dy, d,
-                                 Const(PerExpert(const_cast<bf16*>(w2), ch, w)), hidden, 0.0f,
-                                 ChunkBlocks(dact, ch, hidden), hidden, stream);
-  WeightGradRounds(ch, d, hidden, dy, d, Const(ChunkBlocks(const_cast<bf16*>(act), ch, hidden)),
-                   hidden, dw2, w, stream);
+  const auto dy = ChunkBlocks(dyc, ch, d);
+  GemmPointerBatched<bf16, bf16>(false, false, R, hidden, d, 1.0f, dy, d, PerExpert(w2, ch, w),
+                                 hidden, 0.0f, ChunkBlocks(dact, ch, hidden), hidden, stream);
+  WeightGradRounds(ch, d, hidden, dy, d, ChunkBlocks(act, ch, hidden), hidden, dw2, w, stream);
   SwigluActivationBackward(h1, h3, dact, static_cast<size_t>(ch.count()) * R * hidden, dact, dh3,
                            stream);
-  GemmPointerBatched<bf16, bf16>(
-      false, false, R, d, hidden, 1.0f, Const(ChunkBlocks(dact, ch, hidden)), hidden,
-      Const(PerExpert(const_cast<bf16*>(w1), ch, w)), d, 0.0f, ChunkBlocks(dxc, ch, d), d, stream);
-  GemmPointerBatched<bf16, bf16>(
-      false, false, R, d, hidden, 1.0f, Const(ChunkBlocks(dh3, ch, hidden)), hidden,
-      Const(PerExpert(const_cast<bf16*>(w3), ch, w)), d, 1.0f, ChunkBlocks(dxc, ch, d), d, stream);
-  const auto x = Const(ChunkBlocks(const_cast<bf16*>(xc), ch, d));
-  WeightGradRounds(ch, hidden, d, Const(ChunkBlocks(dact, ch, hidden)), hidden, x, d, dw1, w,
+  GemmPointerBatched<bf16, bf16>(false, false, R, d, hidden, 1.0f,
+                                 ChunkBlocks<const bf16>(dact, ch, hidden), hidden,
+                                 PerExpert(w1, ch, w), d, 0.0f, ChunkBlocks(dxc, ch, d), d, stream);
+  GemmPointerBatched<bf16, bf16>(false, false, R, d, hidden, 1.0f,
+                                 ChunkBlocks<const bf16>(dh3, ch, hidden), hidden,
+                                 PerExpert(w3, ch, w), d, 1.0f, ChunkBlocks(dxc, ch, d), d, stream);
+  const auto x = ChunkBlocks(xc, ch, d);
+  WeightGradRounds(ch, hidden, d, ChunkBlocks<const bf16>(dact, ch, hidden), hidden, x, d, dw1, w,
                    stream);
-  WeightGradRounds(ch, hidden, d, Const(ChunkBlocks(dh3, ch, hidden)), hidden, x, d, dw3, w,
+  WeightGradRounds(ch, hidden, d, ChunkBlocks<const bf16>(dh3, ch, hidden), hidden, x, d, dw3, w,
                    stream);
 }
 
