@@ -236,17 +236,18 @@ BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
 COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked@gpu-moe"
 OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked"
+read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
+read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"
+# compare_shape WORD: the bench shape of a MOELAB_GPU_COMPARE word VAR=value[@shape].
+compare_shape() { if [[ $1 == *@* ]]; then echo "${1##*@}"; else echo gpu-dense; fi; }
 {
   echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
   for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
-  read -ra opt <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
-  ((${#opt[@]})) && echo "  tests    every test binary again with ${opt[*]}"
+  ((${#OPT_IN[@]})) && echo "  tests    every test binary again with ${OPT_IN[*]}"
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
-  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
-    shape=gpu-dense
-    [[ $cmp == *@* ]] && shape=${cmp##*@}
-    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $shape ${BENCH_ARGS[*]}  (limit 75s)"
+  for cmp in "${COMPARE[@]}"; do
+    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)"
   done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
   echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
@@ -298,7 +299,6 @@ if want tests; then
   (cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
   # The opt-in GPU paths that have not yet run on a GPU (docs/cuda.md): every test binary once
   # more with them switched on. MOELAB_GPU_OPT_IN: VAR=value words ("" for none).
-  read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
   if ((${#OPT_IN[@]})); then
     for t in "${TESTS[@]}"; do
       name="test $(basename "$t") [${OPT_IN[*]}]"
@@ -336,9 +336,8 @@ if want bench; then
   # word of MOELAB_GPU_COMPARE is VAR=value[@shape] (shape default gpu-dense); default: the
   # opt-in paths not yet run on a GPU (the register-fragment attention on gpu-dense, the chunked
   # experts on gpu-moe) against the default runs above. MOELAB_GPU_COMPARE="" for none.
-  for cmp in ${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}; do
-    setting=${cmp%@*} shape=gpu-dense
-    [[ $cmp == *@* ]] && shape=${cmp##*@}
+  for cmp in "${COMPARE[@]}"; do
+    setting=${cmp%@*} shape=$(compare_shape "$cmp")
     name="bench $shape [$setting]"
     stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$setting" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
       --device cuda --only "$shape" "${BENCH_ARGS[@]}"
