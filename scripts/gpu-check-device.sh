@@ -10,7 +10,7 @@
 # Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
 # the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
 # binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
-# a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[@shape]); (4) the
+# a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[,VAR=value...][@shape]); (4) the
 # PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
 # process; (5) the peer under torch.compile. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
@@ -234,8 +234,13 @@ fi
 # ---- The plan ---------------------------------------------------------------------------------
 BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
-COMPARE_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked@gpu-moe"
-OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked"
+# Every opt-in path together on both shapes first (what making them the defaults would give),
+# then each alone on the shape it speeds up (which of them gives what).
+OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort"
+ALL=${OPT_IN_DEFAULT// /,}
+COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe MOELAB_FLASH_KERNEL=mma MOELAB_FFN=fused"
+COMPARE_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_MOE_EXPERTS=chunked@gpu-moe"
+COMPARE_DEFAULT+=" MOELAB_MOE_DISPATCH=sort@gpu-moe"
 read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
 read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"
 # compare_shape WORD: the bench shape of a MOELAB_GPU_COMPARE word VAR=value[@shape].
@@ -247,7 +252,7 @@ compare_shape() { if [[ $1 == *@* ]]; then echo "${1##*@}"; else echo gpu-dense;
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
   for cmp in "${COMPARE[@]}"; do
-    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)"
+    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)" | tr , ' '
   done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
   echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
@@ -332,15 +337,16 @@ if want bench; then
     record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
   done
-  # A shape again under another setting, for an in-model comparison in the same lease: each
-  # word of MOELAB_GPU_COMPARE is VAR=value[@shape] (shape default gpu-dense); default: the
-  # opt-in paths not yet run on a GPU (the register-fragment attention on gpu-dense, the chunked
-  # experts on gpu-moe) against the default runs above. MOELAB_GPU_COMPARE="" for none.
+  # A shape again under other settings, for an in-model comparison in the same lease: each
+  # word of MOELAB_GPU_COMPARE is VAR=value[,VAR=value...][@shape] (shape default gpu-dense);
+  # default: the opt-in paths not yet run on a GPU, all together, then each alone, against the
+  # default runs above. MOELAB_GPU_COMPARE="" for none.
   for cmp in "${COMPARE[@]}"; do
     setting=${cmp%@*} shape=$(compare_shape "$cmp")
-    name="bench $shape [$setting]"
-    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "$setting" "${LAUNCH[@]}" "$WORK/bin/moelab" bench \
-      --device cuda --only "$shape" "${BENCH_ARGS[@]}"
+    IFS=, read -ra settings <<<"$setting"
+    name="bench $shape [${settings[*]}]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "${settings[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" \
+      bench --device cuda --only "$shape" "${BENCH_ARGS[@]}"
     [ $STAGE_RC = 125 ] && continue
     row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
     record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \

@@ -128,7 +128,9 @@ class CudaMoe final : public MoeOp<float> {
 class CudaBackend final : public Backend<float> {
  public:
   explicit CudaBackend(const RunConfig& c)
-      : use_bf16_(c.train.effective_precision() == "bf16"), flash_(ChooseFlash(c)) {}
+      : use_bf16_(c.train.effective_precision() == "bf16"),
+        flash_(ChooseFlash(c)),
+        ffn_fused_(use_bf16_ && cuda::GatedFfnWanted()) {}
 
   std::string name() const override { return "cuda"; }
   bool is_host() const override { return false; }
@@ -217,6 +219,16 @@ class CudaBackend final : public Backend<float> {
       cuda::SwigluForward(x, n, d, hidden, w1, w3, w2, h1, h3, act, y);
       return;
     }
+    if (ffn_fused_) {
+      // bf16 intermediates in the model's fp32 slots: h13 [n, 2F] bf16 fills h1's, act [n, F]
+      // bf16 half of act's (only FfnBackward reads them); h3's slot stays unused.
+      ProfileScope ps(profiler_, "ffn");
+      bf16* xb = Cast(x, &xb_, static_cast<size_t>(n) * d);
+      cuda::GatedFfnForwardBf16(xb, n, d, hidden, Bf16Of(w1), Bf16Of(w3), Bf16Of(w2),
+                                reinterpret_cast<bf16*>(h1), reinterpret_cast<bf16*>(act), y,
+                                false);
+      return;
+    }
     Linear(x, w1, n, d, hidden, h1, false);
     Linear(x, w3, n, d, hidden, h3, false);
     cuda::SwigluActivation(h1, h3, static_cast<size_t>(n) * hidden, act);
@@ -230,6 +242,16 @@ class CudaBackend final : public Backend<float> {
       ProfileScope ps(profiler_, "ffn");
       cuda::SwigluBackward(x, n, d, hidden, w1, w3, w2, h1, h3, act, dy, dx, dw1, dw3, dw2,
                            scratch);
+      return;
+    }
+    if (ffn_fused_) {  // what FfnForward left in h1's and act's slots; dh13 in the scratch
+      ProfileScope ps(profiler_, "ffn");
+      bf16* xb = Cast(x, &xb_, static_cast<size_t>(n) * d);
+      bf16* dyb = Cast(dy, &dyb_, static_cast<size_t>(n) * d);
+      cuda::GatedFfnBackwardBf16(xb, dyb, n, d, hidden, Bf16Of(w1), Bf16Of(w3), Bf16Of(w2),
+                                 reinterpret_cast<const bf16*>(h1),
+                                 reinterpret_cast<const bf16*>(act),
+                                 reinterpret_cast<bf16*>(scratch), dx, false, dw1, dw3, dw2);
       return;
     }
     const size_t nf = static_cast<size_t>(n) * hidden;
@@ -409,7 +431,9 @@ class CudaBackend final : public Backend<float> {
     return buf->data();
   }
 
-  bool use_bf16_, flash_;
+  // ffn_fused_: the dense FFN on GatedFfn*Bf16 (MOELAB_FFN=fused, read once: FfnBackward must
+  // read what FfnForward wrote).
+  bool use_bf16_, flash_, ffn_fused_;
   const float* weights_ = nullptr;
   size_t num_weights_ = 0;
   Bf16WeightCopy weights_bf16_;
@@ -560,11 +584,13 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
   // The environment's switches between GPU implementations (MOELAB_ATTENTION,
-  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS; docs/cuda.md): a bad value stops the run here.
+  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS, MOELAB_FFN; docs/cuda.md): a bad value stops the run
+  // here.
   try {
     ChooseFlash(c);
     cuda::FlashKernelInUse();
     cudamodel::ChunkedExpertsWanted();
+    cuda::GatedFfnWanted();
   } catch (const std::invalid_argument& e) {
     throw ConfigError("train.device", e.what());
   }

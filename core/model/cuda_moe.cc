@@ -69,15 +69,15 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
 
 template <typename T>
 void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
-                              size_t padded) {
+                              size_t padded, bool paired_shared) {
   xe.Resize(std::max(nk, padded) * d);
   ye.Resize(nk * d);
   const size_t routed = routed_acts ? std::max(nk, padded) * hidden : 0;
   h1.Resize(routed);
   h3.Resize(routed);
   act.Resize(routed);
-  sh1.Resize(shared * n * hidden);
-  sh3.Resize(shared * n * hidden);
+  sh1.Resize((paired_shared ? 2 : 1) * shared * n * hidden);
+  sh3.Resize(paired_shared ? 0 : shared * n * hidden);
   sact.Resize(shared * n * hidden);
 }
 
@@ -98,6 +98,7 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
       first_(expert_first),
       count_(expert_count),
       exchange_(memory, e.experts_total),
+      gated_shared_(bf16 && cuda::GatedFfnWanted()),
       cfg_(e),
       tmp_(scratch) {
   if (shape_.top_k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
@@ -138,7 +139,7 @@ void DeviceMoe::Reserve(int rows) {
   const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
     b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts,
-                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0);
+                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0, gated_shared_);
   } else {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
@@ -329,6 +330,14 @@ void DeviceMoe::SharedForwardBf16(const MoeLayerParams& p, const bf16* xb, float
   const int n = n_, d = shape_.d, H = shape_.hidden;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   MoeExpertActs<bf16>& a = b16_;
+  if (gated_shared_) {  // h13 [n, 2H] per shared expert in sh1
+    for (int s = 0; s < shape_.shared; ++s) {
+      cuda::GatedFfnForwardBf16(xb, n, d, H, p.s1b + s * wsize, p.s3b + s * wsize,
+                                p.s2b + s * wsize, a.sh1.data() + 2 * s * snh,
+                                a.sact.data() + s * snh, y, s > 0);
+    }
+    return;
+  }
   for (int s = 0; s < shape_.shared; ++s) {
     bf16* h1 = a.sh1.data() + s * snh;
     bf16* h3 = a.sh3.data() + s * snh;
@@ -410,6 +419,15 @@ void DeviceMoe::SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads&
   const int n = n_, d = shape_.d, H = shape_.hidden;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   MoeExpertActs<bf16>& a = b16_;
+  if (gated_shared_) {  // dh13 [n, 2H] in the SwiGLU scratch (at least 2·n·H)
+    for (int s = 0; s < shape_.shared; ++s) {
+      const size_t w = s * wsize;
+      cuda::GatedFfnBackwardBf16(xb, dyb, n, d, H, p.s1b + w, p.s3b + w, p.s2b + w,
+                                 a.sh1.data() + 2 * s * snh, a.sact.data() + s * snh,
+                                 tmp_->scratch16.data(), dx, s > 0, g.s1 + w, g.s3 + w, g.s2 + w);
+    }
+    return;
+  }
   bf16* dact = tmp_->scratch16.data();  // [n,H], becomes dh1 in place
   bf16* dh3 = dact + snh;
   for (int s = 0; s < shape_.shared; ++s) {

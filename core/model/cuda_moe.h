@@ -59,12 +59,14 @@ struct MoeScratch {
 // Under expert parallelism the routed experts' h1, h3, act belong to the owned rows instead
 // (MoeOwnedRows), so routed_acts is false and they stay empty.
 // padded: rows for the chunked expert layout (MoePaddedRows; 0: none), which xe, h1, h3, act then
-// hold instead of the nk compact rows.
+// hold instead of the nk compact rows. paired_shared: the shared experts run on
+// cuda::GatedFfn*Bf16 (MOELAB_FFN=fused): sh1 holds h13 [n, 2H] per shared expert, sh3 nothing
+// (the same bytes).
 template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
   void Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
-              size_t padded = 0);
+              size_t padded = 0, bool paired_shared = false);
 };
 
 // MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
@@ -155,6 +157,7 @@ class DeviceMoe {
   bool ep_active_ = false;   // the last Forward exchanged rows
   bool chunked_ = false;     // the last Forward ran the chunked layout
   bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
+  bool gated_shared_;        // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
   cuda::MoeChunks chunks_;   // its plan (host), and its table on the device
   cuda::DeviceBuffer<int64_t> chunk_table_;
   MoeBatchStatsHook batch_hook_;

@@ -19,6 +19,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/rope_kernels.cuh"
 #include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/swiglu_kernels.cuh"
 
 namespace moelab::cuda {
 
@@ -287,34 +288,11 @@ template void RopeApplyQk<float>(const cpu::RopeSlice<float>&, const cpu::RopeSl
 
 // ---------------------------------------------------------------- SwiGLU activation
 
-namespace {
-__device__ __forceinline__ float SigmoidF(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-template <typename T>
-__global__ void SwigluActKernel(const T* h1, const T* h3, size_t count, T* act) {
-  MOELAB_GRID_STRIDE(i, count) {
-    const float a = detail::ToFloat(h1[i]);
-    act[i] = detail::FromFloat<T>(a * SigmoidF(a) * detail::ToFloat(h3[i]));
-  }
-}
-
-// dh3 = dact·silu(h1); dh1 = dact·h3·s·(1 + h1·(1 − s)). dh1 may alias dact.
-template <typename T>
-__global__ void SwigluActBackwardKernel(const T* h1, const T* h3, const T* dact, size_t count,
-                                        T* dh1, T* dh3) {
-  MOELAB_GRID_STRIDE(i, count) {
-    const float a = detail::ToFloat(h1[i]), g = detail::ToFloat(dact[i]);
-    const float s = SigmoidF(a);
-    dh3[i] = detail::FromFloat<T>(g * (a * s));
-    dh1[i] = detail::FromFloat<T>(g * detail::ToFloat(h3[i]) * (s * (1.0f + a * (1.0f - s))));
-  }
-}
-}  // namespace
-
 template <typename T>
 void SwigluActivation(const T* h1, const T* h3, size_t count, T* act, cudaStream_t stream) {
   if (!count) return;
-  SwigluActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, count, act);
+  const swiglu::RowsView v{1, static_cast<long>(count), 0, 0};
+  swiglu::ActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, v, act);
   CheckLaunch("SwigluActivation");
 }
 
@@ -322,9 +300,28 @@ template <typename T>
 void SwigluActivationBackward(const T* h1, const T* h3, const T* dact, size_t count, T* dh1, T* dh3,
                               cudaStream_t stream) {
   if (!count) return;
-  SwigluActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, dact, count,
-                                                                            dh1, dh3);
+  const swiglu::RowsView v{1, static_cast<long>(count), 0, 0};
+  swiglu::ActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, dact, v, dh1,
+                                                                              dh3);
   CheckLaunch("SwigluActivationBackward");
+}
+
+void SwigluActivationPaired(const bf16* h13, int rows, int hidden, bf16* act, cudaStream_t stream) {
+  const size_t count = static_cast<size_t>(rows) * hidden;
+  if (!count) return;
+  const swiglu::RowsView v{rows, hidden, 2L * hidden, hidden};
+  swiglu::ActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h13, h13 + hidden, v, act);
+  CheckLaunch("SwigluActivationPaired");
+}
+
+void SwigluActivationPairedBackward(const bf16* h13, int rows, int hidden, bf16* dh13,
+                                    cudaStream_t stream) {
+  const size_t count = static_cast<size_t>(rows) * hidden;
+  if (!count) return;
+  const swiglu::RowsView v{rows, hidden, 2L * hidden, 2L * hidden};
+  swiglu::ActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
+      h13, h13 + hidden, dh13, v, dh13, dh13 + hidden);
+  CheckLaunch("SwigluActivationPairedBackward");
 }
 
 template void SwigluActivation<float>(const float*, const float*, size_t, float*, cudaStream_t);

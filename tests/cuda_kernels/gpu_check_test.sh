@@ -100,7 +100,7 @@ case "$*" in
     [ -n "${FAKE_HANG:-}" ] && exec sleep 60
     echo "fake: out of memory"; exit 1 ;;
   *"--only gpu-dense "*) echo "cuBLAS bf16 GEMM 8192^3: 790.0 TFLOP/s"
-    echo "gpu-dense  272000000  272000000  400.0  20.0  78000  120.0  15.2%" ;;
+    echo "gpu-dense  272000000  272000000  400.0  20.0  78000  120.0  15.2% ${MOELAB_FLASH_KERNEL:-} ${MOELAB_FFN:-}" ;;
   *) echo "fake moelab: unexpected $*"; exit 9 ;;
 esac
 EOF
@@ -123,7 +123,7 @@ check "tests: no-GPU skip flagged" has "$S" "THE GPU WAS NOT USED"
 check "tests: log in OUT" has "$B/out/tests.log" "Fake.NeedsGpu"
 check "tests: xml tar in OUT" test -s "$B/out/tests-xml.tar"
 check "tests: again with the opt-in paths" has "$S" \
-  "test cuda_fake_test \\[MOELAB_FLASH_KERNEL=mma MOELAB_MOE_EXPERTS=chunked\\] .*4 run, 1 passed"
+  "test cuda_fake_test \\[MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort\\] .*4 run, 1 passed"
 check "bench: plan recorded" has "$S" "bench --plan .*ok.*gpu-dense runs at: micro-batch 8: 41.0 GiB"
 check "bench: row recorded" has "$S" "bench gpu-dense .*ok.*gpu-dense 272000000 .*15.2%.*790.0 TFLOP/s"
 check "bench: a hang times out" has "$S" "bench gpu-moe .*TIMEOUT"
@@ -145,6 +145,10 @@ check "bench: a failure shows its last words" has "$B/out2/summary.txt" \
   "bench gpu-moe .*FAIL(1).*no result row: fake: out of memory | GEMM 8192^3"
 check "bench: an unknown case shows its last words" has "$B/out2/summary.txt" \
   "bench gpu-dense-muonclip .*FAIL(9).*fake moelab: unexpected bench"
+check "compare: every setting of a word in the environment" has "$B/out2/summary.txt" \
+  "bench gpu-dense \\[MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused .*\\] .*ok.*15.2% mma fused"
+check "compare: one setting alone" has "$B/out2/summary.txt" \
+  "bench gpu-dense \\[MOELAB_FFN=fused\\] .*ok.*15.2% fused"
 check "peer: eager row" has "$B/out2/summary.txt" "peer eager .*ok.*gpu-dense eager 32 32 100.0"
 check "peer: compile row" has "$B/out2/summary.txt" "peer compile .*ok.*gpu-dense compile"
 check "alone: failed and unfinished tests rerun one per process" has "$B/out2/summary.txt" \

@@ -230,6 +230,69 @@ TEST(CudaSwiglu, ForwardBackwardMatchCpu) {
   ExpectNear(gdw2.Download(), dw2, 1e-5, 1e-4, "swiglu dw2");
 }
 
+// The bf16 mode's gated FFN (MOELAB_FFN=fused): one gate-and-up GEMM when W3 follows W1 (and
+// dW3 follows dW1), two otherwise; bf16 intermediates, fp32 y, dx and weight gradients, with the
+// accumulating forms. Against the fp32 CPU SwiGLU on bf16-representable inputs.
+TEST(CudaGatedFfn, Bf16FusedGateAndUpMatchCpu) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 37, d = 48, hidden = 40;
+  const size_t ws = size_t(hidden) * d, nh = size_t(n) * hidden, nd = size_t(n) * d;
+  auto bf16_values = [](std::vector<float> v) {
+    for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    return v;
+  };
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bf16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
+    return ToDevice(b);
+  };
+  const auto x = bf16_values(Random(nd, 21)), dy = bf16_values(Random(nd, 22));
+  const auto w13 = bf16_values(Random(2 * ws, 23, -0.3f, 0.3f));
+  const auto w2 = bf16_values(Random(size_t(d) * hidden, 24, -0.3f, 0.3f));
+  const std::vector<float> w1(w13.begin(), w13.begin() + ws), w3(w13.begin() + ws, w13.end());
+  std::vector<float> h1(nh), h3(nh), act(nh), y(nd), dx(nd), dw1(ws), dw3(ws), dw2(ws),
+      scratch(2 * nh);
+  cpu::SwigluForward(x.data(), n, d, hidden, w1.data(), w3.data(), w2.data(), h1.data(), h3.data(),
+                     act.data(), y.data());
+  cpu::SwigluBackward(x.data(), n, d, hidden, w1.data(), w3.data(), w2.data(), h1.data(), h3.data(),
+                      act.data(), dy.data(), dx.data(), dw1.data(), dw3.data(), dw2.data(),
+                      scratch.data());
+  auto gx = to_bf16(x), gdy = to_bf16(dy), gw13 = to_bf16(w13), gw2 = to_bf16(w2);
+  // The same W3 elsewhere: not adjacent to W1, so the two-GEMM form runs.
+  auto gw3_apart = to_bf16(w3);
+  for (bool adjacent : {true, false}) {
+    SCOPED_TRACE(adjacent ? "adjacent W1, W3" : "separate W1, W3");
+    const bf16* gw1 = gw13.data();
+    const bf16* gw3 = adjacent ? gw13.data() + ws : gw3_apart.data();
+    DeviceBuffer<bf16> h13(2 * nh), gact(nh), dh13(2 * nh);
+    DeviceBuffer<float> gy(nd), gdx(nd), gdw13(2 * ws), gdw3_apart(ws), gdw2(ws);
+    Fill(gdw13.data(), 2 * ws, 7.0f);  // stale: the weight gradients are overwritten
+    // y and dx accumulate onto 1 (accumulate = true) and are overwritten (false).
+    for (bool accumulate : {false, true}) {
+      Fill(gy.data(), nd, 1.0f);
+      Fill(gdx.data(), nd, 1.0f);
+      GatedFfnForwardBf16(gx.data(), n, d, hidden, gw1, gw3, gw2.data(), h13.data(), gact.data(),
+                          gy.data(), accumulate);
+      float* gdw3 = adjacent ? gdw13.data() + ws : gdw3_apart.data();
+      GatedFfnBackwardBf16(gx.data(), gdy.data(), n, d, hidden, gw1, gw3, gw2.data(), h13.data(),
+                           gact.data(), dh13.data(), gdx.data(), accumulate, gdw13.data(), gdw3,
+                           gdw2.data());
+      const float base = accumulate ? 1.0f : 0.0f;
+      std::vector<float> want_y = y, want_dx = dx;
+      for (float& v : want_y) v += base;
+      for (float& v : want_dx) v += base;
+      // bf16 h13, act and dact: ~2^-8 relative each, through two GEMMs.
+      ExpectNear(gy.Download(), want_y, 3e-2, 3e-2, "y");
+      ExpectNear(gdx.Download(), want_dx, 3e-2, 3e-2, "dx");
+      const auto g13 = gdw13.Download();
+      ExpectNear(std::vector<float>(g13.begin(), g13.begin() + ws), dw1, 5e-2, 3e-2, "dw1");
+      ExpectNear(adjacent ? std::vector<float>(g13.begin() + ws, g13.end()) : gdw3_apart.Download(),
+                 dw3, 5e-2, 3e-2, "dw3");
+      ExpectNear(gdw2.Download(), dw2, 5e-2, 3e-2, "dw2");
+    }
+  }
+}
+
 TEST(CudaCrossEntropy, LossZLossAndGradientMatchCpu) {
   MOELAB_REQUIRE_GPU();
   const int n = 29, vocab = 1000;

@@ -18,6 +18,7 @@
 #include "core/metrics.h"
 #include "core/model/cuda_backend.h"
 #include "core/train/trainer.h"
+#include "tests/common/scoped_env.h"
 
 namespace moelab {
 namespace {
@@ -203,9 +204,10 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS"}) {
+  for (const char* var :
+       {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS", "MOELAB_FFN"}) {
     SCOPED_TRACE(var);
-    setenv(var, "sideways", 1);
+    test::ScopedEnv bad(var, "sideways");
     try {
       RequireCudaSupports(c, 1, 1);
       ADD_FAILURE() << "accepted " << var << "=sideways";
@@ -213,13 +215,10 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
       EXPECT_EQ(e.path(), "train.device");
       EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
     }
-    unsetenv(var);
   }
-  setenv("MOELAB_FLASH_KERNEL", "mma", 1);
-  setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
+  test::ScopedEnv kernel("MOELAB_FLASH_KERNEL", "mma"), experts("MOELAB_MOE_EXPERTS", "chunked"),
+      ffn("MOELAB_FFN", "fused");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
-  unsetenv("MOELAB_FLASH_KERNEL");
-  unsetenv("MOELAB_MOE_EXPERTS");
 }
 
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
