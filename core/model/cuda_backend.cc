@@ -152,6 +152,7 @@ class CudaBackend final : public Backend<float> {
   void Copy(void* dst, const void* src, size_t bytes) override {
     WritingTo(dst, bytes);
     if (bytes) {
+      ProfileScope ps(profiler_, "copy");  // the residual copy before the output projection
       MOELAB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
     }
   }
@@ -231,7 +232,10 @@ class CudaBackend final : public Backend<float> {
     }
     Linear(x, w1, n, d, hidden, h1, false);
     Linear(x, w3, n, d, hidden, h3, false);
-    cuda::SwigluActivation(h1, h3, static_cast<size_t>(n) * hidden, act);
+    {
+      ProfileScope ps(profiler_, "swiglu");
+      cuda::SwigluActivation(h1, h3, static_cast<size_t>(n) * hidden, act);
+    }
     Linear(act, w2, n, hidden, d, y, false);
   }
   void FfnBackward(const float* x, int n, int d, int hidden, const float* w1, const float* w3,
@@ -258,7 +262,10 @@ class CudaBackend final : public Backend<float> {
     float* dact = scratch;  // [n,F], then dh1 = dact in place, dh3 in the second half
     float* dh3 = scratch + nf;
     LinearBackward(act, w2, dy, n, hidden, d, dact, dw2, false, false);
-    cuda::SwigluActivationBackward(h1, h3, dact, nf, dact, dh3);
+    {
+      ProfileScope ps(profiler_, "swiglu");
+      cuda::SwigluActivationBackward(h1, h3, dact, nf, dact, dh3);
+    }
     LinearBackward(x, w1, dact, n, d, hidden, dx, dw1, false, false);
     LinearBackward(x, w3, dh3, n, d, hidden, dx, dw3, /*accumulate_dx=*/true, false);
   }
