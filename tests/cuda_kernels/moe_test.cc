@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -133,6 +136,69 @@ TEST(CudaMoeDispatch, PlanGatherCombineMatchCpu) {
   ExpectNear(gdx.Download(), dx, 1e-6, 1e-6, "gather backward");
   EXPECT_EQ(gdye.Download(), dye);  // one product per element
   ExpectNear(gdgates.Download(), dgates, 1e-6, 1e-6, "dgates");
+}
+
+// Both plans (MOELAB_MOE_DISPATCH's scan and sort, chosen here by argument) against the CPU's
+// stable order over more experts than a warp has lanes, experts with no rows, many sort chunks
+// (1024 assignments each) with a partial last one, exactly full chunks, and the degenerate layouts:
+// one token, one expert, every assignment on one expert. The sort plan's kernels are checked under
+// the CPU emulation too (dispatch_emulation_test.cc); this is where the hardware runs them.
+TEST(CudaMoeDispatch, BothPlansAreTheCpuStableOrderAcrossChunks) {
+  MOELAB_REQUIRE_GPU();
+  struct Case {
+    int n, E, k, used;
+    bool one_expert;
+  };
+  for (const Case& c :
+       {Case{1, 4, 2, 4, false}, Case{2600, 70, 4, 60, false}, Case{3000, 16, 1, 16, true},
+        Case{1024, 8, 2, 8, false}, Case{300, 1, 1, 1, false}, Case{32768, 64, 8, 64, false}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " E " << c.E << " k " << c.k);
+    std::mt19937 rng(c.n);
+    std::vector<int> topk(size_t(c.n) * c.k);
+    for (int t = 0; t < c.n; ++t) {
+      std::vector<int> ids;
+      while (static_cast<int>(ids.size()) < c.k) {
+        const int e = c.one_expert ? 5 : static_cast<int>(std::min(rng() % c.used, rng() % c.used));
+        if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+      }
+      for (int s = 0; s < c.k; ++s) topk[size_t(t) * c.k + s] = ids[s];
+    }
+    std::vector<int64_t> offsets(c.E + 1);
+    std::vector<int> row_token(topk.size()), slot_row(topk.size());
+    cpu::MoeDispatchPlan(topk.data(), c.n, c.E, c.k, offsets.data(), row_token.data(),
+                         slot_row.data());
+    auto gtopk = ToDevice(topk);
+    for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+      SCOPED_TRACE(kind == MoeDispatch::kScan ? "scan" : "sort");
+      DeviceBuffer<int64_t> goffsets(c.E + 1);
+      DeviceBuffer<int> grow_token(row_token.size()), gslot_row(slot_row.size());
+      MoeDispatchPlan(gtopk.data(), c.n, c.E, c.k, goffsets.data(), grow_token.data(),
+                      gslot_row.data(), kind);
+      EXPECT_EQ(goffsets.Download(), offsets);
+      EXPECT_EQ(grow_token.Download(), row_token);
+      EXPECT_EQ(gslot_row.Download(), slot_row);
+    }
+  }
+}
+
+// The switch is read at every call (no GPU needed): unset or empty is scan, the default.
+TEST(CudaMoeDispatch, SwitchReadsMoelabMoeDispatch) {
+  unsetenv("MOELAB_MOE_DISPATCH");
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
+  setenv("MOELAB_MOE_DISPATCH", "", 1);
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
+  setenv("MOELAB_MOE_DISPATCH", "scan", 1);
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
+  setenv("MOELAB_MOE_DISPATCH", "sort", 1);
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
+  setenv("MOELAB_MOE_DISPATCH", "Sort", 1);
+  try {
+    MoeDispatchInUse();
+    ADD_FAILURE() << "accepted MOELAB_MOE_DISPATCH=Sort";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_DISPATCH=Sort"), std::string::npos);
+  }
+  unsetenv("MOELAB_MOE_DISPATCH");
 }
 
 std::vector<bf16> ToBf16(const std::vector<float>& v) {

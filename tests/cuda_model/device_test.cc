@@ -203,7 +203,8 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS"}) {
+  for (const char* var :
+       {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH"}) {
     SCOPED_TRACE(var);
     setenv(var, "sideways", 1);
     try {
@@ -217,9 +218,11 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   }
   setenv("MOELAB_FLASH_KERNEL", "mma", 1);
   setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
+  setenv("MOELAB_MOE_DISPATCH", "sort", 1);
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   unsetenv("MOELAB_FLASH_KERNEL");
   unsetenv("MOELAB_MOE_EXPERTS");
+  unsetenv("MOELAB_MOE_DISPATCH");
 }
 
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
