@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -24,6 +25,7 @@ namespace {
 
 using testing::ExpectNear;
 using testing::Random;
+using testing::TimeMs;
 using testing::ToDevice;
 
 struct Routed {
@@ -177,6 +179,49 @@ TEST(CudaMoeDispatch, BothPlansAreTheCpuStableOrderAcrossChunks) {
       EXPECT_EQ(goffsets.Download(), offsets);
       EXPECT_EQ(grow_token.Download(), row_token);
       EXPECT_EQ(gslot_row.Download(), slot_row);
+    }
+  }
+}
+
+// The plan alone at gpu-moe's shape (64 experts, top-8; 16384 tokens a micro-batch in the bench,
+// 32768 the whole batch): ms per call of each kind, on a routing like the bench's (8 distinct
+// experts a token, skewed toward low ids) and on a collapsed one (every token on experts 0..7, so
+// the sort's tallies contend and 56 experts get no rows). Prints; asserts only that the two kinds
+// agree (a benchmark, not a timed test).
+TEST(CudaMoeDispatchBench, BothPlansAtGpuMoeShape) {
+  MOELAB_REQUIRE_GPU();
+  const int E = 64, k = 8;
+  for (int n : {16384, 32768}) {
+    for (bool collapsed : {false, true}) {
+      std::mt19937 rng(n);
+      std::vector<int> topk(size_t(n) * k);
+      for (int t = 0; t < n; ++t) {
+        std::vector<int> ids;
+        while (static_cast<int>(ids.size()) < k) {
+          const int e = collapsed ? static_cast<int>(ids.size())
+                                  : static_cast<int>(std::min(rng() % E, rng() % E));
+          if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+        }
+        std::copy(ids.begin(), ids.end(), topk.begin() + size_t(t) * k);
+      }
+      auto gtopk = ToDevice(topk);
+      DeviceBuffer<int64_t> goffsets(E + 1);
+      DeviceBuffer<int> grow_token(topk.size()), gslot_row(topk.size());
+      double ms[2];
+      std::vector<int> slot_row[2];
+      for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+        const int i = kind == MoeDispatch::kSort;
+        ms[i] = TimeMs(
+            [&] {
+              MoeDispatchPlan(gtopk.data(), n, E, k, goffsets.data(), grow_token.data(),
+                              gslot_row.data(), kind);
+            },
+            20);
+        slot_row[i] = gslot_row.Download();
+      }
+      EXPECT_EQ(slot_row[0], slot_row[1]);
+      std::printf("[dispatch plan] n %d, k %d, E %d, %s routing: scan %.4f ms, sort %.4f ms\n", n,
+                  k, E, collapsed ? "collapsed" : "skewed", ms[0], ms[1]);
     }
   }
 }
