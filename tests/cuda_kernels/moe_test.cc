@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -18,6 +17,7 @@
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
+#include "tests/common/test_util.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
 namespace moelab::cuda {
@@ -228,22 +228,21 @@ TEST(CudaMoeDispatchBench, BothPlansAtGpuMoeShape) {
 
 // The switch is read at every call (no GPU needed): unset or empty is scan, the default.
 TEST(CudaMoeDispatch, SwitchReadsMoelabMoeDispatch) {
-  unsetenv("MOELAB_MOE_DISPATCH");
+  test::ScopedEnv env("MOELAB_MOE_DISPATCH", nullptr);
   EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
-  setenv("MOELAB_MOE_DISPATCH", "", 1);
-  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
-  setenv("MOELAB_MOE_DISPATCH", "scan", 1);
-  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
-  setenv("MOELAB_MOE_DISPATCH", "sort", 1);
+  for (const char* scan : {"", "scan"}) {
+    env.Set(scan);
+    EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan) << scan;
+  }
+  env.Set("sort");
   EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
-  setenv("MOELAB_MOE_DISPATCH", "Sort", 1);
+  env.Set("Sort");
   try {
     MoeDispatchInUse();
     ADD_FAILURE() << "accepted MOELAB_MOE_DISPATCH=Sort";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_DISPATCH=Sort"), std::string::npos);
   }
-  unsetenv("MOELAB_MOE_DISPATCH");
 }
 
 std::vector<bf16> ToBf16(const std::vector<float>& v) {

@@ -18,6 +18,7 @@
 #include "core/metrics.h"
 #include "core/model/cuda_backend.h"
 #include "core/train/trainer.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -206,7 +207,7 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   for (const char* var :
        {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH"}) {
     SCOPED_TRACE(var);
-    setenv(var, "sideways", 1);
+    test::ScopedEnv env(var, "sideways");
     try {
       RequireCudaSupports(c, 1, 1);
       ADD_FAILURE() << "accepted " << var << "=sideways";
@@ -214,15 +215,10 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
       EXPECT_EQ(e.path(), "train.device");
       EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
     }
-    unsetenv(var);
   }
-  setenv("MOELAB_FLASH_KERNEL", "mma", 1);
-  setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
-  setenv("MOELAB_MOE_DISPATCH", "sort", 1);
+  test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), experts("MOELAB_MOE_EXPERTS", "chunked"),
+      dispatch("MOELAB_MOE_DISPATCH", "sort");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
-  unsetenv("MOELAB_FLASH_KERNEL");
-  unsetenv("MOELAB_MOE_EXPERTS");
-  unsetenv("MOELAB_MOE_DISPATCH");
 }
 
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
