@@ -245,6 +245,20 @@ TEST(CudaMoeDispatch, SwitchReadsMoelabMoeDispatch) {
   }
 }
 
+// What the plan cannot hold is refused before anything touches the device (so no GPU is needed,
+// and the null pointers are never read): 2^31 assignments for both kinds, 20000 experts for sort.
+TEST(CudaMoeDispatch, RefusesShapesBeforeAnyLaunch) {
+  for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+    EXPECT_THROW(MoeDispatchPlan(nullptr, 1 << 28, 64, 8, nullptr, nullptr, nullptr, kind),
+                 std::invalid_argument);
+    EXPECT_THROW(MoeDispatchPlan(nullptr, 16, 0, 8, nullptr, nullptr, nullptr, kind),
+                 std::invalid_argument);
+  }
+  EXPECT_THROW(
+      MoeDispatchPlan(nullptr, 16, 20000, 8, nullptr, nullptr, nullptr, MoeDispatch::kSort),
+      std::invalid_argument);
+}
+
 std::vector<bf16> ToBf16(const std::vector<float>& v) {
   std::vector<bf16> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
