@@ -29,6 +29,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/swiglu.h"
@@ -591,13 +592,14 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
   // The environment's switches between GPU implementations (MOELAB_ATTENTION,
-  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS, MOELAB_FFN; docs/cuda.md): a bad value stops the run
-  // here.
+  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS, MOELAB_MOE_DISPATCH, MOELAB_FFN; docs/cuda.md): a bad
+  // value stops the run here.
   try {
     ChooseFlash(c);
     cuda::FlashKernelInUse();
     cudamodel::ChunkedExpertsWanted();
     cuda::GatedFfnWanted();
+    cuda::MoeDispatchInUse();
   } catch (const std::invalid_argument& e) {
     throw ConfigError("train.device", e.what());
   }

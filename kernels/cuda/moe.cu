@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_dispatch_kernels.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/swiglu.h"
@@ -17,7 +20,6 @@ namespace moelab::cuda {
 using detail::Blocks;
 
 namespace {
-constexpr int kThreads = 256;
 constexpr int kMaxTopK = 32;
 
 // ---------------------------------------------------------------- route
@@ -149,54 +151,6 @@ __global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T
     double sd = 0;
     for (int e = 0; e < E; ++e) sd += static_cast<double>(dz[e]) * s[e];
     for (int e = 0; e < E; ++e) dz[e] = s[e] * static_cast<T>(dz[e] - sd);
-  }
-}
-
-// ---------------------------------------------------------------- dispatch plan
-
-// Block e counts the assignments to expert e into offsets[e + 1].
-__global__ void CountExpertKernel(const int* topk, long nk, int64_t* offsets) {
-  __shared__ long long shared[32];
-  const int e = blockIdx.x;
-  long long c = 0;
-  for (long i = threadIdx.x; i < nk; i += blockDim.x) c += topk[i] == e;
-  c = detail::BlockSum(c, shared);
-  if (threadIdx.x == 0) offsets[e + 1] = c;
-}
-
-__global__ void ScanOffsetsKernel(int64_t* offsets, int E) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    offsets[0] = 0;
-    for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  }
-}
-
-// Block e walks the assignments in (token, slot) order in chunks of blockDim and places its
-// matches with a block-wide exclusive scan of the match flags: the CPU's stable order.
-__global__ void ScatterExpertKernel(const int* topk, long nk, int k, const int64_t* offsets,
-                                    int* row_token, int* slot_row) {
-  __shared__ int warp_counts[32];
-  const int e = blockIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int64_t base = offsets[e];
-  for (long c0 = 0; c0 < nk; c0 += blockDim.x) {
-    const long i = c0 + threadIdx.x;
-    const bool match = i < nk && topk[i] == e;
-    const unsigned ballot = __ballot_sync(0xffffffffu, match);
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int w = 0; w < warps; ++w) {
-      before += w < warp ? warp_counts[w] : 0;
-      total += warp_counts[w];
-    }
-    if (match) {
-      const int64_t r = base + before + __popc(ballot & ((1u << lane) - 1u));
-      row_token[r] = static_cast<int>(i / k);
-      slot_row[i] = static_cast<int>(r);
-    }
-    base += total;
-    __syncthreads();  // warp_counts is rewritten by the next chunk
   }
 }
 
@@ -350,13 +304,42 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
   CheckLaunch("MoeRouteBackward");
 }
 
+MoeDispatch MoeDispatchInUse() {
+  const char* env = std::getenv("MOELAB_MOE_DISPATCH");
+  if (env == nullptr || *env == '\0' || std::string(env) == "scan") return MoeDispatch::kScan;
+  if (std::string(env) == "sort") return MoeDispatch::kSort;
+  throw std::invalid_argument(std::string("MOELAB_MOE_DISPATCH=") + env +
+                              ": expected \"scan\" (the default) or \"sort\"");
+}
+
+void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
+                     int* slot_row, MoeDispatch kind, cudaStream_t stream) {
+  using namespace dispatch;
+  const int chunks = PlanChunks(n, experts, k);
+  const long nk = static_cast<long>(n) * k;
+  if (kind == MoeDispatch::kScan) {
+    CountExpertKernel<<<experts, kScanPlanThreads, 0, stream>>>(topk, nk, offsets);
+    ScanOffsetsKernel<<<1, 32, 0, stream>>>(offsets, experts);
+    ScatterExpertKernel<<<experts, kScanPlanThreads, 0, stream>>>(topk, nk, k, offsets, row_token,
+                                                                  slot_row);
+  } else {
+    CheckSortExperts(experts);
+    const long total = static_cast<long>(experts) * chunks;
+    int* counts = static_cast<int*>(ThreadScratch(sizeof(int) * total));
+    const size_t per_expert = sizeof(int) * experts;
+    ChunkCountKernel<<<chunks, kCountThreads, per_expert, stream>>>(topk, nk, experts, chunks,
+                                                                    counts);
+    ScanChunkCountsKernel<<<1, kScanThreads, 0, stream>>>(counts, total, experts, chunks, nk,
+                                                          offsets);
+    ChunkScatterKernel<<<chunks, kScatterThreads, per_expert, stream>>>(
+        topk, nk, k, experts, chunks, counts, row_token, slot_row);
+  }
+  CheckLaunch("MoeDispatchPlan");
+}
+
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
                      int* slot_row, cudaStream_t stream) {
-  const long nk = static_cast<long>(n) * k;
-  CountExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, offsets);
-  ScanOffsetsKernel<<<1, 32, 0, stream>>>(offsets, experts);
-  ScatterExpertKernel<<<experts, kThreads, 0, stream>>>(topk, nk, k, offsets, row_token, slot_row);
-  CheckLaunch("MoeDispatchPlan");
+  MoeDispatchPlan(topk, n, experts, k, offsets, row_token, slot_row, MoeDispatchInUse(), stream);
 }
 
 void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,

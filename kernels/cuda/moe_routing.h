@@ -37,10 +37,24 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
                       int n, int experts, int k, bool sigmoid, double route_scale, double aux_coef,
                       T* dlogits, cudaStream_t stream = nullptr);
 
+// Which kernels compute the dispatch plan (kernels/cuda/moe_dispatch_kernels.cuh); both give the
+// same bits. kScan, the default and the one that has run on a GPU: one block per expert walks
+// every assignment (E·n·k work). kSort: a chunked counting sort (per-chunk counts, one scan, one
+// warp per chunk placing its assignments), n·k work; checked under the CPU emulation only so far.
+// Opt in with MOELAB_MOE_DISPATCH=sort (read at every call; any value other than scan or sort
+// throws std::invalid_argument naming it).
+enum class MoeDispatch { kScan, kSort };
+MoeDispatch MoeDispatchInUse();
+
 // Stable counting sort by expert (by token, then slot), as cpu::MoeDispatchPlan, all outputs on
-// the device: offsets [E+1], row_token [n·k], slot_row [n·k].
+// the device: offsets [E+1], row_token [n·k], slot_row [n·k]. Every topk entry must be in [0, E).
+// Throws std::invalid_argument (before any launch) for n·k >= 2^31 (rows are ints), for E < 1, and
+// with kSort for more experts than its shared-memory tallies hold (12288). The first overload
+// runs MoeDispatchInUse()'s kind.
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
                      int* slot_row, cudaStream_t stream = nullptr);
+void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
+                     int* slot_row, MoeDispatch kind, cudaStream_t stream = nullptr);
 
 // Copies offsets [E+1] to the host (the expert GEMMs need the row counts there; synchronises).
 void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,

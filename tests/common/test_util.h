@@ -4,9 +4,11 @@
 
 #include <sys/types.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,31 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+// Sets (value) or unsets (nullptr) an environment variable and restores its previous state on
+// scope exit, so a test never clobbers a switch the whole binary runs under (the GPU check runs
+// every test binary again with its opt-in switches set).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    Set(value);
+  }
+  ~ScopedEnv() { Set(old_ ? old_->c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void Set(const char* value) const {
+    if (value) {
+      setenv(name_.c_str(), value, 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
 };
 
 // A tiny MoE run config on the synthetic Markov source (~1 ms a step, so a sweep of them is

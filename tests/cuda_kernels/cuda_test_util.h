@@ -1,4 +1,5 @@
-// Shared helpers for the CUDA twin tests: the GPU skip, random inputs, and comparisons.
+// Shared helpers for the CUDA twin tests: the GPU skip, random inputs, comparisons, and the
+// micro-benchmarks' timer.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -6,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,6 +56,23 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
   }
   EXPECT_LE(worst, 1.0) << what << ": worst at " << at << " got " << got[at] << " want " << want[at]
                         << " (atol " << atol << ", rtol " << rtol << ")";
+}
+
+// Milliseconds per call of f, timed with CUDA events over `iters` calls after 2 warm-ups.
+inline double TimeMs(const std::function<void()>& f, int iters = 10) {
+  for (int i = 0; i < 2; ++i) f();
+  cudaEvent_t start, stop;
+  MOELAB_CUDA_CHECK(cudaEventCreate(&start));
+  MOELAB_CUDA_CHECK(cudaEventCreate(&stop));
+  MOELAB_CUDA_CHECK(cudaEventRecord(start));
+  for (int i = 0; i < iters; ++i) f();
+  MOELAB_CUDA_CHECK(cudaEventRecord(stop));
+  MOELAB_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / iters;
 }
 
 }  // namespace moelab::cuda::testing

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
@@ -15,22 +14,7 @@
 namespace moelab::cuda {
 namespace {
 
-// Milliseconds per call of f, timed with CUDA events over `iters` calls after 2 warm-ups.
-double TimeMs(const std::function<void()>& f, int iters = 10) {
-  for (int i = 0; i < 2; ++i) f();
-  cudaEvent_t start, stop;
-  MOELAB_CUDA_CHECK(cudaEventCreate(&start));
-  MOELAB_CUDA_CHECK(cudaEventCreate(&stop));
-  MOELAB_CUDA_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < iters; ++i) f();
-  MOELAB_CUDA_CHECK(cudaEventRecord(stop));
-  MOELAB_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
-}
+using testing::TimeMs;
 
 TEST(CudaGroupedGemmBench, ExpertShapesAgainstOneDenseProduct) {
   MOELAB_REQUIRE_GPU();

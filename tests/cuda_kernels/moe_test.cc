@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
+#include "tests/common/test_util.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
 namespace moelab::cuda {
@@ -21,6 +25,7 @@ namespace {
 
 using testing::ExpectNear;
 using testing::Random;
+using testing::TimeMs;
 using testing::ToDevice;
 
 struct Routed {
@@ -133,6 +138,125 @@ TEST(CudaMoeDispatch, PlanGatherCombineMatchCpu) {
   ExpectNear(gdx.Download(), dx, 1e-6, 1e-6, "gather backward");
   EXPECT_EQ(gdye.Download(), dye);  // one product per element
   ExpectNear(gdgates.Download(), dgates, 1e-6, 1e-6, "dgates");
+}
+
+// Both plans (MOELAB_MOE_DISPATCH's scan and sort, chosen here by argument) against the CPU's
+// stable order over more experts than a warp has lanes, experts with no rows, many sort chunks
+// (1024 assignments each) with a partial last one, exactly full chunks, and the degenerate layouts:
+// one token, one expert, every assignment on one expert. The sort plan's kernels are checked under
+// the CPU emulation too (dispatch_emulation_test.cc); this is where the hardware runs them.
+TEST(CudaMoeDispatch, BothPlansAreTheCpuStableOrderAcrossChunks) {
+  MOELAB_REQUIRE_GPU();
+  struct Case {
+    int n, E, k, used;
+    bool one_expert;
+  };
+  for (const Case& c :
+       {Case{1, 4, 2, 4, false}, Case{2600, 70, 4, 60, false}, Case{3000, 16, 1, 16, true},
+        Case{1024, 8, 2, 8, false}, Case{300, 1, 1, 1, false}, Case{32768, 64, 8, 64, false}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << c.n << " E " << c.E << " k " << c.k);
+    std::mt19937 rng(c.n);
+    std::vector<int> topk(size_t(c.n) * c.k);
+    for (int t = 0; t < c.n; ++t) {
+      std::vector<int> ids;
+      while (static_cast<int>(ids.size()) < c.k) {
+        const int e = c.one_expert ? 5 : static_cast<int>(std::min(rng() % c.used, rng() % c.used));
+        if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+      }
+      for (int s = 0; s < c.k; ++s) topk[size_t(t) * c.k + s] = ids[s];
+    }
+    std::vector<int64_t> offsets(c.E + 1);
+    std::vector<int> row_token(topk.size()), slot_row(topk.size());
+    cpu::MoeDispatchPlan(topk.data(), c.n, c.E, c.k, offsets.data(), row_token.data(),
+                         slot_row.data());
+    auto gtopk = ToDevice(topk);
+    for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+      SCOPED_TRACE(kind == MoeDispatch::kScan ? "scan" : "sort");
+      DeviceBuffer<int64_t> goffsets(c.E + 1);
+      DeviceBuffer<int> grow_token(row_token.size()), gslot_row(slot_row.size());
+      MoeDispatchPlan(gtopk.data(), c.n, c.E, c.k, goffsets.data(), grow_token.data(),
+                      gslot_row.data(), kind);
+      EXPECT_EQ(goffsets.Download(), offsets);
+      EXPECT_EQ(grow_token.Download(), row_token);
+      EXPECT_EQ(gslot_row.Download(), slot_row);
+    }
+  }
+}
+
+// The plan alone at gpu-moe's shape (64 experts, top-8; 16384 tokens a micro-batch in the bench,
+// 32768 the whole batch): ms per call of each kind, on a routing like the bench's (8 distinct
+// experts a token, skewed toward low ids) and on a collapsed one (every token on experts 0..7, so
+// the sort's tallies contend and 56 experts get no rows). Prints; asserts only that the two kinds
+// agree (a benchmark, not a timed test).
+TEST(CudaMoeDispatchBench, BothPlansAtGpuMoeShape) {
+  MOELAB_REQUIRE_GPU();
+  const int E = 64, k = 8;
+  for (int n : {16384, 32768}) {
+    for (bool collapsed : {false, true}) {
+      std::mt19937 rng(n);
+      std::vector<int> topk(size_t(n) * k);
+      for (int t = 0; t < n; ++t) {
+        std::vector<int> ids;
+        while (static_cast<int>(ids.size()) < k) {
+          const int e = collapsed ? static_cast<int>(ids.size())
+                                  : static_cast<int>(std::min(rng() % E, rng() % E));
+          if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
+        }
+        std::copy(ids.begin(), ids.end(), topk.begin() + size_t(t) * k);
+      }
+      auto gtopk = ToDevice(topk);
+      DeviceBuffer<int64_t> goffsets(E + 1);
+      DeviceBuffer<int> grow_token(topk.size()), gslot_row(topk.size());
+      double ms[2];
+      std::vector<int> slot_row[2];
+      for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+        const int i = kind == MoeDispatch::kSort;
+        ms[i] = TimeMs(
+            [&] {
+              MoeDispatchPlan(gtopk.data(), n, E, k, goffsets.data(), grow_token.data(),
+                              gslot_row.data(), kind);
+            },
+            20);
+        slot_row[i] = gslot_row.Download();
+      }
+      EXPECT_EQ(slot_row[0], slot_row[1]);
+      std::printf("[dispatch plan] n %d, k %d, E %d, %s routing: scan %.4f ms, sort %.4f ms\n", n,
+                  k, E, collapsed ? "collapsed" : "skewed", ms[0], ms[1]);
+    }
+  }
+}
+
+// The switch is read at every call (no GPU needed): unset or empty is scan, the default.
+TEST(CudaMoeDispatch, SwitchReadsMoelabMoeDispatch) {
+  test::ScopedEnv env("MOELAB_MOE_DISPATCH", nullptr);
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
+  for (const char* scan : {"", "scan"}) {
+    env.Set(scan);
+    EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan) << scan;
+  }
+  env.Set("sort");
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
+  env.Set("Sort");
+  try {
+    MoeDispatchInUse();
+    ADD_FAILURE() << "accepted MOELAB_MOE_DISPATCH=Sort";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_DISPATCH=Sort"), std::string::npos);
+  }
+}
+
+// What the plan cannot hold is refused before anything touches the device (so no GPU is needed,
+// and the null pointers are never read): 2^31 assignments for both kinds, 20000 experts for sort.
+TEST(CudaMoeDispatch, RefusesShapesBeforeAnyLaunch) {
+  for (MoeDispatch kind : {MoeDispatch::kScan, MoeDispatch::kSort}) {
+    EXPECT_THROW(MoeDispatchPlan(nullptr, 1 << 28, 64, 8, nullptr, nullptr, nullptr, kind),
+                 std::invalid_argument);
+    EXPECT_THROW(MoeDispatchPlan(nullptr, 16, 0, 8, nullptr, nullptr, nullptr, kind),
+                 std::invalid_argument);
+  }
+  EXPECT_THROW(
+      MoeDispatchPlan(nullptr, 16, 20000, 8, nullptr, nullptr, nullptr, MoeDispatch::kSort),
+      std::invalid_argument);
 }
 
 std::vector<bf16> ToBf16(const std::vector<float>& v) {

@@ -22,7 +22,7 @@
 #include "core/model/model.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/trainer.h"
-#include "tests/common/scoped_env.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {

@@ -18,7 +18,7 @@
 #include "core/metrics.h"
 #include "core/model/cuda_backend.h"
 #include "core/train/trainer.h"
-#include "tests/common/scoped_env.h"
+#include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
@@ -204,10 +204,10 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var :
-       {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS", "MOELAB_FFN"}) {
+  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS",
+                          "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
     SCOPED_TRACE(var);
-    test::ScopedEnv bad(var, "sideways");
+    test::ScopedEnv env(var, "sideways");
     try {
       RequireCudaSupports(c, 1, 1);
       ADD_FAILURE() << "accepted " << var << "=sideways";
@@ -216,8 +216,8 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
       EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
     }
   }
-  test::ScopedEnv kernel("MOELAB_FLASH_KERNEL", "mma"), experts("MOELAB_MOE_EXPERTS", "chunked"),
-      ffn("MOELAB_FFN", "fused");
+  test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), experts("MOELAB_MOE_EXPERTS", "chunked"),
+      dispatch("MOELAB_MOE_DISPATCH", "sort"), ffn("MOELAB_FFN", "fused");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 }
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "db/reader.h"
+#include "tests/common/test_util.h"
 #include "tests/launch/fixture.h"
 
 namespace moelab::sweeps {
@@ -188,29 +189,7 @@ TEST(LaunchCommandTest, MpirunArguments) {
   EXPECT_EQ(env[0].first, "OMPI_ALLOW_RUN_AS_ROOT");
 }
 
-// Restores an environment variable on scope exit.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 TEST(LaunchEnvironmentTest, SeveralRanksNeedAnMpiBuild) {
   ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr);

@@ -1,8 +1,9 @@
 // A CPU emulation of the CUDA primitives the kernels of kernels/cuda/*.cuh use (fused attention,
-// norm, RoPE, optimizer, Newton–Schulz), so that the kernels' own source runs on machines without
-// a GPU: one std::thread per CUDA thread, blocks one after another; static __shared__ arrays are
-// function statics (shared by the block's threads); __syncthreads and __syncwarp are real
-// barriers, warp shuffles (xor and indexed) go through a per-warp exchange buffer, atomics are std::atomic_ref,
+// norm, RoPE, optimizer, Newton–Schulz, the MoE dispatch plan), so that the kernels' own source
+// runs on machines without a GPU: one std::thread per CUDA thread, blocks one after another;
+// static __shared__ arrays are function statics (shared by the block's threads); __syncthreads
+// and __syncwarp are real barriers, warp shuffles (xor, up and indexed), votes and matches (full
+// warps only) go through a per-warp exchange buffer, atomics are std::atomic_ref,
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
 // sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
 // store without a barrier between them sees stale data here too). Pointers and strides handed
@@ -52,6 +53,7 @@ inline uint32_t* MmaExchange() { return reinterpret_cast<uint32_t*>(ctx.xbuf + 3
 #define __shared__ static
 // The kernels' dynamic shared memory: the emulated block's buffer.
 #define MOELAB_FLASH_SMEM(name) unsigned char* name = emu::ctx.smem
+#define MOELAB_DYNAMIC_SMEM(type, name) type* name = reinterpret_cast<type*>(emu::ctx.smem)
 #undef threadIdx
 #undef blockIdx
 #undef gridDim
@@ -85,6 +87,61 @@ T __shfl_sync(unsigned, T v, int src) {
   __syncwarp();
   return r;
 }
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  static_assert(sizeof(T) <= 8);
+  const int lane = threadIdx.x & 31;
+  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
+  __syncwarp();
+  T r = v;  // lanes below delta keep their own value
+  if (lane >= static_cast<int>(delta)) std::memcpy(&r, &emu::ctx.xbuf[lane - delta], sizeof(T));
+  __syncwarp();
+  return r;
+}
+// Warp votes and matches, full warps only: every lane of the warp must call them, as the
+// emulated __syncwarp is a barrier of all 32 lanes (a partial mask would deadlock here, so it
+// aborts). Each lane publishes its word, the warp meets, each lane builds the answer over the
+// 32 words, and the warp meets again before the buffer is reused.
+namespace emu {
+inline void RequireFullWarp(unsigned mask, const char* what) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "%s: the emulation supports the full-warp mask only (got %#x)\n", what,
+                 mask);
+    std::abort();
+  }
+}
+// Bit l set where lane l's published 8-byte word satisfies pred(word).
+template <typename P>
+unsigned WarpVote(uint64_t word, P pred) {
+  const int lane = threadIdx.x & 31;
+  std::memcpy(&ctx.xbuf[lane], &word, 8);
+  __syncwarp();
+  unsigned bits = 0;
+  for (int l = 0; l < 32; ++l) {
+    uint64_t w;
+    std::memcpy(&w, &ctx.xbuf[l], 8);
+    if (pred(w)) bits |= 1u << l;
+  }
+  __syncwarp();
+  return bits;
+}
+}  // namespace emu
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  emu::RequireFullWarp(mask, "__ballot_sync");
+  return emu::WarpVote(pred != 0, [](uint64_t w) { return w != 0; });
+}
+// The lanes whose value has the same bits as this lane's (T of 4 or 8 bytes, as CUDA's).
+template <typename T>
+unsigned __match_any_sync(unsigned mask, T value) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+  emu::RequireFullWarp(mask, "__match_any_sync");
+  uint64_t mine = 0;
+  std::memcpy(&mine, &value, sizeof(T));
+  return emu::WarpVote(mine, [mine](uint64_t w) { return w == mine; });
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline int atomicMax(int* p, int v) {
   std::atomic_ref<int> a(*p);
   int cur = a.load();
