@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -13,6 +16,7 @@
 #include "kernels/cuda/moe_dispatch_kernels.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/moe_rows_kernels.cuh"
 #include "kernels/cuda/swiglu.h"
 
 namespace moelab::cuda {
@@ -155,98 +159,26 @@ __global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T
 }
 
 // ---------------------------------------------------------------- gather / combine
-
-template <typename T>
-__global__ void GatherKernel(const T* x, int d, const int* row_token, T* xe) {
-  const long r = blockIdx.x;
-  const T* src = x + static_cast<long>(row_token[r]) * d;
-  T* dst = xe + r * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
-}
-
-// Chunked expert layout (MoeChunks): block p is row j = p % rows of chunk b = p / rows, compact
-// row r = table[b] + j when r < table[B + b] (its expert's end), else a zero row.
-template <typename T>
-__global__ void GatherChunkedKernel(const T* x, int d, const int* row_token, const int64_t* table,
-                                    int chunks, int rows, T* chunked) {
-  const long p = blockIdx.x;
-  const int b = static_cast<int>(p / rows);
-  const int64_t r = table[b] + p % rows;
-  T* dst = chunked + p * d;
-  if (r < table[chunks + b]) {
-    const T* src = x + static_cast<long>(row_token ? row_token[r] : r) * d;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
-  } else {
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = T(0.0f);
-  }
-}
-
-// The inverse for the real rows: compact row r ← chunked row p.
-template <typename T>
-__global__ void UnchunkKernel(const T* chunked, const int64_t* table, int chunks, int rows, int d,
-                              T* compact) {
-  const long p = blockIdx.x;
-  const int b = static_cast<int>(p / rows);
-  const int64_t r = table[b] + p % rows;
-  if (r >= table[chunks + b]) return;
-  const T* src = chunked + p * d;
-  T* dst = compact + r * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
-}
-
-// T: the token side (x, y, gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32,
-// or bf16 in bf16 mode). Sums run in fp32 either way, so TE = float is the fp32 twin unchanged.
-template <typename T, typename TE>
-__global__ void GatherBackwardKernel(const TE* dxe, const int* slot_row, int k, int d, T* dx,
-                                     bool accumulate) {
-  const long t = blockIdx.x;
-  T* out = dx + t * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    T acc = accumulate ? out[c] : T(0);
-    for (int slot = 0; slot < k; ++slot)
-      acc += detail::ToFloat(dxe[static_cast<long>(slot_row[t * k + slot]) * d + c]);
-    out[c] = acc;
-  }
-}
-
-template <typename T, typename TE>
-__global__ void CombineKernel(const TE* ye, const int* slot_row, const T* gates, int k, int d, T* y,
-                              bool accumulate) {
-  const long t = blockIdx.x;
-  T* out = y + t * d;
-  for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    T acc = accumulate ? out[c] : T(0);
-    for (int slot = 0; slot < k; ++slot) {
-      const long i = t * k + slot;
-      acc = __fadd_rn(
-          acc, __fmul_rn(gates[i], detail::ToFloat(ye[static_cast<long>(slot_row[i]) * d + c])));
-    }
-    out[c] = acc;
-  }
-}
-
-template <typename T, typename TE>
-__global__ void CombineBackwardKernel(const T* dy, const TE* ye, const int* slot_row,
-                                      const T* gates, int k, int d, TE* dye, T* dgates) {
-  __shared__ double shared[32];
-  const long t = blockIdx.x;
-  const T* dyt = dy + t * d;
-  for (int slot = 0; slot < k; ++slot) {
-    const long i = t * k + slot;
-    const long r = slot_row[i];
-    const TE* src = ye + r * d;
-    TE* dst = dye + r * d;
-    double dot = 0;
-    for (int c = threadIdx.x; c < d; c += blockDim.x)
-      dot += static_cast<double>(dyt[c]) * detail::ToFloat(src[c]);
-    dot = detail::BlockSum(dot, shared);  // synchronises: the row is read before it is written
-    if (threadIdx.x == 0) dgates[i] = static_cast<T>(dot);
-    const T g = gates[i];
-    for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = detail::FromFloat<TE>(g * dyt[c]);
-  }
-}
+// The kernels are in moe_rows_kernels.cuh (one body for both widths).
 
 int RowThreads(int d) { return d >= 512 ? 256 : (d >= 128 ? 128 : 32); }
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Launches move<1> or move<8> over `blocks` rows of d elements: the 16-byte form (kVec = 8) with
+// MOELAB_MOE_DISPATCH=sort when d is a multiple of 8 and every row pointer given is 16-byte
+// aligned (cudaMalloc's bases are; rows of a multiple of 8 elements then are too), else the
+// element-per-thread form that ran on the GPU. move(kVecTag, threads) launches.
+template <typename Launch>
+void LaunchRows(int d, std::initializer_list<const void*> rows, Launch launch) {
+  bool wide = d % 8 == 0 && MoeDispatchInUse() == MoeDispatch::kSort;
+  for (const void* p : rows) wide = wide && (p == nullptr || Aligned16(p));
+  if (wide) {
+    launch(std::integral_constant<int, 8>(), std::min(RowThreads(d), (d / 8 + 31) / 32 * 32));
+  } else {
+    launch(std::integral_constant<int, 1>(), RowThreads(d));
+  }
+}
 
 }  // namespace
 
@@ -352,7 +284,9 @@ void DownloadOffsets(const int64_t* offsets, int experts, int64_t* host_offsets,
 template <typename T>
 void MoeGather(const T* x, int d, const int* row_token, int64_t rows, T* xe, cudaStream_t stream) {
   if (rows <= 0) return;
-  GatherKernel<<<rows, RowThreads(d), 0, stream>>>(x, d, row_token, xe);
+  LaunchRows(d, {x, xe}, [&](auto vec, int threads) {
+    moe_rows::GatherKernel<decltype(vec)::value><<<rows, threads, 0, stream>>>(x, d, row_token, xe);
+  });
   CheckLaunch("MoeGather");
 }
 
@@ -361,8 +295,10 @@ void MoeGatherChunked(const T* x, int d, const int* row_token, const int64_t* ta
                       int rows, T* chunked, cudaStream_t stream) {
   const long n = static_cast<long>(chunks) * rows;
   if (n <= 0) return;
-  GatherChunkedKernel<<<n, RowThreads(d), 0, stream>>>(x, d, row_token, table, chunks, rows,
-                                                       chunked);
+  LaunchRows(d, {x, chunked}, [&](auto vec, int threads) {
+    moe_rows::GatherChunkedKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(x, d, row_token, table, chunks, rows, chunked);
+  });
   CheckLaunch("MoeGatherChunked");
 }
 
@@ -377,7 +313,10 @@ void MoeUnchunkRows(const T* chunked, const int64_t* table, int chunks, int rows
                     cudaStream_t stream) {
   const long n = static_cast<long>(chunks) * rows;
   if (n <= 0) return;
-  UnchunkKernel<<<n, RowThreads(d), 0, stream>>>(chunked, table, chunks, rows, d, compact);
+  LaunchRows(d, {chunked, compact}, [&](auto vec, int threads) {
+    moe_rows::UnchunkKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(chunked, table, chunks, rows, d, compact);
+  });
   CheckLaunch("MoeUnchunkRows");
 }
 
@@ -386,7 +325,10 @@ template <typename T, typename TE>
 void LaunchGatherBackward(const TE* dxe, const int* slot_row, int n, int k, int d, T* dx,
                           bool accumulate, cudaStream_t stream) {
   if (n <= 0) return;
-  GatherBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dxe, slot_row, k, d, dx, accumulate);
+  LaunchRows(d, {dxe, dx}, [&](auto vec, int threads) {
+    moe_rows::GatherBackwardKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(dxe, slot_row, k, d, dx, accumulate);
+  });
   CheckLaunch("MoeGatherBackward");
 }
 
@@ -394,7 +336,10 @@ template <typename T, typename TE>
 void LaunchCombine(const TE* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
                    bool accumulate, cudaStream_t stream) {
   if (n <= 0) return;
-  CombineKernel<<<n, RowThreads(d), 0, stream>>>(ye, slot_row, gates, k, d, y, accumulate);
+  LaunchRows(d, {ye, y}, [&](auto vec, int threads) {
+    moe_rows::CombineKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(ye, slot_row, gates, k, d, y, accumulate);
+  });
   CheckLaunch("MoeCombine");
 }
 
@@ -402,8 +347,10 @@ template <typename T, typename TE>
 void LaunchCombineBackward(const T* dy, const TE* ye, const int* slot_row, const T* gates, int n,
                            int k, int d, TE* dye, T* dgates, cudaStream_t stream) {
   if (n <= 0) return;
-  CombineBackwardKernel<<<n, RowThreads(d), 0, stream>>>(dy, ye, slot_row, gates, k, d, dye,
-                                                         dgates);
+  LaunchRows(d, {dy, ye, dye}, [&](auto vec, int threads) {
+    moe_rows::CombineBackwardKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(dy, ye, slot_row, gates, k, d, dye, dgates);
+  });
   CheckLaunch("MoeCombineBackward");
 }
 }  // namespace

@@ -339,6 +339,62 @@ struct ExpertsCase {
   }
 };
 
+// The row moves with MOELAB_MOE_DISPATCH=sort move 16 bytes a thread access
+// (moe_rows_kernels.cuh, kVec = 8): on the device the same bits as the element-per-thread
+// kernels (scan), bf16 and fp32 expert rows, at the gpu-moe width and an odd multiple of 8;
+// dgates (a double dot product split differently) within 1e-6.
+TEST(CudaMoeDispatch, SixteenByteRowMovesGiveTheElementKernelsBits) {
+  MOELAB_REQUIRE_GPU();
+  const int n = 257, E = 5, k = 3;
+  std::vector<int> topk(size_t(n) * k);
+  for (int t = 0; t < n; ++t) {  // distinct experts per token
+    for (int s = 0; s < k; ++s) topk[size_t(t) * k + s] = (t + s) % E;
+  }
+  auto gtopk = ToDevice(topk);
+  DeviceBuffer<int64_t> offsets(E + 1);
+  DeviceBuffer<int> row_token(topk.size()), slot_row(topk.size());
+  MoeDispatchPlan(gtopk.data(), n, E, k, offsets.data(), row_token.data(), slot_row.data());
+  const size_t rows = topk.size();
+  for (int d : {1024, 40}) {
+    SCOPED_TRACE(d);
+    const auto x = Random(size_t(n) * d, 41), ye = Random(rows * d, 42),
+               dy = Random(size_t(n) * d, 43), gates = Random(rows, 44);
+    auto gx = ToDevice(x), gye = ToDevice(ye), gdy = ToDevice(dy), ggates = ToDevice(gates);
+    auto bx = ToDevice(ToBf16(x)), bye = ToDevice(ToBf16(ye));
+    struct Out {
+      std::vector<float> y, dx, dgates, fxe, fdye;
+      std::vector<bf16> bxe, by_rows, bdye;
+    };
+    auto run = [&](const char* kind) {
+      test::ScopedEnv env("MOELAB_MOE_DISPATCH", kind);
+      Out o;
+      DeviceBuffer<float> fxe(rows * d), y(size_t(n) * d), dx(size_t(n) * d), dg(rows),
+          fdye(rows * d);
+      DeviceBuffer<bf16> bxe(rows * d), bdye(rows * d);
+      MoeGather(gx.data(), d, row_token.data(), int64_t(rows), fxe.data());
+      MoeGather(bx.data(), d, row_token.data(), int64_t(rows), bxe.data());
+      MoeCombine(bye.data(), slot_row.data(), ggates.data(), n, k, d, y.data(), false);
+      MoeCombine(gye.data(), slot_row.data(), ggates.data(), n, k, d, y.data(), true);
+      MoeGatherBackward(bye.data(), slot_row.data(), n, k, d, dx.data(), false);
+      MoeCombineBackward(gdy.data(), bye.data(), slot_row.data(), ggates.data(), n, k, d,
+                         bdye.data(), dg.data());
+      MoeCombineBackward(gdy.data(), gye.data(), slot_row.data(), ggates.data(), n, k, d,
+                         fdye.data(), dg.data());
+      o.fxe = fxe.Download(), o.bxe = bxe.Download(), o.y = y.Download(), o.dx = dx.Download();
+      o.dgates = dg.Download(), o.bdye = bdye.Download(), o.fdye = fdye.Download();
+      return o;
+    };
+    const Out one = run("scan"), eight = run("sort");
+    EXPECT_EQ(eight.fxe, one.fxe);
+    EXPECT_EQ(std::memcmp(eight.bxe.data(), one.bxe.data(), 2 * rows * d), 0);
+    EXPECT_EQ(eight.y, one.y);
+    EXPECT_EQ(eight.dx, one.dx);
+    EXPECT_EQ(eight.fdye, one.fdye);
+    EXPECT_EQ(std::memcmp(eight.bdye.data(), one.bdye.data(), 2 * rows * d), 0);
+    ExpectNear(eight.dgates, one.dgates, 1e-6, 1e-6, "dgates");
+  }
+}
+
 TEST(CudaMoeExperts, GroupedGemmsMatchCpuIncludingAnEmptyExpert) {
   MOELAB_REQUIRE_GPU();
   const ExpertsCase cs;
