@@ -203,7 +203,8 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS"}) {
+  for (const char* var :
+       {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_FLASH_ROPE", "MOELAB_MOE_EXPERTS"}) {
     SCOPED_TRACE(var);
     setenv(var, "sideways", 1);
     try {
@@ -216,9 +217,11 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
     unsetenv(var);
   }
   setenv("MOELAB_FLASH_KERNEL", "mma", 1);
+  setenv("MOELAB_FLASH_ROPE", "fused", 1);
   setenv("MOELAB_MOE_EXPERTS", "chunked", 1);
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   unsetenv("MOELAB_FLASH_KERNEL");
+  unsetenv("MOELAB_FLASH_ROPE");
   unsetenv("MOELAB_MOE_EXPERTS");
 }
 
