@@ -25,34 +25,39 @@ struct RopeArgs {
   const float* sin = nullptr;
 };
 
-// Two fp32 values rounded to bf16 (nearest even, as Load8 rounds them), x in the low half.
-__device__ __forceinline__ uint32_t Bf16x2Bits(float x, float y) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
-  return reinterpret_cast<const uint32_t&>(b);
+// 8 fp32 values rounded to 8 bf16 in one 16-byte word (nearest even, as Load8 rounds them).
+__device__ __forceinline__ uint4 PackBf16x8(const float (&x)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(x[2 * e], x[2 * e + 1]);
+    w[e] = reinterpret_cast<const uint32_t&>(b);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Columns c..c+7 (lo) and c+D/2..c+D/2+7 (hi) of one fp32 row, rotated at the position whose
-// table rows are cs, sn (pairs c..c+7), rounded to bf16. c a multiple of 8 below D/2. Four pairs
-// at a time, packed as soon as rotated: fewer live registers inside the backward's loops.
+// table rows are cs, sn (pairs c..c+7), rounded to bf16. c a multiple of 8 below D/2. (All 8
+// pairs loaded first: packing each 4 as soon as rotated spilled more at 128/128, 12 bytes.)
 template <int D>
 __device__ __forceinline__ void Load8Rotated(const float* row, int c, const float* cs,
                                              const float* sn, uint4* lo, uint4* hi) {
-  uint32_t wl[4], wh[4];
+  float a[8], b[8], co[8], si[8];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // 16-byte loads: rows and tables are 16-byte aligned
     const float4 av = reinterpret_cast<const float4*>(row + c)[h];
     const float4 bv = reinterpret_cast<const float4*>(row + c + D / 2)[h];
     const float4 cv = reinterpret_cast<const float4*>(cs + c)[h];
     const float4 sv = reinterpret_cast<const float4*>(sn + c)[h];
-    float a[4] = {av.x, av.y, av.z, av.w}, b[4] = {bv.x, bv.y, bv.z, bv.w};
-    const float co[4] = {cv.x, cv.y, cv.z, cv.w}, si[4] = {sv.x, sv.y, sv.z, sv.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) rope::RotatePair(a[e], b[e], co[e], si[e]);
-    wl[2 * h] = Bf16x2Bits(a[0], a[1]), wl[2 * h + 1] = Bf16x2Bits(a[2], a[3]);
-    wh[2 * h] = Bf16x2Bits(b[0], b[1]), wh[2 * h + 1] = Bf16x2Bits(b[2], b[3]);
+    a[4 * h] = av.x, a[4 * h + 1] = av.y, a[4 * h + 2] = av.z, a[4 * h + 3] = av.w;
+    b[4 * h] = bv.x, b[4 * h + 1] = bv.y, b[4 * h + 2] = bv.z, b[4 * h + 3] = bv.w;
+    co[4 * h] = cv.x, co[4 * h + 1] = cv.y, co[4 * h + 2] = cv.z, co[4 * h + 3] = cv.w;
+    si[4 * h] = sv.x, si[4 * h + 1] = sv.y, si[4 * h + 2] = sv.z, si[4 * h + 3] = sv.w;
   }
-  *lo = make_uint4(wl[0], wl[1], wl[2], wl[3]);
-  *hi = make_uint4(wh[0], wh[1], wh[2], wh[3]);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) rope::RotatePair(a[e], b[e], co[e], si[e]);
+  *lo = PackBf16x8(a);
+  *hi = PackBf16x8(b);
 }
 
 // Rows r, r + 1 (x[0], x[1]) of an fp32 q or k tile, each rotated at its position pos0 + row,
