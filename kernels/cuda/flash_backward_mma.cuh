@@ -49,7 +49,9 @@ constexpr bool kKeepRowsInRegisters = DQK + DV <= 256;
 // rest. All seven instantiated shapes fit: nvcc 13.0 -Xptxas -v, sm_90, registers dK/dV | dQ:
 // 16/16 72 | 117, 32/32 96 | 151, 64/64 162 | 218, 128/128 254 | 202, 48/32 116 | 168,
 // 96/64 168 | 162, 192/128 241 | 168; spills only 12 bytes in 96/64's dK/dV and 48/32's dQ;
-// fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled).
+// fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled). With RoPE
+// fused (kRope, fp32, qk_dim = v_dim): 16/16 116 | 128, 32/32 126 | 164, 64/64 168 | 227,
+// 128/128 255 (4 bytes spilled) | 220.
 template <int DQK, int DV>
 constexpr bool MmaBackwardCovers() {
   return DQK % 16 == 0 && DV % 16 == 0 && DQK <= 192 && DV <= 128;
