@@ -142,6 +142,20 @@ class Backend : public BackendMemory {
   virtual void AttentionBackward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v,
                                  const T* out, const T* saved, const T* dout, T* dq, T* dk, T* dv,
                                  T* scratch) = 0;
+  // Whether AttentionForward / AttentionBackward with dims a apply the (non-MLA) RoPE of q and k
+  // themselves, with the tables given to SetAttentionRope: q and k are then passed un-rotated
+  // (and stay so in the caller's buffer), dq and dk come back with respect to them, and the
+  // caller skips its RopeQk calls. The answer must not change between a forward and its
+  // backward. Default: no (the CPU backend; CUDA unless its fused kernels are told to).
+  virtual bool AttentionAppliesRope(const cpu::AttentionDims& a) {
+    (void)a;
+    return false;
+  }
+  // The model's RoPE tables (cos, sin [seq, rot_dim/2], memory of this backend, alive as long as
+  // the backend is used), registered once after they are uploaded.
+  virtual void SetAttentionRope(const T* cos, const T* sin, int rot_dim) {
+    (void)cos, (void)sin, (void)rot_dim;
+  }
   // head_max[h] = max over b of pair_max[b·heads + h].
   virtual void HeadMax(const T* pair_max, int batch, int heads, T* head_max) = 0;
   virtual void Rope(T* x, int n, int seq, int ld, int heads, int head_stride, int offset,

@@ -304,11 +304,22 @@ class CudaBackend final : public Backend<float> {
   size_t AttentionScratchElements(const cpu::AttentionDims& a) override {
     return AttentionScratch(flash_, a);
   }
+  // RoPE inside the fused mma kernels (MOELAB_FLASH_ROPE=fused, opt-in; flash_attention.h):
+  // only where the fused kernels run, the tables are registered and the kernels cover the shape
+  // with a whole-head rotation (non-MLA: the model asks only there).
+  bool AttentionAppliesRope(const cpu::AttentionDims& a) override {
+    return flash_ && rope_.cos != nullptr && cuda::FlashRopeFused() &&
+           cuda::FlashRopeSupported(cuda::AttentionDims(a), sizeof(float), rope_.rot_dim);
+  }
+  void SetAttentionRope(const float* cos, const float* sin, int rot_dim) override {
+    rope_ = {cos, sin, rot_dim};
+  }
   void AttentionForward(const cpu::AttentionDims& a, const float* q, const float* k, const float* v,
                         float* saved, float* out, float* pair_max) override {
     ProfileScope ps(profiler_, "attention fwd");
     if (flash_) {
-      cuda::FlashAttentionForward<float>(cuda::AttentionDims(a), q, k, v, out, saved, pair_max);
+      cuda::FlashAttentionForward<float>(cuda::AttentionDims(a), q, k, v, out, saved, pair_max,
+                                         nullptr, AttentionAppliesRope(a) ? &rope_ : nullptr);
       return;
     }
     float* capped = CappedPart(saved, a);
@@ -320,7 +331,8 @@ class CudaBackend final : public Backend<float> {
     ProfileScope ps(profiler_, "attention bwd");
     if (flash_) {
       cuda::FlashAttentionBackward<float>(cuda::AttentionDims(a), q, k, v, out, saved, dout, dq, dk,
-                                          dv, scratch);
+                                          dv, scratch, nullptr,
+                                          AttentionAppliesRope(a) ? &rope_ : nullptr);
       return;
     }
     const float* capped = CappedPart(saved, a);
@@ -442,6 +454,7 @@ class CudaBackend final : public Backend<float> {
   // ffn_fused_: the dense FFN on GatedFfn*Bf16 (MOELAB_FFN=fused, read once: FfnBackward must
   // read what FfnForward wrote).
   bool use_bf16_, flash_, ffn_fused_;
+  cuda::FlashRope rope_;  // the model's tables (SetAttentionRope); null: none registered
   const float* weights_ = nullptr;
   size_t num_weights_ = 0;
   Bf16WeightCopy weights_bf16_;
@@ -592,11 +605,12 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
   // The environment's switches between GPU implementations (MOELAB_ATTENTION,
-  // MOELAB_FLASH_KERNEL, MOELAB_MOE_EXPERTS, MOELAB_MOE_DISPATCH, MOELAB_FFN; docs/cuda.md): a bad
-  // value stops the run here.
+  // MOELAB_FLASH_KERNEL, MOELAB_FLASH_ROPE, MOELAB_MOE_EXPERTS, MOELAB_MOE_DISPATCH, MOELAB_FFN;
+  // docs/cuda.md): a bad value stops the run here.
   try {
     ChooseFlash(c);
     cuda::FlashKernelInUse();
+    cuda::FlashRopeFused();
     cudamodel::ChunkedExpertsWanted();
     cuda::GatedFfnWanted();
     cuda::MoeDispatchInUse();

@@ -109,7 +109,8 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
   const T* sn = rope_sin.data();
   if (!mla) {
     // q | k | v = x̂·[wq; wk; wv]ᵀ in one GEMM, then (QK-norm and) RoPE on q and k in place, in
-    // one op.
+    // one op — unless the backend's attention rotates them as it loads them (q and k then stay
+    // un-rotated in a.qkv, which the backward reads).
     be->Linear(a.ln1, P + ly.wq, n, d, qkv_dim, a.qkv, false);
     if (qk_norm) {
       const int ld = qdim + kvdim;
@@ -119,8 +120,10 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
       be->RmsNormGroups(a.qk_raw + qdim, ld, a.qkv + qdim, qkv_dim, n, KVH, hd, P + ly.k_norm,
                         m.norm_eps, a.rstd_k);
     }
-    be->RopeQk({a.qkv, qkv_dim, H, hd, 0}, {a.qkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
-               false);
+    if (!be->AttentionAppliesRope(dims)) {
+      be->RopeQk({a.qkv, qkv_dim, H, hd, 0}, {a.qkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
+                 false);
+    }
     be->AttentionForward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.saved, a.att, pair_max);
     return;
   }
@@ -161,8 +164,10 @@ void Model<T>::Impl::AttentionBackward(int l, int n) {
   if (!mla) {
     be->AttentionBackward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.att, a.saved, datt,
                           dqkv, dqkv + qdim, dqkv + qdim + kvdim, att_scratch);
-    be->RopeQk({dqkv, qkv_dim, H, hd, 0}, {dqkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
-               true);
+    if (!be->AttentionAppliesRope(dims)) {
+      be->RopeQk({dqkv, qkv_dim, H, hd, 0}, {dqkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
+                 true);
+    }
     if (qk_norm) {
       const int ld = qdim + kvdim;
       be->RmsNormGroupsBackward(a.qk_raw, ld, P + ly.q_norm, a.rstd_q, dqkv, qkv_dim, dqkv, qkv_dim,

@@ -197,6 +197,7 @@ Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard,
   rope_sin.Resize(sn.size());
   rope_cos.Upload(cs.data(), cs.size());
   rope_sin.Upload(sn.data(), sn.size());
+  be->SetAttentionRope(rope_cos.data(), rope_sin.data(), rot_dim);
   host_head_max.resize(static_cast<size_t>(L) * H);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention.h"
@@ -76,6 +77,17 @@ struct SmemQuery {
 // -Xptxas -v: no spills at 192/128, the largest); the others would run the wmma forward.
 constexpr bool MmaForwardCovers(int /*dqk*/, int /*dv*/) { return true; }
 
+// The shapes with RoPE-fusing kernels (flash_rope.cuh): fp32 inputs, qk_dim = v_dim (non-MLA).
+template <typename T>
+constexpr bool RopeInstantiated(int dqk, int dv) {
+  return std::is_same_v<T, float> && dqk == dv;
+}
+
+// The mma kernels are the only ones that fuse RoPE; FlashRopeSupported refused the rest.
+[[noreturn]] void NoRopeKernel(const char* who) {
+  throw std::logic_error(std::string(who) + ": no RoPE-fusing kernel for this shape");
+}
+
 template <typename T>
 struct ForwardLaunch {
   Params p;
@@ -84,24 +96,30 @@ struct ForwardLaunch {
   const T *q, *k, *v;
   T* out;
   float *lse, *pair_max;
-  bool mma;  // FlashKernelInUse() == FlashKernel::kMma
+  bool mma;       // FlashKernelInUse() == FlashKernel::kMma
+  RopeArgs rope;  // null tables: none
   template <int DQK, int DV>
   void Run() const {
+    if (rope.cos != nullptr) {
+      if constexpr (RopeInstantiated<T>(DQK, DV)) return Mma<DQK, DV, true>();
+      NoRopeKernel("cuda::FlashAttentionForward");
+    }
     if constexpr (MmaForwardCovers(DQK, DV)) {
-      if (mma) {
-        auto kernel = FlashForwardMmaKernel<T, DQK, DV>;
-        const size_t smem = FwdMmaSmem<DQK, DV>::kBytes;
-        constexpr int tile = kTile * MmaRowBlocks(DQK, DV);  // query rows per block
-        AllowSmem(kernel, smem);
-        kernel<<<dim3(grid.x, (p.seq + tile - 1) / tile), kThreads, smem, stream>>>(p, q, k, v, out,
-                                                                                    lse, pair_max);
-        return;
-      }
+      if (mma) return Mma<DQK, DV, false>();
     }
     auto kernel = FlashForwardKernel<T, DQK, DV>;
     const size_t smem = FwdSmem<DQK, DV>::kBytes;
     AllowSmem(kernel, smem);
     kernel<<<grid, kThreads, smem, stream>>>(p, q, k, v, out, lse, pair_max);
+  }
+  template <int DQK, int DV, bool kRope>
+  void Mma() const {
+    auto kernel = FlashForwardMmaKernel<T, DQK, DV, kRope>;
+    const size_t smem = FwdMmaSmem<DQK, DV>::kBytes;
+    constexpr int tile = kTile * MmaRowBlocks(DQK, DV);  // query rows per block
+    AllowSmem(kernel, smem);
+    kernel<<<dim3(grid.x, (p.seq + tile - 1) / tile), kThreads, smem, stream>>>(
+        p, q, k, v, out, lse, pair_max, rope);
   }
 };
 
@@ -114,24 +132,17 @@ struct BackwardLaunch {
   const float *lse, *dvec;
   const T* dout;
   float *dq, *dk, *dv;
+  RopeArgs rope;  // null tables: none
   template <int DQK, int DV>
   void Run() const {
-    const dim3 kv_grid(a.batch * a.kv_heads, Tiles(a.seq)), q_grid(a.batch * a.heads, Tiles(a.seq));
-    if constexpr (MmaBackwardCovers<DQK, DV>()) {
-      if (FlashKernelInUse() == FlashKernel::kMma) {
-        auto kv = FlashBackwardKvMmaKernel<T, DQK, DV>;
-        AllowSmem(kv, BwdMmaKvSmem<DQK, DV>::kBytes);
-        kv<<<kv_grid, kThreads, BwdMmaKvSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec,
-                                                                         dout, dk, dv);
-        auto qk = FlashBackwardQMmaKernel<T, DQK, DV>;
-        AllowSmem(qk, BwdMmaQSmem<DQK, DV>::kBytes);
-        constexpr int kRows = kDqQueryTile<DQK, DV>;  // its query tile: 64 or 128 rows
-        const dim3 mma_q_grid(a.batch * a.heads, (a.seq + kRows - 1) / kRows);
-        qk<<<mma_q_grid, kThreads, BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec,
-                                                                           dout, dq);
-        return;
-      }
+    if (rope.cos != nullptr) {
+      if constexpr (RopeInstantiated<T>(DQK, DV)) return Mma<DQK, DV, true>();
+      NoRopeKernel("cuda::FlashAttentionBackward");
     }
+    if constexpr (MmaBackwardCovers<DQK, DV>()) {
+      if (FlashKernelInUse() == FlashKernel::kMma) return Mma<DQK, DV, false>();
+    }
+    const dim3 kv_grid(a.batch * a.kv_heads, Tiles(a.seq)), q_grid(a.batch * a.heads, Tiles(a.seq));
     const size_t smem = BwdSmem<DQK, DV>::kBytes;
     auto kv = FlashBackwardKvKernel<T, DQK, DV>;
     AllowSmem(kv, smem);
@@ -140,7 +151,35 @@ struct BackwardLaunch {
     AllowSmem(qk, smem);
     qk<<<q_grid, kThreads, smem, stream>>>(p, q, k, v, lse, dvec, dout, dq);
   }
+  template <int DQK, int DV, bool kRope>
+  void Mma() const {
+    auto kv = FlashBackwardKvMmaKernel<T, DQK, DV, kRope>;
+    AllowSmem(kv, BwdMmaKvSmem<DQK, DV>::kBytes);
+    kv<<<dim3(a.batch * a.kv_heads, Tiles(a.seq)), kThreads, BwdMmaKvSmem<DQK, DV>::kBytes,
+         stream>>>(p, q, k, v, lse, dvec, dout, dk, dv, rope);
+    auto qk = FlashBackwardQMmaKernel<T, DQK, DV, kRope>;
+    AllowSmem(qk, BwdMmaQSmem<DQK, DV>::kBytes);
+    constexpr int kRows = kDqQueryTile<DQK, DV>;  // its query tile: 64 or 128 rows
+    qk<<<dim3(a.batch * a.heads, (a.seq + kRows - 1) / kRows), kThreads,
+         BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec, dout, dq, rope);
+  }
 };
+
+// The kernels' rope argument from the launcher's, after checking it (throws naming `who`).
+RopeArgs CheckedRope(const AttentionDims& a, size_t elem_bytes, const FlashRope* rope,
+                     const char* who) {
+  if (rope == nullptr) return {};
+  std::string why;
+  if (!FlashRopeSupported(a, elem_bytes, rope->rot_dim, &why)) {
+    throw std::invalid_argument(std::string(who) + ": RoPE cannot be fused: " + why);
+  }
+  if (rope->cos == nullptr || rope->sin == nullptr) {
+    throw std::invalid_argument(std::string(who) + ": RoPE tables are null");
+  }
+  CheckAligned(rope->cos, "the RoPE cos table", who),
+      CheckAligned(rope->sin, "the RoPE sin table", who);
+  return {rope->cos, rope->sin};
+}
 
 }  // namespace
 
@@ -150,6 +189,33 @@ FlashKernel FlashKernelInUse() {
   if (std::string(env) == "mma") return FlashKernel::kMma;
   throw std::invalid_argument(std::string("MOELAB_FLASH_KERNEL=") + env +
                               ": expected \"wmma\" (the default) or \"mma\"");
+}
+
+bool FlashRopeFused() {
+  const char* env = std::getenv("MOELAB_FLASH_ROPE");
+  if (env == nullptr || *env == '\0' || std::string(env) == "separate") return false;
+  if (std::string(env) == "fused") return true;
+  throw std::invalid_argument(std::string("MOELAB_FLASH_ROPE=") + env +
+                              ": expected \"separate\" (the default) or \"fused\"");
+}
+
+bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (elem_bytes != 4) {
+    return no("q and k are not fp32 (bf16 tiles are copied by cp.async, never through registers)");
+  }
+  if (FlashKernelInUse() != FlashKernel::kMma) {
+    return no("the wmma kernels do not fuse RoPE (MOELAB_FLASH_KERNEL=mma does)");
+  }
+  if (rot_dim != a.qk_dim || a.qk_dim != a.v_dim) {
+    return no("rotary dims " + std::to_string(rot_dim) + " with head dims qk " +
+              std::to_string(a.qk_dim) + " / v " + std::to_string(a.v_dim) +
+              ": fused only where the whole head rotates and qk_dim = v_dim (not MLA)");
+  }
+  return FlashAttentionSupported(a, elem_bytes, why);
 }
 
 bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::string* why) {
@@ -191,25 +257,28 @@ size_t FlashAttentionScratchSize(const AttentionDims& a) {
 
 template <typename T>
 void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* out,
-                           float* lse, float* pair_max, cudaStream_t stream) {
+                           float* lse, float* pair_max, cudaStream_t stream,
+                           const FlashRope* rope) {
   const char* who = "cuda::FlashAttentionForward";
   CheckSupported(a, sizeof(T), who);
+  const RopeArgs rope_args = CheckedRope(a, sizeof(T), rope, who);
   if (a.batch == 0 || a.seq == 0) return;
   CheckAligned(q, "q", who), CheckAligned(k, "k", who), CheckAligned(v, "v", who);
   const long pairs = long(a.batch) * a.heads;
   FillKernel<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs, -INFINITY);
   const bool mma = FlashKernelInUse() == FlashKernel::kMma;
   WithShape(a, ForwardLaunch<T>{MakeParams(a), dim3(pairs, Tiles(a.seq)), stream, q, k, v, out, lse,
-                                pair_max, mma});
+                                pair_max, mma, rope_args});
   CheckLaunch(who);
 }
 
 template <typename T>
 void FlashAttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v,
                             const T* out, const float* lse, const T* dout, float* dq, float* dk,
-                            float* dv, float* scratch, cudaStream_t stream) {
+                            float* dv, float* scratch, cudaStream_t stream, const FlashRope* rope) {
   const char* who = "cuda::FlashAttentionBackward";
   CheckSupported(a, sizeof(T), who);
+  const RopeArgs rope_args = CheckedRope(a, sizeof(T), rope, who);
   if (a.batch == 0 || a.seq == 0) return;
   CheckAligned(q, "q", who), CheckAligned(k, "k", who), CheckAligned(v, "v", who);
   CheckAligned(dout, "dout", who);
@@ -217,19 +286,23 @@ void FlashAttentionBackward(const AttentionDims& a, const T* q, const T* k, cons
   const long rows = long(a.batch) * a.heads * a.seq;
   RowDotKernel<T><<<(rows * 32 + 255) / 256, 256, 0, stream>>>(p, a.v_dim, out, dout, scratch);
   CheckLaunch("cuda::FlashAttentionBackward D");
-  WithShape(a, BackwardLaunch<T>{p, a, stream, q, k, v, lse, scratch, dout, dq, dk, dv});
+  WithShape(a, BackwardLaunch<T>{p, a, stream, q, k, v, lse, scratch, dout, dq, dk, dv, rope_args});
   CheckLaunch(who);
 }
 
 template void FlashAttentionForward<float>(const AttentionDims&, const float*, const float*,
-                                           const float*, float*, float*, float*, cudaStream_t);
+                                           const float*, float*, float*, float*, cudaStream_t,
+                                           const FlashRope*);
 template void FlashAttentionForward<bf16>(const AttentionDims&, const bf16*, const bf16*,
-                                          const bf16*, bf16*, float*, float*, cudaStream_t);
+                                          const bf16*, bf16*, float*, float*, cudaStream_t,
+                                          const FlashRope*);
 template void FlashAttentionBackward<float>(const AttentionDims&, const float*, const float*,
                                             const float*, const float*, const float*, const float*,
-                                            float*, float*, float*, float*, cudaStream_t);
+                                            float*, float*, float*, float*, cudaStream_t,
+                                            const FlashRope*);
 template void FlashAttentionBackward<bf16>(const AttentionDims&, const bf16*, const bf16*,
                                            const bf16*, const bf16*, const float*, const bf16*,
-                                           float*, float*, float*, float*, cudaStream_t);
+                                           float*, float*, float*, float*, cudaStream_t,
+                                           const FlashRope*);
 
 }  // namespace moelab::cuda

@@ -21,6 +21,13 @@
 // (128,128), (48,32) (MLA's default 32+16 / 32), (96,64), (192,128) (DeepSeek's MLA 128+64 / 128)},
 // any heads / kv_heads ratio (MHA, GQA, MQA), any seq ≥ 1, soft-cap or not; row strides and base
 // pointers 16-byte aligned. Anything else: use kernels/cuda/attention.h (the reference path).
+//
+// RoPE fused (optional FlashRope argument, mma kernels and fp32 q/k only): q and k are given
+// un-rotated and each tile is rotated as it is loaded (rotate-half over the whole qk head,
+// position of row i of a sequence = i, the rope kernel's fp32 arithmetic, then the bf16
+// rounding), and the backward's dq and dk are returned through the inverse rotation: the results
+// are those of RopeApplyQk before (and its inverse after) the plain kernels, bit for bit, without
+// the two passes over q and k. Non-MLA shapes only (qk_dim = v_dim = rot_dim).
 #pragma once
 
 #include <cstddef>
@@ -41,9 +48,18 @@ bool FlashAttentionSupported(const AttentionDims& a, size_t elem_bytes, std::str
 // logits s' the softmax used. pair_max [B·H] receives each (batch, head)'s max raw logit
 // scale·q·k over unmasked j ≤ i, before any soft-cap (reduced inside the kernel with an atomic max
 // on the float's bits: order-independent, so deterministic).
+// RoPE tables for the fused rotation: cos, sin [seq, rot_dim/2] fp32 device arrays (16-byte
+// aligned; RopeTables' layout), rot_dim the rotated dims of a head.
+struct FlashRope {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int rot_dim = 0;
+};
+
 template <typename T>
 void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* out,
-                           float* lse, float* pair_max, cudaStream_t stream = nullptr);
+                           float* lse, float* pair_max, cudaStream_t stream = nullptr,
+                           const FlashRope* rope = nullptr);
 
 // Which implementation of the fused kernels runs. kWmma: the first version (nvcuda::wmma, every
 // elementwise step through shared memory), the default: it is the one that has run on a GPU.
@@ -53,14 +69,27 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
 enum class FlashKernel { kMma, kWmma };
 FlashKernel FlashKernelInUse();
 
+// Whether the model hands RoPE to these kernels (FlashRope) or runs RopeApplyQk around them:
+// MOELAB_FLASH_ROPE=fused|separate (unset or empty: separate), read at every call; any other
+// value throws std::invalid_argument naming it. Opt-in: checked under the CPU emulation only.
+bool FlashRopeFused();
+
+// True when FlashAttentionForward / Backward<T> take a FlashRope of rot_dim for a: fp32 inputs
+// (elem_bytes 4), the mma kernels in use (FlashKernelInUse), rot_dim = qk_dim = v_dim, a shape
+// the kernels cover (FlashAttentionSupported). Otherwise false, with the reason in *why.
+bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim,
+                        std::string* why = nullptr);
+
 // Floats of device scratch FlashAttentionBackward needs: B·H·S (the rows of D).
 size_t FlashAttentionScratchSize(const AttentionDims& a);
 
 // out and lse from the forward; dout in out's layout. dq, dk, dv (fp32, in q's, k's and v's
-// layouts: head columns overwritten, other columns untouched). Bitwise reproducible.
+// layouts: head columns overwritten, other columns untouched). Bitwise reproducible. With rope
+// (the forward's): q, k un-rotated as given to the forward, dq and dk w.r.t. them.
 template <typename T>
 void FlashAttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v,
                             const T* out, const float* lse, const T* dout, float* dq, float* dk,
-                            float* dv, float* scratch, cudaStream_t stream = nullptr);
+                            float* dv, float* scratch, cudaStream_t stream = nullptr,
+                            const FlashRope* rope = nullptr);
 
 }  // namespace moelab::cuda

@@ -28,8 +28,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/flash_rope.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moelab::cuda::flash {
@@ -47,7 +49,9 @@ constexpr bool kKeepRowsInRegisters = DQK + DV <= 256;
 // rest. All seven instantiated shapes fit: nvcc 13.0 -Xptxas -v, sm_90, registers dK/dV | dQ:
 // 16/16 72 | 117, 32/32 96 | 151, 64/64 162 | 218, 128/128 254 | 202, 48/32 116 | 168,
 // 96/64 168 | 162, 192/128 241 | 168; spills only 12 bytes in 96/64's dK/dV and 48/32's dQ;
-// fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled).
+// fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled). With RoPE
+// fused (kRope, fp32, qk_dim = v_dim): 16/16 116 | 128, 32/32 126 | 164, 64/64 168 | 227,
+// 128/128 255 (4 bytes spilled) | 220.
 template <int DQK, int DV>
 constexpr bool MmaBackwardCovers() {
   return DQK % 16 == 0 && DV % 16 == 0 && DQK <= 192 && DV <= 128;
@@ -91,6 +95,21 @@ __device__ __forceinline__ void LoadBt(uint32_t b[2], const bf16* y, int ld, int
   b[1] = Ld32(x + 8);
 }
 
+// Columns c..c+7 of rows r (x0) and r + 1 (x1), 8 bf16 each, into the row-major tile dst
+// (stride Ld16(D)) and its transpose dst_t ([D][kLdT]: one 32-bit word per two rows).
+template <int D>
+__device__ __forceinline__ void StoreRowPair(bf16* dst, bf16* dst_t, int r, int c, uint4 x0,
+                                             uint4 x1) {
+  *reinterpret_cast<uint4*>(dst + r * Ld16(D) + c) = x0;
+  *reinterpret_cast<uint4*>(dst + (r + 1) * Ld16(D) + c) = x1;
+  const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // word e holds columns c + 2e (low half) and c + 2e + 1
+    St32(dst_t + (c + 2 * e) * kLdT + r, (w0[e] & 0xffffu) | (w1[e] << 16));
+    St32(dst_t + (c + 2 * e + 1) * kLdT + r, (w0[e] >> 16) | (w1[e] & 0xffff0000u));
+  }
+}
+
 // Rows [0, kTile) × columns [0, D) of src (row stride ld; rows ≥ valid zero) into the row-major
 // tile dst (stride Ld16(D)) and its transpose dst_t ([D][kLdT]). Thread → (row pair, 8-column
 // chunk) with the row pair fastest: a warp writes 32 consecutive words of each transposed row.
@@ -102,13 +121,60 @@ __device__ void LoadTileBoth(bf16* dst, bf16* dst_t, const T* src, long ld, int 
     const uint4 zero = make_uint4(0, 0, 0, 0);
     const uint4 x0 = r < valid ? Load8(src + r * ld + c) : zero;
     const uint4 x1 = r + 1 < valid ? Load8(src + (r + 1) * ld + c) : zero;
-    *reinterpret_cast<uint4*>(dst + r * Ld16(D) + c) = x0;
-    *reinterpret_cast<uint4*>(dst + (r + 1) * Ld16(D) + c) = x1;
-    const uint32_t w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+    StoreRowPair<D>(dst, dst_t, r, c, x0, x1);
+  }
+}
+
+// LoadTileBoth of an fp32 q or k tile with row r rotated at position pos0 + r (flash_rope.cuh):
+// a thread takes the chunk pair (c, c + D/2) of its two rows, so reads every value once.
+template <int D>
+__device__ void LoadTileBothRotated(bf16* dst, bf16* dst_t, const float* src, long ld, int valid,
+                                    const RopeArgs& rope, int pos0) {
+  for (int idx = threadIdx.x; idx < (kTile / 2) * (D / 16); idx += kThreads) {
+    const int r = 2 * (idx % (kTile / 2)), c = (idx / (kTile / 2)) * 8;
+    uint4 x[2][2];
+    LoadRowPairRotated<D>(src, ld, valid, rope, pos0, r, c, x);
+    StoreRowPair<D>(dst, dst_t, r, c, x[0][0], x[1][0]);
+    StoreRowPair<D>(dst, dst_t, r, c + D / 2, x[0][1], x[1][1]);
+  }
+}
+
+// The q and k tile loads of the kernels below: plain, or with kRope (fp32 q and k) rotated at
+// positions pos0 + row.
+template <int D, bool kRope, typename T>
+__device__ __forceinline__ void LoadQkRows(bf16* dst, const T* src, long ld, int valid,
+                                           const RopeArgs& rope, int pos0) {
+  if constexpr (kRope) {
+    static_assert(std::is_same_v<T, float>, "RoPE is fused for fp32 q and k only");
+    LoadTileRotated<D>(dst, src, ld, valid, rope, pos0);
+  } else {
+    LoadTile<D>(dst, src, ld, valid);
+  }
+}
+template <int D, bool kRope, typename T>
+__device__ __forceinline__ void LoadQkBoth(bf16* dst, bf16* dst_t, const T* src, long ld, int valid,
+                                           const RopeArgs& rope, int pos0) {
+  if constexpr (kRope) {
+    static_assert(std::is_same_v<T, float>, "RoPE is fused for fp32 q and k only");
+    LoadTileBothRotated<D>(dst, dst_t, src, ld, valid, rope, pos0);
+  } else {
+    LoadTileBoth<D>(dst, dst_t, src, ld, valid);
+  }
+}
+
+// Row `row` (half `half` of the lane's C rows) of a gradient accumulator set acc over D columns
+// written to global memory at dst + 2t: mul·acc, and with kRope through the inverse rotation at
+// position pos (flash_rope.cuh) — the values the plain kernel writes, then RoPE⁻¹, bit for bit.
+template <int D, bool kRope>
+__device__ __forceinline__ void StoreGradRow(float* dst, const float (&acc)[D / 8][4], int half,
+                                             float mul, const RopeArgs& rope, int pos, int t) {
+  if constexpr (kRope) {
+    StoreRowInverseRotated<D>(dst, acc, half, mul, rope, pos, t);
+  } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // word e holds columns c + 2e (low half) and c + 2e + 1
-      St32(dst_t + (c + 2 * e) * kLdT + r, (w0[e] & 0xffffu) | (w1[e] << 16));
-      St32(dst_t + (c + 2 * e + 1) * kLdT + r, (w0[e] >> 16) | (w1[e] & 0xffff0000u));
+    for (int n = 0; n < D / 8; ++n) {
+      dst[8 * n + 2 * t] = mul * acc[n][2 * half];
+      dst[8 * n + 2 * t + 1] = mul * acc[n][2 * half + 1];
     }
   }
 }
@@ -178,12 +244,14 @@ struct BwdMmaQSmem {
 // dK, dV of one 64-key tile of one kv head: grid (B·kv_heads, key tiles). Warp w owns keys
 // k0 + 16w .. + 15 (the M rows of every product); its accumulators sum over the group's query
 // heads in head order, the query tiles from the diagonal on and the 16-query chunks in order.
-template <typename T, int DQK, int DV>
+// kRope: q and k arrive un-rotated and are rotated as they load, dk leaves through RoPE⁻¹
+// (flash_rope.cuh).
+template <typename T, int DQK, int DV, bool kRope = false>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const float* __restrict__ lse,
                              const float* __restrict__ dvec, const T* __restrict__ dout,
-                             float* __restrict__ dk, float* __restrict__ dv) {
+                             float* __restrict__ dk, float* __restrict__ dv, RopeArgs rope = {}) {
   using L = BwdMmaKvSmem<DQK, DV>;
   using namespace mmabwd;  // NOLINT: the fragment helpers
   constexpr bool kKeep = kKeepRowsInRegisters<DQK, DV>;
@@ -202,7 +270,8 @@ __global__ void __launch_bounds__(kThreads)
   const int S = p.seq, group = p.heads / p.kv_heads;
   const int b = blockIdx.x / p.kv_heads, kvh = blockIdx.x % p.kv_heads;
   const int k0 = blockIdx.y * kTile;  // tile 0 has the most query tiles: scheduled first
-  LoadTile<DQK>(sk, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0);
+  LoadQkRows<DQK, kRope>(sk, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0, rope,
+                         k0);
   LoadTile<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
   __syncthreads();
 
@@ -227,7 +296,8 @@ __global__ void __launch_bounds__(kThreads)
     const long pair = long(b) * p.heads + h;
     for (int q0 = k0; q0 < S; q0 += kTile) {
       __syncthreads();  // the previous query tile is no longer read
-      LoadTileBoth<DQK>(sq, sqt, q + (long(b) * S + q0) * p.ldq + long(h) * DQK, p.ldq, S - q0);
+      LoadQkBoth<DQK, kRope>(sq, sqt, q + (long(b) * S + q0) * p.ldq + long(h) * DQK, p.ldq, S - q0,
+                             rope, q0);
       LoadTileBoth<DV>(sdo, sdot, dout + (long(b) * S + q0) * p.ldo + long(h) * DV, p.ldo, S - q0);
       LoadRowVec(slse, lse + pair * S + q0, S - q0);
       LoadRowVec(sd, dvec + pair * S + q0, S - q0);
@@ -312,11 +382,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int half = 0; half < 2; ++half) {
     const int key = w0 + gr + 8 * half;
     if (key >= S) continue;
-#pragma unroll
-    for (int n = 0; n < DQK / 8; ++n) {
-      dkw[key * p.ldk + 8 * n + 2 * t] = p.scale * dk_acc[n][2 * half];
-      dkw[key * p.ldk + 8 * n + 2 * t + 1] = p.scale * dk_acc[n][2 * half + 1];
-    }
+    StoreGradRow<DQK, kRope>(dkw + key * p.ldk, dk_acc, half, p.scale, rope, key, t);
 #pragma unroll
     for (int n = 0; n < DV / 8; ++n) {
       dvw[key * p.ldv + 8 * n + 2 * t] = dv_acc[n][2 * half];
@@ -327,13 +393,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ of one query tile (kDqQueryTile rows) of one head: grid (B·H, query tiles), heaviest
 // first. Warp w owns queries q0 + 16·kM·w .. (kM m-tiles of 16); its accumulators sum over the
-// key tiles up to the diagonal and the 16-key chunks in order.
-template <typename T, int DQK, int DV>
+// key tiles up to the diagonal and the 16-key chunks in order. kRope: as the dK/dV kernel's.
+template <typename T, int DQK, int DV, bool kRope = false>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                             const T* __restrict__ v, const float* __restrict__ lse,
                             const float* __restrict__ dvec, const T* __restrict__ dout,
-                            float* __restrict__ dq) {
+                            float* __restrict__ dq, RopeArgs rope = {}) {
   using L = BwdMmaQSmem<DQK, DV>;
   using namespace mmabwd;  // NOLINT: the fragment helpers
   constexpr bool kKeep = kKeepRowsInRegisters<DQK, DV>;
@@ -352,8 +418,8 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
 #pragma unroll
   for (int r0 = 0; r0 < kRows; r0 += kTile) {
-    LoadTile<DQK>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK, p.ldq,
-                  S - q0 - r0);
+    LoadQkRows<DQK, kRope>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK,
+                           p.ldq, S - q0 - r0, rope, q0 + r0);
     LoadTile<DV>(sdo + r0 * kLdV, dout + (long(b) * S + q0 + r0) * p.ldo + long(h) * DV, p.ldo,
                  S - q0 - r0);
   }
@@ -398,7 +464,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kv_end = min(q0 + kRows, S);
   for (int k0 = 0; k0 < kv_end; k0 += kTile) {
     __syncthreads();  // the previous key tile is no longer read
-    LoadTileBoth<DQK>(sk, skt, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0);
+    LoadQkBoth<DQK, kRope>(sk, skt, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0,
+                           rope, k0);
     LoadTile<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
     __syncthreads();
     if (!warp_active) continue;
@@ -484,11 +551,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int half = 0; half < 2; ++half) {
       const int i = w0 + 16 * mi + gr + 8 * half;
       if (i >= S) continue;
-#pragma unroll
-      for (int n = 0; n < DQK / 8; ++n) {
-        dqw[i * p.ldq + 8 * n + 2 * t] = p.scale * dq_acc[mi][n][2 * half];
-        dqw[i * p.ldq + 8 * n + 2 * t + 1] = p.scale * dq_acc[mi][n][2 * half + 1];
-      }
+      StoreGradRow<DQK, kRope>(dqw + i * p.ldq, dq_acc[mi], half, p.scale, rope, i, t);
     }
   }
 }

@@ -27,6 +27,8 @@
 // Registers (nvcc 13, -Xptxas -v, sm_90, bf16 inputs): kM = 2: 255 at 64/64, 48/32, 32/32 and
 // 168 at 16/16; kM = 1: 254 at 128/128, 192/128 and 168 at 96/64. 255 or 254: 2 blocks (8 warps)
 // an SM; 168: 3 blocks. fp32 inputs the same or fewer. No spills (sm_80: 8 bytes at bf16 16/16).
+// With RoPE fused (kRope, fp32 q/k, qk_dim = v_dim; flash_rope.cuh): 255 at 64/64, 199 at 32/32,
+// 168 at 16/16, 188 at 128/128; no spills.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,6 +43,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
+#include "kernels/cuda/flash_rope.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moelab::cuda::flash {
@@ -153,6 +156,19 @@ __device__ void LoadTileAsync(bf16* dst, const T* src, long ld, int valid) {
   }
 }
 
+// A q or k tile: LoadTileAsync, or with kRope (fp32 sources) rotated at positions pos0 + row as
+// it is loaded (flash_rope.cuh; synchronous, like every fp32 load).
+template <int D, bool kRope, typename T>
+__device__ __forceinline__ void LoadQkTile(bf16* dst, const T* src, long ld, int valid,
+                                           const RopeArgs& rope, int pos0) {
+  if constexpr (kRope) {
+    static_assert(std::is_same_v<T, float>, "RoPE is fused for fp32 q and k only");
+    LoadTileRotated<D>(dst, src, ld, valid, rope, pos0);
+  } else {
+    LoadTileAsync<D>(dst, src, ld, valid);
+  }
+}
+
 // 2^x by the special-function unit alone (ex2.approx.ftz: relative error ~2^-22, −∞ → 0, results
 // below 2^-126 flushed to 0 — harmless for probabilities): exp2f without fast-math adds range
 // handling around it, on every element of the tile.
@@ -223,12 +239,13 @@ __device__ __forceinline__ void Logits(float (&s)[kM][kTile / 8][4], const int (
   }
 }
 
-// grid (B·H, ⌈S / (64·kM)⌉ query tiles), heaviest (last) first; kThreads threads.
-template <typename T, int DQK, int DV, int kM = MmaRowBlocks(DQK, DV)>
+// grid (B·H, ⌈S / (64·kM)⌉ query tiles), heaviest (last) first; kThreads threads. kRope: q and
+// k are rotated by RoPE (tables in rope) as their tiles load (flash_rope.cuh).
+template <typename T, int DQK, int DV, bool kRope = false, int kM = MmaRowBlocks(DQK, DV)>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                           const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
-                          float* __restrict__ pair_max) {
+                          float* __restrict__ pair_max, RopeArgs rope = {}) {
   using L = FwdMmaSmem<DQK, DV, kM>;
   constexpr int kQTile = kTile * kM, kWarpRows = 16 * kM;
   constexpr int kQSteps = DQK / 16, kKeyTiles = kTile / 8, kVTiles = DV / 8;
@@ -258,11 +275,11 @@ __global__ void __launch_bounds__(kThreads)
   const int kv_end = min(q0 + kQTile, S);
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
-    LoadTileAsync<DQK>(sq + m * kTile * Ld16(DQK), Q + long(q0 + m * kTile) * p.ldq, p.ldq,
-                       S - q0 - m * kTile);
+    LoadQkTile<DQK, kRope>(sq + m * kTile * Ld16(DQK), Q + long(q0 + m * kTile) * p.ldq, p.ldq,
+                           S - q0 - m * kTile, rope, q0 + m * kTile);
   }
   CpAsyncCommit();
-  LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S);
+  LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S, rope, 0);
   LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV), V, p.ldv, S);
   CpAsyncCommit();
   CpAsyncWait<1>();
@@ -303,8 +320,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (k0 + kTile < kv_end) {
       const size_t next = (buf ^ 1) * L::kBuf;
-      LoadTileAsync<DQK>(reinterpret_cast<bf16*>(smem + L::kK + next), K + long(k0 + kTile) * p.ldk,
-                         p.ldk, S - k0 - kTile);
+      LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK + next),
+                             K + long(k0 + kTile) * p.ldk, p.ldk, S - k0 - kTile, rope, k0 + kTile);
       LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV + next), V + long(k0 + kTile) * p.ldv,
                         p.ldv, S - k0 - kTile);
       CpAsyncCommit();

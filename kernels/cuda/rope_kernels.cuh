@@ -10,6 +10,16 @@
 
 namespace moelab::cuda::rope {
 
+// One pair (a, b) = (x_i, x_{i + rot_dim/2}) of a head rotated by (c, s) = (cos, ±sin) of its
+// position and pair, in place: the CPU's arithmetic (kernels/cpu/rope.h) with every product and
+// sum rounded on its own (no FMA contraction). Shared with the attention kernels that rotate q
+// and k as they load them (kernels/cuda/flash_rope.cuh): the same bits as this kernel's.
+__device__ __forceinline__ void RotatePair(float& a, float& b, float c, float s) {
+  const float ai = a, bi = b;
+  a = __fsub_rn(__fmul_rn(ai, c), __fmul_rn(bi, s));
+  b = __fadd_rn(__fmul_rn(bi, c), __fmul_rn(ai, s));
+}
+
 // One thread per (row r, head h of q's then k's heads, pair i); grid-stride over
 // n·(q.heads + k.heads)·rot_dim/2. sign −1 is the inverse rotation (the backward).
 template <typename T>
@@ -30,10 +40,9 @@ __global__ void RopeQkKernel(cpu::RopeSlice<T> q, cpu::RopeSlice<T> k, long n, i
                 : k.x + r * k.ld + static_cast<long>(h - q.heads) * k.head_stride + k.offset;
     T* b = a + half;
     const T c = cos[p * half + i], si = sign * sin[p * half + i];
-    const T ai = a[i], bi = b[i];
-    // No FMA contraction: the CPU computes the products and the difference separately.
-    a[i] = __fsub_rn(__fmul_rn(ai, c), __fmul_rn(bi, si));
-    b[i] = __fadd_rn(__fmul_rn(bi, c), __fmul_rn(ai, si));
+    T ai = a[i], bi = b[i];
+    RotatePair(ai, bi, c, si);
+    a[i] = ai, b[i] = bi;
   }
 }
 

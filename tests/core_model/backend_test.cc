@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -116,17 +117,48 @@ class CheckingBackend final : public Backend<T> {
   size_t AttentionScratchElements(const cpu::AttentionDims& a) override {
     return cpu_->AttentionScratchElements(a);
   }
+  // With rope_in_attention, the attention takes the model's RoPE as a fusing device backend does
+  // (AttentionAppliesRope): it rotates compact copies of q and k, runs the CPU attention on them
+  // and takes dq and dk back through the inverse rotation.
+  bool AttentionAppliesRope(const cpu::AttentionDims& a) override {
+    return rope_in_attention && rope_cos_ != nullptr && rope_dim_ == a.qk_dim;
+  }
+  void SetAttentionRope(const T* cs, const T* sn, int rot_dim) override {
+    All("SetAttentionRope", {cs, sn});
+    rope_cos_ = cs, rope_sin_ = sn, rope_dim_ = rot_dim;
+  }
   void AttentionForward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v, T* saved,
                         T* out, T* pair_max) override {
     All("AttentionForward", {q, k, v, saved, out, pair_max});
-    cpu_->AttentionForward(a, q, k, v, saved, out, pair_max);
+    if (!AttentionAppliesRope(a)) return cpu_->AttentionForward(a, q, k, v, saved, out, pair_max);
+    ++attention_ropes;
+    cpu::AttentionDims c = a;
+    std::vector<T> rq = Compact(q, a.ldq, a.heads, a, &c.ldq),
+                   rk = Compact(k, a.ldk, a.kv_heads, a, &c.ldk);
+    Rotate(a, rq, rk, /*inverse=*/false);
+    cpu_->AttentionForward(c, rq.data(), rk.data(), v, saved, out, pair_max);
   }
   void AttentionBackward(const cpu::AttentionDims& a, const T* q, const T* k, const T* v,
                          const T* out, const T* saved, const T* dout, T* dq, T* dk, T* dv,
                          T* scratch) override {
     All("AttentionBackward", {q, k, v, out, saved, dout, dq, dk, dv, scratch});
-    cpu_->AttentionBackward(a, q, k, v, out, saved, dout, dq, dk, dv, scratch);
+    if (!AttentionAppliesRope(a)) {
+      return cpu_->AttentionBackward(a, q, k, v, out, saved, dout, dq, dk, dv, scratch);
+    }
+    ++attention_ropes;
+    cpu::AttentionDims c = a;
+    std::vector<T> rq = Compact(q, a.ldq, a.heads, a, &c.ldq),
+                   rk = Compact(k, a.ldk, a.kv_heads, a, &c.ldk);
+    Rotate(a, rq, rk, /*inverse=*/false);
+    std::vector<T> gq(rq.size()), gk(rk.size());
+    cpu_->AttentionBackward(c, rq.data(), rk.data(), v, out, saved, dout, gq.data(), gk.data(), dv,
+                            scratch);
+    Rotate(a, gq, gk, /*inverse=*/true);
+    Expand(gq, a.heads, a, dq, a.ldq);
+    Expand(gk, a.kv_heads, a, dk, a.ldk);
   }
+  bool rope_in_attention = false;
+  int attention_ropes = 0, rope_ops = 0;
   void HeadMax(const T* pair_max, int batch, int heads, T* head_max) override {
     All("HeadMax", {pair_max, head_max});
     cpu_->HeadMax(pair_max, batch, heads, head_max);
@@ -139,6 +171,7 @@ class CheckingBackend final : public Backend<T> {
   void RopeQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq, int rot,
               const T* cs, const T* sn, bool inverse) override {
     All("RopeQk", {q.x, k.x, cs, sn});
+    ++rope_ops;
     cpu_->RopeQk(q, k, n, seq, rot, cs, sn, inverse);
   }
   void CopyHeads(const T* src, int lds, int ss, int so, T* dst, int ldd, int ds, int dof, int n,
@@ -246,8 +279,35 @@ class CheckingBackend final : public Backend<T> {
     for (const void* p : ptrs) Check(p, op);
   }
 
+  // The head columns of x (rows of stride ld) packed to rows of heads·qk_dim (*ld_out).
+  static std::vector<T> Compact(const T* x, int ld, int heads, const cpu::AttentionDims& a,
+                                int* ld_out) {
+    const int w = heads * a.qk_dim;
+    *ld_out = w;
+    std::vector<T> c(size_t(a.batch) * a.seq * w);
+    for (size_t r = 0; r < size_t(a.batch) * a.seq; ++r) {
+      std::copy(x + r * ld, x + r * ld + w, c.begin() + r * w);
+    }
+    return c;
+  }
+  static void Expand(const std::vector<T>& c, int heads, const cpu::AttentionDims& a, T* x,
+                     int ld) {
+    const int w = heads * a.qk_dim;
+    for (size_t r = 0; r < size_t(a.batch) * a.seq; ++r) {
+      std::copy(c.begin() + r * w, c.begin() + (r + 1) * w, x + r * ld);
+    }
+  }
+  void Rotate(const cpu::AttentionDims& a, std::vector<T>& q, std::vector<T>& k, bool inverse) {
+    const int d = a.qk_dim;
+    cpu_->RopeQk({q.data(), a.heads * d, a.heads, d, 0},
+                 {k.data(), a.kv_heads * d, a.kv_heads, d, 0}, a.batch * a.seq, a.seq, d, rope_cos_,
+                 rope_sin_, inverse);
+  }
+
   std::unique_ptr<Backend<T>> cpu_;
   std::map<const char*, size_t> live_;
+  const T *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  int rope_dim_ = 0;
 };
 
 RunConfig Small(const std::string& attention, bool moe) {
@@ -314,6 +374,41 @@ TEST(BackendSeam, ModelTouchesOnlyBackendMemoryAndMatchesTheCpuBackend) {
     EXPECT_EQ(std::memcmp(ga.data(), cpu.grads(), sizeof(float) * ga.size()), 0);
     seam.ReadParams(pa.data());
     EXPECT_EQ(std::memcmp(pa.data(), cpu.params(), sizeof(float) * pa.size()), 0);
+  }
+}
+
+// A backend that applies RoPE inside its attention (AttentionAppliesRope; the CUDA backend with
+// MOELAB_FLASH_ROPE=fused): the model skips its own RopeQk calls, hands the attention q and k
+// un-rotated (after QK-norm) in forward and backward, and gets the CPU backend's bits: GQA with
+// QK-norm and soft-cap, dense and MoE layers. MLA keeps its own RoPE (a partial rotation).
+TEST(BackendSeam, AttentionThatAppliesRopeGivesTheSameBits) {
+  for (const std::string attention : {"mha", "mla"}) {
+    SCOPED_TRACE(attention);
+    const RunConfig c = Small(attention, /*moe=*/true);
+    auto owned = std::make_unique<CheckingBackend<float>>();
+    CheckingBackend<float>* checking = owned.get();
+    checking->rope_in_attention = true;
+    Model<float> seam(c, ExpertShard{}, std::move(owned));
+    Model<float> cpu(c);
+    seam.Init(5);
+    cpu.Init(5);
+    const std::vector<int32_t> tokens = Tokens(c);
+    StepStats a, b;
+    const double la = seam.ForwardBackward(tokens.data(), c.train.batch_size, &a);
+    const double lb = cpu.ForwardBackward(tokens.data(), c.train.batch_size, &b);
+    EXPECT_EQ(checking->violations, 0) << checking->first_violation;
+    if (attention == "mha") {
+      EXPECT_EQ(checking->attention_ropes, 2 * c.model.layers);  // forward and backward
+      EXPECT_EQ(checking->rope_ops, 0) << "the model still ran RopeQk";
+    } else {
+      EXPECT_EQ(checking->attention_ropes, 0);
+      EXPECT_EQ(checking->rope_ops, 2 * c.model.layers);
+    }
+    EXPECT_EQ(la, lb);
+    EXPECT_EQ(a.max_logit_raw, b.max_logit_raw);
+    std::vector<float> ga(seam.num_params());
+    checking->ToHost(ga.data(), seam.grads(), sizeof(float) * ga.size());
+    EXPECT_EQ(std::memcmp(ga.data(), cpu.grads(), sizeof(float) * ga.size()), 0);
   }
 }
 

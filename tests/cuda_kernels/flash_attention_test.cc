@@ -5,8 +5,10 @@
 // reproducible; and a micro-benchmark of both implementations (mma, wmma) against the reference
 // path. The shapes run the implementation MOELAB_FLASH_KERNEL selects (the GPU check runs the
 // binary without it, wmma, and again with mma), one always the wmma one (the mma kernels'
-// fallback). The same kernels also run on the CPU emulation (flash_emulation_test.cc,
-// flash_forward_mma_emulation_test.cc, flash_backward_mma_emulation_test.cc).
+// fallback). RoPE fused into the mma kernels (FlashRope) bit for bit against RopeApplyQk around
+// the plain kernels. The same kernels also run on the CPU emulation (flash_emulation_test.cc,
+// flash_forward_mma_emulation_test.cc, flash_backward_mma_emulation_test.cc,
+// flash_rope_emulation_test.cc).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -19,9 +21,13 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/rope.h"
+#include "tests/common/test_util.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 #include "tests/cuda_kernels/flash_reference.h"
 
@@ -56,32 +62,6 @@ template <typename T>
 void Poison(DeviceBuffer<T>& d) {
   d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
 }
-
-// Sets MOELAB_FLASH_KERNEL (which implementation the fused attention runs) for its scope and
-// restores the variable's previous state (set or not) after.
-class ScopedFlashKernel {
- public:
-  explicit ScopedFlashKernel(const char* kernel) {
-    const char* old = std::getenv(kVar);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(kVar, kernel, 1);
-  }
-  ~ScopedFlashKernel() {
-    if (had_) {
-      setenv(kVar, old_.c_str(), 1);
-    } else {
-      unsetenv(kVar);
-    }
-  }
-  ScopedFlashKernel(const ScopedFlashKernel&) = delete;
-  ScopedFlashKernel& operator=(const ScopedFlashKernel&) = delete;
-
- private:
-  static constexpr const char* kVar = "MOELAB_FLASH_KERNEL";
-  bool had_ = false;
-  std::string old_;
-};
 
 template <typename T>
 void RunCase(const FlashCase& c) {
@@ -153,7 +133,8 @@ TEST(CudaFlashAttention, Mha64OddLength) {
 
 TEST(CudaFlashAttention, WmmaImplementationStillMatches) {
   MOELAB_REQUIRE_GPU();
-  const ScopedFlashKernel use("wmma");  // the fallback for shapes the mma kernels do not cover
+  const test::ScopedEnv use("MOELAB_FLASH_KERNEL",
+                            "wmma");  // the fallback for shapes the mma kernels do not cover
   RunCase<bf16>({"wmma: mqa softcap 3, S=100", 2, 100, 4, 1, 64, 64, 3.0, false});
 }
 
@@ -179,6 +160,128 @@ TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
   MOELAB_REQUIRE_GPU();
   RunCase<bf16>({"32/32, S=1", 3, 1, 2, 1, 32, 32, 0.0, false});
   RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
+}
+
+// RoPE given to the mma kernels (FlashRope, on un-rotated fp32 q and k) against the model's
+// unfused sequence on the same inputs: RopeApplyQk on q and k, the plain kernels, RopeApplyQk⁻¹
+// on dq and dk. Out, LSE, S_max, dq, dk and dv equal to the bit (the rotation is the rope
+// kernel's own arithmetic, rope::RotatePair, before the same bf16 rounding). The model's layout:
+// q | k | v columns of one buffer.
+void RunRopeCase(const FlashCase& c) {
+  SCOPED_TRACE(c.name);
+  ASSERT_TRUE(c.fused && c.qk_dim == c.v_dim);
+  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+  const FlashReference ref(c);
+  const AttentionDims& a = ref.a;
+  std::string why;
+  ASSERT_TRUE(FlashRopeSupported(a, sizeof(float), c.qk_dim, &why)) << why;
+  const int D = c.qk_dim, n = c.batch * c.seq;
+  std::vector<float> cos(size_t(c.seq) * D / 2), sin(cos.size());
+  cpu::RopeTables(c.seq, D, 10000.0, cos.data(), sin.data());
+  auto gcos = testing::ToDevice(cos), gsin = testing::ToDevice(sin);
+  const FlashRope rope{gcos.data(), gsin.data(), D};
+  const std::vector<float> x0 = Random(ref.total, 3);  // fp32 values: not bf16-exact
+  const size_t pairs = size_t(c.batch) * c.heads;
+  struct Run {
+    std::vector<float> out, lse, pmax, dx;
+  };
+  auto run = [&](bool fused) {
+    auto gx = testing::ToDevice(x0);
+    auto gdout = testing::ToDevice(ref.dout);
+    DeviceBuffer<float> gout(ref.out.size()), glse(ref.lse.size()), gpmax(pairs), gdx(ref.total),
+        gscratch(FlashAttentionScratchSize(a));
+    Poison(gout), Poison(glse), Poison(gpmax), Poison(gdx), Poison(gscratch);
+    auto slices = [&](float* x) {
+      return std::pair{cpu::RopeSlice<float>{x + ref.q_off, int(a.ldq), c.heads, D, 0},
+                       cpu::RopeSlice<float>{x + ref.k_off, int(a.ldk), c.kv_heads, D, 0}};
+    };
+    if (!fused) {
+      const auto [q, k] = slices(gx.data());
+      cuda::RopeApplyQk(q, k, n, c.seq, D, gcos.data(), gsin.data(), /*inverse=*/false);
+    }
+    const FlashRope* r = fused ? &rope : nullptr;
+    float* x = gx.data();
+    FlashAttentionForward<float>(a, x + ref.q_off, x + ref.k_off, x + ref.v_off, gout.data(),
+                                 glse.data(), gpmax.data(), nullptr, r);
+    FlashAttentionBackward<float>(a, x + ref.q_off, x + ref.k_off, x + ref.v_off, gout.data(),
+                                  glse.data(), gdout.data(), gdx.data() + ref.q_off,
+                                  gdx.data() + ref.k_off, gdx.data() + ref.v_off, gscratch.data(),
+                                  nullptr, r);
+    if (!fused) {
+      const auto [dq, dk] = slices(gdx.data());
+      cuda::RopeApplyQk(dq, dk, n, c.seq, D, gcos.data(), gsin.data(), /*inverse=*/true);
+    }
+    return Run{gout.Download(), glse.Download(), gpmax.Download(), gdx.Download()};
+  };
+  const Run separate = run(false), fused = run(true);
+  auto same_bits = [](const std::vector<float>& u, const std::vector<float>& w) {
+    return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(fused.out, separate.out)) << "out";
+  EXPECT_TRUE(same_bits(fused.lse, separate.lse)) << "lse";
+  EXPECT_TRUE(same_bits(fused.pmax, separate.pmax)) << "S_max";
+  EXPECT_TRUE(same_bits(fused.dx, separate.dx)) << "dq | dk | dv";
+}
+
+TEST(CudaFlashAttention, FusedRopeEqualsRopeKernelsAroundTheKernels) {
+  MOELAB_REQUIRE_GPU();
+  RunRopeCase({"rope gqa 64, S=130", 2, 130, 4, 2, 64, 64, 0.0, true});
+  RunRopeCase({"rope mha 128 softcap 3, S=70", 1, 70, 2, 2, 128, 128, 3.0, true});
+  RunRopeCase({"rope 16/16, S=17", 2, 17, 2, 2, 16, 16, 0.0, true});
+}
+
+// Where RoPE cannot be fused the launchers refuse it with the reason (no GPU needed: the checks
+// come before any device work): bf16 q and k (cp.async tiles), the wmma kernels, MLA's shapes.
+TEST(CudaFlashAttention, FusedRopeRefusedWhereTheKernelsCannotApplyIt) {
+  AttentionDims a;
+  a.batch = 1, a.seq = 8, a.heads = 2, a.kv_heads = 2, a.qk_dim = 64, a.v_dim = 64;
+  a.ldq = a.ldk = a.ldv = a.ldo = 128;
+  std::string why;
+  {
+    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+    EXPECT_TRUE(FlashRopeSupported(a, 4, 64, &why)) << why;
+    EXPECT_FALSE(FlashRopeSupported(a, 2, 64, &why));
+    EXPECT_NE(why.find("fp32"), std::string::npos) << why;
+    EXPECT_FALSE(FlashRopeSupported(a, 4, 32, &why));  // a partial rotation (MLA-like)
+    EXPECT_NE(why.find("rotary dims 32"), std::string::npos) << why;
+    const bf16* none = nullptr;
+    bf16* out = nullptr;
+    const FlashRope rope{nullptr, nullptr, 64};
+    try {
+      FlashAttentionForward(a, none, none, none, out, nullptr, nullptr, nullptr, &rope);
+      ADD_FAILURE() << "bf16 with RoPE accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("RoPE cannot be fused"), std::string::npos) << e.what();
+    }
+    a.qk_dim = 48, a.v_dim = 32;
+    EXPECT_FALSE(FlashRopeSupported(a, 4, 48, &why));
+    EXPECT_NE(why.find("qk_dim = v_dim"), std::string::npos) << why;
+    a.qk_dim = a.v_dim = 64;
+  }
+  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "wmma");
+  EXPECT_FALSE(FlashRopeSupported(a, 4, 64, &why));
+  EXPECT_NE(why.find("wmma"), std::string::npos) << why;
+  const float* none = nullptr;
+  const FlashRope rope{nullptr, nullptr, 64};
+  EXPECT_THROW(FlashAttentionBackward<float>(a, none, none, none, none, nullptr, none, nullptr,
+                                             nullptr, nullptr, nullptr, nullptr, &rope),
+               std::invalid_argument);
+}
+
+TEST(CudaFlashAttention, FlashRopeSwitchParsesAndRefusesOtherValues) {
+  test::ScopedEnv rope("MOELAB_FLASH_ROPE", nullptr);
+  EXPECT_FALSE(FlashRopeFused());
+  rope.Set("separate");
+  EXPECT_FALSE(FlashRopeFused());
+  rope.Set("fused");
+  EXPECT_TRUE(FlashRopeFused());
+  rope.Set("sideways");
+  try {
+    FlashRopeFused();
+    ADD_FAILURE() << "accepted MOELAB_FLASH_ROPE=sideways";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MOELAB_FLASH_ROPE=sideways"), std::string::npos);
+  }
 }
 
 // Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, both
@@ -212,7 +315,7 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
   const char* kernels[] = {"mma", "wmma"};
   double f_fwd[2], f_bwd[2];
   for (int i = 0; i < 2; ++i) {
-    const ScopedFlashKernel use(kernels[i]);
+    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", kernels[i]);
     f_fwd[i] = time_ms([&] {
       FlashAttentionForward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), pmax.data());
     });

@@ -2,8 +2,9 @@
 // trainer and model (core/train/trainer.cc, core/model/model.cc) on the CUDA backend (fp32)
 // against the CPU backend over 20 steps for dense, MoE with shared experts,
 // MLA, GQA and MuonClip; bf16 against fp32 over 200 steps, and with bf16 experts over 30 steps;
-// bf16's fused attention against the reference path; S_max equal to the CPU's; QK-Clip exact on
-// the device; same seed ⇒ same losses.
+// bf16's fused attention against the reference path; RoPE fused into the mma attention kernels
+// bitwise equal to the separate rope kernels; S_max equal to the CPU's; QK-Clip exact on the
+// device; same seed ⇒ same losses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -354,6 +355,60 @@ TEST_F(CudaModelTest, FusedAttentionTracksReferencePathInBf16) {
     for (size_t h = 0; h < ref.s_max[0].size(); ++h) {
       EXPECT_NEAR(fused.s_max[0][h], ref.s_max[0][h], 2e-2 * std::fabs(ref.s_max[0][h]) + 1e-3)
           << "head " << h;
+    }
+  }
+}
+
+// RoPE inside the mma attention kernels (MOELAB_FLASH_ROPE=fused, with MOELAB_FLASH_KERNEL=mma)
+// against the separate rope kernels around them: the kernels rotate with the rope kernel's own
+// arithmetic before the same bf16 rounding, so 5 bf16 steps give the same losses to the bit; the
+// profiler shows that the fused run launched no rope op. MHA, and GQA with QK-norm (the norm
+// writes q and k before the rotation) and a soft-cap.
+TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
+  struct Shape {
+    const char* name;
+    int heads, kv_heads;
+    bool qk_norm;
+    double softcap;
+  };
+  test::ScopedEnv kernel("MOELAB_FLASH_KERNEL", "mma");
+  for (const Shape& shape :
+       {Shape{"mha 16", 4, 0, false, 0.0}, Shape{"gqa 16 qk-norm cap", 4, 2, true, 5.0}}) {
+    SCOPED_TRACE(shape.name);
+    RunConfig c = Small();
+    c.train.steps = 5;
+    c.model.heads = shape.heads;
+    c.model.kv_heads = shape.kv_heads;
+    c.model.qk_norm = shape.qk_norm;
+    c.model.logit_softcap = shape.softcap;
+    c.train.precision = "bf16";
+    c.train.device = "cuda";
+    auto rope_ops = [&] {  // rope launches in one forward and backward
+      Model<float> model(c);
+      model.Init(c.train.seed);
+      CudaOpProfiler profiler;
+      model.backend().set_profiler(&profiler);
+      std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
+      StepStats stats;
+      model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
+      const auto t = profiler.Totals();
+      model.backend().set_profiler(nullptr);
+      return t.count("rope");
+    };
+    test::ScopedEnv rope("MOELAB_FLASH_ROPE", "separate");
+    const Recorder separate = RunOn(c, "cuda", "bf16");
+    const size_t separate_ops = rope_ops();
+    rope.Set("fused");
+    const Recorder fused = RunOn(c, "cuda", "bf16");
+    const size_t fused_ops = rope_ops();
+    EXPECT_GT(separate_ops, 0u);
+    EXPECT_EQ(fused_ops, 0u) << "the fused run still launched the rope kernel";
+    ASSERT_EQ(separate.status, RunStatus::kDone) << separate.error;
+    ASSERT_EQ(fused.status, RunStatus::kDone) << fused.error;
+    ASSERT_EQ(fused.loss.size(), separate.loss.size());
+    for (size_t i = 0; i < separate.loss.size(); ++i) {
+      EXPECT_EQ(fused.loss[i], separate.loss[i]) << "step " << i + 1;
     }
   }
 }

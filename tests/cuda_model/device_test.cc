@@ -204,8 +204,8 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_MOE_EXPERTS",
-                          "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
+  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_FLASH_ROPE",
+                          "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
     SCOPED_TRACE(var);
     test::ScopedEnv env(var, "sideways");
     try {
@@ -216,8 +216,9 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
       EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
     }
   }
-  test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), experts("MOELAB_MOE_EXPERTS", "chunked"),
-      dispatch("MOELAB_MOE_DISPATCH", "sort"), ffn("MOELAB_FFN", "fused");
+  test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), rope("MOELAB_FLASH_ROPE", "fused"),
+      experts("MOELAB_MOE_EXPERTS", "chunked"), dispatch("MOELAB_MOE_DISPATCH", "sort"),
+      ffn("MOELAB_FFN", "fused");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 }
 
