@@ -286,7 +286,8 @@ TEST(CudaFlashAttention, FlashRopeSwitchParsesAndRefusesOtherValues) {
 
 // Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, both
 // implementations of the fused kernels (MOELAB_FLASH_KERNEL=mma and =wmma) against the reference
-// path (cuBLAS over the full square, probabilities stored). FLOPs counted as FlashAttention does:
+// path (cuBLAS over the full square, probabilities stored), and the mma kernels as the model calls
+// them (fp32 QKV column slices, with and without RoPE fused). FLOPs counted as FlashAttention does:
 // forward 4·B·H·S²·D / 2 (causal), backward 2.5× the forward.
 TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
   MOELAB_REQUIRE_GPU();
@@ -328,6 +329,36 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
         " (%.1f TFLOP/s)\n",
         kernels[i], f_fwd[i], fwd_flops / f_fwd[i] / 1e9, f_bwd[i],
         2.5 * fwd_flops / f_bwd[i] / 1e9);
+  }
+  // The model's case for the mma kernels: fp32 q, k, v as column slices of the fused QKV
+  // activation [B·S, 3·1024], fp32 out and gradients (rounded to bf16 as tiles load, so no
+  // cp.async), with RoPE in the tile loads (MOELAB_FLASH_ROPE=fused) and without.
+  {
+    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+    AttentionDims m = a;
+    m.ldq = m.ldk = m.ldv = 3 * a.ldq;
+    const size_t rows = size_t(a.batch) * a.seq;
+    auto qkv = testing::ToDevice(Random(rows * m.ldq, 3));
+    auto fdout = testing::ToDevice(Random(rows * m.ldo, 4));
+    DeviceBuffer<float> fout(rows * m.ldo), dqkv(rows * m.ldq), cs(size_t(a.seq) * a.qk_dim / 2),
+        sn(cs.size());
+    RopeTables<float>(a.seq, a.qk_dim, 10000.0, cs.data(), sn.data());
+    const FlashRope rope{cs.data(), sn.data(), a.qk_dim};
+    const float *q = qkv.data(), *k = q + a.ldq, *v = k + a.ldq;
+    for (const FlashRope* r : {static_cast<const FlashRope*>(nullptr), &rope}) {
+      const double fwd = time_ms([&] {
+        FlashAttentionForward<float>(m, q, k, v, fout.data(), lse.data(), pmax.data(), nullptr, r);
+      });
+      const double bwd = time_ms([&] {
+        FlashAttentionBackward<float>(m, q, k, v, fout.data(), lse.data(), fdout.data(),
+                                      dqkv.data(), dqkv.data() + a.ldq, dqkv.data() + 2 * a.ldq,
+                                      scratch.data(), nullptr, r);
+      });
+      std::printf(
+          "[flash mma, the model's fp32 QKV slices%s] forward %.3f ms (%.1f TFLOP/s), backward "
+          "%.3f ms (%.1f TFLOP/s)\n",
+          r ? " + fused RoPE" : "", fwd, fwd_flops / fwd / 1e9, bwd, 2.5 * fwd_flops / bwd / 1e9);
+    }
   }
   // The reference path needs [B,H,S,S] probabilities (fp32 + bf16) and an fp32 scratch: 6 GiB.
   const size_t square = AttentionScratchSize(a);
