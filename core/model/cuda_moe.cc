@@ -21,11 +21,7 @@ namespace moelab::cudamodel {
 using cuda::bf16;
 
 bool ChunkedExpertsWanted() {
-  const char* env = std::getenv("MOELAB_MOE_EXPERTS");
-  if (env == nullptr || *env == '\0' || std::string(env) == "grouped") return false;
-  if (std::string(env) == "chunked") return true;
-  throw std::invalid_argument(std::string("MOELAB_MOE_EXPERTS=") + env +
-                              ": expected \"grouped\" (the default) or \"chunked\"");
+  return cuda::ImplementationSwitch("MOELAB_MOE_EXPERTS", {"grouped", "chunked"}) == 1;
 }
 
 size_t MoePaddedRows(size_t nk, int experts) {

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -45,6 +46,22 @@ void CheckCublas(cublasStatus_t status, const char* what) {
 }
 
 void CheckLaunch(const char* what) { Check(cudaGetLastError(), what); }
+
+int ImplementationSwitch(const char* name, std::initializer_list<const char*> choices) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return 0;
+  int i = 0;
+  std::string expected;
+  for (const char* c : choices) {
+    if (std::string(env) == c) return i;
+    expected += (i == 0                         ? "\""
+                 : i + 1 == int(choices.size()) ? " or \""
+                                                : ", \"") +
+                std::string(c) + (i == 0 ? "\" (the default)" : "\"");
+    ++i;
+  }
+  throw std::invalid_argument(std::string(name) + "=" + env + ": expected " + expected);
+}
 
 namespace {
 

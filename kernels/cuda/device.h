@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@ using bf16 = __nv_bfloat16;
 // gets "no CUDA device: <cudaGetErrorString>" (e.g. "insufficient driver" on a machine without
 // a GPU) or "no CUDA device: cudaGetDeviceCount returned 0".
 bool CudaAvailable(std::string* reason = nullptr);
+
+// An implementation switch of the environment (docs/cuda.md: MOELAB_FLASH_KERNEL, ...): 0 when
+// `name` is unset, empty or choices[0] (the default), i when it is choices[i]. Any other value
+// throws std::invalid_argument("NAME=value: expected \"a\" (the default) or \"b\""), which
+// RequireCudaSupports turns into the exit-2 config error before a run starts.
+int ImplementationSwitch(const char* name, std::initializer_list<const char*> choices);
 
 // Throw std::runtime_error("<what>: <error string>") when the call failed.
 void Check(cudaError_t err, const char* what);

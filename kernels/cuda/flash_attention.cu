@@ -184,19 +184,12 @@ RopeArgs CheckedRope(const AttentionDims& a, size_t elem_bytes, const FlashRope*
 }  // namespace
 
 FlashKernel FlashKernelInUse() {
-  const char* env = std::getenv("MOELAB_FLASH_KERNEL");
-  if (env == nullptr || *env == '\0' || std::string(env) == "wmma") return FlashKernel::kWmma;
-  if (std::string(env) == "mma") return FlashKernel::kMma;
-  throw std::invalid_argument(std::string("MOELAB_FLASH_KERNEL=") + env +
-                              ": expected \"wmma\" (the default) or \"mma\"");
+  return ImplementationSwitch("MOELAB_FLASH_KERNEL", {"wmma", "mma"}) == 1 ? FlashKernel::kMma
+                                                                           : FlashKernel::kWmma;
 }
 
 bool FlashRopeFused() {
-  const char* env = std::getenv("MOELAB_FLASH_ROPE");
-  if (env == nullptr || *env == '\0' || std::string(env) == "separate") return false;
-  if (std::string(env) == "fused") return true;
-  throw std::invalid_argument(std::string("MOELAB_FLASH_ROPE=") + env +
-                              ": expected \"separate\" (the default) or \"fused\"");
+  return ImplementationSwitch("MOELAB_FLASH_ROPE", {"separate", "fused"}) == 1;
 }
 
 bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim, std::string* why) {

@@ -1,21 +1,12 @@
 // The bf16 mode's gated FFN with gate and up projections fused (kernels/cuda/swiglu.h): cuBLAS
 // GEMMs around the paired SwiGLU activation. Host code only (the kernels are in elementwise.cu).
-#include <cstdlib>
-#include <stdexcept>
-#include <string>
-
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/swiglu.h"
 
 namespace moelab::cuda {
 
-bool GatedFfnWanted() {
-  const char* env = std::getenv("MOELAB_FFN");
-  if (env == nullptr || *env == '\0' || std::string(env) == "split") return false;
-  if (std::string(env) == "fused") return true;
-  throw std::invalid_argument(std::string("MOELAB_FFN=") + env +
-                              ": expected \"split\" (the default) or \"fused\"");
-}
+bool GatedFfnWanted() { return ImplementationSwitch("MOELAB_FFN", {"split", "fused"}) == 1; }
 
 void GatedFfnForwardBf16(const bf16* xb, int n, int d, int hidden, const bf16* w1, const bf16* w3,
                          const bf16* w2, bf16* h13, bf16* act, float* y, bool accumulate,

@@ -237,11 +237,8 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
 }
 
 MoeDispatch MoeDispatchInUse() {
-  const char* env = std::getenv("MOELAB_MOE_DISPATCH");
-  if (env == nullptr || *env == '\0' || std::string(env) == "scan") return MoeDispatch::kScan;
-  if (std::string(env) == "sort") return MoeDispatch::kSort;
-  throw std::invalid_argument(std::string("MOELAB_MOE_DISPATCH=") + env +
-                              ": expected \"scan\" (the default) or \"sort\"");
+  return ImplementationSwitch("MOELAB_MOE_DISPATCH", {"scan", "sort"}) == 1 ? MoeDispatch::kSort
+                                                                            : MoeDispatch::kScan;
 }
 
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,

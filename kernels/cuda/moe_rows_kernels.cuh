@@ -76,6 +76,17 @@ __device__ __forceinline__ void Store(T* p, const float* f) {
   }
 }
 
+// Load, or zeros when !load (an accumulator that starts empty).
+template <int kVec, typename T>
+__device__ __forceinline__ void LoadOrZero(const T* p, bool load, float* f) {
+  if (load) {
+    Load<kVec>(p, f);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f[j] = 0.0f;
+  }
+}
+
 // Copies row src to row dst (d elements) bit for bit, kVec elements at a time; zeros when src is
 // null.
 template <int kVec, typename T>
@@ -133,12 +144,7 @@ __global__ void GatherBackwardKernel(const TE* dxe, const int* slot_row, int k, 
   T* out = dx + t * d;
   float acc[kVec], v[kVec];
   for (int c = threadIdx.x * kVec; c < d; c += blockDim.x * kVec) {
-    if (accumulate) {
-      Load<kVec>(out + c, acc);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = 0.0f;
-    }
+    LoadOrZero<kVec>(out + c, accumulate, acc);
     for (int slot = 0; slot < k; ++slot) {
       Load<kVec>(dxe + static_cast<long>(slot_row[t * k + slot]) * d + c, v);
 #pragma unroll
@@ -155,12 +161,7 @@ __global__ void CombineKernel(const TE* ye, const int* slot_row, const T* gates,
   T* out = y + t * d;
   float acc[kVec], v[kVec];
   for (int c = threadIdx.x * kVec; c < d; c += blockDim.x * kVec) {
-    if (accumulate) {
-      Load<kVec>(out + c, acc);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = 0.0f;
-    }
+    LoadOrZero<kVec>(out + c, accumulate, acc);
     for (int slot = 0; slot < k; ++slot) {
       const long i = t * k + slot;
       const float g = gates[i];

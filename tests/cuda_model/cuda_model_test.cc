@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,6 +106,22 @@ void ExpectTwins(const RunConfig& c) {
     EXPECT_NEAR(gpu.s_max[0][h], cpu.s_max[0][h], 1e-5 * std::fabs(cpu.s_max[0][h]) + 1e-6)
         << "head " << h;
   }
+}
+
+// The profiler's classes (ms) over one forward and backward of c on fixed tokens: which GPU
+// paths a run under the current switches takes.
+std::map<std::string, double> OneStepProfile(const RunConfig& c) {
+  Model<float> model(c);
+  model.Init(c.train.seed);
+  CudaOpProfiler profiler;
+  model.backend().set_profiler(&profiler);
+  std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
+  StepStats stats;
+  model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
+  const auto t = profiler.Totals();
+  model.backend().set_profiler(nullptr);
+  return t;
 }
 
 TEST_F(CudaModelTest, DenseMatchesCpu) { ExpectTwins(Small()); }
@@ -237,16 +254,7 @@ TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
   c.train.device = "cuda";
   // Which path one forward and backward takes, from the profiler's sub-classes.
   auto paths = [&] {
-    Model<float> model(c);
-    model.Init(c.train.seed);
-    CudaOpProfiler profiler;
-    model.backend().set_profiler(&profiler);
-    std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
-    StepStats stats;
-    model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
-    const auto t = profiler.Totals();
-    model.backend().set_profiler(nullptr);
+    const auto t = OneStepProfile(c);
     return std::make_pair(t.count("moe/experts") > 0, t.count("moe/experts grouped") > 0);
   };
   test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "chunked");
@@ -286,19 +294,7 @@ TEST_F(CudaModelTest, FusedGatedFfnTracksSplitFfn) {
   c.moe.dense_layers = 1;
   c.train.precision = "bf16";
   c.train.device = "cuda";
-  auto ffn_bracket = [&] {
-    Model<float> model(c);
-    model.Init(c.train.seed);
-    CudaOpProfiler profiler;
-    model.backend().set_profiler(&profiler);
-    std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
-    StepStats stats;
-    model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
-    const bool ffn = profiler.Totals().count("ffn") > 0;
-    model.backend().set_profiler(nullptr);
-    return ffn;
-  };
+  auto ffn_bracket = [&] { return OneStepProfile(c).count("ffn") > 0; };
   test::ScopedEnv ffn("MOELAB_FFN", "fused");
   const bool fused_bracket = ffn_bracket();
   const Recorder fused = RunOn(c, "cuda", "bf16");
@@ -383,19 +379,8 @@ TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
     c.model.logit_softcap = shape.softcap;
     c.train.precision = "bf16";
     c.train.device = "cuda";
-    auto rope_ops = [&] {  // rope launches in one forward and backward
-      Model<float> model(c);
-      model.Init(c.train.seed);
-      CudaOpProfiler profiler;
-      model.backend().set_profiler(&profiler);
-      std::vector<int32_t> tokens(size_t(c.train.batch_size) * (c.model.seq_len + 1));
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 128);
-      StepStats stats;
-      model.ForwardBackward(tokens.data(), c.train.batch_size, &stats);
-      const auto t = profiler.Totals();
-      model.backend().set_profiler(nullptr);
-      return t.count("rope");
-    };
+    // rope launches in one forward and backward
+    auto rope_ops = [&] { return OneStepProfile(c).count("rope"); };
     test::ScopedEnv rope("MOELAB_FLASH_ROPE", "separate");
     const Recorder separate = RunOn(c, "cuda", "bf16");
     const size_t separate_ops = rope_ops();
