@@ -291,8 +291,7 @@ template void RopeApplyQk<float>(const cpu::RopeSlice<float>&, const cpu::RopeSl
 template <typename T>
 void SwigluActivation(const T* h1, const T* h3, size_t count, T* act, cudaStream_t stream) {
   if (!count) return;
-  const swiglu::RowsView v{1, static_cast<long>(count), 0, 0};
-  swiglu::ActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, v, act);
+  swiglu::ActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, long(count), act);
   CheckLaunch("SwigluActivation");
 }
 
@@ -300,27 +299,29 @@ template <typename T>
 void SwigluActivationBackward(const T* h1, const T* h3, const T* dact, size_t count, T* dh1, T* dh3,
                               cudaStream_t stream) {
   if (!count) return;
-  const swiglu::RowsView v{1, static_cast<long>(count), 0, 0};
-  swiglu::ActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h1, h3, dact, v, dh1,
-                                                                              dh3);
+  swiglu::ActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
+      h1, h3, dact, long(count), dh1, dh3);
   CheckLaunch("SwigluActivationBackward");
 }
 
+namespace {
+// One block per row (block-stride past the grid's cap).
+int RowBlocks(long rows) { return static_cast<int>(rows < 65535L * 16 ? rows : 65535L * 16); }
+}  // namespace
+
 void SwigluActivationPaired(const bf16* h13, int rows, int hidden, bf16* act, cudaStream_t stream) {
-  const size_t count = static_cast<size_t>(rows) * hidden;
-  if (!count) return;
-  const swiglu::RowsView v{rows, hidden, 2L * hidden, hidden};
-  swiglu::ActKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(h13, h13 + hidden, v, act);
+  if (rows <= 0 || hidden <= 0) return;
+  const swiglu::Rows v{rows, hidden, 2L * hidden, hidden};
+  swiglu::ActRowsKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(h13, h13 + hidden, v, act);
   CheckLaunch("SwigluActivationPaired");
 }
 
 void SwigluActivationPairedBackward(const bf16* h13, int rows, int hidden, bf16* dh13,
                                     cudaStream_t stream) {
-  const size_t count = static_cast<size_t>(rows) * hidden;
-  if (!count) return;
-  const swiglu::RowsView v{rows, hidden, 2L * hidden, 2L * hidden};
-  swiglu::ActBackwardKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
-      h13, h13 + hidden, dh13, v, dh13, dh13 + hidden);
+  if (rows <= 0 || hidden <= 0) return;
+  const swiglu::Rows v{rows, hidden, 2L * hidden, 2L * hidden};
+  swiglu::ActBackwardRowsKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(h13, h13 + hidden, dh13,
+                                                                          v, dh13, dh13 + hidden);
   CheckLaunch("SwigluActivationPairedBackward");
 }
 

@@ -34,9 +34,9 @@ bool SameBits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), 2 * a.size()) == 0;
 }
 
-// Grid and block smaller than the work, so the grid-stride loop wraps and the row split of
-// every element index is exercised.
-constexpr int kBlocks = 2, kThreads = 64;
+// Grids and blocks smaller than the work: the contiguous kernels' grid-stride loop wraps, and the
+// row kernels' block-stride loop over 7 rows and their 32-thread loop over 37 columns.
+constexpr int kBlocks = 2, kThreads = 64, kRowThreads = 32;
 
 TEST(SwigluEmulation, PairedRowsGiveTheContiguousKernelsBits) {
   const int rows = 7, H = 37;  // H odd: a row's halves start at any element
@@ -51,23 +51,24 @@ TEST(SwigluEmulation, PairedRowsGiveTheContiguousKernelsBits) {
   }
   // Contiguous (the kernels' existing launch: one row of count elements).
   std::vector<bf16> act(nh), dh1 = dact, dh3(nh);
-  const swiglu::RowsView flat{1, static_cast<long>(nh), 0, 0};
+  const long count = static_cast<long>(nh);
   emu::Launch(dim3(kBlocks), kThreads, 0,
-              [&] { swiglu::ActKernel<bf16>(h1.data(), h3.data(), flat, act.data()); });
+              [&] { swiglu::ActKernel<bf16>(h1.data(), h3.data(), count, act.data()); });
   emu::Launch(dim3(kBlocks), kThreads, 0, [&] {  // dh1 aliases dact, as in the MoE experts
-    swiglu::ActBackwardKernel<bf16>(h1.data(), h3.data(), dh1.data(), flat, dh1.data(), dh3.data());
+    swiglu::ActBackwardKernel<bf16>(h1.data(), h3.data(), dh1.data(), count, dh1.data(),
+                                    dh3.data());
   });
   // Paired (SwigluActivationPaired / ...Backward's launches): dact enters in dh13's h1 columns.
   std::vector<bf16> pact(nh), dh13(2 * nh, __float2bfloat16(99.0f));
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < H; ++j) dh13[size_t(r) * 2 * H + j] = dact[size_t(r) * H + j];
   }
-  const swiglu::RowsView fwd{rows, H, 2L * H, H}, bwd{rows, H, 2L * H, 2L * H};
-  emu::Launch(dim3(kBlocks), kThreads, 0,
-              [&] { swiglu::ActKernel<bf16>(h13.data(), h13.data() + H, fwd, pact.data()); });
-  emu::Launch(dim3(kBlocks), kThreads, 0, [&] {
-    swiglu::ActBackwardKernel<bf16>(h13.data(), h13.data() + H, dh13.data(), bwd, dh13.data(),
-                                    dh13.data() + H);
+  const swiglu::Rows fwd{rows, H, 2L * H, H}, bwd{rows, H, 2L * H, 2L * H};
+  emu::Launch(dim3(kBlocks), kRowThreads, 0,
+              [&] { swiglu::ActRowsKernel<bf16>(h13.data(), h13.data() + H, fwd, pact.data()); });
+  emu::Launch(dim3(kBlocks), kRowThreads, 0, [&] {
+    swiglu::ActBackwardRowsKernel<bf16>(h13.data(), h13.data() + H, dh13.data(), bwd, dh13.data(),
+                                        dh13.data() + H);
   });
   EXPECT_TRUE(SameBits(pact, act));
   std::vector<bf16> pdh1(nh), pdh3(nh);
@@ -98,9 +99,9 @@ TEST(SwigluEmulation, PairedKernelsTouchOnlyTheirColumns) {
   const int rows = 3, H = 8;
   const std::vector<bf16> h13 = RandomBf16(size_t(rows) * 2 * H, 4);
   std::vector<bf16> act(size_t(rows) * H + 5, __float2bfloat16(NAN));
-  const swiglu::RowsView fwd{rows, H, 2L * H, H};
+  const swiglu::Rows fwd{rows, H, 2L * H, H};
   emu::Launch(dim3(1), 32, 0,
-              [&] { swiglu::ActKernel<bf16>(h13.data(), h13.data() + H, fwd, act.data()); });
+              [&] { swiglu::ActRowsKernel<bf16>(h13.data(), h13.data() + H, fwd, act.data()); });
   for (size_t i = 0; i < act.size(); ++i)
     EXPECT_EQ(std::isnan(F(act[i])), i >= size_t(rows) * H) << i;
 }
