@@ -347,33 +347,53 @@ std::vector<int32_t> Tokens(const RunConfig& c) {
   return t;
 }
 
+// One forward and backward of the same tokens by the model on a CheckingBackend and on the CPU
+// backend (both initialised with seed 5).
+struct SeamAgainstCpu {
+  SeamAgainstCpu(const RunConfig& c, bool rope_in_attention)
+      : seam(c, ExpertShard{}, MakeChecking(rope_in_attention, &checking)), cpu(c) {
+    seam.Init(5);
+    cpu.Init(5);
+    const std::vector<int32_t> tokens = Tokens(c);
+    loss_seam = seam.ForwardBackward(tokens.data(), c.train.batch_size, &stats_seam);
+    loss_cpu = cpu.ForwardBackward(tokens.data(), c.train.batch_size, &stats_cpu);
+  }
+  static std::unique_ptr<CheckingBackend<float>> MakeChecking(bool rope_in_attention,
+                                                              CheckingBackend<float>** out) {
+    auto owned = std::make_unique<CheckingBackend<float>>();
+    owned->rope_in_attention = rope_in_attention;
+    *out = owned.get();
+    return owned;
+  }
+  // Loss, S_max, expert counts and gradients: the same bits.
+  void ExpectSameBits() {
+    EXPECT_EQ(loss_seam, loss_cpu);
+    EXPECT_EQ(stats_seam.max_logit_raw, stats_cpu.max_logit_raw);
+    EXPECT_EQ(stats_seam.expert_counts, stats_cpu.expert_counts);
+    std::vector<float> g(seam.num_params());
+    checking->ToHost(g.data(), seam.grads(), sizeof(float) * g.size());
+    EXPECT_EQ(std::memcmp(g.data(), cpu.grads(), sizeof(float) * g.size()), 0);
+  }
+  CheckingBackend<float>* checking = nullptr;  // owned by seam
+  Model<float> seam, cpu;
+  StepStats stats_seam, stats_cpu;
+  double loss_seam = 0, loss_cpu = 0;
+};
+
 // Every pointer the model hands an op is backend memory, and the results are the CPU backend's
 // bit for bit: MHA/GQA with QK-norm and soft-cap, MLA, dense and MoE layers, forward and backward.
 TEST(BackendSeam, ModelTouchesOnlyBackendMemoryAndMatchesTheCpuBackend) {
   for (const std::string attention : {"mha", "mla"}) {
     SCOPED_TRACE(attention);
     const RunConfig c = Small(attention, /*moe=*/true);
-    auto owned = std::make_unique<CheckingBackend<float>>();
-    CheckingBackend<float>* checking = owned.get();
-    Model<float> seam(c, ExpertShard{}, std::move(owned));
-    Model<float> cpu(c);
-    seam.Init(5);
-    cpu.Init(5);
-    const std::vector<int32_t> tokens = Tokens(c);
-    StepStats a, b;
-    const double la = seam.ForwardBackward(tokens.data(), c.train.batch_size, &a);
-    const double lb = cpu.ForwardBackward(tokens.data(), c.train.batch_size, &b);
-    EXPECT_EQ(checking->violations, 0)
-        << "first outside backend memory: " << checking->first_violation;
-    EXPECT_GT(checking->ops, 100);
-    EXPECT_EQ(la, lb);
-    EXPECT_EQ(a.max_logit_raw, b.max_logit_raw);
-    EXPECT_EQ(a.expert_counts, b.expert_counts);
-    std::vector<float> ga(seam.num_params()), pa(seam.num_params());
-    checking->ToHost(ga.data(), seam.grads(), sizeof(float) * ga.size());
-    EXPECT_EQ(std::memcmp(ga.data(), cpu.grads(), sizeof(float) * ga.size()), 0);
-    seam.ReadParams(pa.data());
-    EXPECT_EQ(std::memcmp(pa.data(), cpu.params(), sizeof(float) * pa.size()), 0);
+    SeamAgainstCpu run(c, /*rope_in_attention=*/false);
+    EXPECT_EQ(run.checking->violations, 0)
+        << "first outside backend memory: " << run.checking->first_violation;
+    EXPECT_GT(run.checking->ops, 100);
+    run.ExpectSameBits();
+    std::vector<float> pa(run.seam.num_params());
+    run.seam.ReadParams(pa.data());
+    EXPECT_EQ(std::memcmp(pa.data(), run.cpu.params(), sizeof(float) * pa.size()), 0);
   }
 }
 
@@ -385,17 +405,8 @@ TEST(BackendSeam, AttentionThatAppliesRopeGivesTheSameBits) {
   for (const std::string attention : {"mha", "mla"}) {
     SCOPED_TRACE(attention);
     const RunConfig c = Small(attention, /*moe=*/true);
-    auto owned = std::make_unique<CheckingBackend<float>>();
-    CheckingBackend<float>* checking = owned.get();
-    checking->rope_in_attention = true;
-    Model<float> seam(c, ExpertShard{}, std::move(owned));
-    Model<float> cpu(c);
-    seam.Init(5);
-    cpu.Init(5);
-    const std::vector<int32_t> tokens = Tokens(c);
-    StepStats a, b;
-    const double la = seam.ForwardBackward(tokens.data(), c.train.batch_size, &a);
-    const double lb = cpu.ForwardBackward(tokens.data(), c.train.batch_size, &b);
+    SeamAgainstCpu run(c, /*rope_in_attention=*/true);
+    const CheckingBackend<float>* checking = run.checking;
     EXPECT_EQ(checking->violations, 0) << checking->first_violation;
     if (attention == "mha") {
       EXPECT_EQ(checking->attention_ropes, 2 * c.model.layers);  // forward and backward
@@ -404,11 +415,7 @@ TEST(BackendSeam, AttentionThatAppliesRopeGivesTheSameBits) {
       EXPECT_EQ(checking->attention_ropes, 0);
       EXPECT_EQ(checking->rope_ops, 2 * c.model.layers);
     }
-    EXPECT_EQ(la, lb);
-    EXPECT_EQ(a.max_logit_raw, b.max_logit_raw);
-    std::vector<float> ga(seam.num_params());
-    checking->ToHost(ga.data(), seam.grads(), sizeof(float) * ga.size());
-    EXPECT_EQ(std::memcmp(ga.data(), cpu.grads(), sizeof(float) * ga.size()), 0);
+    run.ExpectSameBits();
   }
 }
 
