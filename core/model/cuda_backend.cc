@@ -542,9 +542,12 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   act += 8.0 * n + 8.0 * (2 * n + 2) + 16.0 * n + (1 << 20);
   if (use_bf16) act += 2.0 * static_cast<double>(CastElements(c.model, n));
   if (c.moe.enabled()) {
+    const bool shared_xe = cudamodel::SharedExpertInputs(use_bf16, ep > 1);
     act += static_cast<double>(MoeLayers(c.model, c.moe)) *
-           static_cast<double>(cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16));
-    act += static_cast<double>(cudamodel::MoeScratch::Bytes(c.moe, c.model.d_model, n, use_bf16));
+           static_cast<double>(
+               cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16, shared_xe));
+    act += static_cast<double>(
+        cudamodel::MoeScratch::Bytes(c.moe, c.model.d_model, n, use_bf16, shared_xe));
     if (ep > 1) {  // the owned rows per layer and the exchange buffer, for balanced routing
       const double rows = static_cast<double>(n) * c.moe.experts_active;
       act += static_cast<double>(MoeLayers(c.model, c.moe)) *

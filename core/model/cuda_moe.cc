@@ -29,19 +29,24 @@ size_t MoePaddedRows(size_t nk, int experts) {
   return static_cast<size_t>(cuda::MoeChunkedRows(static_cast<int64_t>(nk), experts));
 }
 
-size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
+bool SharedExpertInputs(bool bf16, bool expert_parallel) {
+  return bf16 && !expert_parallel && ChunkedExpertsWanted();
+}
+
+size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t swiglu = std::max(nk, rows) * 2 * H;
   const size_t f32 = rows * e.experts_total + nk;  // logits, dgates
   if (bf16) {
     const size_t padded = MoePaddedRows(nk, e.experts_total);   // the SwiGLU scratch's rows
     const size_t yp = ChunkedExpertsWanted() ? padded * d : 0;  // yp16: chunks only
-    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + yp);
+    const size_t xe = shared_xe ? padded * d : 0;               // xe16
+    return 4 * f32 + 2 * (nk * d + std::max(padded, rows) * 2 * H + 2 * rows * d + yp + xe);
   }
   return 4 * (f32 + nk * d + (S > 1 ? (S - 1) * rows * d : 0) + swiglu);
 }
 
-void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
+void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16, bool shared_xe) {
   if (rows <= cap) return;
   const size_t nn = rows, nk = nn * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t swiglu = std::max(nk, nn) * 2 * H;
@@ -52,6 +57,7 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
     const size_t padded = MoePaddedRows(nk, e.experts_total);
     scratch16.Resize(std::max(padded, nn) * 2 * H);
     yp16.Resize(ChunkedExpertsWanted() ? padded * d : 0);
+    xe16.Resize(shared_xe ? padded * d : 0);
     xb16.Resize(nn * d);
     dyb16.Resize(nn * d);
   } else {
@@ -61,12 +67,13 @@ void MoeScratch::Reserve(const MoEConfig& e, int d, int rows, bool bf16) {
   }
   cap = rows;
   chunked = bf16 && ChunkedExpertsWanted();
+  shared_inputs = shared_xe;
 }
 
 template <typename T>
 void MoeExpertActs<T>::Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
-                              size_t padded, bool paired_shared) {
-  xe.Resize(std::max(nk, padded) * d);
+                              size_t padded, bool paired_shared, bool keep_xe) {
+  xe.Resize(keep_xe ? std::max(nk, padded) * d : 0);
   ye.Resize(nk * d);
   const size_t routed = routed_acts ? std::max(nk, padded) * hidden : 0;
   h1.Resize(routed);
@@ -106,12 +113,13 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
   host_offsets_.assign(shape_.experts + 1, 0);
 }
 
-size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16) {
+size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t f32 = rows * e.experts_total + nk;  // scores, gates
-  // bf16: xe, h1, h3, act sized for the chunked layout (MoePaddedRows).
+  // bf16: xe, h1, h3, act sized for the chunked layout (MoePaddedRows); xe in the shared scratch
+  // instead when the layer gathers it again in its backward (shared_xe).
   const size_t xrows = bf16 ? MoePaddedRows(nk, e.experts_total) : nk;
-  const size_t acts = (xrows + nk) * d + 3 * xrows * H + 3 * S * rows * H;
+  const size_t acts = (shared_xe ? 0 : xrows * d) + nk * d + 3 * xrows * H + 3 * S * rows * H;
   const size_t ints = 3 * nk;  // topk, row_token, slot_row
   return 4 * f32 + (bf16 ? 2 : 4) * acts + 4 * ints + 8 * (2 * e.experts_total + 1);
 }
@@ -124,7 +132,9 @@ double DeviceMoe::OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16)
 }
 
 void DeviceMoe::Reserve(int rows) {
-  tmp_->Reserve(cfg_, shape_.d, rows, bf16_);
+  const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
+  if (cap_ == 0) shared_xe_ = SharedExpertInputs(bf16_, !routed_acts);
+  tmp_->Reserve(cfg_, shape_.d, rows, bf16_, shared_xe_);
   if (rows <= cap_) return;
   const size_t nn = rows, nk = nn * shape_.top_k;
   scores_.Resize(nn * shape_.experts);
@@ -132,10 +142,9 @@ void DeviceMoe::Reserve(int rows) {
   topk_.Resize(nk);
   row_token_.Resize(nk);
   slot_row_.Resize(nk);
-  const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
   if (bf16_) {
     b16_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts,
-                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0, gated_shared_);
+                routed_acts ? MoePaddedRows(nk, shape_.experts) : 0, gated_shared_, !shared_xe_);
   } else {
     f32_.Resize(nk, nn, shape_.d, shape_.hidden, shape_.shared, routed_acts);
   }
@@ -180,13 +189,13 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
       chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
       chunk_table_.Upload(chunks_.table);
       cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
-                             chunks_.rows, a.xe.data());
+                             chunks_.rows, XeBf16());
       phase.Next("experts");
       ChunkedForward(p);
     } else {
-      cuda::MoeGather(xb, d, row_token_.data(), nk, a.xe.data());
+      cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
       phase.Next("experts grouped");
-      RoutedForward(a, b16_owned_, p.w1b, p.w3b, p.w2b);
+      RoutedForward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b);
     }
     phase.Next("shared");
     SharedForwardBf16(p, xb, y);
@@ -198,7 +207,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
   cuda::MoeGather(x, d, row_token_.data(), nk, a.xe.data());
   phase.Next("experts");
-  RoutedForward(a, f32_owned_, p.w1, p.w3, p.w2);
+  RoutedForward(a, f32_owned_, a.xe.data(), p.w1, p.w3, p.w2);
   phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     float* out = s == 0 ? y : tmp_->sy.data() + (s - 1) * nd;
@@ -242,11 +251,19 @@ bool DeviceMoe::UseChunks() const {
          ChunkedExpertsWanted();
 }
 
+bf16* DeviceMoe::XeBf16() {
+  if (!shared_xe_) return b16_.xe.data();
+  if (!tmp_->shared_inputs) {
+    throw std::logic_error("cuda: the MoE scratch was not reserved for shared expert inputs");
+  }
+  return tmp_->xe16.data();
+}
+
 void DeviceMoe::ChunkedForward(const MoeLayerParams& p) {
   MoeExpertActs<bf16>& a = b16_;
   const int d = shape_.d;
   bf16* yc = tmp_->yp16.data();
-  cuda::MoeExpertsForwardChunked(a.xe.data(), chunks_, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
+  cuda::MoeExpertsForwardChunked(XeBf16(), chunks_, d, shape_.hidden, p.w1b, p.w3b, p.w2b,
                                  a.h1.data(), a.h3.data(), a.act.data(), yc);
   cuda::MoeUnchunkRows(yc, chunk_table_.data(), chunks_.count(), chunks_.rows, d, a.ye.data());
 }
@@ -256,9 +273,9 @@ void DeviceMoe::ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g)
   const int d = shape_.d;
   bf16* dyc = tmp_->yp16.data();  // then the chunked input gradient, in place
   cuda::MoeChunkRowsOf(a.ye.data(), chunk_table_.data(), chunks_.count(), chunks_.rows, d, dyc);
-  cuda::MoeExpertsBackwardChunked(a.xe.data(), chunks_, shape_.experts, d, shape_.hidden, p.w1b,
-                                  p.w3b, p.w2b, a.h1.data(), a.h3.data(), a.act.data(), dyc, dyc,
-                                  g.w1, g.w3, g.w2, tmp_->scratch16.data());
+  cuda::MoeExpertsBackwardChunked(XeBf16(), chunks_, shape_.experts, d, shape_.hidden, p.w1b, p.w3b,
+                                  p.w2b, a.h1.data(), a.h3.data(), a.act.data(), dyc, dyc, g.w1,
+                                  g.w3, g.w2, tmp_->scratch16.data());
   cuda::MoeUnchunkRows(dyc, chunk_table_.data(), chunks_.count(), chunks_.rows, d,
                        tmp_->dxe16.data());
 }
@@ -276,13 +293,13 @@ Communicator* DeviceMoe::ExpertGroup() const {
 }
 
 template <typename T>
-void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
-                              const T* w2) {
+void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
+                              const T* w3, const T* w2) {
   const int d = shape_.d, H = shape_.hidden;
   Communicator* ep = ExpertGroup();
   ep_active_ = ep != nullptr;
   if (!ep) {
-    cuda::MoeExpertsForward<T>(a.xe.data(), host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
+    cuda::MoeExpertsForward<T>(xe, host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
                                a.h1.data(), a.h3.data(), a.act.data(), a.ye.data());
     return;
   }
@@ -290,18 +307,19 @@ void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* 
   // no rows here).
   exchange_.Plan(*ep, host_offsets_.data());
   o.Reserve(static_cast<size_t>(exchange_.owned_rows()), d, H);
-  exchange_.ToOwners(*ep, a.xe.data(), o.x.data(), sizeof(T) * d);
+  exchange_.ToOwners(*ep, xe, o.x.data(), sizeof(T) * d);
   cuda::MoeExpertsForward<T>(o.x.data(), exchange_.owned_offsets().data() + first_, count_, d, H,
                              w1, w3, w2, o.h1.data(), o.h3.data(), o.act.data(), o.y.data());
   exchange_.FromOwners(*ep, o.y.data(), a.ye.data(), sizeof(T) * d);
 }
 
 template <typename T>
-void DeviceMoe::RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
-                               const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch) {
+void DeviceMoe::RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
+                               const T* w3, const T* w2, const MoeLayerGrads& g, T* dxe,
+                               T* scratch) {
   const int d = shape_.d, H = shape_.hidden;
   if (!ep_active_) {
-    cuda::MoeExpertsBackward<T>(a.xe.data(), host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
+    cuda::MoeExpertsBackward<T>(xe, host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
                                 a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(), dxe, g.w1,
                                 g.w3, g.w2, scratch);
     return;
@@ -360,18 +378,31 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
     phase.Next("route");
     cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                            shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
+    // The forward's bf16 cast of x was scratch (another layer has used it since): cast again,
+    // for the shared experts and, when the layer did not keep its gathered inputs, to gather
+    // them again into the shared scratch (the forward's bits: the same x, rows and table).
+    const bool regather = shared_xe_ && !ep_active_;
+    if (regather || S > 0) cuda::CastToBf16(x, tmp_->xb16.data(), nd);
+    if (regather) {
+      phase.Next("dispatch");
+      if (chunked_) {
+        cuda::MoeGatherChunked(tmp_->xb16.data(), d, row_token_.data(), chunk_table_.data(),
+                               chunks_.count(), chunks_.rows, XeBf16());
+      } else {
+        cuda::MoeGather(tmp_->xb16.data(), d, row_token_.data(), static_cast<int64_t>(n) * k,
+                        XeBf16());
+      }
+    }
     if (chunked_) {
       phase.Next("experts");
       ChunkedBackward(p, g);
     } else {
       phase.Next("experts grouped");
-      RoutedBackward(a, b16_owned_, p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+      RoutedBackward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
                      tmp_->scratch16.data());
     }
     phase.Next("shared");
     if (S > 0) {
-      // The forward's bf16 cast of x was scratch (another layer has used it since): cast again.
-      cuda::CastToBf16(x, tmp_->xb16.data(), nd);
       cuda::CastToBf16(dy, tmp_->dyb16.data(), nd);
       SharedBackwardBf16(p, g, tmp_->xb16.data(), tmp_->dyb16.data(), dx);
     }
@@ -391,7 +422,8 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
   cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
                          shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
   phase.Next("experts");
-  RoutedBackward(a, f32_owned_, p.w1, p.w3, p.w2, g, tmp_->dxe.data(), tmp_->scratch.data());
+  RoutedBackward(a, f32_owned_, a.xe.data(), p.w1, p.w3, p.w2, g, tmp_->dxe.data(),
+                 tmp_->scratch.data());
   phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,

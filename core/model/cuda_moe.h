@@ -47,13 +47,21 @@ struct MoeLayerGrads {
 struct MoeScratch {
   cuda::DeviceBuffer<float> logits, dgates, dxe, sy, scratch;
   // yp16: the chunked experts' output, then output gradient, then input gradient (bf16 mode).
-  cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16, yp16;
+  // xe16: the chunked layout's gathered inputs, for every layer in turn (SharedExpertInputs).
+  cuda::DeviceBuffer<cuda::bf16> dxe16, scratch16, xb16, dyb16, yp16, xe16;
   int cap = 0;
-  bool chunked = false;  // sized for the chunked expert layout (MoePaddedRows) when reserved
+  bool chunked = false;        // sized for the chunked expert layout (MoePaddedRows) when reserved
+  bool shared_inputs = false;  // xe16 reserved
   // Bytes for `rows` tokens; Reserve and the memory plan (PlanCudaMemory) share this arithmetic.
-  static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16);
-  void Reserve(const MoEConfig& e, int d, int rows, bool bf16);
+  static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe);
+  void Reserve(const MoEConfig& e, int d, int rows, bool bf16, bool shared_xe);
 };
+
+// Whether the layers share one buffer of gathered expert inputs and gather them again in their
+// backward instead of keeping them (nk·d bf16 a layer, plus the chunks' padding): with the chunked
+// layout (MOELAB_MOE_EXPERTS=chunked), bf16, without expert parallelism (whose owners keep the
+// rows they receive). The memory plan and the layers decide it with this one function.
+bool SharedExpertInputs(bool bf16, bool expert_parallel);
 
 // The activations a layer keeps for its backward, in the expert precision T (float or bf16).
 // Under expert parallelism the routed experts' h1, h3, act belong to the owned rows instead
@@ -66,7 +74,7 @@ template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
   void Resize(size_t nk, size_t n, int d, int hidden, int shared, bool routed_acts,
-              size_t padded = 0, bool paired_shared = false);
+              size_t padded = 0, bool paired_shared = false, bool keep_xe = true);
 };
 
 // MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
@@ -95,8 +103,9 @@ class DeviceMoe {
   DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch,
             BackendMemory* memory, int expert_first, int expert_count);
 
-  // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree).
-  static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16);
+  // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree); shared_xe:
+  // SharedExpertInputs.
+  static size_t Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe);
   // What expert parallelism adds to Bytes for `owned` received rows: the owned rows
   // (MoeOwnedRows, with their slack) and the exchange buffer, less the local routed activations
   // the layer then does not keep. The plan takes owned = n·k (balanced routing).
@@ -126,12 +135,12 @@ class DeviceMoe {
   // The routed experts on this rank's dispatched rows, or under expert parallelism on the rows
   // received for its experts (sent there and back around the expert GEMMs).
   template <typename T>
-  void RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
+  void RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1, const T* w3,
                      const T* w2);
   // dye (in a.ye) → dxe; the held experts' weight gradients (fp32) overwritten.
   template <typename T>
-  void RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* w1, const T* w3,
-                      const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch);
+  void RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
+                      const T* w3, const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch);
   // The aux loss from the batch's statistics (through the hook); keeps them for the backward.
   double BatchAuxLoss(int n);
   // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
@@ -158,7 +167,10 @@ class DeviceMoe {
   bool chunked_ = false;     // the last Forward ran the chunked layout
   bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
   bool gated_shared_;        // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
-  cuda::MoeChunks chunks_;   // its plan (host), and its table on the device
+  bool shared_xe_ = false;   // SharedExpertInputs, decided at the first Reserve
+  // The bf16 gathered expert inputs: this layer's (b16_.xe), or the shared scratch's.
+  cuda::bf16* XeBf16();
+  cuda::MoeChunks chunks_;  // its plan (host), and its table on the device
   cuda::DeviceBuffer<int64_t> chunk_table_;
   MoeBatchStatsHook batch_hook_;
   int moe_layer_ = 0;

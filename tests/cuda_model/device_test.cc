@@ -17,6 +17,9 @@
 #include "core/dist/nccl_communicator.h"
 #include "core/metrics.h"
 #include "core/model/cuda_backend.h"
+#if MOELAB_HAVE_CUDA
+#include "core/model/cuda_moe.h"
+#endif
 #include "core/train/trainer.h"
 #include "tests/common/test_util.h"
 
@@ -283,6 +286,55 @@ TEST(CudaMemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
   EXPECT_DOUBLE_EQ(one.optimizer - four.optimizer, 8 * routed * 3 / 4);
   EXPECT_GT(four.activations, one.activations);  // the owned rows and the exchange buffer
   EXPECT_LT(four.total(), one.total());
+#endif
+}
+
+// With the chunked expert layout (bf16, no expert parallelism) the MoE layers share one buffer of
+// gathered expert inputs and gather them again in their backward: the plan holds it once instead
+// of once a layer (the chunk-padded rows × d in bf16), and the layers decide it the same way.
+TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the plan is part of the CUDA backend)";
+#else
+  RunConfig c;
+  c.train.device = "cuda";
+  c.train.precision = "bf16";
+  c.model.d_model = 256;
+  c.model.layers = 4;
+  c.model.seq_len = 128;
+  c.moe.experts_total = 16;
+  c.moe.experts_active = 2;
+  c.moe.expert_hidden = 512;
+  const size_t n = 8 * 128;
+  const int layers = MoeLayers(c.model, c.moe);
+  ASSERT_GT(layers, 1);
+  // The MoE part of a plan: the layers' bytes and the shared scratch's, under the current switch.
+  auto moe_bytes = [&](bool shared_xe) {
+    return layers * double(cudamodel::DeviceMoe::Bytes(c.moe, 256, n, true, shared_xe)) +
+           double(cudamodel::MoeScratch::Bytes(c.moe, 256, n, true, shared_xe));
+  };
+  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "grouped");
+  EXPECT_FALSE(cudamodel::SharedExpertInputs(true, false));
+  const DeviceMemoryPlan grouped = PlanCudaMemory(c, 8, 8);
+  const double grouped_moe = moe_bytes(false);
+  experts.Set("chunked");
+  EXPECT_TRUE(cudamodel::SharedExpertInputs(true, false));
+  EXPECT_FALSE(cudamodel::SharedExpertInputs(false, false)) << "fp32 keeps its own";
+  EXPECT_FALSE(cudamodel::SharedExpertInputs(true, true)) << "expert parallelism keeps its own";
+  const double xe = 2.0 * cudamodel::MoePaddedRows(n * 2, 16) * 256;  // bf16 padded rows × d
+  EXPECT_DOUBLE_EQ(double(cudamodel::DeviceMoe::Bytes(c.moe, 256, n, true, false)) -
+                       double(cudamodel::DeviceMoe::Bytes(c.moe, 256, n, true, true)),
+                   xe);
+  EXPECT_DOUBLE_EQ(double(cudamodel::MoeScratch::Bytes(c.moe, 256, n, true, true)) -
+                       double(cudamodel::MoeScratch::Bytes(c.moe, 256, n, true, false)),
+                   xe);
+  // The plan takes the shared form: keeping xe a layer would cost (layers − 1)·xe more.
+  const DeviceMemoryPlan chunked = PlanCudaMemory(c, 8, 8);
+  EXPECT_DOUBLE_EQ(chunked.activations - grouped.activations, moe_bytes(true) - grouped_moe);
+  EXPECT_DOUBLE_EQ(moe_bytes(false) - moe_bytes(true), (layers - 1) * xe);
+  c.dist.expert_parallel = 4;
+  const DeviceMemoryPlan ep = PlanCudaMemory(c, 8, 8);
+  EXPECT_GT(ep.activations, chunked.activations) << "under expert parallelism xe is kept a layer";
 #endif
 }
 
