@@ -22,6 +22,7 @@
 
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
 #include "core/cuda_util.h"
 #endif
@@ -131,6 +132,10 @@ struct CaseResult {
   int64_t params = 0, active = 0;
   int micro_batch = 0;
   double planned_gib = 0;
+  // Device memory in use after the timed steps (cudaMemGetInfo: total − free, the CUDA context
+  // included): every buffer is a cudaMalloc that lives as long as the model and scratch only
+  // grows, so this is the case's peak, to hold against the plan.
+  double held_gib = 0;
   std::map<std::string, double> breakdown_ms;  // per op class, per step
 };
 
@@ -185,6 +190,10 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   r.flops_per_s = r.flops_per_token * r.tokens_per_s;
   r.utilisation = r.flops_per_s / gemm_rate;
   for (const auto& [k, v] : profiler.Totals()) r.breakdown_ms[k] = 1e3 * v / o.steps;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    r.held_gib = static_cast<double>(total_bytes - free_bytes) / 1073741824.0;
+  }
 #endif
   return r;
 }
@@ -289,9 +298,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
   if (!o.json) {
     fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\n\n", dev.name,
                dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n, gemm / 1e12);
-    fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config",
-               "params", "active", "micro", "plan GB", "fwd+bwd ms", "optim ms", "tokens/s",
-               "TFLOP/s", "util");
+    fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config",
+               "params", "active", "micro", "plan GB", "held GB", "fwd+bwd ms", "optim ms",
+               "tokens/s", "TFLOP/s", "util");
   }
   std::string broken;  // a sticky CUDA error: no later case can run in this process
   for (const GpuCase& gc : GpuCases()) {
@@ -320,6 +329,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
     if (r.ran) {
       j["micro_batch"] = r.micro_batch;
       j["planned_memory_gib"] = r.planned_gib;
+      j["held_memory_gib"] = r.held_gib;
       j["fwd_bwd_ms"] = r.fwd_bwd_ms;
       j["optimizer_ms"] = r.opt_ms;
       j["optimizer_over_fwd_bwd"] = r.opt_ms / r.fwd_bwd_ms;
@@ -337,9 +347,10 @@ int RunCudaBench(const CudaBenchOptions& o) {
       continue;
     }
     fmt::print(
-        "{:<20} {:>11} {:>11} {:>5} {:>7.1f} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} {:>6.1f}%\n",
-        r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.fwd_bwd_ms, r.opt_ms,
-        r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation);
+        "{:<20} {:>11} {:>11} {:>5} {:>7.1f} {:>7.1f} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} "
+        "{:>6.1f}%\n",
+        r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.held_gib, r.fwd_bwd_ms,
+        r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation);
     // Op classes, each followed by its sub-classes ("moe/experts": the layer's phases), then what
     // no bracket covers (elementwise adds, casts, the gradient accumulation).
     double bracketed = 0;
