@@ -261,15 +261,12 @@ TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   EXPECT_NO_THROW(RequireCudaSupports(c, 2, 2));
 }
 
-// The device memory plan under expert parallelism: each GPU holds its share of the routed
-// experts (weights, gradients, AdamW state), and keeps the owned rows besides.
-TEST(CudaMemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
-#if !MOELAB_HAVE_CUDA
-  GTEST_SKIP() << "built without CUDA (the plan is part of the CUDA backend)";
-#else
+// A small MoE on "cuda" for the memory plan tests (4 layers, d 256, 16 experts of 512, top-2,
+// sequence 128; AdamW).
+RunConfig PlanMoeConfig(const std::string& precision) {
   RunConfig c;
   c.train.device = "cuda";
-  c.train.precision = "fp32";
+  c.train.precision = precision;
   c.optimizer.name = "adamw";
   c.model.d_model = 256;
   c.model.layers = 4;
@@ -277,6 +274,16 @@ TEST(CudaMemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
   c.moe.experts_total = 16;
   c.moe.experts_active = 2;
   c.moe.expert_hidden = 512;
+  return c;
+}
+
+// The device memory plan under expert parallelism: each GPU holds its share of the routed
+// experts (weights, gradients, AdamW state), and keeps the owned rows besides.
+TEST(CudaMemoryPlan, ExpertParallelHoldsItsShareOfTheExperts) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the plan is part of the CUDA backend)";
+#else
+  RunConfig c = PlanMoeConfig("fp32");
   const DeviceMemoryPlan one = PlanCudaMemory(c, 8, 8);
   c.dist.expert_parallel = 4;
   const DeviceMemoryPlan four = PlanCudaMemory(c, 8, 8);
@@ -296,15 +303,7 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
 #if !MOELAB_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA (the plan is part of the CUDA backend)";
 #else
-  RunConfig c;
-  c.train.device = "cuda";
-  c.train.precision = "bf16";
-  c.model.d_model = 256;
-  c.model.layers = 4;
-  c.model.seq_len = 128;
-  c.moe.experts_total = 16;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = 512;
+  RunConfig c = PlanMoeConfig("bf16");
   const size_t n = 8 * 128;
   const int layers = MoeLayers(c.model, c.moe);
   ASSERT_GT(layers, 1);
