@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/cross_entropy.h"
+#include "tests/cuda_kernels/emulation_test_util.h"
 
 namespace moelab::cuda {
 namespace {
@@ -98,11 +99,7 @@ Inputs Make(const Case& c, uint32_t seed) {
   return in;
 }
 
-std::vector<bf16> ToBf16(const std::vector<float>& x) {
-  std::vector<bf16> y;
-  for (float v : x) y.push_back(__float2bfloat16(v));
-  return y;
-}
+using emulation_test::ToBf16;
 
 const Case kCases[] = {
     {3, 1000, 0.0, 1.0, 8.0f},    // vocab not a multiple of the block

@@ -14,28 +14,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "tests/cuda_kernels/emulation_test_util.h"
 
 namespace moelab::cuda {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -2, float hi = 2) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
-}
+using emulation_test::Random;
+using emulation_test::SameBits;
 
 void ExpectNearRel(const std::vector<float>& got, const std::vector<float>& want, double rel,
                    const char* what) {

@@ -13,36 +13,21 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/moe_routing.h"
+#include "tests/cuda_kernels/emulation_test_util.h"
 
 namespace moelab::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-2, 2);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
-  return b;
-}
-
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
-}
+using emulation_test::Random;
+using emulation_test::SameBits;
+using emulation_test::ToBf16;
 
 // n tokens, top-k, a random permutation of the n·k expert rows (what the dispatch plan gives).
 struct Routing {

@@ -11,28 +11,22 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-#include <random>
 #include <vector>
+
+#include "tests/cuda_kernels/emulation_test_util.h"
 
 namespace moelab::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
+using emulation_test::SameBits;
+
 std::vector<bf16> RandomBf16(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-4, 4);
-  std::vector<bf16> v(n);
-  for (bf16& x : v) x = __float2bfloat16(u(rng));
-  return v;
+  return emulation_test::ToBf16(emulation_test::Random(n, seed, -4, 4));
 }
 
 double F(bf16 x) { return static_cast<double>(__bfloat162float(x)); }
-
-bool SameBits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), 2 * a.size()) == 0;
-}
 
 // Grids and blocks smaller than the work: the contiguous kernels' grid-stride loop wraps, and the
 // row kernels' block-stride loop over 7 rows and their 32-thread loop over 37 columns.
