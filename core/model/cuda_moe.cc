@@ -5,9 +5,7 @@
 #include "core/model/cuda_moe.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
-#include <string>
 
 #include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"

@@ -304,15 +304,10 @@ void SwigluActivationBackward(const T* h1, const T* h3, const T* dact, size_t co
   CheckLaunch("SwigluActivationBackward");
 }
 
-namespace {
-// One block per row (block-stride past the grid's cap).
-int RowBlocks(long rows) { return static_cast<int>(rows < 65535L * 16 ? rows : 65535L * 16); }
-}  // namespace
-
 void SwigluActivationPaired(const bf16* h13, int rows, int hidden, bf16* act, cudaStream_t stream) {
   if (rows <= 0 || hidden <= 0) return;
   const swiglu::Rows v{rows, hidden, 2L * hidden, hidden};
-  swiglu::ActRowsKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(h13, h13 + hidden, v, act);
+  swiglu::ActRowsKernel<<<Blocks(rows, 1), kThreads, 0, stream>>>(h13, h13 + hidden, v, act);
   CheckLaunch("SwigluActivationPaired");
 }
 
@@ -320,7 +315,7 @@ void SwigluActivationPairedBackward(const bf16* h13, int rows, int hidden, bf16*
                                     cudaStream_t stream) {
   if (rows <= 0 || hidden <= 0) return;
   const swiglu::Rows v{rows, hidden, 2L * hidden, 2L * hidden};
-  swiglu::ActBackwardRowsKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(h13, h13 + hidden, dh13,
+  swiglu::ActBackwardRowsKernel<<<Blocks(rows, 1), kThreads, 0, stream>>>(h13, h13 + hidden, dh13,
                                                                           v, dh13, dh13 + hidden);
   CheckLaunch("SwigluActivationPairedBackward");
 }

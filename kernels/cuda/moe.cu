@@ -4,10 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -165,10 +163,10 @@ int RowThreads(int d) { return d >= 512 ? 256 : (d >= 128 ? 128 : 32); }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Launches move<1> or move<8> over `blocks` rows of d elements: the 16-byte form (kVec = 8) with
-// MOELAB_MOE_DISPATCH=sort when d is a multiple of 8 and every row pointer given is 16-byte
-// aligned (cudaMalloc's bases are; rows of a multiple of 8 elements then are too), else the
-// element-per-thread form that ran on the GPU. move(kVecTag, threads) launches.
+// Calls launch(width, threads) for rows of d elements, width a std::integral_constant: 8, the
+// 16-byte form, with MOELAB_MOE_DISPATCH=sort when d is a multiple of 8 and every base given is
+// 16-byte aligned (cudaMalloc's are; rows of a multiple of 8 elements then are too), else 1, the
+// element-per-thread form that ran on the GPU.
 template <typename Launch>
 void LaunchRows(int d, std::initializer_list<const void*> rows, Launch launch) {
   bool wide = d % 8 == 0 && MoeDispatchInUse() == MoeDispatch::kSort;

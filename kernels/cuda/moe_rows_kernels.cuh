@@ -1,12 +1,11 @@
 // Device code of the MoE layer's row moves (kernels/cuda/moe_routing.h): gather by token, the
 // chunked layout's gather and un-chunk, combine with the gates and their backward passes. One
 // block per row (or token); each thread moves kVec consecutive elements at a time (T, TE: float or
-// bf16): kVec = 1 is
-// the element-per-thread form that ran on the H200, kVec = 8 moves 16 bytes of bf16 (two 16-byte
-// halves of fp32) per access, for rows whose width is a multiple of 8 (and 16-byte aligned bases:
-// cudaMalloc's). Every element sees the same arithmetic in the same order for either kVec, so the
-// results are the same bits, except dgates, whose double dot product sums per-thread partials of
-// a different split. Internal header, included by moe.cu and by
+// bf16): kVec = 1 is the element-per-thread form that ran on the H200, kVec = 8 moves 16 bytes of
+// bf16 (two 16-byte halves of fp32) per access, for rows whose width is a multiple of 8 (and
+// 16-byte aligned bases: cudaMalloc's). Every element sees the same arithmetic in the same order
+// for either kVec, so the results are the same bits, except dgates, whose double dot product sums
+// per-thread partials of a different split. Internal header, included by moe.cu and by
 // tests/cuda_kernels/moe_rows_emulation_test.cc, which runs it on the CPU under
 // tests/cuda_kernels/emulation/cuda_emulation.h.
 #pragma once
