@@ -478,34 +478,49 @@ void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, i
   T* dact = scratch;  // [rows, H], becomes dh1
   T* dh3 = scratch + rows * hidden;
   std::vector<GemmGroup<T, T>> gdact, gdx1, gdx3;
+  for (int e = 0; e < experts; ++e) {
+    const int64_t r0 = host_offsets[e];
+    const int r = static_cast<int>(host_offsets[e + 1] - r0);
+    if (r == 0) continue;
+    const long o = r0 - host_offsets[0];
+    gdact.push_back(
+        {r, hidden, d, dye + r0 * d, d, w2 + e * wsize, hidden, dact + o * hidden, hidden});
+    gdx1.push_back({r, d, hidden, dact + o * hidden, hidden, w1 + e * wsize, d, dxe + r0 * d, d});
+    gdx3.push_back({r, d, hidden, dh3 + o * hidden, hidden, w3 + e * wsize, d, dxe + r0 * d, d});
+  }
+  const T* h1_0 = h1 + host_offsets[0] * hidden;
+  const T* h3_0 = h3 + host_offsets[0] * hidden;
+  GemmGrouped(false, false, 1.0f, 0.0f, gdact, stream);
+  SwigluActivationBackward(h1_0, h3_0, dact, static_cast<size_t>(rows) * hidden, dact, dh3, stream);
+  GemmGrouped(false, false, 1.0f, 0.0f, gdx1, stream);
+  GemmGrouped(false, false, 1.0f, 1.0f, gdx3, stream);
+  MoeExpertsWeightGrads(xe, host_offsets, experts, d, hidden, act, dye, dact, dh3, dw1, dw3, dw2,
+                        stream);
+}
+
+template <typename T>
+void MoeExpertsWeightGrads(const T* xe, const int64_t* host_offsets, int experts, int d, int hidden,
+                           const T* act, const T* dye, const T* dh1, const T* dh3, float* dw1,
+                           float* dw3, float* dw2, cudaStream_t stream) {
+  const long wsize = static_cast<long>(hidden) * d;
   std::vector<GemmGroup<T, float>> gdw2, gdw1, gdw3;
   for (int e = 0; e < experts; ++e) {
     const int64_t r0 = host_offsets[e];
     const int r = static_cast<int>(host_offsets[e + 1] - r0);
     if (r == 0) {
       // A GEMM with an empty inner dimension is not guaranteed to write C.
-      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw1 + e * wsize, 0, sizeof(float) * wsize, stream));
-      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw3 + e * wsize, 0, sizeof(float) * wsize, stream));
-      MOELAB_CUDA_CHECK(cudaMemsetAsync(dw2 + e * wsize, 0, sizeof(float) * wsize, stream));
+      for (float* g : {dw1, dw3, dw2}) {
+        MOELAB_CUDA_CHECK(cudaMemsetAsync(g + e * wsize, 0, sizeof(float) * wsize, stream));
+      }
       continue;
     }
     const long o = r0 - host_offsets[0];
-    gdact.push_back(
-        {r, hidden, d, dye + r0 * d, d, w2 + e * wsize, hidden, dact + o * hidden, hidden});
     gdw2.push_back(
         {d, hidden, r, dye + r0 * d, d, act + r0 * hidden, hidden, dw2 + e * wsize, hidden});
-    gdx1.push_back({r, d, hidden, dact + o * hidden, hidden, w1 + e * wsize, d, dxe + r0 * d, d});
-    gdx3.push_back({r, d, hidden, dh3 + o * hidden, hidden, w3 + e * wsize, d, dxe + r0 * d, d});
-    gdw1.push_back({hidden, d, r, dact + o * hidden, hidden, xe + r0 * d, d, dw1 + e * wsize, d});
+    gdw1.push_back({hidden, d, r, dh1 + o * hidden, hidden, xe + r0 * d, d, dw1 + e * wsize, d});
     gdw3.push_back({hidden, d, r, dh3 + o * hidden, hidden, xe + r0 * d, d, dw3 + e * wsize, d});
   }
-  const T* h1_0 = h1 + host_offsets[0] * hidden;
-  const T* h3_0 = h3 + host_offsets[0] * hidden;
-  GemmGrouped(false, false, 1.0f, 0.0f, gdact, stream);
   GemmGrouped(true, false, 1.0f, 0.0f, gdw2, stream);
-  SwigluActivationBackward(h1_0, h3_0, dact, static_cast<size_t>(rows) * hidden, dact, dh3, stream);
-  GemmGrouped(false, false, 1.0f, 0.0f, gdx1, stream);
-  GemmGrouped(false, false, 1.0f, 1.0f, gdx3, stream);
   GemmGrouped(true, false, 1.0f, 0.0f, gdw1, stream);
   GemmGrouped(true, false, 1.0f, 0.0f, gdw3, stream);
 }
@@ -636,6 +651,12 @@ template void MoeExpertsBackward<float>(const float*, const int64_t*, int, int, 
                                         const float*, const float*, const float*, const float*,
                                         const float*, const float*, float*, float*, float*, float*,
                                         float*, cudaStream_t);
+template void MoeExpertsWeightGrads<float>(const float*, const int64_t*, int, int, int,
+                                           const float*, const float*, const float*, const float*,
+                                           float*, float*, float*, cudaStream_t);
+template void MoeExpertsWeightGrads<bf16>(const bf16*, const int64_t*, int, int, int, const bf16*,
+                                          const bf16*, const bf16*, const bf16*, float*, float*,
+                                          float*, cudaStream_t);
 template void MoeExpertsBackward<bf16>(const bf16*, const int64_t*, int, int, int, const bf16*,
                                        const bf16*, const bf16*, const bf16*, const bf16*,
                                        const bf16*, const bf16*, bf16*, float*, float*, float*,

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include "kernels/cuda/cudnn_grouped_matmul.h"
 #include "kernels/cuda/gemm.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
@@ -60,8 +62,24 @@ TEST(CudaGroupedGemmBench, ExpertShapesAgainstOneDenseProduct) {
          Gemm(true, false, H, d, int(R), 1.0f, h.data(), H, x.data(), d, 0.0f, dw.data(), d);
        })},
   };
-  std::printf("[grouped gemm] %d experts x %d rows, d %d, hidden %d, bf16 operands:\n", E, rows, d,
-              H);
+  // cuDNN's MoE grouped matmul (device-side expert offsets): the forward products in both weight
+  // layouts the experts use (x·Wᵀ for h1/h3, dy·W for the input gradient of the down projection).
+  std::string why;
+  if (CudnnGroupedMatmulAvailable(&why)) {
+    std::vector<int32_t> first(E);
+    for (int e = 0; e < E; ++e) first[e] = e * rows;
+    DeviceBuffer<int32_t> first_row;
+    first_row.Upload(first);
+    CudnnGroupedMatmul up({E, R, d, H, true}), back({E, R, d, H, false});
+    table.push_back({"cuDNN MoE grouped matmul, x . W^T (device offsets)",
+                     TimeMs([&] { up.Run(x.data(), w.data(), first_row.data(), h.data()); })});
+    table.push_back({"cuDNN MoE grouped matmul, dy . W (device offsets)",
+                     TimeMs([&] { back.Run(x.data(), w.data(), first_row.data(), h.data()); })});
+  } else {
+    std::printf("[grouped gemm] cuDNN rows left out: %s\n", why.c_str());
+  }
+  std::printf("[grouped gemm] %d experts x %d rows, d %d, hidden %d, bf16 operands (cuDNN %zu):\n",
+              E, rows, d, H, CudnnVersion());
   for (const Row& r : table) {
     std::printf("  %-68s %7.3f ms  %6.1f TFLOP/s\n", r.what, r.ms, flops / (r.ms * 1e-3) / 1e12);
     EXPECT_GT(r.ms, 0.0) << r.what;

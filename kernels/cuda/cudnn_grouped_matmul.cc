@@ -1,0 +1,242 @@
+#include "kernels/cuda/cudnn_grouped_matmul.h"
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#ifdef MOELAB_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+namespace moelab::cuda {
+
+#ifndef MOELAB_HAVE_CUDNN
+
+bool CudnnGroupedMatmulAvailable(std::string* why) {
+  if (why) *why = "this build has no cuDNN (cudnn.h or libcudnn was not found at configure time)";
+  return false;
+}
+size_t CudnnVersion() { return 0; }
+struct CudnnGroupedMatmul::Impl {};
+CudnnGroupedMatmul::CudnnGroupedMatmul(const GroupedMatmulShape& shape) : shape_(shape) {
+  throw std::invalid_argument("cuDNN grouped matmul: this build has no cuDNN");
+}
+CudnnGroupedMatmul::~CudnnGroupedMatmul() = default;
+void CudnnGroupedMatmul::Run(const bf16*, const bf16*, const int32_t*, bf16*, cudaStream_t) {}
+
+#else
+
+namespace {
+
+constexpr size_t kMinVersion = 91500;  // the first cuDNN with the MoE grouped matmul operation
+
+std::string Status(cudnnStatus_t s) {
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  std::string out = cudnnGetErrorString(s);
+  if (detail[0]) out += std::string(" (") + detail + ")";
+  return out;
+}
+
+void Check(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": " + Status(s));
+}
+#define MOELAB_CUDNN(call) Check((call), #call)
+
+// One backend descriptor, destroyed with its owner.
+class Descriptor {
+ public:
+  explicit Descriptor(cudnnBackendDescriptorType_t type) {
+    MOELAB_CUDNN(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Descriptor() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Descriptor(Descriptor&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  cudnnBackendDescriptor_t get() const { return d_; }
+  cudnnBackendDescriptor_t* address() { return &d_; }
+
+  template <typename V>
+  void Set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const V* values) {
+    MOELAB_CUDNN(cudnnBackendSetAttribute(d_, name, type, count, values));
+  }
+  void Set(cudnnBackendAttributeName_t name, const Descriptor& value) {
+    cudnnBackendDescriptor_t v = value.get();
+    Set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+  }
+  // Finalize, or throw std::invalid_argument naming `what` and cuDNN's reason.
+  void Finalize(const std::string& what) {
+    const cudnnStatus_t s = cudnnBackendFinalize(d_);
+    if (s != CUDNN_STATUS_SUCCESS) {
+      throw std::invalid_argument("cuDNN grouped matmul: " + what + " refused: " + Status(s));
+    }
+  }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// A 3-d tensor descriptor; uid names it in the variant pack.
+Descriptor Tensor(int64_t uid, cudnnDataType_t type, std::array<int64_t, 3> dims,
+                  std::array<int64_t, 3> strides) {
+  Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t alignment = 16;
+  t.Set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  t.Set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 3, dims.data());
+  t.Set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 3, strides.data());
+  t.Set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  t.Set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  t.Finalize("tensor " + std::to_string(uid));
+  return t;
+}
+
+enum Uid : int64_t { kToken = 1, kWeight, kFirstRow, kOutput };
+
+// The calling thread's cuDNN handle (created on first use; like Cublas, one per thread).
+cudnnHandle_t Handle(cudaStream_t stream) {
+  thread_local cudnnHandle_t handle = nullptr;
+  if (!handle) MOELAB_CUDNN(cudnnCreate(&handle));
+  MOELAB_CUDNN(cudnnSetStream(handle, stream));
+  return handle;
+}
+
+}  // namespace
+
+bool CudnnGroupedMatmulAvailable(std::string* why) {
+  const size_t v = cudnnGetVersion();
+  if (v < kMinVersion) {
+    if (why) {
+      *why =
+          "cuDNN " + std::to_string(v) + " is loaded; the MoE grouped matmul needs 9.15 or later";
+    }
+    return false;
+  }
+  return CudaAvailable(why);
+}
+
+size_t CudnnVersion() { return cudnnGetVersion(); }
+
+struct CudnnGroupedMatmul::Impl {
+  Descriptor token, weight, first_row, output, op;
+  std::unique_ptr<Descriptor> graph, plan;  // built on the first Run (they need a handle)
+  DeviceBuffer<unsigned char> workspace;
+
+  explicit Impl(const GroupedMatmulShape& s)
+      : token(Tensor(kToken, CUDNN_DATA_BFLOAT16, {1, s.rows, s.k}, {s.rows * s.k, s.k, 1})),
+        weight(Tensor(kWeight, CUDNN_DATA_BFLOAT16, {s.experts, s.k, s.n},
+                      s.weights_out_by_in ? std::array<int64_t, 3>{int64_t(s.n) * s.k, 1, s.k}
+                                          : std::array<int64_t, 3>{int64_t(s.n) * s.k, s.n, 1})),
+        first_row(Tensor(kFirstRow, CUDNN_DATA_INT32, {s.experts, 1, 1}, {1, 1, 1})),
+        output(Tensor(kOutput, CUDNN_DATA_BFLOAT16, {1, s.rows, s.n}, {s.rows * s.n, s.n, 1})),
+        op(CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR) {
+    const cudnnMoeGroupedMatmulMode_t mode = CUDNN_MOE_GROUPED_MATMUL_MODE_NONE;
+    const cudnnDataType_t accumulate = CUDNN_DATA_FLOAT;
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MODE, CUDNN_TYPE_MOE_GROUPED_MATMUL_MODE, 1,
+           &mode);
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &accumulate);
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOKEN_DESC, token);
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_WEIGHT_DESC, weight);
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_FIRST_TOKEN_OFFSET_DESC, first_row);
+    op.Set(CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_OUTPUT_DESC, output);
+    op.Finalize("the operation");
+  }
+
+  // The operation graph, then the first engine configuration of cuDNN's heuristics (mode A) whose
+  // execution plan finalizes, and its workspace.
+  void BuildPlan(cudnnHandle_t handle) {
+    graph = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    cudnnBackendDescriptor_t ops = op.get();
+    graph->Set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops);
+    graph->Set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    graph->Finalize("the operation graph");
+    Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
+    const cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_A;
+    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
+    heuristics.Finalize("the engine heuristics");
+    int64_t count = 0;
+    MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    std::vector<Descriptor> configs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(configs.back().get());
+    }
+    int64_t returned = 0;
+    if (count > 0) {
+      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                                            raw.data()));
+    }
+    std::string refusals;
+    for (int64_t i = 0; i < returned; ++i) {
+      auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+      candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
+      const cudnnStatus_t s = cudnnBackendFinalize(candidate->get());
+      if (s == CUDNN_STATUS_SUCCESS) {
+        plan = std::move(candidate);
+        break;
+      }
+      refusals += " [" + std::to_string(i) + "] " + Status(s);
+    }
+    if (!plan) {
+      throw std::runtime_error("cuDNN grouped matmul: no engine of cuDNN " +
+                               std::to_string(cudnnGetVersion()) + " takes this shape (" +
+                               std::to_string(returned) + " proposed)" + refusals);
+    }
+    int64_t bytes = 0, got = 0;
+    MOELAB_CUDNN(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                          CUDNN_TYPE_INT64, 1, &got, &bytes));
+    workspace.Resize(static_cast<size_t>(bytes));
+  }
+};
+
+namespace {
+// What the descriptors promise cuDNN: positive sizes, and every row of every operand on a
+// 16-byte boundary (the tensors' byte alignment), so k and n are multiples of 8 bf16.
+const GroupedMatmulShape& Checked(const GroupedMatmulShape& s) {
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("cuDNN grouped matmul: " + why + " (experts " +
+                                std::to_string(s.experts) + ", rows " + std::to_string(s.rows) +
+                                ", k " + std::to_string(s.k) + ", n " + std::to_string(s.n) + ")");
+  };
+  if (s.experts < 1 || s.rows < 0 || s.k < 1 || s.n < 1) refuse("sizes must be positive");
+  if (s.k % 8 || s.n % 8) refuse("k and n must be multiples of 8 (16-byte rows)");
+  if (s.rows > INT32_MAX) refuse("rows must fit the int32 first-row offsets");
+  return s;
+}
+}  // namespace
+
+CudnnGroupedMatmul::CudnnGroupedMatmul(const GroupedMatmulShape& shape)
+    : shape_(shape), impl_(std::make_unique<Impl>(Checked(shape))) {}
+
+CudnnGroupedMatmul::~CudnnGroupedMatmul() = default;
+
+void CudnnGroupedMatmul::Run(const bf16* tok, const bf16* w, const int32_t* first_row, bf16* out,
+                             cudaStream_t stream) {
+  if (shape_.rows == 0) return;
+  cudnnHandle_t handle = Handle(stream);
+  if (!impl_->plan) impl_->BuildPlan(handle);
+  int64_t uids[] = {kToken, kWeight, kFirstRow, kOutput};
+  void* pointers[] = {const_cast<bf16*>(tok), const_cast<bf16*>(w), const_cast<int32_t*>(first_row),
+                      out};
+  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.Set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 4, uids);
+  pack.Set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 4, pointers);
+  void* workspace = impl_->workspace.data();
+  pack.Set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  pack.Finalize("the variant pack");
+  MOELAB_CUDNN(cudnnBackendExecute(handle, impl_->plan->get(), pack.get()));
+}
+
+#endif  // MOELAB_HAVE_CUDNN
+
+}  // namespace moelab::cuda

@@ -1,0 +1,66 @@
+// cuDNN's MoE grouped matmul (backend API, CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR,
+// mode NONE; cuDNN 9.15 or later): out[r] = tok[r] · B_e for the rows r of expert e, where each
+// expert's first row is read from device memory when the kernel runs. Unlike cuBLAS's grouped GEMM
+// (kernels/cuda/gemm.h, GemmGrouped), whose per-group shapes are host arrays, nothing here needs
+// the routing's row counts on the host: the expert products of a layer can be issued without the
+// device-to-host copy and stream synchronisation that cuBLAS needs (issue 25, item 2).
+//
+// cuDNN 9.19 has no weight-gradient twin (its MOE_GROUPED_MATMUL_BWD descriptor comes with 9.22),
+// so the weight gradients, whose inner dimension is the expert's row count, stay on cuBLAS.
+//
+// Not yet run on a GPU (docs/cuda.md): the descriptors are checked on the CPU (cuDNN finalizes an
+// operation without a device, and refuses wrong shapes there); the execution plan, which needs a
+// cuDNN handle and so a GPU, is built on the first Run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/device.h"
+
+namespace moelab::cuda {
+
+struct GroupedMatmulShape {
+  int experts = 0;
+  // All experts' rows, in expert order: expert e's run from first_row[e] to first_row[e + 1]
+  // (to `rows` for the last expert).
+  int64_t rows = 0;
+  int k = 0, n = 0;
+  // How the weights [E, ·, ·] are stored: [E, n, k], the model's projection layout, so that
+  // B_e = W_eᵀ (y = x·Wᵀ); or [E, k, n], so that B_e = W_e (the input gradient dx = dy·W).
+  bool weights_out_by_in = true;
+};
+
+// True when this build has cuDNN, the loaded cuDNN is 9.15 or later and a GPU is usable; otherwise
+// false and *why (when not null) names what is missing.
+bool CudnnGroupedMatmulAvailable(std::string* why = nullptr);
+// The loaded cuDNN's version (cudnnGetVersion, e.g. 91900); 0 in a build without cuDNN.
+size_t CudnnVersion();
+
+// One grouped product of fixed shape: the descriptors are built (and cuDNN's checks run) in the
+// constructor, which throws std::invalid_argument naming cuDNN's refusal; the execution plan and
+// its workspace on the first Run.
+class CudnnGroupedMatmul {
+ public:
+  explicit CudnnGroupedMatmul(const GroupedMatmulShape& shape);
+  ~CudnnGroupedMatmul();
+  CudnnGroupedMatmul(const CudnnGroupedMatmul&) = delete;
+  CudnnGroupedMatmul& operator=(const CudnnGroupedMatmul&) = delete;
+
+  // tok [rows, k], w (see weights_out_by_in), out [rows, n] overwritten: bf16 with fp32
+  // accumulation; first_row [E] int32, on the device. Asynchronous on `stream`.
+  void Run(const bf16* tok, const bf16* w, const int32_t* first_row, bf16* out,
+           cudaStream_t stream = nullptr);
+  const GroupedMatmulShape& shape() const { return shape_; }
+
+ private:
+  struct Impl;
+  GroupedMatmulShape shape_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moelab::cuda
