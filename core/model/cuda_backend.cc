@@ -25,6 +25,7 @@
 #include "core/optim/cuda_optimizer.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cudnn_grouped_matmul.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
@@ -621,6 +622,22 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
     throw ConfigError("train.device", e.what());
   }
   std::string why;
+  // MOELAB_MOE_EXPERTS=cudnn runs where it can (bf16, an MoE model, no expert parallelism; the
+  // grouped GEMMs elsewhere), and there it needs cuDNN's MoE grouped matmul and 16-byte rows.
+  if (cudamodel::CudnnExpertsWanted() && c.train.effective_precision() == "bf16" &&
+      c.moe.experts_total > 0 && expert_parallel <= 1) {
+    if (!cuda::CudnnGroupedMatmulAvailable(&why)) {
+      throw ConfigError("train.device", "MOELAB_MOE_EXPERTS=cudnn, but " + why);
+    }
+    for (auto [path, width] : {std::pair{"model.d_model", c.model.d_model},
+                               std::pair{"moe.expert_hidden", c.moe.expert_hidden}}) {
+      if (width % 8 != 0) {
+        throw ConfigError(path,
+                          "MOELAB_MOE_EXPERTS=cudnn needs a multiple of 8 (16-byte rows), got " +
+                              std::to_string(width));
+      }
+    }
+  }
   if (world > 1 && !NcclCommunicator::Available(&why)) {
     throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
   }

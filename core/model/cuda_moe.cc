@@ -18,9 +18,14 @@ namespace moelab::cudamodel {
 
 using cuda::bf16;
 
-bool ChunkedExpertsWanted() {
-  return cuda::ImplementationSwitch("MOELAB_MOE_EXPERTS", {"grouped", "chunked"}) == 1;
+namespace {
+int ExpertsPathWanted() {
+  return cuda::ImplementationSwitch("MOELAB_MOE_EXPERTS", {"grouped", "chunked", "cudnn"});
 }
+}  // namespace
+
+bool ChunkedExpertsWanted() { return ExpertsPathWanted() == 1; }
+bool CudnnExpertsWanted() { return ExpertsPathWanted() == 2; }
 
 size_t MoePaddedRows(size_t nk, int experts) {
   if (!ChunkedExpertsWanted()) return nk;
@@ -28,7 +33,7 @@ size_t MoePaddedRows(size_t nk, int experts) {
 }
 
 bool SharedExpertInputs(bool bf16, bool expert_parallel) {
-  return bf16 && !expert_parallel && ChunkedExpertsWanted();
+  return bf16 && !expert_parallel && ExpertsPathWanted() != 0;
 }
 
 size_t MoeScratch::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe) {
@@ -111,6 +116,31 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
   host_offsets_.assign(shape_.experts + 1, 0);
 }
 
+// The cuDNN path's host side: pinned copies of the offsets [E+1] and counts [E], an event after
+// each, the experts' first rows on the device, and the grouped products for each row count seen
+// (a micro-batch of another size plans its own).
+struct DeviceMoe::Staging {
+  // What the host function copies to the caller's counts, in stream order.
+  struct CountsCopy {
+    const int64_t* from = nullptr;
+    int64_t* to = nullptr;
+    int n = 0;
+  };
+  explicit Staging(int experts) : offsets(experts + 1), counts(experts), first_row(experts) {}
+  cuda::PinnedBuffer<int64_t> offsets, counts;
+  cuda::Event offsets_ready, counts_copied;
+  CountsCopy pending;
+  cuda::DeviceBuffer<int32_t> first_row;
+  std::map<int64_t, std::unique_ptr<cuda::MoeExpertsCudnn>> experts;
+
+  static void CUDART_CB CopyCounts(void* data) {
+    const CountsCopy* c = static_cast<const CountsCopy*>(data);
+    std::copy(c->from, c->from + c->n, c->to);
+  }
+};
+
+DeviceMoe::~DeviceMoe() = default;
+
 size_t DeviceMoe::Bytes(const MoEConfig& e, int d, size_t rows, bool bf16, bool shared_xe) {
   const size_t nk = rows * e.experts_active, H = e.expert_hidden, S = e.shared_experts;
   const size_t f32 = rows * e.experts_total + nk;  // scores, gates
@@ -170,20 +200,31 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
                       : cuda::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, shape_.sigmoid,
                                          shape_.aux_coef);
   }
-  if (counts_out) {
+  cudnn_ = UseCudnn();
+  if (counts_out && cudnn_) {
+    StageCounts(counts_out);
+  } else if (counts_out) {
     MOELAB_CUDA_CHECK(
         cudaMemcpy(counts_out, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
   }
   phase.Next("dispatch");
   cuda::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(),
                         slot_row_.data());
-  cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
+  if (cudnn_) {
+    StageOffsets();
+  } else {
+    cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
+  }
   if (bf16_) {
     MoeExpertActs<bf16>& a = b16_;
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
-    chunked_ = UseChunks();
-    if (chunked_) {
+    chunked_ = !cudnn_ && UseChunks();
+    if (cudnn_) {
+      cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
+      phase.Next("experts cudnn");
+      CudnnForward(p);
+    } else if (chunked_) {
       chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
       chunk_table_.Upload(chunks_.table);
       cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
@@ -247,6 +288,56 @@ bool DeviceMoe::UseChunks() const {
   // Only on buffers reserved for the layout (the setting may have changed since).
   return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr &&
          ChunkedExpertsWanted();
+}
+
+bool DeviceMoe::UseCudnn() const {
+  return bf16_ && ExpertGroup() == nullptr && CudnnExpertsWanted();
+}
+
+void DeviceMoe::StageCounts(int64_t* counts_out) {
+  const int E = shape_.experts;
+  if (!staging_) staging_ = std::make_unique<Staging>(E);
+  Staging& st = *staging_;
+  st.counts_copied.Wait();  // the previous forward's host copy has read the pinned counts
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(st.counts.data(), counts_.data(), sizeof(int64_t) * E,
+                                    cudaMemcpyDeviceToHost, nullptr));
+  st.pending = {st.counts.data(), counts_out, E};
+  MOELAB_CUDA_CHECK(cudaLaunchHostFunc(nullptr, Staging::CopyCounts, &st.pending));
+  st.counts_copied.Record();
+}
+
+void DeviceMoe::StageOffsets() {
+  const int E = shape_.experts;
+  if (!staging_) staging_ = std::make_unique<Staging>(E);
+  Staging& st = *staging_;
+  cuda::MoeFirstRows(offsets_.data(), E, st.first_row.data());
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(st.offsets.data(), offsets_.data(), sizeof(int64_t) * (E + 1),
+                                    cudaMemcpyDeviceToHost, nullptr));
+  st.offsets_ready.Record();
+}
+
+void DeviceMoe::CudnnForward(const MoeLayerParams& p) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int64_t nk = static_cast<int64_t>(n_) * shape_.top_k;
+  std::unique_ptr<cuda::MoeExpertsCudnn>& experts = staging_->experts[nk];
+  if (!experts) {
+    experts = std::make_unique<cuda::MoeExpertsCudnn>(shape_.experts, nk, shape_.d, shape_.hidden);
+  }
+  experts->Forward(XeBf16(), staging_->first_row.data(), p.w1b, p.w3b, p.w2b, a.h1.data(),
+                   a.h3.data(), a.act.data(), a.ye.data());
+}
+
+void DeviceMoe::CudnnBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
+  MoeExpertActs<bf16>& a = b16_;
+  const int64_t nk = static_cast<int64_t>(n_) * shape_.top_k;
+  Staging& st = *staging_;
+  // Copied behind the forward's dispatch plan: long done by now, so this does not stall.
+  st.offsets_ready.Wait();
+  host_offsets_.assign(st.offsets.data(), st.offsets.data() + shape_.experts + 1);
+  // dye (in a.ye) is scratch after it has been read.
+  st.experts.at(nk)->Backward(XeBf16(), st.first_row.data(), host_offsets_.data(), p.w1b, p.w3b,
+                              p.w2b, a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
+                              tmp_->dxe16.data(), g.w1, g.w3, g.w2, tmp_->scratch16.data());
 }
 
 bf16* DeviceMoe::XeBf16() {
@@ -391,7 +482,10 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
                         XeBf16());
       }
     }
-    if (chunked_) {
+    if (cudnn_) {
+      phase.Next("experts cudnn");
+      CudnnBackward(p, g);
+    } else if (chunked_) {
       phase.Next("experts");
       ChunkedBackward(p, g);
     } else {

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "core/model/moe.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_experts_cudnn.h"
 
 namespace moelab {
 class Communicator;
@@ -59,8 +62,9 @@ struct MoeScratch {
 
 // Whether the layers share one buffer of gathered expert inputs and gather them again in their
 // backward instead of keeping them (nk·d bf16 a layer, plus the chunks' padding): with the chunked
-// layout (MOELAB_MOE_EXPERTS=chunked), bf16, without expert parallelism (whose owners keep the
-// rows they receive). The memory plan and the layers decide it with this one function.
+// layout or the cuDNN experts (MOELAB_MOE_EXPERTS=chunked or cudnn), bf16, without expert
+// parallelism (whose owners keep the rows they receive). The memory plan and the layers decide it
+// with this one function.
 bool SharedExpertInputs(bool bf16, bool expert_parallel);
 
 // The activations a layer keeps for its backward, in the expert precision T (float or bf16).
@@ -78,9 +82,12 @@ struct MoeExpertActs {
 };
 
 // MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
-// path that ran on a GPU) or "chunked" (batched GEMMs over the chunked layout in bf16 mode
-// without EP; not yet run on a GPU). Anything else throws, naming the value.
+// path that ran on a GPU), "chunked" (batched GEMMs over the chunked layout in bf16 mode without
+// EP) or "cudnn" (cuDNN's MoE grouped matmul on the compact rows in bf16 mode without EP, with no
+// host sync in the layer's forward: kernels/cuda/moe_experts_cudnn.h). The last two have not yet
+// run on a GPU. Anything else throws, naming the value.
 bool ChunkedExpertsWanted();
+bool CudnnExpertsWanted();
 // The rows xe, h1, h3, act hold for nk dispatched rows over E experts: with chunks, at most nk plus
 // one chunk of padding per expert (≤ nk/4 + 8E, kernels/cuda/moe_experts.h); else nk.
 size_t MoePaddedRows(size_t nk, int experts);
@@ -97,6 +104,7 @@ struct MoeOwnedRows {
 
 class DeviceMoe {
  public:
+  ~DeviceMoe();
   // memory: the CUDA backend's (the expert exchange's buffers). expert_first / expert_count: the
   // routed experts whose weights this rank holds (all: 0, E); fewer only under expert
   // parallelism (SetMoeExpertParallel), as this rank's block of the EP group.
@@ -146,9 +154,17 @@ class DeviceMoe {
   // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
   const int64_t* AuxCounts() const;
   double AuxCoef(int n) const;
-  // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP, not
-  // MOELAB_MOE_EXPERTS=grouped); else the grouped GEMMs.
+  // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP,
+  // MOELAB_MOE_EXPERTS=chunked), or on cuDNN (bf16 mode, no EP, MOELAB_MOE_EXPERTS=cudnn); else
+  // the grouped GEMMs.
   bool UseChunks() const;
+  bool UseCudnn() const;
+  // The cuDNN path's forward: the counts for the caller and the offsets for the backward's weight
+  // gradients go to pinned memory behind the dispatch plan, without a host sync (Staging).
+  void StageCounts(int64_t* counts_out);
+  void StageOffsets();
+  void CudnnForward(const MoeLayerParams& p);
+  void CudnnBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
   // The routed experts over the chunked layout (bf16): a.xe holds it (gathered there), outputs
   // unchunked into a.ye; the backward chunks dye and unchunks dxe into dxe16.
   void ChunkedForward(const MoeLayerParams& p);
@@ -166,8 +182,11 @@ class DeviceMoe {
   bool ep_active_ = false;   // the last Forward exchanged rows
   bool chunked_ = false;     // the last Forward ran the chunked layout
   bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
-  bool gated_shared_;        // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
-  bool shared_xe_ = false;   // SharedExpertInputs, decided at the first Reserve
+  bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
+  struct Staging;            // the cuDNN path's pinned copies, events and products
+  std::unique_ptr<Staging> staging_;
+  bool gated_shared_;       // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
+  bool shared_xe_ = false;  // SharedExpertInputs, decided at the first Reserve
   // The bf16 gathered expert inputs: this layer's (b16_.xe), or the shared scratch's.
   cuda::bf16* XeBf16();
   cuda::MoeChunks chunks_;  // its plan (host), and its table on the device

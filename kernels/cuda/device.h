@@ -102,6 +102,54 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// Owning page-locked host allocation of n elements of T (cudaMallocHost / cudaFreeHost): the
+// target of an asynchronous device-to-host copy that the host reads later, after an event.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t n) {
+    if (n) MOELAB_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
+    n_ = n;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) cudaFreeHost(ptr_);
+      ptr_ = o.ptr_, n_ = o.n_;
+      o.ptr_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+// An owned CUDA event without timing (cudaEventDisableTiming): records where a stream has got to.
+class Event {
+ public:
+  Event() { MOELAB_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() { cudaEventDestroy(e_); }
+  void Record(cudaStream_t stream = nullptr) { MOELAB_CUDA_CHECK(cudaEventRecord(e_, stream)); }
+  // Blocks the host until the recorded work is done (at once when it already is).
+  void Wait() { MOELAB_CUDA_CHECK(cudaEventSynchronize(e_)); }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 // Elementwise precision casts (n elements).
 void CastToBf16(const float* in, bf16* out, size_t n, cudaStream_t stream = nullptr);
 void CastToFloat(const bf16* in, float* out, size_t n, cudaStream_t stream = nullptr);

@@ -19,6 +19,7 @@
 #include "core/model/cuda_backend.h"
 #if MOELAB_HAVE_CUDA
 #include "core/model/cuda_moe.h"
+#include "kernels/cuda/cudnn_grouped_matmul.h"
 #endif
 #include "core/train/trainer.h"
 #include "tests/common/test_util.h"
@@ -225,6 +226,45 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 }
 
+// MOELAB_MOE_EXPERTS=cudnn where it would run (bf16, an MoE model, one expert-parallel rank) needs
+// cuDNN's MoE grouped matmul, then 16-byte rows: refused before anything runs, naming why (here,
+// without a GPU, the missing device); nothing is asked of a dense, fp32 or expert-parallel run.
+#if MOELAB_HAVE_CUDA
+TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
+  RunConfig c;
+  c.train.device = "cuda";
+  c.train.precision = "bf16";
+  c.moe.experts_total = 8;
+  c.moe.experts_active = 2;
+  c.moe.expert_hidden = 36;
+  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "cudnn");
+  std::string why;
+  const bool available = cuda::CudnnGroupedMatmulAvailable(&why);
+  try {
+    RequireCudaSupports(c, 1, 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    if (available) {
+      EXPECT_EQ(e.path(), "moe.expert_hidden");
+      EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
+    } else {
+      EXPECT_EQ(e.path(), "train.device");
+      EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_EXPERTS=cudnn, but " + why),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  c.train.precision = "fp32";
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  c.train.precision = "bf16";
+  c.moe.experts_total = 0;
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  c.moe.experts_total = 8;
+  c.moe.expert_hidden = 32;
+  if (available) EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+}
+#endif
+
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   RunConfig c;
   c.train.device = "cuda";
@@ -334,6 +374,14 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
   c.dist.expert_parallel = 4;
   const DeviceMemoryPlan ep = PlanCudaMemory(c, 8, 8);
   EXPECT_GT(ep.activations, chunked.activations) << "under expert parallelism xe is kept a layer";
+  // The cuDNN experts share xe too, over the compact rows (no chunk padding).
+  c.dist.expert_parallel = 1;
+  experts.Set("cudnn");
+  EXPECT_TRUE(cudamodel::SharedExpertInputs(true, false));
+  EXPECT_EQ(cudamodel::MoePaddedRows(n * 2, 16), n * 2);
+  const DeviceMemoryPlan cudnn = PlanCudaMemory(c, 8, 8);
+  EXPECT_LT(cudnn.activations, grouped.activations);
+  EXPECT_DOUBLE_EQ(grouped.activations - cudnn.activations, (layers - 1) * 2.0 * n * 2 * 256);
 #endif
 }
 
