@@ -147,50 +147,54 @@ struct CudnnGroupedMatmul::Impl {
     op.Finalize("the operation");
   }
 
-  // The operation graph, then the first engine configuration of cuDNN's heuristics (mode A) whose
-  // execution plan finalizes, and its workspace.
+  // The operation graph, then the first engine configuration of cuDNN's heuristics whose execution
+  // plan finalizes, and its workspace.
   void BuildPlan(cudnnHandle_t handle) {
     graph = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     cudnnBackendDescriptor_t ops = op.get();
     graph->Set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops);
     graph->Set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     graph->Finalize("the operation graph");
-    Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
-    const cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_A;
-    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
-    heuristics.Finalize("the engine heuristics");
-    int64_t count = 0;
-    MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-    std::vector<Descriptor> configs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < count; ++i) {
-      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-      raw.push_back(configs.back().get());
-    }
-    int64_t returned = 0;
-    if (count > 0) {
-      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
-                                            raw.data()));
-    }
+    // Heuristics mode A first; where none of its configurations finalizes, the fallback list.
     std::string refusals;
-    for (int64_t i = 0; i < returned; ++i) {
-      auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
-      const cudnnStatus_t s = cudnnBackendFinalize(candidate->get());
-      if (s == CUDNN_STATUS_SUCCESS) {
-        plan = std::move(candidate);
-        break;
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
+      heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+      if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
+      int64_t count = 0;
+      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+      std::vector<Descriptor> configs;
+      std::vector<cudnnBackendDescriptor_t> raw;
+      for (int64_t i = 0; i < count; ++i) {
+        configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        raw.push_back(configs.back().get());
       }
-      refusals += " [" + std::to_string(i) + "] " + Status(s);
+      int64_t returned = 0;
+      if (count > 0) {
+        MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                                              raw.data()));
+      }
+      refusals += mode == CUDNN_HEUR_MODE_A ? " mode A:" : "; fallback:";
+      refusals += " " + std::to_string(returned) + " proposed";
+      for (int64_t i = 0; i < returned && !plan; ++i) {
+        auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+        candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
+        const cudnnStatus_t s = cudnnBackendFinalize(candidate->get());
+        if (s == CUDNN_STATUS_SUCCESS) {
+          plan = std::move(candidate);
+        } else {
+          refusals += " [" + std::to_string(i) + "] " + Status(s);
+        }
+      }
+      if (plan) break;
     }
     if (!plan) {
       throw std::runtime_error("cuDNN grouped matmul: no engine of cuDNN " +
-                               std::to_string(cudnnGetVersion()) + " takes this shape (" +
-                               std::to_string(returned) + " proposed)" + refusals);
+                               std::to_string(cudnnGetVersion()) + " takes this shape:" + refusals);
     }
     int64_t bytes = 0, got = 0;
     MOELAB_CUDNN(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
