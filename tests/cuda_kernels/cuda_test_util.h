@@ -33,6 +33,18 @@ inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -1, float h
   return v;
 }
 
+// bf16 rounding of host values (round to nearest even, __float2bfloat16) and back.
+inline std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+inline std::vector<float> ToFloat(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
 template <typename T>
 DeviceBuffer<T> ToDevice(const std::vector<T>& host) {
   DeviceBuffer<T> d;

@@ -19,6 +19,7 @@ namespace {
 
 using testing::ExpectNear;
 using testing::Random;
+using testing::ToBf16;
 using testing::ToDevice;
 
 #define MOELAB_REQUIRE_CUDNN_BUILD()                                                    \
@@ -56,12 +57,6 @@ TEST(CudnnGroupedMatmul, RefusesShapesItCannotDescribe) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
-}
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
 }
 
 TEST(CudnnGroupedMatmul, MatchesCublasGroupedGemmInBothWeightLayouts) {

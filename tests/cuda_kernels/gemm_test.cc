@@ -13,18 +13,13 @@ namespace {
 
 using testing::ExpectNear;
 using testing::Random;
+using testing::ToBf16;
 using testing::ToDevice;
 
 // fp32: true fp32 on both sides (no TF32), so only summation order differs.
 constexpr double kGemmAtol = 1e-5, kGemmRtol = 1e-4;
 // bf16 inputs (8-bit mantissa) against the fp32 product of the unrounded inputs, k = 64.
 constexpr double kBf16Atol = 5e-2, kBf16Rtol = 2e-2;
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
-}
 
 TEST(CudaGemm, AllTransposesMatchCpu) {
   MOELAB_REQUIRE_GPU();

@@ -27,7 +27,9 @@ namespace {
 using testing::ExpectNear;
 using testing::Random;
 using testing::TimeMs;
+using testing::ToBf16;
 using testing::ToDevice;
+using testing::ToFloat;
 
 struct Routed {
   std::vector<float> scores, gates;
@@ -258,17 +260,6 @@ TEST(CudaMoeDispatch, RefusesShapesBeforeAnyLaunch) {
   EXPECT_THROW(
       MoeDispatchPlan(nullptr, 16, 20000, 8, nullptr, nullptr, nullptr, MoeDispatch::kSort),
       std::invalid_argument);
-}
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
-}
-std::vector<float> ToFloat(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
-  return out;
 }
 
 // bf16 mode's dispatch side: bf16 expert rows (ye, dxe, dye), fp32 tokens and gates. On
