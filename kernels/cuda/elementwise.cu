@@ -268,8 +268,8 @@ void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, 
                  int rot_dim, const T* cos, const T* sin, bool inverse, cudaStream_t stream) {
   const size_t total = static_cast<size_t>(n) * (q.heads + k.heads) * (rot_dim / 2);
   if (!total) return;
-  rope::RopeQkKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(q, k, n, seq, rot_dim, cos,
-                                                                       sin, inverse ? T(-1) : T(1));
+  rope::RopeQkKernel<T><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
+      q, k, n, seq, rot_dim, cos, sin, inverse ? -1.0f : 1.0f);
   CheckLaunch("RopeApplyQk");
 }
 
@@ -278,6 +278,16 @@ void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int off
                const T* cos, const T* sin, bool inverse, cudaStream_t stream) {
   RopeApplyQk<T>({x, ld, heads, head_stride, offset}, {}, n, seq, rot_dim, cos, sin, inverse,
                  stream);
+}
+
+void RopeApplyQk(const cpu::RopeSlice<bf16>& q, const cpu::RopeSlice<bf16>& k, int n, int seq,
+                 int rot_dim, const float* cos, const float* sin, bool inverse,
+                 cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * (q.heads + k.heads) * (rot_dim / 2);
+  if (!total) return;
+  rope::RopeQkKernel<bf16><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
+      q, k, n, seq, rot_dim, cos, sin, inverse ? -1.0f : 1.0f);
+  CheckLaunch("RopeApplyQk");
 }
 
 template void RopeTables<float>(int, int, double, float*, float*, cudaStream_t);

@@ -21,4 +21,10 @@ void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, 
                  int rot_dim, const T* cos, const T* sin, bool inverse,
                  cudaStream_t stream = nullptr);
 
+// The same on bf16 heads (a bf16 q | k | v activation) with the fp32 tables: each pair widened,
+// rotated in fp32 with RopeApplyQk's arithmetic, rounded once to bf16.
+void RopeApplyQk(const cpu::RopeSlice<bf16>& q, const cpu::RopeSlice<bf16>& k, int n, int seq,
+                 int rot_dim, const float* cos, const float* sin, bool inverse,
+                 cudaStream_t stream = nullptr);
+
 }  // namespace moelab::cuda

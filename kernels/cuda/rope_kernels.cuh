@@ -4,6 +4,7 @@
 // which runs this very kernel on the CPU under tests/cuda_kernels/emulation/cuda_emulation.h.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cpu/rope.h"
@@ -20,11 +21,18 @@ __device__ __forceinline__ void RotatePair(float& a, float& b, float c, float s)
   b = __fadd_rn(__fmul_rn(bi, c), __fmul_rn(ai, s));
 }
 
+// The element types a head may be stored in: rotated in fp32, stored back rounded (bf16).
+__device__ __forceinline__ float Widen(float x) { return x; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ void Store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float x) { *p = __float2bfloat16(x); }
+
 // One thread per (row r, head h of q's then k's heads, pair i); grid-stride over
-// n·(q.heads + k.heads)·rot_dim/2. sign −1 is the inverse rotation (the backward).
+// n·(q.heads + k.heads)·rot_dim/2. sign −1 is the inverse rotation (the backward). T = float, or
+// bf16 heads (widened, rotated in fp32 with the fp32 tables, rounded once when stored).
 template <typename T>
 __global__ void RopeQkKernel(cpu::RopeSlice<T> q, cpu::RopeSlice<T> k, long n, int seq, int rot_dim,
-                             const T* cos, const T* sin, T sign) {
+                             const float* cos, const float* sin, float sign) {
   const int half = rot_dim / 2;
   const int heads = q.heads + k.heads;
   const long total = n * heads * half;
@@ -39,10 +47,10 @@ __global__ void RopeQkKernel(cpu::RopeSlice<T> q, cpu::RopeSlice<T> k, long n, i
     T* a = in_q ? q.x + r * q.ld + static_cast<long>(h) * q.head_stride + q.offset
                 : k.x + r * k.ld + static_cast<long>(h - q.heads) * k.head_stride + k.offset;
     T* b = a + half;
-    const T c = cos[p * half + i], si = sign * sin[p * half + i];
-    T ai = a[i], bi = b[i];
+    const float c = cos[p * half + i], si = sign * sin[p * half + i];
+    float ai = Widen(a[i]), bi = Widen(b[i]);
     RotatePair(ai, bi, c, si);
-    a[i] = ai, b[i] = bi;
+    Store(a + i, ai), Store(b + i, bi);
   }
 }
 

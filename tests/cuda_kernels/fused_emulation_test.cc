@@ -141,5 +141,42 @@ TEST(CudaFusedEmulation, RopeQkOneLaunchMatchesCpu) {
   CheckRopeQk(n, seq, 8, 20, {nullptr, 20, 2, 10, 1}, 1, {}, false);
 }
 
+// The bf16 heads of a bf16 q | k | v activation (MOELAB_ATTENTION_ACTS=bf16): each pair widened,
+// rotated with the fp32 kernel's arithmetic and rounded once, so the bf16 kernel gives the bits
+// of the fp32 kernel run on the widened values, rounded to bf16 — forward and inverse, on GQA's
+// q | k | v rows (the v columns untouched).
+TEST(CudaFusedEmulation, RopeQkOnBf16HeadsIsTheFp32KernelRounded) {
+  const int seq = 5, n = 2 * seq, rot = 16, ld = 128;
+  std::vector<float> cs(size_t(seq) * rot / 2), sn(cs.size());
+  cpu::RopeTables(seq, rot, 10000.0, cs.data(), sn.data());
+  const std::vector<__nv_bfloat16> x0 = emulation_test::ToBf16(Random(size_t(n) * ld, 6));
+  for (bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "inverse" : "forward");
+    std::vector<__nv_bfloat16> xb = x0;
+    std::vector<float> xf(x0.size());
+    for (size_t i = 0; i < x0.size(); ++i) xf[i] = __bfloat162float(x0[i]);
+    const float sign = inverse ? -1.0f : 1.0f;
+    emu::Launch(dim3(3), 64, 0, [&] {
+      rope::RopeQkKernel<__nv_bfloat16>({xb.data(), ld, 4, 16, 0}, {xb.data(), ld, 2, 16, 64}, n,
+                                        seq, rot, cs.data(), sn.data(), sign);
+    });
+    emu::Launch(dim3(3), 64, 0, [&] {
+      rope::RopeQkKernel<float>({xf.data(), ld, 4, 16, 0}, {xf.data(), ld, 2, 16, 64}, n, seq, rot,
+                                cs.data(), sn.data(), sign);
+    });
+    int changed = 0;
+    for (size_t i = 0; i < xb.size(); ++i) {
+      const __nv_bfloat16 want = __float2bfloat16(xf[i]);
+      ASSERT_EQ(__bfloat16_as_ushort(xb[i]), __bfloat16_as_ushort(want)) << "element " << i;
+      changed += __bfloat16_as_ushort(xb[i]) != __bfloat16_as_ushort(x0[i]);
+      if (i % ld >= 96) {  // v columns
+        ASSERT_EQ(__bfloat16_as_ushort(xb[i]), __bfloat16_as_ushort(x0[i])) << "v touched " << i;
+      }
+    }
+    // q and k columns (96 of 128) at positions 1 … seq−1 rotate (position 0 is the identity).
+    EXPECT_GT(changed, (n - n / seq) * 96 / 2);
+  }
+}
+
 }  // namespace
 }  // namespace moelab::cuda
