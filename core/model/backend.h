@@ -84,8 +84,51 @@ struct LmHeadChunk {
   bool accumulate_dw = false;
 };
 
+// The MHA/GQA attention of one layer between its norm and the residual (every non-MLA
+// attention; core/model/model.cc): qkv = x̂·[Wq; Wk; Wv]ᵀ, QK-norm of q and k (when the gains are
+// given), RoPE on q and k (unless the backend's attention applies it), the attention → att, then
+// y += att·Woᵀ. qkv and att (and the backward's datt) are read and written by the two core ops
+// only, so a backend may hold them in a narrower type inside the model's slots (CUDA in bf16 with
+// MOELAB_ATTENTION_ACTS=bf16). Every pointer is memory of the backend.
+template <typename T>
+struct AttentionCore {
+  cpu::AttentionDims dims;  // with dims.batch the micro-batch
+  const T* x = nullptr;     // [n, d] the norm's output
+  const T* wqkv = nullptr;  // [qdim + 2·kvdim, d]: wq, wk, wv adjacent
+  const T* wo = nullptr;    // [d, odim]
+  int n = 0, d = 0, qdim = 0, kvdim = 0, odim = 0;
+  int head_dim = 0;                              // the rotated dims of a head too
+  const T *cos = nullptr, *sin = nullptr;        // RoPE tables [seq, head_dim/2]
+  const T *q_norm = nullptr, *k_norm = nullptr;  // QK-norm gains [head_dim]; null: none
+  double norm_eps = 0;
+  T* qkv = nullptr;                        // [n, qdim + 2·kvdim], kept for the backward
+  T* qk_raw = nullptr;                     // QK-norm: [n, qdim + kvdim] q | k before it, kept
+  T *rstd_q = nullptr, *rstd_k = nullptr;  // QK-norm: [n·H], [n·KVH], kept
+  T* saved = nullptr;                      // AttentionSavedElements(dims)
+  T* att = nullptr;                        // [n, odim], kept
+  T* pair_max = nullptr;                   // [B·H]
+  int qkv_dim() const { return qdim + 2 * kvdim; }
+};
+// The backward's gradients: dy (of y) in; dx [n, d] and the weight gradients overwritten;
+// datt [n, odim], dqkv [n, qkv_dim] and scratch (AttentionScratchElements) its work space.
+template <typename T>
+struct AttentionCoreGrads {
+  const T* dy = nullptr;
+  T *datt = nullptr, *dqkv = nullptr, *scratch = nullptr;
+  T* dx = nullptr;
+  T *dwqkv = nullptr, *dwo = nullptr, *dq_norm = nullptr, *dk_norm = nullptr;
+};
+
 template <typename T>
 class Backend;
+
+// The attention core from the finer ops, in the order the model ran them before the ops existed
+// (the CPU backend and CUDA without MOELAB_ATTENTION_ACTS=bf16 run these: the finer ops' bits).
+template <typename T>
+void ComposeAttentionCoreForward(Backend<T>& be, const AttentionCore<T>& c, T* y);
+template <typename T>
+void ComposeAttentionCoreBackward(Backend<T>& be, const AttentionCore<T>& c,
+                                  const AttentionCoreGrads<T>& g);
 
 // LmHeadLossChunk from the finer ops, in the order the model used before the op existed:
 // Linear, CrossEntropy, Scale (when weight != 1), LinearBackward. The CPU backend and CUDA's fp32
@@ -156,6 +199,13 @@ class Backend : public BackendMemory {
   virtual void SetAttentionRope(const T* cos, const T* sin, int rot_dim) {
     (void)cos, (void)sin, (void)rot_dim;
   }
+  // The whole MHA/GQA attention of a layer (AttentionCore): y [n, d] accumulates att·Woᵀ.
+  virtual void AttentionCoreForward(const AttentionCore<T>& c, T* y) {
+    ComposeAttentionCoreForward(*this, c, y);
+  }
+  virtual void AttentionCoreBackward(const AttentionCore<T>& c, const AttentionCoreGrads<T>& g) {
+    ComposeAttentionCoreBackward(*this, c, g);
+  }
   // head_max[h] = max over b of pair_max[b·heads + h].
   virtual void HeadMax(const T* pair_max, int batch, int heads, T* head_max) = 0;
   virtual void Rope(T* x, int n, int seq, int ld, int heads, int head_stride, int offset,
@@ -220,6 +270,49 @@ LossTerms ComposeLmHeadLossChunk(Backend<T>& be, const LmHeadChunk<T>& c) {
     be.LinearBackward(c.x, c.w, c.logits, c.rows, c.d, c.vocab, c.dx, c.dw, false, c.accumulate_dw);
   }
   return part;
+}
+
+template <typename T>
+void ComposeAttentionCoreForward(Backend<T>& be, const AttentionCore<T>& c, T* y) {
+  const cpu::AttentionDims& a = c.dims;
+  const int ld = c.qkv_dim(), hd = c.head_dim;
+  be.Linear(c.x, c.wqkv, c.n, c.d, ld, c.qkv, false);
+  if (c.q_norm) {
+    const int qk = c.qdim + c.kvdim;
+    be.CopyRows(c.qkv, ld, c.qk_raw, qk, c.n, qk);
+    be.RmsNormGroups(c.qk_raw, qk, c.qkv, ld, c.n, a.heads, hd, c.q_norm, c.norm_eps, c.rstd_q);
+    be.RmsNormGroups(c.qk_raw + c.qdim, qk, c.qkv + c.qdim, ld, c.n, a.kv_heads, hd, c.k_norm,
+                     c.norm_eps, c.rstd_k);
+  }
+  if (!be.AttentionAppliesRope(a)) {
+    be.RopeQk({c.qkv, ld, a.heads, hd, 0}, {c.qkv + c.qdim, ld, a.kv_heads, hd, 0}, c.n, a.seq, hd,
+              c.cos, c.sin, false);
+  }
+  be.AttentionForward(a, c.qkv, c.qkv + c.qdim, c.qkv + c.qdim + c.kvdim, c.saved, c.att,
+                      c.pair_max);
+  be.Linear(c.att, c.wo, c.n, c.odim, c.d, y, /*accumulate=*/true);
+}
+
+template <typename T>
+void ComposeAttentionCoreBackward(Backend<T>& be, const AttentionCore<T>& c,
+                                  const AttentionCoreGrads<T>& g) {
+  const cpu::AttentionDims& a = c.dims;
+  const int ld = c.qkv_dim(), hd = c.head_dim;
+  be.LinearBackward(c.att, c.wo, g.dy, c.n, c.odim, c.d, g.datt, g.dwo, false, false);
+  be.AttentionBackward(a, c.qkv, c.qkv + c.qdim, c.qkv + c.qdim + c.kvdim, c.att, c.saved, g.datt,
+                       g.dqkv, g.dqkv + c.qdim, g.dqkv + c.qdim + c.kvdim, g.scratch);
+  if (!be.AttentionAppliesRope(a)) {
+    be.RopeQk({g.dqkv, ld, a.heads, hd, 0}, {g.dqkv + c.qdim, ld, a.kv_heads, hd, 0}, c.n, a.seq,
+              hd, c.cos, c.sin, true);
+  }
+  if (c.q_norm) {
+    const int qk = c.qdim + c.kvdim;
+    be.RmsNormGroupsBackward(c.qk_raw, qk, c.q_norm, c.rstd_q, g.dqkv, ld, g.dqkv, ld, c.n, a.heads,
+                             hd, g.dq_norm);
+    be.RmsNormGroupsBackward(c.qk_raw + c.qdim, qk, c.k_norm, c.rstd_k, g.dqkv + c.qdim, ld,
+                             g.dqkv + c.qdim, ld, c.n, a.kv_heads, hd, g.dk_norm);
+  }
+  be.LinearBackward(c.x, c.wqkv, g.dqkv, c.n, c.d, ld, g.dx, g.dwqkv, false, false);
 }
 
 // The backend train.device names: "cpu", or "cuda" (float only; throws without a usable GPU or

@@ -101,32 +101,30 @@ void Model<T>::Impl::Reserve(int batch) {
 }
 
 template <typename T>
-void Model<T>::Impl::AttentionForward(int l, int n) {
+AttentionCore<T> Model<T>::Impl::Core(int l, int n) {
+  const Layer& ly = layers[l];
+  LayerActs& a = la[l];
+  const T* P = params.data();
+  AttentionCore<T> c;
+  c.dims = dims;
+  c.x = a.ln1, c.wqkv = P + ly.wq, c.wo = P + ly.wo;
+  c.n = n, c.d = d, c.qdim = qdim, c.kvdim = kvdim, c.odim = odim, c.head_dim = hd;
+  c.cos = rope_cos.data(), c.sin = rope_sin.data();
+  if (qk_norm) {
+    c.q_norm = P + ly.q_norm, c.k_norm = P + ly.k_norm, c.norm_eps = m.norm_eps;
+    c.qk_raw = a.qk_raw, c.rstd_q = a.rstd_q, c.rstd_k = a.rstd_k;
+  }
+  c.qkv = a.qkv, c.saved = a.saved, c.att = a.att, c.pair_max = pair_max;
+  return c;
+}
+
+template <typename T>
+void Model<T>::Impl::MlaForward(int l, int n) {
   const Layer& ly = layers[l];
   LayerActs& a = la[l];
   const T* P = params.data();
   const T* cs = rope_cos.data();
   const T* sn = rope_sin.data();
-  if (!mla) {
-    // q | k | v = x̂·[wq; wk; wv]ᵀ in one GEMM, then (QK-norm and) RoPE on q and k in place, in
-    // one op — unless the backend's attention rotates them as it loads them (q and k then stay
-    // un-rotated in a.qkv, which the backward reads).
-    be->Linear(a.ln1, P + ly.wq, n, d, qkv_dim, a.qkv, false);
-    if (qk_norm) {
-      const int ld = qdim + kvdim;
-      be->CopyRows(a.qkv, qkv_dim, a.qk_raw, ld, n, ld);
-      be->RmsNormGroups(a.qk_raw, ld, a.qkv, qkv_dim, n, H, hd, P + ly.q_norm, m.norm_eps,
-                        a.rstd_q);
-      be->RmsNormGroups(a.qk_raw + qdim, ld, a.qkv + qdim, qkv_dim, n, KVH, hd, P + ly.k_norm,
-                        m.norm_eps, a.rstd_k);
-    }
-    if (!be->AttentionAppliesRope(dims)) {
-      be->RopeQk({a.qkv, qkv_dim, H, hd, 0}, {a.qkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
-                 false);
-    }
-    be->AttentionForward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.saved, a.att, pair_max);
-    return;
-  }
   // MLA. Queries: [q^C | q^R] = c_q·[q_b_nope; q_b_rope]ᵀ with c_q = RMSNorm(x̂·q_aᵀ) (or x̂).
   const T* qin = a.ln1;
   int qin_dim = d;
@@ -154,30 +152,13 @@ void Model<T>::Impl::AttentionForward(int l, int n) {
 }
 
 template <typename T>
-void Model<T>::Impl::AttentionBackward(int l, int n) {
+void Model<T>::Impl::MlaBackward(int l, int n) {
   const Layer& ly = layers[l];
   LayerActs& a = la[l];
   const T* P = params.data();
   T* G = grads.data();
   const T* cs = rope_cos.data();
   const T* sn = rope_sin.data();
-  if (!mla) {
-    be->AttentionBackward(dims, a.qkv, a.qkv + qdim, a.qkv + qdim + kvdim, a.att, a.saved, datt,
-                          dqkv, dqkv + qdim, dqkv + qdim + kvdim, att_scratch);
-    if (!be->AttentionAppliesRope(dims)) {
-      be->RopeQk({dqkv, qkv_dim, H, hd, 0}, {dqkv + qdim, qkv_dim, KVH, hd, 0}, n, S, hd, cs, sn,
-                 true);
-    }
-    if (qk_norm) {
-      const int ld = qdim + kvdim;
-      be->RmsNormGroupsBackward(a.qk_raw, ld, P + ly.q_norm, a.rstd_q, dqkv, qkv_dim, dqkv, qkv_dim,
-                                n, H, hd, G + ly.q_norm);
-      be->RmsNormGroupsBackward(a.qk_raw + qdim, ld, P + ly.k_norm, a.rstd_k, dqkv + qdim, qkv_dim,
-                                dqkv + qdim, qkv_dim, n, KVH, hd, G + ly.k_norm);
-    }
-    be->LinearBackward(a.ln1, P + ly.wq, dqkv, n, d, qkv_dim, dln, G + ly.wq, false, false);
-    return;
-  }
   const int lda = rkv + dr, ldb = H * (dn + dvh), ldf = H * dqk;
   // dv lands directly in the v columns of dkvb.
   be->AttentionBackward(dims, a.qf, a.kf, a.kvb + H * dn, a.att, a.saved, datt, dqf, dkf,
@@ -276,11 +257,15 @@ double Model<T>::Impl::Run(const int32_t* tokens, int batch, StepStats* stats, b
     LayerActs& a = la[l];
     // Attention block: mid = res + wo·Attn(RMSNorm(res)); RMSNorm(res) (ln1, rstd1) was formed
     // with res at the previous boundary.
-    AttentionForward(l, n);
-    be->HeadMax(pair_max, batch, H, head_max + static_cast<size_t>(l) * H);
     // mid = res, then the output projection accumulates onto it (the residual add for free).
     be->Copy(a.mid, a.res, nd * sizeof(T));
-    be->Linear(a.att, P + ly.wo, n, odim, d, a.mid, /*accumulate=*/true);
+    if (mla) {
+      MlaForward(l, n);
+      be->Linear(a.att, P + ly.wo, n, odim, d, a.mid, /*accumulate=*/true);
+    } else {
+      be->AttentionCoreForward(Core(l, n), a.mid);
+    }
+    be->HeadMax(pair_max, batch, H, head_max + static_cast<size_t>(l) * H);
     // FFN block: next = mid + FFN(RMSNorm(mid)); the FFN output goes through dln as scratch.
     be->RmsNorm(a.mid, P + ly.ffn_norm, n, d, m.norm_eps, a.ln2, a.rstd2);
     if (ly.moe_index < 0) {
@@ -343,8 +328,16 @@ void Model<T>::Impl::Backward(int batch) {
     }
     be->RmsNormBackward(a.mid, P + ly.ffn_norm, a.rstd2, dln, n, d, dres, G + ly.ffn_norm, true);
     // Attention block: dres += RMSNorm'(Attn'(wo'(dres))).
-    be->LinearBackward(a.att, P + ly.wo, dres, n, odim, d, datt, G + ly.wo, false, false);
-    AttentionBackward(l, n);
+    if (mla) {
+      be->LinearBackward(a.att, P + ly.wo, dres, n, odim, d, datt, G + ly.wo, false, false);
+      MlaBackward(l, n);
+    } else {
+      AttentionCoreGrads<T> g;
+      g.dy = dres, g.datt = datt, g.dqkv = dqkv, g.scratch = att_scratch, g.dx = dln;
+      g.dwqkv = G + ly.wq, g.dwo = G + ly.wo;
+      if (qk_norm) g.dq_norm = G + ly.q_norm, g.dk_norm = G + ly.k_norm;
+      be->AttentionCoreBackward(Core(l, n), g);
+    }
     be->RmsNormBackward(a.res, P + ly.attn_norm, a.rstd1, dln, n, d, dres, G + ly.attn_norm, true);
     if (grad_ready) grad_ready(layer_begin[l], l + 1 < L ? layer_begin[l + 1] : final_norm);
   }

@@ -81,10 +81,12 @@ struct Model<T>::Impl {
   void Backward(int batch);
   // LM head + cross-entropy (+ their backward) over row chunks; see model.cc.
   LossTerms OutputLoss(int n, bool backward);
-  // x̂ = la[l].ln1 -> la[l].att; pair_max filled.
-  void AttentionForward(int l, int n);
-  // datt -> dln (= dx̂, overwritten); the layer's attention grads written.
-  void AttentionBackward(int l, int n);
+  // MHA/GQA: layer l's attention as one backend op (backend.h, AttentionCore).
+  AttentionCore<T> Core(int l, int n);
+  // MLA: x̂ = la[l].ln1 -> la[l].att; pair_max filled.
+  void MlaForward(int l, int n);
+  // MLA: datt -> dln (= dx̂, overwritten); the layer's attention grads written (wo's aside).
+  void MlaBackward(int l, int n);
   MoeWeights<T> Moe(T* base, const Layer& l) const {
     return {base + l.router,
             base + l.ew1,
