@@ -608,6 +608,7 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
+#if MOELAB_HAVE_CUDA
   // The environment's switches between GPU implementations (MOELAB_ATTENTION,
   // MOELAB_FLASH_KERNEL, MOELAB_FLASH_ROPE, MOELAB_MOE_EXPERTS, MOELAB_MOE_DISPATCH, MOELAB_FFN;
   // docs/cuda.md): a bad value stops the run here.
@@ -621,7 +622,9 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError("train.device", e.what());
   }
+#endif  // (without CUDA there are no switches, and MakeCudaBackend refuses "cuda")
   std::string why;
+#if MOELAB_HAVE_CUDA
   // MOELAB_MOE_EXPERTS=cudnn runs where it can (bf16, an MoE model, no expert parallelism; the
   // grouped GEMMs elsewhere), and there it needs cuDNN's MoE grouped matmul and 16-byte rows.
   if (cudamodel::CudnnExpertsWanted() && c.train.effective_precision() == "bf16" &&
@@ -638,6 +641,7 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
       }
     }
   }
+#endif
   if (world > 1 && !NcclCommunicator::Available(&why)) {
     throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
   }

@@ -206,6 +206,9 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 // A bad value of an implementation switch in the environment stops the run before anything runs,
 // naming the variable (no GPU needed).
 TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the switches are part of the CUDA backend)";
+#else
   RunConfig c;
   c.train.device = "cuda";
   for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_FLASH_ROPE",
@@ -224,13 +227,16 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
       experts("MOELAB_MOE_EXPERTS", "chunked"), dispatch("MOELAB_MOE_DISPATCH", "sort"),
       ffn("MOELAB_FFN", "fused");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+#endif
 }
 
 // MOELAB_MOE_EXPERTS=cudnn where it would run (bf16, an MoE model, one expert-parallel rank) needs
 // cuDNN's MoE grouped matmul, then 16-byte rows: refused before anything runs, naming why (here,
 // without a GPU, the missing device); nothing is asked of a dense, fp32 or expert-parallel run.
-#if MOELAB_HAVE_CUDA
 TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (cuDNN's grouped matmul is part of the CUDA backend)";
+#else
   RunConfig c;
   c.train.device = "cuda";
   c.train.precision = "bf16";
@@ -262,8 +268,8 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
   c.moe.experts_total = 8;
   c.moe.expert_hidden = 32;
   if (available) EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
-}
 #endif
+}
 
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   RunConfig c;
