@@ -236,10 +236,11 @@ BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
 # Every opt-in path together on both shapes first (what making them the defaults would give),
 # then each alone on the shape it speeds up (which of them gives what).
-OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort"
+OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort MOELAB_ATTENTION_ACTS=bf16"
 ALL=${OPT_IN_DEFAULT// /,}
 COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe MOELAB_FLASH_KERNEL=mma MOELAB_FFN=fused"
-COMPARE_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_MOE_EXPERTS=chunked@gpu-moe"
+COMPARE_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_ATTENTION_ACTS=bf16"
+COMPARE_DEFAULT+=" MOELAB_MOE_EXPERTS=chunked@gpu-moe"
 COMPARE_DEFAULT+=" MOELAB_MOE_DISPATCH=sort@gpu-moe MOELAB_MOE_EXPERTS=cudnn@gpu-moe"
 read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
 read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"

@@ -72,6 +72,12 @@ bool ChooseFlash(const RunConfig& c) {
   return ok && (c.train.effective_precision() == "bf16" || mode == "fused");
 }
 
+// MOELAB_ATTENTION_ACTS: "fp32" (the default: qkv and att fp32 in bf16 mode, the path that ran
+// on a GPU) or "bf16" (AttentionCoreForward below); anything else throws, naming the value.
+bool AttentionActsBf16() {
+  return cuda::ImplementationSwitch("MOELAB_ATTENTION_ACTS", {"fp32", "bf16"}) == 1;
+}
+
 size_t AttentionSaved(bool flash, const cpu::AttentionDims& a) {
   if (flash) return static_cast<size_t>(a.batch) * a.heads * a.seq;  // log-sum-exp rows
   return ProbabilitiesSaved(a);
@@ -132,7 +138,8 @@ class CudaBackend final : public Backend<float> {
   explicit CudaBackend(const RunConfig& c)
       : use_bf16_(c.train.effective_precision() == "bf16"),
         flash_(ChooseFlash(c)),
-        ffn_fused_(use_bf16_ && cuda::GatedFfnWanted()) {}
+        ffn_fused_(use_bf16_ && cuda::GatedFfnWanted()),
+        attention_acts_bf16_(use_bf16_ && AttentionActsBf16()) {}
 
   std::string name() const override { return "cuda"; }
   bool is_host() const override { return false; }
@@ -340,6 +347,73 @@ class CudaBackend final : public Backend<float> {
     cuda::AttentionBackward(cuda::AttentionDims(a), q, k, v, saved, capped, dout, dq, dk, dv,
                             scratch);
   }
+  // bf16 attention activations (MOELAB_ATTENTION_ACTS=bf16, opt-in, bf16 mode, the fused kernels,
+  // no QK-norm): qkv, att and datt are bf16 in the first half of the model's slots (only these two
+  // ops touch them). The projection writes qkv in bf16 (no fp32 qkv, no cast on the attention's
+  // loads), RoPE rotates the bf16 heads, the kernels read bf16 q, k, v and write bf16 att, which
+  // the output projection reads uncast; backward, datt = dy·Wo is written in bf16, the kernels
+  // return dq, dk, dv in fp32 into dqkv as before. Elsewhere: the finer ops (their bits).
+  bool NarrowAttention(const AttentionCore<float>& c) const {
+    return use_bf16_ && flash_ && c.q_norm == nullptr && attention_acts_bf16_ && c.qdim % 8 == 0 &&
+           c.kvdim % 8 == 0 &&
+           cuda::FlashAttentionSupported(cuda::AttentionDims(c.dims), sizeof(bf16));
+  }
+  void AttentionCoreForward(const AttentionCore<float>& c, float* y) override {
+    if (!NarrowAttention(c)) {
+      ComposeAttentionCoreForward<float>(*this, c, y);
+      return;
+    }
+    const cpu::AttentionDims& a = c.dims;
+    const int ld = c.qkv_dim(), hd = c.head_dim;
+    bf16* qkv = reinterpret_cast<bf16*>(c.qkv);
+    bf16* att = reinterpret_cast<bf16*>(c.att);
+    {
+      ProfileScope ps(profiler_, "gemm");
+      bf16* xb = Cast(c.x, &xb_, static_cast<size_t>(c.n) * c.d);
+      cuda::Gemm(false, true, c.n, ld, c.d, 1.0f, xb, c.d, Bf16Of(c.wqkv), c.d, 0.0f, qkv, ld);
+    }
+    {
+      ProfileScope ps(profiler_, "rope");
+      cuda::RopeApplyQk(cpu::RopeSlice<bf16>{qkv, ld, a.heads, hd, 0},
+                        cpu::RopeSlice<bf16>{qkv + c.qdim, ld, a.kv_heads, hd, 0}, c.n, a.seq, hd,
+                        c.cos, c.sin, false);
+    }
+    {
+      ProfileScope ps(profiler_, "attention fwd");
+      cuda::FlashAttentionForward<bf16>(cuda::AttentionDims(a), qkv, qkv + c.qdim,
+                                        qkv + c.qdim + c.kvdim, att, c.saved, c.pair_max);
+    }
+    ProfileScope ps(profiler_, "gemm");
+    cuda::LinearForward<bf16>(att, Bf16Of(c.wo), c.n, c.odim, c.d, y, /*accumulate=*/true);
+  }
+  void AttentionCoreBackward(const AttentionCore<float>& c,
+                             const AttentionCoreGrads<float>& g) override {
+    if (!NarrowAttention(c)) {
+      ComposeAttentionCoreBackward<float>(*this, c, g);
+      return;
+    }
+    const cpu::AttentionDims& a = c.dims;
+    const int ld = c.qkv_dim(), hd = c.head_dim;
+    const bf16* qkv = reinterpret_cast<const bf16*>(c.qkv);
+    const bf16* att = reinterpret_cast<const bf16*>(c.att);
+    bf16* datt = reinterpret_cast<bf16*>(g.datt);
+    {
+      ProfileScope ps(profiler_, "gemm");
+      const bf16* wo = Bf16Of(c.wo);
+      bf16* dyb = Cast(g.dy, &dyb_, static_cast<size_t>(c.n) * c.d);
+      cuda::Gemm(false, false, c.n, c.odim, c.d, 1.0f, dyb, c.d, wo, c.odim, 0.0f, datt, c.odim);
+      cuda::LinearBackward<bf16>(att, wo, dyb, c.n, c.odim, c.d, nullptr, g.dwo, false, false);
+    }
+    {
+      ProfileScope ps(profiler_, "attention bwd");
+      cuda::FlashAttentionBackward<bf16>(cuda::AttentionDims(a), qkv, qkv + c.qdim,
+                                         qkv + c.qdim + c.kvdim, att, c.saved, datt, g.dqkv,
+                                         g.dqkv + c.qdim, g.dqkv + c.qdim + c.kvdim, g.scratch);
+    }
+    RopeQk({g.dqkv, ld, a.heads, hd, 0}, {g.dqkv + c.qdim, ld, a.kv_heads, hd, 0}, c.n, a.seq, hd,
+           c.cos, c.sin, true);
+    LinearBackward(c.x, c.wqkv, g.dqkv, c.n, c.d, ld, g.dx, g.dwqkv, false, false);
+  }
   void HeadMax(const float* pair_max, int batch, int heads, float* head_max) override {
     cuda::AttentionMaxOverBatch(pair_max, batch, heads, head_max);
   }
@@ -454,7 +528,9 @@ class CudaBackend final : public Backend<float> {
 
   // ffn_fused_: the dense FFN on GatedFfn*Bf16 (MOELAB_FFN=fused, read once: FfnBackward must
   // read what FfnForward wrote).
-  bool use_bf16_, flash_, ffn_fused_;
+  // attention_acts_bf16_: MOELAB_ATTENTION_ACTS=bf16, read once (the backward must take the
+  // forward's path).
+  bool use_bf16_, flash_, ffn_fused_, attention_acts_bf16_;
   cuda::FlashRope rope_;  // the model's tables (SetAttentionRope); null: none registered
   const float* weights_ = nullptr;
   size_t num_weights_ = 0;
@@ -610,13 +686,15 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
 #if MOELAB_HAVE_CUDA
   // The environment's switches between GPU implementations (MOELAB_ATTENTION,
-  // MOELAB_FLASH_KERNEL, MOELAB_FLASH_ROPE, MOELAB_MOE_EXPERTS, MOELAB_MOE_DISPATCH, MOELAB_FFN;
+  // MOELAB_FLASH_KERNEL, MOELAB_FLASH_ROPE, MOELAB_ATTENTION_ACTS, MOELAB_MOE_EXPERTS,
+  // MOELAB_MOE_DISPATCH, MOELAB_FFN;
   // docs/cuda.md): a bad value stops the run here.
   try {
     ChooseFlash(c);
     cuda::FlashKernelInUse();
     cuda::FlashRopeFused();
     cudamodel::ChunkedExpertsWanted();
+    AttentionActsBf16();
     cuda::GatedFfnWanted();
     cuda::MoeDispatchInUse();
   } catch (const std::invalid_argument& e) {

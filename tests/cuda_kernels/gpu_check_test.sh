@@ -123,7 +123,7 @@ check "tests: no-GPU skip flagged" has "$S" "THE GPU WAS NOT USED"
 check "tests: log in OUT" has "$B/out/tests.log" "Fake.NeedsGpu"
 check "tests: xml tar in OUT" test -s "$B/out/tests-xml.tar"
 check "tests: again with the opt-in paths" has "$S" \
-  "test cuda_fake_test \\[MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort\\] .*4 run, 1 passed"
+  "test cuda_fake_test \\[MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort MOELAB_ATTENTION_ACTS=bf16\\] .*4 run, 1 passed"
 check "bench: plan recorded" has "$S" "bench --plan .*ok.*gpu-dense runs at: micro-batch 8: 41.0 GiB"
 check "bench: row recorded" has "$S" "bench gpu-dense .*ok.*gpu-dense 272000000 .*15.2%.*790.0 TFLOP/s"
 check "bench: a hang times out" has "$S" "bench gpu-moe .*TIMEOUT"

@@ -335,6 +335,38 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
   EXPECT_EQ(routed, 8 * 64 * 2) << "every token's two choices counted";
 }
 
+// bf16 attention activations (MOELAB_ATTENTION_ACTS=bf16: qkv, att and datt held in bf16, RoPE on
+// bf16 heads) against fp32 ones on the same 20-step bf16 runs, with GQA: every loss within 0.02
+// nats, and not the same bits (the narrower path ran: its q, k, v are rounded before RoPE); and
+// with QK-norm, which keeps the fp32 path, the same bits.
+TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
+  RunConfig c = Small();
+  c.model.heads = 4;
+  c.model.kv_heads = 2;
+  c.train.precision = "bf16";
+  c.train.device = "cuda";
+  test::ScopedEnv acts("MOELAB_ATTENTION_ACTS", "bf16");
+  const Recorder narrow = RunOn(c, "cuda", "bf16");
+  acts.Set(nullptr);
+  const Recorder wide = RunOn(c, "cuda", "bf16");
+  ASSERT_EQ(narrow.status, RunStatus::kDone) << narrow.error;
+  ASSERT_EQ(wide.status, RunStatus::kDone) << wide.error;
+  ASSERT_EQ(narrow.loss.size(), wide.loss.size());
+  bool differs = false;
+  for (size_t i = 0; i < narrow.loss.size(); ++i) {
+    EXPECT_NEAR(narrow.loss[i], wide.loss[i], 0.02) << "step " << i + 1;
+    differs |= narrow.loss[i] != wide.loss[i];
+  }
+  EXPECT_TRUE(differs) << "the bf16 activations never ran";
+  c.model.qk_norm = true;
+  acts.Set("bf16");
+  const Recorder normed_narrow = RunOn(c, "cuda", "bf16");
+  acts.Set(nullptr);
+  const Recorder normed = RunOn(c, "cuda", "bf16");
+  ASSERT_EQ(normed_narrow.status, RunStatus::kDone) << normed_narrow.error;
+  EXPECT_EQ(normed_narrow.loss, normed.loss) << "QK-norm keeps the fp32 activations";
+}
+
 // The bf16 mode's gated FFN (MOELAB_FFN=fused: gate and up in one GEMM, bf16 intermediates) for
 // the dense FFN and the shared expert, against the split FFN (the default) on the same 20-step run
 // of a model with both: every loss within 0.02 nats (h1, h3 and dact now rounded to bf16), and
@@ -423,6 +455,8 @@ TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
     double softcap;
   };
   test::ScopedEnv kernel("MOELAB_FLASH_KERNEL", "mma");
+  // Fused RoPE acts on fp32 q and k (bf16 attention activations rotate their own heads).
+  test::ScopedEnv acts("MOELAB_ATTENTION_ACTS", "fp32");
   for (const Shape& shape :
        {Shape{"mha 16", 4, 0, false, 0.0}, Shape{"gqa 16 qk-norm cap", 4, 2, true, 5.0}}) {
     SCOPED_TRACE(shape.name);

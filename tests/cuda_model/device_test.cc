@@ -211,8 +211,9 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
 #else
   RunConfig c;
   c.train.device = "cuda";
-  for (const char* var : {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_FLASH_ROPE",
-                          "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
+  for (const char* var :
+       {"MOELAB_ATTENTION", "MOELAB_FLASH_KERNEL", "MOELAB_FLASH_ROPE", "MOELAB_ATTENTION_ACTS",
+        "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
     SCOPED_TRACE(var);
     test::ScopedEnv env(var, "sideways");
     try {
@@ -225,7 +226,7 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
   }
   test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), rope("MOELAB_FLASH_ROPE", "fused"),
       experts("MOELAB_MOE_EXPERTS", "chunked"), dispatch("MOELAB_MOE_DISPATCH", "sort"),
-      ffn("MOELAB_FFN", "fused");
+      ffn("MOELAB_FFN", "fused"), acts("MOELAB_ATTENTION_ACTS", "bf16");
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 #endif
 }
