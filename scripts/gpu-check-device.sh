@@ -12,7 +12,7 @@
 # binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
 # a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[,VAR=value...][@shape]); (4) the
 # PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
-# process; (5) the peer under torch.compile. Every stage appends its line to
+# process; (5) the peer under torch.compile; (6) the MOELAB_GPU_COMPARE_LATER settings. Every stage appends its line to
 # $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
 # time-out loses nothing already measured. Files in $OUT (the device tool returns at most 8):
 # summary.txt, env.txt, tests.log, tests-xml.tar, bench.log, peer.log. The summary table is
@@ -238,12 +238,19 @@ BENCH_ARGS=(--steps 5 --warmup 2)
 # then each alone on the shape it speeds up (which of them gives what).
 OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort MOELAB_ATTENTION_ACTS=bf16"
 ALL=${OPT_IN_DEFAULT// /,}
-COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe MOELAB_FLASH_KERNEL=mma MOELAB_FFN=fused"
-COMPARE_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_ATTENTION_ACTS=bf16"
-COMPARE_DEFAULT+=" MOELAB_MOE_EXPERTS=chunked@gpu-moe"
-COMPARE_DEFAULT+=" MOELAB_MOE_DISPATCH=sort@gpu-moe MOELAB_MOE_EXPERTS=cudnn@gpu-moe"
+# All together right after the default shapes; each alone after the PyTorch peer, so that the
+# peer's rows (the targets are ratios to them) come before the budget can run out.
+COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe"
+LATER_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FFN=fused"
+LATER_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_ATTENTION_ACTS=bf16"
+LATER_DEFAULT+=" MOELAB_MOE_EXPERTS=chunked@gpu-moe"
+LATER_DEFAULT+=" MOELAB_MOE_DISPATCH=sort@gpu-moe MOELAB_MOE_EXPERTS=cudnn@gpu-moe"
 read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
 read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"
+read -ra LATER <<<"${MOELAB_GPU_COMPARE_LATER-$LATER_DEFAULT}"
+# torch.compile takes the rest of the budget, or 180 s when comparisons follow it.
+COMPILE_LIMIT=600
+((${#LATER[@]})) && COMPILE_LIMIT=180
 # compare_shape WORD: the bench shape of a MOELAB_GPU_COMPARE word VAR=value[@shape].
 compare_shape() { if [[ $1 == *@* ]]; then echo "${1##*@}"; else echo gpu-dense; fi; }
 {
@@ -256,7 +263,10 @@ compare_shape() { if [[ $1 == *@* ]]; then echo "${1##*@}"; else echo gpu-dense;
     echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)" | tr , ' '
   done
   echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
-  echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (the rest of the budget)"
+  echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (limit ${COMPILE_LIMIT}s or the rest of the budget)"
+  for cmp in "${LATER[@]}"; do
+    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)" | tr , ' '
+  done
 } | tee -a "$ENVLOG" >&2
 if ((DRY)); then finish 0; fi
 
@@ -320,6 +330,25 @@ fi
 
 # ---- Stage 3: bench, one shape per process -----------------------------------------------------
 BENCHLOG=$OUTD/bench.log
+# compare WORD...: a shape again under other settings, for an in-model comparison in the same
+# lease: each word (MOELAB_GPU_COMPARE, then MOELAB_GPU_COMPARE_LATER after the peer) is
+# VAR=value[,VAR=value...][@shape] (shape default gpu-dense); default: the opt-in paths not yet
+# run on a GPU, all together, then each alone, against the default runs. "" for none.
+compare() {
+  local cmp setting shape name row
+  local -a settings
+  for cmp in "$@"; do
+    setting=${cmp%@*} shape=$(compare_shape "$cmp")
+    IFS=, read -ra settings <<<"$setting"
+    name="bench $shape [${settings[*]}]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "${settings[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" \
+      bench --device cuda --only "$shape" "${BENCH_ARGS[@]}"
+    [ $STAGE_RC = 125 ] && continue
+    row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
+    record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
+      "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
+  done
+}
 if want bench; then
   stage "bench --plan" 20 "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" bench --device cuda --plan
   if [ $STAGE_RC != 125 ]; then
@@ -338,21 +367,7 @@ if want bench; then
     record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
       "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
   done
-  # A shape again under other settings, for an in-model comparison in the same lease: each
-  # word of MOELAB_GPU_COMPARE is VAR=value[,VAR=value...][@shape] (shape default gpu-dense);
-  # default: the opt-in paths not yet run on a GPU, all together, then each alone, against the
-  # default runs above. MOELAB_GPU_COMPARE="" for none.
-  for cmp in "${COMPARE[@]}"; do
-    setting=${cmp%@*} shape=$(compare_shape "$cmp")
-    IFS=, read -ra settings <<<"$setting"
-    name="bench $shape [${settings[*]}]"
-    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "${settings[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" \
-      bench --device cuda --only "$shape" "${BENCH_ARGS[@]}"
-    [ $STAGE_RC = 125 ] && continue
-    row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
-    record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
-      "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
-  done
+  compare "${COMPARE[@]}"
 fi
 
 # ---- Stages 4 and 5: the PyTorch peer, eager then torch.compile ------------------------------
@@ -397,6 +412,7 @@ isolate() {
 
 want peer && peer eager 90
 want tests && isolate
-want compile && peer compile 600
+want compile && peer compile "$COMPILE_LIMIT"
+want bench && compare "${LATER[@]}"
 
 finish 0

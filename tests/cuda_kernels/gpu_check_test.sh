@@ -156,6 +156,9 @@ check "alone: failed and unfinished tests rerun one per process" has "$B/out2/su
 check "alone: after the eager peer, before compile" has \
   <(cut -c1-22 "$B/out2/summary.txt" | sed 's/ *$//' | paste -sd,) \
   "peer eager,alone cuda_fake_test,peer compile"
+check "compare: all together before the peer, each alone after torch.compile" has \
+  <(cut -c1-22 "$B/out2/summary.txt" | sed 's/ *$//' | paste -sd,) \
+  "bench gpu-moe \\[MOELAB_,peer eager,alone cuda_fake_test,peer compile,bench gpu-dense \\[MOELA"
 
 echo "$passes passed, $fails failed"
 exit $((fails > 0))
