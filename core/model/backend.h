@@ -9,6 +9,7 @@
 // few nanoseconds against microseconds (CPU) or a kernel launch (CUDA) of work.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -119,8 +120,28 @@ struct AttentionCoreGrads {
   T *dwqkv = nullptr, *dwo = nullptr, *dq_norm = nullptr, *dk_norm = nullptr;
 };
 
+// Chunk r0 of a whole-head description `all` (all.rows rows): rows r0 … r0 + chunk_rows (fewer for
+// the last), weighted by its share of the mean (1 for a single chunk), dW accumulating after the
+// first.
+template <typename T>
+LmHeadChunk<T> LmHeadChunkOf(const LmHeadChunk<T>& all, int r0, int chunk_rows) {
+  LmHeadChunk<T> c = all;
+  c.rows = std::min(chunk_rows, all.rows - r0);
+  c.x = all.x + static_cast<size_t>(r0) * all.d;
+  c.targets = all.targets + r0;
+  c.weight = c.rows == all.rows ? 1.0 : static_cast<double>(c.rows) / all.rows;
+  c.dx = all.dx + static_cast<size_t>(r0) * all.d;
+  c.accumulate_dw = r0 > 0;
+  return c;
+}
+
 template <typename T>
 class Backend;
+
+// The whole LM head and its loss from LmHeadLossChunk, chunk by chunk in row order, the terms
+// summed on the host as weight·terms (one chunk: its terms as they are).
+template <typename T>
+LossTerms ComposeLmHeadLoss(Backend<T>& be, const LmHeadChunk<T>& all, int chunk_rows);
 
 // The attention core from the finer ops, in the order the model ran them before the ops existed
 // (the CPU backend and CUDA without MOELAB_ATTENTION_ACTS=bf16 run these: the finer ops' bits).
@@ -233,6 +254,13 @@ class Backend : public BackendMemory {
   // One chunk of the LM head with its loss (LmHeadChunk). Returns the chunk's own mean terms
   // (unweighted); a backend may keep the logits in a narrower type than T (CUDA in bf16).
   virtual LossTerms LmHeadLossChunk(const LmHeadChunk<T>& c) = 0;
+  // The LM head and loss over all rows of `all` (all.rows; its weight and accumulate_dw unused)
+  // in chunks of at most chunk_rows (LmHeadChunkOf), so the [rows, vocab] logits never exist at
+  // once; returns the mean terms. A backend may keep the chunks' terms on the device and read
+  // the sum once (CUDA in bf16: one synchronisation instead of one a chunk).
+  virtual LossTerms LmHeadLoss(const LmHeadChunk<T>& all, int chunk_rows) {
+    return ComposeLmHeadLoss(*this, all, chunk_rows);
+  }
   // out[i] = a[i] + b[i] (out may alias a or b).
   virtual void Add(const T* a, const T* b, T* out, size_t n) = 0;
 
@@ -313,6 +341,22 @@ void ComposeAttentionCoreBackward(Backend<T>& be, const AttentionCore<T>& c,
                              g.dqkv + c.qdim, ld, c.n, a.kv_heads, hd, g.dk_norm);
   }
   be.LinearBackward(c.x, c.wqkv, g.dqkv, c.n, c.d, ld, g.dx, g.dwqkv, false, false);
+}
+
+template <typename T>
+LossTerms ComposeLmHeadLoss(Backend<T>& be, const LmHeadChunk<T>& all, int chunk_rows) {
+  LossTerms total;
+  for (int r0 = 0; r0 < all.rows; r0 += chunk_rows) {
+    const LmHeadChunk<T> c = LmHeadChunkOf(all, r0, chunk_rows);
+    const LossTerms part = be.LmHeadLossChunk(c);
+    if (c.rows == all.rows) {
+      total = part;
+    } else {
+      total.loss += c.weight * part.loss;
+      total.z_loss += c.weight * part.z_loss;
+    }
+  }
+  return total;
 }
 
 // The backend train.device names: "cpu", or "cuda" (float only; throws without a usable GPU or

@@ -193,39 +193,23 @@ void Model<T>::Impl::MlaBackward(int l, int n) {
 // logits never exist at once (a 32k vocabulary at 32k rows would be 4 GiB of fp32): each
 // chunk's logits become its dlogits in place, and with backward its share of dW_head and of
 // d lnf (into dln) is formed at once. One chunk (every small model) is the unchunked
-// arithmetic bit for bit; several weight each chunk's mean by its share of the rows. Each chunk
-// is one backend op (LmHeadLossChunk): the CPU composes the finer ops, CUDA in bf16 keeps the
-// logits and dlogits in bf16.
+// arithmetic bit for bit; several weight each chunk's mean by its share of the rows. The whole
+// head is one backend op (LmHeadLoss) over LmHeadLossChunk ops: the CPU composes the finer ops,
+// CUDA in bf16 keeps the logits and dlogits in bf16 and reads the summed terms once.
 template <typename T>
 LossTerms Model<T>::Impl::OutputLoss(int n, bool backward) {
-  T* P = params.data();
-  T* G = grads.data();
-  const size_t head = m.tie_embeddings ? embedding : lm_head;
-  const int chunk = std::min(LogitChunkRows(n, V), logit_rows);  // the arena's, at most
-  LossTerms total;
-  for (int r0 = 0; r0 < n; r0 += chunk) {
-    LmHeadChunk<T> c;
-    c.rows = std::min(chunk, n - r0);
-    c.x = lnf + static_cast<size_t>(r0) * d;
-    c.w = P + head;
-    c.targets = targets.data() + r0;
-    c.d = d, c.vocab = V, c.z_coef = m.z_loss;
-    c.weight = c.rows == n ? 1.0 : static_cast<double>(c.rows) / n;
-    c.backward = backward;
-    c.logits = logits;
-    c.row_scratch = row_scratch.data();
-    c.dx = dln + static_cast<size_t>(r0) * d;
-    c.dw = G + head;
-    c.accumulate_dw = r0 > 0;
-    const LossTerms part = be->LmHeadLossChunk(c);
-    if (c.rows == n) {
-      total = part;
-    } else {
-      total.loss += c.weight * part.loss;
-      total.z_loss += c.weight * part.z_loss;
-    }
-  }
-  return total;
+  LmHeadChunk<T> all;
+  all.rows = n;
+  all.x = lnf;
+  all.w = params.data() + (m.tie_embeddings ? embedding : lm_head);
+  all.targets = targets.data();
+  all.d = d, all.vocab = V, all.z_coef = m.z_loss;
+  all.backward = backward;
+  all.logits = logits;
+  all.row_scratch = row_scratch.data();
+  all.dx = dln;
+  all.dw = grads.data() + (m.tie_embeddings ? embedding : lm_head);
+  return be->LmHeadLoss(all, std::min(LogitChunkRows(n, V), logit_rows));  // the arena's, at most
 }
 
 template <typename T>

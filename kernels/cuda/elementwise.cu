@@ -380,6 +380,18 @@ CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vo
   return {host[0], host[1]};
 }
 
+namespace {
+__global__ void AccumulateLossKernel(const double* part, double weight, double* acc) {
+  const int i = threadIdx.x;
+  if (i < 2) acc[i] = __dadd_rn(acc[i], __dmul_rn(weight, part[i]));
+}
+}  // namespace
+
+void AccumulateLoss(const double* part, double weight, double* acc, cudaStream_t stream) {
+  AccumulateLossKernel<<<1, 32, 0, stream>>>(part, weight, acc);
+  CheckLaunch("AccumulateLoss");
+}
+
 template CrossEntropyResult CrossEntropy<float>(float*, const int32_t*, int, int, double, bool,
                                                 double*, cudaStream_t);
 template void CrossEntropyAsync<float>(float*, const int32_t*, int, int, double, bool, double*,

@@ -1,7 +1,7 @@
-// GPU twins of the LM head + loss op (Backend::LmHeadLossChunk, core/model/cuda_backend.cc):
-// CUDA fp32 against the CPU backend, and the bf16 mode (bf16 logits and dlogits, no fp32 logits)
-// against CUDA fp32 on the same inputs, as one chunk and as two weighted chunks that accumulate
-// dW. Skip with the reason where no GPU is usable.
+// GPU twins of the LM head + loss ops (Backend::LmHeadLossChunk and LmHeadLoss,
+// core/model/cuda_backend.cc): CUDA fp32 against the CPU backend, and the bf16 mode (bf16 logits
+// and dlogits, no fp32 logits) against CUDA fp32 on the same inputs, as one chunk and as two
+// weighted chunks that accumulate dW. Skip with the reason where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,12 +77,41 @@ Out RunChunks(Backend<float>* be, const Problem& p, int chunks) {
   return out;
 }
 
-Out RunCuda(const std::string& precision, const Problem& p, int chunks) {
+// The same through the whole-head op (LmHeadLoss): the backend walks the chunks.
+Out RunWhole(Backend<float>* be, const Problem& p, int chunks) {
+  BackendArray<float> w(be), x(be), logits(be), dx(be), dw(be);
+  BackendArray<int32_t> t(be);
+  BackendArray<double> rows(be);
+  const int rows_per = p.n / chunks;
+  w.Resize(p.w.size()), w.Upload(p.w.data(), p.w.size());
+  x.Resize(p.x.size()), x.Upload(p.x.data(), p.x.size());
+  t.Resize(p.n), t.Upload(p.targets.data(), p.n);
+  logits.Resize(static_cast<size_t>(rows_per) * p.vocab);
+  rows.Resize(2 * rows_per + 2);
+  dx.Resize(p.x.size()), dw.Resize(p.w.size());
+  be->SetWeights(w.data(), w.size());
+  be->WeightsChanged();
+  LmHeadChunk<float> all;
+  all.rows = p.n, all.x = x.data(), all.w = w.data(), all.targets = t.data();
+  all.d = p.d, all.vocab = p.vocab, all.z_coef = p.z, all.backward = true;
+  all.logits = logits.data(), all.row_scratch = rows.data(), all.dx = dx.data(), all.dw = dw.data();
+  Out out;
+  out.terms = be->LmHeadLoss(all, rows_per);
+  out.dx.resize(p.x.size()), out.dw.resize(p.w.size());
+  dx.Download(out.dx.data(), out.dx.size());
+  dw.Download(out.dw.data(), out.dw.size());
+  return out;
+}
+
+std::unique_ptr<Backend<float>> Cuda(const std::string& precision) {
   RunConfig c;
   c.train.device = "cuda";
   c.train.precision = precision;
-  std::unique_ptr<Backend<float>> be = MakeCudaBackend(c);
-  return RunChunks(be.get(), p, chunks);
+  return MakeCudaBackend(c);
+}
+
+Out RunCuda(const std::string& precision, const Problem& p, int chunks) {
+  return RunChunks(Cuda(precision).get(), p, chunks);
 }
 
 double RelFrobenius(const std::vector<float>& got, const std::vector<float>& want) {
@@ -136,6 +165,40 @@ TEST(LmHeadLossChunk, Bf16CloseToFp32) {
   }
   // Not vacuous: the bound is a small part of the loss (≈ log V).
   EXPECT_LT(loss_tol, 0.1 * want.terms.loss);
+}
+
+// The whole head in one op (LmHeadLoss): in bf16 the chunks' terms are summed on the device and
+// read once; the sums are the host's (weight·terms in chunk order) bit for bit, and dx, dW the
+// chunk ops' bits, for one, two and three chunks; fp32 composes the chunk ops (the same bits).
+TEST(LmHeadLoss, SummedOnTheDeviceAsTheHostSumsTheChunks) {
+  MOELAB_REQUIRE_GPU();
+  const Problem p = Make();
+  for (const char* precision : {"bf16", "fp32"}) {
+    for (int chunks : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << precision << ", " << chunks << " chunk(s)");
+      const Out host = RunChunks(Cuda(precision).get(), p, chunks);
+      const Out device = RunWhole(Cuda(precision).get(), p, chunks);
+      EXPECT_EQ(device.terms.loss, host.terms.loss);
+      EXPECT_EQ(device.terms.z_loss, host.terms.z_loss);
+      EXPECT_EQ(device.dx, host.dx);
+      EXPECT_EQ(device.dw, host.dw);
+    }
+  }
+}
+
+// On the CPU (no GPU needed) the whole-head op is the chunk ops in the model's former loop.
+TEST(LmHeadLoss, CpuComposesTheChunkOps) {
+  const Problem p = Make();
+  for (int chunks : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << chunks << " chunk(s)");
+    const Out whole = RunWhole(MakeCpuBackend<float>().get(), p, chunks);
+    const Out each = RunChunks(MakeCpuBackend<float>().get(), p, chunks);
+    EXPECT_EQ(whole.terms.loss, each.terms.loss);
+    EXPECT_EQ(whole.terms.z_loss, each.terms.z_loss);
+    EXPECT_EQ(whole.dx, each.dx);
+    EXPECT_EQ(whole.dw, each.dw);
+    EXPECT_GT(whole.terms.loss, 1.0);
+  }
 }
 
 }  // namespace
