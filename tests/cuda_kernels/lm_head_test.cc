@@ -39,68 +39,68 @@ struct Out {
   std::vector<float> dx, dw;
 };
 
-// The model's OutputLoss on `be`: `chunks` equal row chunks, each weighted by its share.
+// The problem's arrays on `be` (logits and row scratch for chunks of rows_per rows), the head
+// registered as the weights.
+struct OnBackend {
+  BackendArray<float> w, x, logits, dx, dw;
+  BackendArray<int32_t> t;
+  BackendArray<double> rows;
+  OnBackend(Backend<float>* be, const Problem& p, int rows_per)
+      : w(be), x(be), logits(be), dx(be), dw(be), t(be), rows(be) {
+    w.Resize(p.w.size()), w.Upload(p.w.data(), p.w.size());
+    x.Resize(p.x.size()), x.Upload(p.x.data(), p.x.size());
+    t.Resize(p.n), t.Upload(p.targets.data(), p.n);
+    logits.Resize(static_cast<size_t>(rows_per) * p.vocab);
+    rows.Resize(2 * rows_per + 2);
+    dx.Resize(p.x.size()), dw.Resize(p.w.size());
+    be->SetWeights(w.data(), w.size());
+    be->WeightsChanged();
+  }
+  Out Read(const LossTerms& terms) const {
+    Out out;
+    out.terms = terms;
+    out.dx.resize(dx.size()), out.dw.resize(dw.size());
+    dx.Download(out.dx.data(), out.dx.size());
+    dw.Download(out.dw.data(), out.dw.size());
+    return out;
+  }
+};
+
+// The model's former OutputLoss on `be`: `chunks` equal row chunks, each weighted by its share.
 Out RunChunks(Backend<float>* be, const Problem& p, int chunks) {
-  BackendArray<float> w(be), x(be), logits(be), dx(be), dw(be);
-  BackendArray<int32_t> t(be);
-  BackendArray<double> rows(be);
   const int rows_per = p.n / chunks;
-  w.Resize(p.w.size()), w.Upload(p.w.data(), p.w.size());
-  x.Resize(p.x.size()), x.Upload(p.x.data(), p.x.size());
-  t.Resize(p.n), t.Upload(p.targets.data(), p.n);
-  logits.Resize(static_cast<size_t>(rows_per) * p.vocab);
-  rows.Resize(2 * rows_per + 2);
-  dx.Resize(p.x.size()), dw.Resize(p.w.size());
-  be->SetWeights(w.data(), w.size());
-  be->WeightsChanged();
-  Out out;
+  OnBackend a(be, p, rows_per);
+  LossTerms terms;
   for (int k = 0; k < chunks; ++k) {
     LmHeadChunk<float> c;
-    c.x = x.data() + static_cast<size_t>(k) * rows_per * p.d;
-    c.w = w.data();
-    c.targets = t.data() + k * rows_per;
+    c.x = a.x.data() + static_cast<size_t>(k) * rows_per * p.d;
+    c.w = a.w.data();
+    c.targets = a.t.data() + k * rows_per;
     c.rows = rows_per, c.d = p.d, c.vocab = p.vocab, c.z_coef = p.z;
     c.weight = chunks == 1 ? 1.0 : 1.0 / chunks;
     c.backward = true;
-    c.logits = logits.data();
-    c.row_scratch = rows.data();
-    c.dx = dx.data() + static_cast<size_t>(k) * rows_per * p.d;
-    c.dw = dw.data();
+    c.logits = a.logits.data();
+    c.row_scratch = a.rows.data();
+    c.dx = a.dx.data() + static_cast<size_t>(k) * rows_per * p.d;
+    c.dw = a.dw.data();
     c.accumulate_dw = k > 0;
     const LossTerms part = be->LmHeadLossChunk(c);
-    out.terms.loss += c.weight * part.loss;
-    out.terms.z_loss += c.weight * part.z_loss;
+    terms.loss += c.weight * part.loss;
+    terms.z_loss += c.weight * part.z_loss;
   }
-  out.dx.resize(p.x.size()), out.dw.resize(p.w.size());
-  dx.Download(out.dx.data(), out.dx.size());
-  dw.Download(out.dw.data(), out.dw.size());
-  return out;
+  return a.Read(terms);
 }
 
 // The same through the whole-head op (LmHeadLoss): the backend walks the chunks.
 Out RunWhole(Backend<float>* be, const Problem& p, int chunks) {
-  BackendArray<float> w(be), x(be), logits(be), dx(be), dw(be);
-  BackendArray<int32_t> t(be);
-  BackendArray<double> rows(be);
   const int rows_per = p.n / chunks;
-  w.Resize(p.w.size()), w.Upload(p.w.data(), p.w.size());
-  x.Resize(p.x.size()), x.Upload(p.x.data(), p.x.size());
-  t.Resize(p.n), t.Upload(p.targets.data(), p.n);
-  logits.Resize(static_cast<size_t>(rows_per) * p.vocab);
-  rows.Resize(2 * rows_per + 2);
-  dx.Resize(p.x.size()), dw.Resize(p.w.size());
-  be->SetWeights(w.data(), w.size());
-  be->WeightsChanged();
+  OnBackend a(be, p, rows_per);
   LmHeadChunk<float> all;
-  all.rows = p.n, all.x = x.data(), all.w = w.data(), all.targets = t.data();
+  all.rows = p.n, all.x = a.x.data(), all.w = a.w.data(), all.targets = a.t.data();
   all.d = p.d, all.vocab = p.vocab, all.z_coef = p.z, all.backward = true;
-  all.logits = logits.data(), all.row_scratch = rows.data(), all.dx = dx.data(), all.dw = dw.data();
-  Out out;
-  out.terms = be->LmHeadLoss(all, rows_per);
-  out.dx.resize(p.x.size()), out.dw.resize(p.w.size());
-  dx.Download(out.dx.data(), out.dx.size());
-  dw.Download(out.dw.data(), out.dw.size());
-  return out;
+  all.logits = a.logits.data(), all.row_scratch = a.rows.data();
+  all.dx = a.dx.data(), all.dw = a.dw.data();
+  return a.Read(be->LmHeadLoss(all, rows_per));
 }
 
 std::unique_ptr<Backend<float>> Cuda(const std::string& precision) {
