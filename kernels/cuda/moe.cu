@@ -316,26 +316,16 @@ void MoeUnchunkRows(const T* chunked, const int64_t* table, int chunks, int rows
 }
 
 namespace {
+// The combine (gates) and the gather's backward (gates null): moe_rows::SumSlotsKernel.
 template <typename T, typename TE>
-void LaunchGatherBackward(const TE* dxe, const int* slot_row, int n, int k, int d, T* dx,
-                          bool accumulate, cudaStream_t stream) {
+void LaunchSumSlots(const TE* rows, const int* slot_row, const T* gates, int n, int k, int d,
+                    T* out, bool accumulate, const char* what, cudaStream_t stream) {
   if (n <= 0) return;
-  LaunchRows(d, {dxe, dx}, [&](auto vec, int threads) {
-    moe_rows::GatherBackwardKernel<decltype(vec)::value>
-        <<<n, threads, 0, stream>>>(dxe, slot_row, k, d, dx, accumulate);
+  LaunchRows(d, {rows, out}, [&](auto vec, int threads) {
+    moe_rows::SumSlotsKernel<decltype(vec)::value>
+        <<<n, threads, 0, stream>>>(rows, slot_row, gates, k, d, out, accumulate);
   });
-  CheckLaunch("MoeGatherBackward");
-}
-
-template <typename T, typename TE>
-void LaunchCombine(const TE* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
-                   bool accumulate, cudaStream_t stream) {
-  if (n <= 0) return;
-  LaunchRows(d, {ye, y}, [&](auto vec, int threads) {
-    moe_rows::CombineKernel<decltype(vec)::value>
-        <<<n, threads, 0, stream>>>(ye, slot_row, gates, k, d, y, accumulate);
-  });
-  CheckLaunch("MoeCombine");
+  CheckLaunch(what);
 }
 
 template <typename T, typename TE>
@@ -353,21 +343,23 @@ void LaunchCombineBackward(const T* dy, const TE* ye, const int* slot_row, const
 template <typename T>
 void MoeGatherBackward(const T* dxe, const int* slot_row, int n, int k, int d, T* dx,
                        bool accumulate, cudaStream_t stream) {
-  LaunchGatherBackward(dxe, slot_row, n, k, d, dx, accumulate, stream);
+  LaunchSumSlots(dxe, slot_row, static_cast<const float*>(nullptr), n, k, d, dx, accumulate,
+                 "MoeGatherBackward", stream);
 }
 void MoeGatherBackward(const bf16* dxe, const int* slot_row, int n, int k, int d, float* dx,
                        bool accumulate, cudaStream_t stream) {
-  LaunchGatherBackward(dxe, slot_row, n, k, d, dx, accumulate, stream);
+  LaunchSumSlots(dxe, slot_row, static_cast<const float*>(nullptr), n, k, d, dx, accumulate,
+                 "MoeGatherBackward", stream);
 }
 
 template <typename T>
 void MoeCombine(const T* ye, const int* slot_row, const T* gates, int n, int k, int d, T* y,
                 bool accumulate, cudaStream_t stream) {
-  LaunchCombine(ye, slot_row, gates, n, k, d, y, accumulate, stream);
+  LaunchSumSlots(ye, slot_row, gates, n, k, d, y, accumulate, "MoeCombine", stream);
 }
 void MoeCombine(const bf16* ye, const int* slot_row, const float* gates, int n, int k, int d,
                 float* y, bool accumulate, cudaStream_t stream) {
-  LaunchCombine(ye, slot_row, gates, n, k, d, y, accumulate, stream);
+  LaunchSumSlots(ye, slot_row, gates, n, k, d, y, accumulate, "MoeCombine", stream);
 }
 
 template <typename T>

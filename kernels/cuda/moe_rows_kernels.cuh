@@ -134,37 +134,23 @@ __global__ void UnchunkKernel(const T* chunked, const int64_t* table, int chunks
   CopyRow<kVec>(chunked + p * d, compact + r * d, d);
 }
 
-// T: the token side (x, y, gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32,
-// or bf16 in bf16 mode). Sums run in fp32 either way, so TE = float is the fp32 twin unchanged.
+// Each token's row t = Σ over its k slots of g·rows[slot_row] (+ the row already there when
+// accumulating): the combine (rows = ye, g = the gates) and the gather's backward (rows = dxe,
+// gates null: g = 1, and g·v = v exactly, so the unweighted sum's bits). T: the token side (x, y,
+// gates: fp32); TE: the expert rows (xe, ye and their gradients: fp32, or bf16 in bf16 mode). Sums
+// run in fp32 either way, so TE = float is the fp32 twin unchanged.
 template <int kVec, typename T, typename TE>
-__global__ void GatherBackwardKernel(const TE* dxe, const int* slot_row, int k, int d, T* dx,
-                                     bool accumulate) {
+__global__ void SumSlotsKernel(const TE* rows, const int* slot_row, const T* gates, int k, int d,
+                               T* out_rows, bool accumulate) {
   const long t = blockIdx.x;
-  T* out = dx + t * d;
-  float acc[kVec], v[kVec];
-  for (int c = threadIdx.x * kVec; c < d; c += blockDim.x * kVec) {
-    LoadOrZero<kVec>(out + c, accumulate, acc);
-    for (int slot = 0; slot < k; ++slot) {
-      Load<kVec>(dxe + static_cast<long>(slot_row[t * k + slot]) * d + c, v);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
-    }
-    Store<kVec>(out + c, acc);
-  }
-}
-
-template <int kVec, typename T, typename TE>
-__global__ void CombineKernel(const TE* ye, const int* slot_row, const T* gates, int k, int d, T* y,
-                              bool accumulate) {
-  const long t = blockIdx.x;
-  T* out = y + t * d;
+  T* out = out_rows + t * d;
   float acc[kVec], v[kVec];
   for (int c = threadIdx.x * kVec; c < d; c += blockDim.x * kVec) {
     LoadOrZero<kVec>(out + c, accumulate, acc);
     for (int slot = 0; slot < k; ++slot) {
       const long i = t * k + slot;
-      const float g = gates[i];
-      Load<kVec>(ye + static_cast<long>(slot_row[i]) * d + c, v);
+      const float g = gates ? static_cast<float>(gates[i]) : 1.0f;
+      Load<kVec>(rows + static_cast<long>(slot_row[i]) * d + c, v);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(g, v[j]));
     }

@@ -70,12 +70,13 @@ struct Moves {
     });
     dx = x;  // accumulate onto x
     emu::Launch(dim3(n), kThreads, 0, [&] {
-      moe_rows::GatherBackwardKernel<kVec>(ye.data(), r.slot_row.data(), k, d, dx.data(), true);
+      moe_rows::SumSlotsKernel<kVec>(ye.data(), r.slot_row.data(), static_cast<const T*>(nullptr),
+                                     k, d, dx.data(), true);
     });
     y.assign(size_t(n) * d, T(NAN));
     emu::Launch(dim3(n), kThreads, 0, [&] {
-      moe_rows::CombineKernel<kVec>(ye.data(), r.slot_row.data(), r.gates.data(), k, d, y.data(),
-                                    false);
+      moe_rows::SumSlotsKernel<kVec>(ye.data(), r.slot_row.data(), r.gates.data(), k, d, y.data(),
+                                     false);
     });
     dye = ye;  // in place, as the layer does
     dgates.assign(size_t(nk), T(NAN));
