@@ -65,38 +65,33 @@ inline uint32_t* MmaExchange() { return reinterpret_cast<uint32_t*>(ctx.xbuf + 3
 
 inline void __syncthreads() { emu::ctx.block_bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::ctx.warp_bar->arrive_and_wait(); }
-template <typename T>
-T __shfl_xor_sync(unsigned, T v, int o) {
+namespace emu {
+// A warp shuffle: every lane publishes v, then takes lane src(lane)'s (its own where src < 0).
+template <typename T, typename Src>
+T Shuffle(T v, Src src) {
   static_assert(sizeof(T) <= 8);
   const int lane = threadIdx.x & 31;
-  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
+  std::memcpy(&ctx.xbuf[lane], &v, sizeof(T));
   __syncwarp();
-  T r;
-  std::memcpy(&r, &emu::ctx.xbuf[lane ^ o], sizeof(T));
+  T r = v;
+  const int from = src(lane);
+  if (from >= 0) std::memcpy(&r, &ctx.xbuf[from], sizeof(T));
   __syncwarp();
   return r;
+}
+}  // namespace emu
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int o) {
+  return emu::Shuffle(v, [&](int lane) { return lane ^ o; });
 }
 template <typename T>
 T __shfl_sync(unsigned, T v, int src) {
-  static_assert(sizeof(T) <= 8);
-  const int lane = threadIdx.x & 31;
-  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
-  __syncwarp();
-  T r;
-  std::memcpy(&r, &emu::ctx.xbuf[src & 31], sizeof(T));
-  __syncwarp();
-  return r;
+  return emu::Shuffle(v, [&](int) { return src & 31; });
 }
 template <typename T>
-T __shfl_up_sync(unsigned, T v, unsigned delta) {
-  static_assert(sizeof(T) <= 8);
-  const int lane = threadIdx.x & 31;
-  std::memcpy(&emu::ctx.xbuf[lane], &v, sizeof(T));
-  __syncwarp();
-  T r = v;  // lanes below delta keep their own value
-  if (lane >= static_cast<int>(delta)) std::memcpy(&r, &emu::ctx.xbuf[lane - delta], sizeof(T));
-  __syncwarp();
-  return r;
+T __shfl_up_sync(unsigned, T v, unsigned delta) {  // lanes below delta keep their own value
+  const int dl = static_cast<int>(delta);
+  return emu::Shuffle(v, [&](int lane) { return lane >= dl ? lane - dl : -1; });
 }
 // Warp votes and matches, full warps only: every lane of the warp must call them, as the
 // emulated __syncwarp is a barrier of all 32 lanes (a partial mask would deadlock here, so it
