@@ -220,11 +220,7 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     bf16* xb = tmp_->xb16.data();
     cuda::CastToBf16(x, xb, nd);
     chunked_ = !cudnn_ && UseChunks();
-    if (cudnn_) {
-      cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
-      phase.Next("experts cudnn");
-      CudnnForward(p);
-    } else if (chunked_) {
+    if (chunked_) {
       chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
       chunk_table_.Upload(chunks_.table);
       cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
@@ -233,8 +229,13 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
       ChunkedForward(p);
     } else {
       cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
-      phase.Next("experts grouped");
-      RoutedForward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b);
+      if (cudnn_) {
+        phase.Next("experts cudnn");
+        CudnnForward(p);
+      } else {
+        phase.Next("experts grouped");
+        RoutedForward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b);
+      }
     }
     phase.Next("shared");
     SharedForwardBf16(p, xb, y);
@@ -294,10 +295,14 @@ bool DeviceMoe::UseCudnn() const {
   return bf16_ && ExpertGroup() == nullptr && CudnnExpertsWanted();
 }
 
+DeviceMoe::Staging& DeviceMoe::Staged() {
+  if (!staging_) staging_ = std::make_unique<Staging>(shape_.experts);
+  return *staging_;
+}
+
 void DeviceMoe::StageCounts(int64_t* counts_out) {
   const int E = shape_.experts;
-  if (!staging_) staging_ = std::make_unique<Staging>(E);
-  Staging& st = *staging_;
+  Staging& st = Staged();
   st.counts_copied.Wait();  // the previous forward's host copy has read the pinned counts
   MOELAB_CUDA_CHECK(cudaMemcpyAsync(st.counts.data(), counts_.data(), sizeof(int64_t) * E,
                                     cudaMemcpyDeviceToHost, nullptr));
@@ -308,8 +313,7 @@ void DeviceMoe::StageCounts(int64_t* counts_out) {
 
 void DeviceMoe::StageOffsets() {
   const int E = shape_.experts;
-  if (!staging_) staging_ = std::make_unique<Staging>(E);
-  Staging& st = *staging_;
+  Staging& st = Staged();
   cuda::MoeFirstRows(offsets_.data(), E, st.first_row.data());
   MOELAB_CUDA_CHECK(cudaMemcpyAsync(st.offsets.data(), offsets_.data(), sizeof(int64_t) * (E + 1),
                                     cudaMemcpyDeviceToHost, nullptr));

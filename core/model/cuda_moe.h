@@ -185,6 +185,7 @@ class DeviceMoe {
   bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
   struct Staging;            // the cuDNN path's pinned copies, events and products
   std::unique_ptr<Staging> staging_;
+  Staging& Staged();        // staging_, made at its first use
   bool gated_shared_;       // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
   bool shared_xe_ = false;  // SharedExpertInputs, decided at the first Reserve
   // The bf16 gathered expert inputs: this layer's (b16_.xe), or the shared scratch's.
