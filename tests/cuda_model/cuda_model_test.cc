@@ -78,6 +78,22 @@ RunConfig Small() {
   return c;
 }
 
+// Small() as a bf16 MoE on "cuda" for the expert-path comparisons: 512 tokens · top-2 over 4
+// experts (256 rows an expert on average), one shared expert, no dense layer.
+RunConfig SmallMoeBf16() {
+  RunConfig c = Small();
+  c.train.batch_size = 8;
+  c.model.seq_len = 64;
+  c.moe.experts_total = 4;
+  c.moe.experts_active = 2;
+  c.moe.shared_experts = 1;
+  c.moe.expert_hidden = 32;
+  c.moe.dense_layers = 0;
+  c.train.precision = "bf16";
+  c.train.device = "cuda";
+  return c;
+}
+
 Recorder RunOn(RunConfig c, const std::string& device, const std::string& precision) {
   c.train.device = device;
   c.train.precision = precision;
@@ -247,16 +263,7 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
 // summation orders differ), and the profiler shows which path ran ("moe/experts" chunked,
 // "moe/experts grouped" otherwise).
 TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
-  RunConfig c = Small();
-  c.train.batch_size = 8;
-  c.model.seq_len = 64;  // 512 tokens · top-2 over 4 experts: 256 rows an expert on average
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 0;
-  c.train.precision = "bf16";
-  c.train.device = "cuda";
+  const RunConfig c = SmallMoeBf16();
   // Which path one forward and backward takes, from the profiler's sub-classes.
   auto paths = [&] {
     const auto t = OneStepProfile(c);
@@ -297,17 +304,8 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
-  RunConfig c = Small();
-  c.train.batch_size = 8;
-  c.model.seq_len = 64;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 0;
+  RunConfig c = SmallMoeBf16();
   c.moe.balance = "aux_free";
-  c.train.precision = "bf16";
-  c.train.device = "cuda";
   test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "cudnn");
   const auto t = OneStepProfile(c);
   EXPECT_GT(t.count("moe/experts cudnn"), 0u) << "the cuDNN experts never ran";
