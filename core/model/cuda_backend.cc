@@ -745,6 +745,15 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
       }
     }
   }
+  // The sort plan tallies every expert in one block's shared memory: more would stop the run
+  // at its first MoE layer.
+  if (cuda::MoeDispatchInUse() == cuda::MoeDispatch::kSort &&
+      c.moe.experts_total > cuda::kMoeSortMaxExperts) {
+    throw ConfigError("moe.experts_total",
+                      "MOELAB_MOE_DISPATCH=sort counts at most " +
+                          std::to_string(cuda::kMoeSortMaxExperts) + " experts, got " +
+                          std::to_string(c.moe.experts_total) + " (the scan plan has no limit)");
+  }
 #endif
   if (world > 1 && !NcclCommunicator::Available(&why)) {
     throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);

@@ -222,7 +222,11 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     chunked_ = !cudnn_ && UseChunks();
     if (chunked_) {
       chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
-      chunk_table_.Upload(chunks_.table);
+      // Grow-only: the chunk count follows the routing, so it changes nearly every forward, and
+      // a reallocation (cudaFree) would synchronise the device each time.
+      if (chunk_table_.size() < chunks_.table.size()) chunk_table_.Resize(2 * chunks_.table.size());
+      MOELAB_CUDA_CHECK(cudaMemcpy(chunk_table_.data(), chunks_.table.data(),
+                                   sizeof(int64_t) * chunks_.table.size(), cudaMemcpyHostToDevice));
       cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
                              chunks_.rows, XeBf16());
       phase.Next("experts");
@@ -287,8 +291,11 @@ double DeviceMoe::AuxCoef(int n) const {
 bool DeviceMoe::UseChunks() const {
   // ExpertGroup() also refuses a shard of the experts held without an EP group.
   // Only on buffers reserved for the layout (the setting may have changed since).
-  return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr &&
-         ChunkedExpertsWanted();
+  // And only on 16-byte rows: the pointer-batched GEMMs take every chunk's pointers as they fall,
+  // and cuBLAS's bf16 kernels for k a multiple of 8 want them 16-byte aligned (the grouped GEMMs
+  // serve other widths, as without the setting).
+  return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr && shape_.d % 8 == 0 &&
+         shape_.hidden % 8 == 0 && ChunkedExpertsWanted();
 }
 
 bool DeviceMoe::UseCudnn() const {

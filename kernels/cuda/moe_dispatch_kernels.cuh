@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_routing.h"
 
 // A kernel's dynamic shared memory as an array of `type` (the emulation points it at the
 // emulated block's buffer instead).
@@ -38,7 +39,7 @@ constexpr int kScatterThreads = 32;                     // ChunkScatterKernel: o
 constexpr int kPerLane = kPlanChunk / kScatterThreads;  // a lane's assignments in a chunk
 // The sort plan keeps one int per expert in shared memory (the count and scatter kernels), within
 // the 48 KiB a kernel gets without opting in.
-constexpr int kMaxSortExperts = 48 * 1024 / static_cast<int>(sizeof(int));
+constexpr int kMaxSortExperts = kMoeSortMaxExperts;
 
 // Checks what both plans need and returns the sort plan's chunk count. Rows, tokens and the sort
 // plan's prefix sums are ints (row_token and slot_row hold them), so n·k must stay below 2^31;

@@ -47,11 +47,13 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
 // (kernels/cuda/moe_rows_kernels.cuh: the same bits, dgates aside).
 enum class MoeDispatch { kScan, kSort };
 MoeDispatch MoeDispatchInUse();
+// The most experts kSort's blocks can tally in 48 KiB of shared memory (an int each).
+inline constexpr int kMoeSortMaxExperts = 48 * 1024 / static_cast<int>(sizeof(int));
 
 // Stable counting sort by expert (by token, then slot), as cpu::MoeDispatchPlan, all outputs on
 // the device: offsets [E+1], row_token [n·k], slot_row [n·k]. Every topk entry must be in [0, E).
 // Throws std::invalid_argument (before any launch) for n·k >= 2^31 (rows are ints), for E < 1, and
-// with kSort for more experts than its shared-memory tallies hold (12288). The first overload
+// with kSort for more experts than kMoeSortMaxExperts (12288). The first overload
 // runs MoeDispatchInUse()'s kind.
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,
                      int* slot_row, cudaStream_t stream = nullptr);

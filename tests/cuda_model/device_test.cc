@@ -20,6 +20,7 @@
 #if MOELAB_HAVE_CUDA
 #include "core/model/cuda_moe.h"
 #include "kernels/cuda/cudnn_grouped_matmul.h"
+#include "kernels/cuda/moe_routing.h"
 #endif
 #include "core/train/trainer.h"
 #include "tests/common/test_util.h"
@@ -389,6 +390,35 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
   const DeviceMemoryPlan cudnn = PlanCudaMemory(c, 8, 8);
   EXPECT_LT(cudnn.activations, grouped.activations);
   EXPECT_DOUBLE_EQ(grouped.activations - cudnn.activations, (layers - 1) * 2.0 * n * 2 * 256);
+#endif
+}
+
+// MOELAB_MOE_DISPATCH=sort tallies every expert in one block's shared memory: more experts than
+// it holds are refused before anything runs, naming moe.experts_total (no GPU needed); the scan
+// plan, the default, takes them.
+TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the dispatch plans are part of the CUDA backend)";
+#else
+  RunConfig c;
+  c.train.device = "cuda";
+  c.moe.experts_total = cuda::kMoeSortMaxExperts + 1;
+  c.moe.experts_active = 2;
+  test::ScopedEnv dispatch("MOELAB_MOE_DISPATCH", "sort");
+  try {
+    RequireCudaSupports(c, 1, 1);
+    ADD_FAILURE() << "accepted " << c.moe.experts_total << " experts";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "moe.experts_total");
+    EXPECT_NE(std::string(e.what()).find(std::to_string(cuda::kMoeSortMaxExperts)),
+              std::string::npos)
+        << e.what();
+  }
+  c.moe.experts_total = cuda::kMoeSortMaxExperts;
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  dispatch.Set("scan");
+  c.moe.experts_total = cuda::kMoeSortMaxExperts + 1;
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 #endif
 }
 
