@@ -36,8 +36,8 @@ void CrossEntropyAsync(T* logits, const int32_t* targets, int n, int vocab, doub
                        bool backward, double weight, double* row_scratch, double* result_out,
                        cudaStream_t stream = nullptr);
 
-// acc[i] += weight·part[i] for i = 0, 1 (device doubles, each product and sum rounded on its
-// own: the host's `total += weight * part` bit for bit). One chunk's terms into the running sum.
+// acc[i] = fma(weight, part[i], acc[i]) for i = 0, 1 (device doubles, one rounding: the host's
+// ComposeLmHeadLoss, std::fma, bit for bit). One chunk's terms into the running sum.
 void AccumulateLoss(const double* part, double weight, double* acc, cudaStream_t stream = nullptr);
 
 }  // namespace moelab::cuda

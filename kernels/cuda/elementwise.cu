@@ -383,7 +383,7 @@ CrossEntropyResult CrossEntropy(T* logits, const int32_t* targets, int n, int vo
 namespace {
 __global__ void AccumulateLossKernel(const double* part, double weight, double* acc) {
   const int i = threadIdx.x;
-  if (i < 2) acc[i] = __dadd_rn(acc[i], __dmul_rn(weight, part[i]));
+  if (i < 2) acc[i] = __fma_rn(weight, part[i], acc[i]);  // ComposeLmHeadLoss's std::fma
 }
 }  // namespace
 

@@ -85,8 +85,8 @@ Out RunChunks(Backend<float>* be, const Problem& p, int chunks) {
     c.dw = a.dw.data();
     c.accumulate_dw = k > 0;
     const LossTerms part = be->LmHeadLossChunk(c);
-    terms.loss += c.weight * part.loss;
-    terms.z_loss += c.weight * part.z_loss;
+    terms.loss = std::fma(c.weight, part.loss, terms.loss);  // as ComposeLmHeadLoss
+    terms.z_loss = std::fma(c.weight, part.z_loss, terms.z_loss);
   }
   return a.Read(terms);
 }
