@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "tests/cuda_kernels/mma_reference.h"
 
 namespace moelab::cuda {
@@ -30,6 +33,26 @@ TEST(MmaEmulation, PackedPairsKeepTheLowerIndexInTheLowHalf) {
   EXPECT_EQ(w >> 16, 0xc000u);      // bf16(-2)
   EXPECT_EQ(mma::LowBf16(w), 1.0f);
   EXPECT_EQ(mma::HighBf16(w), -2.0f);
+}
+
+// The emulation's dynamic shared memory ends where the launch says, as on the GPU (an access past
+// it faults there): a write past either end aborts after the block, a read there sees NaN.
+TEST(EmulatedSharedMemory, AccessPastTheLaunchSizeIsCaught) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr size_t kBytes = 1000;
+  float seen = 0;
+  emu::Launch(dim3(2), 32, kBytes, [&] {
+    if (threadIdx.x == 0 && blockIdx.x == 1) std::memcpy(&seen, emu::ctx.smem + kBytes, 4);
+  });
+  EXPECT_TRUE(std::isnan(seen));
+  EXPECT_DEATH(
+      emu::Launch(dim3(2), 32, kBytes,
+                  [&] {
+                    if (threadIdx.x == 31 && blockIdx.x == 1) emu::ctx.smem[kBytes] = 0;
+                  }),
+      "block \\(1, 0\\) wrote shared memory outside its 1000 dynamic bytes, at offset 1000");
+  EXPECT_DEATH(emu::Launch(dim3(1), 32, kBytes, [&] { emu::ctx.smem[-1] = 0; }), "at offset -1");
+  emu::Launch(dim3(1), 32, kBytes, [&] { emu::ctx.smem[kBytes - 1] = 0; });  // the last byte: fine
 }
 
 }  // namespace
