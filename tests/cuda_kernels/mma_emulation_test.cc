@@ -1,9 +1,11 @@
-// The register layout of kernels/cuda/mma.cuh (mma.sync m16n8k16 bf16) under the CPU emulation:
-// one warp multiplies A by B through the documented fragments. Its GPU twin (mma_test.cc) runs
-// the same body on the tensor cores; together they pin the layout the fused attention relies on.
+// The register layouts the fused attention's mma kernels rely on, under the CPU emulation: one
+// warp multiplies A by B through kernels/cuda/mma.cuh's documented fragments (mma.sync m16n8k16
+// bf16), one loads a tile by cp.async and ldmatrix (flash_forward_mma.cuh). Their GPU twins
+// (mma_test.cc) run the same bodies on the hardware against the same expectations.
 // clang-format off
 // The emulation first: it replaces the CUDA primitives the kernel headers use.
 #include "tests/cuda_kernels/emulation/cuda_emulation.h"
+#include "kernels/cuda/flash_forward_mma.cuh"
 #include "kernels/cuda/mma.cuh"
 // clang-format on
 
@@ -33,6 +35,17 @@ TEST(MmaEmulation, PackedPairsKeepTheLowerIndexInTheLowHalf) {
   EXPECT_EQ(w >> 16, 0xc000u);      // bf16(-2)
   EXPECT_EQ(mma::LowBf16(w), 1.0f);
   EXPECT_EQ(mma::HighBf16(w), -2.0f);
+}
+
+TEST(MmaEmulation, CpAsyncAndLdMatrixGiveThePtxLayout) {
+  const LdMatrixCase c = MakeLdMatrixCase();
+  std::vector<__nv_bfloat16> tile(256);
+  std::memcpy(tile.data(), c.tile.data(), 512);
+  std::vector<uint32_t> out(256, 0xdeadbeef);
+  emu::Launch(dim3(1), 32, 32 * 16 * 2, [&] {
+    flash::LdMatrixProbe(tile.data(), c.valid, reinterpret_cast<bf16*>(emu::ctx.smem), out.data());
+  });
+  ExpectLdMatrixRegisters(c, out);
 }
 
 // The emulation's dynamic shared memory ends where the launch says, as on the GPU (an access past
