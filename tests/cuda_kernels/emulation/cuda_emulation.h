@@ -9,8 +9,8 @@
 // store without a barrier between them sees stale data here too). Pointers and strides handed
 // to wmma are checked for the alignment the hardware requires; dynamic shared memory starts each
 // block as NaN garbage between guard bands (a write past the launch's size aborts, a read there
-// sees NaN). What it cannot show: the
-// hardware's own wmma rounding and layout, memory-model subtleties beyond the barriers, speed.
+// sees NaN). What it cannot show: the hardware's own wmma rounding and layout, memory-model
+// subtleties beyond the barriers, speed.
 //
 // Include this first, then the kernel header; put tests/cuda_kernels/emulation before the CUDA
 // include directory so that its mma.h replaces CUDA's.
