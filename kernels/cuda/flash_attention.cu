@@ -256,9 +256,12 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
   const RopeArgs rope_args = CheckedRope(a, sizeof(T), rope, who);
   if (a.batch == 0 || a.seq == 0) return;
   CheckAligned(q, "q", who), CheckAligned(k, "k", who), CheckAligned(v, "v", who);
+  const bool mma = FlashKernelInUse() == FlashKernel::kMma;
+  // The mma forward stores out in pairs (8 bytes for fp32): a misaligned out would fault on the
+  // device instead of throwing here. (The wmma forward stores single elements.)
+  if (mma || rope_args.cos != nullptr) CheckAligned(out, "out", who);
   const long pairs = long(a.batch) * a.heads;
   FillKernel<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs, -INFINITY);
-  const bool mma = FlashKernelInUse() == FlashKernel::kMma;
   WithShape(a, ForwardLaunch<T>{MakeParams(a), dim3(pairs, Tiles(a.seq)), stream, q, k, v, out, lse,
                                 pair_max, mma, rope_args});
   CheckLaunch(who);

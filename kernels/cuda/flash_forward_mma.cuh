@@ -137,6 +137,26 @@ __device__ __forceinline__ void CpAsyncWait() {
 #endif
 }
 
+// The device check of the two helpers above (mma_check.cu on the GPU, mma_emulation_test.cc on
+// the CPU; the expected registers come from the PTX ISA's description, mma_reference.h): one
+// warp copies the 32 rows of 8 bf16 of src (global) into stage (shared, rows 32 bytes apart) by
+// cp.async, rows ≥ valid zero-filled (src-size 0), and lane l hands row l (matrix l / 8, row
+// l % 8) to ldmatrix.x4 and to ldmatrix.x4.trans: out[8l + m] = its plain register m,
+// out[8l + 4 + m] = its transposed one.
+__device__ __forceinline__ void LdMatrixProbe(const bf16* src, int valid, bf16* stage,
+                                              uint32_t* out) {
+  constexpr int kLd = 16;  // elements a staged row: 16-byte aligned and padded, as Ld16's are
+  const int lane = threadIdx.x & 31;
+  CpAsync16(stage + lane * kLd, src + (lane < valid ? lane : 0) * 8, lane < valid);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncwarp();  // every lane's copy landed before any lane's ldmatrix reads it
+  uint32_t r[4], rt[4];
+  LdMatrixX4<false>(r, stage + lane * kLd);
+  LdMatrixX4<true>(rt, stage + lane * kLd);
+  for (int m = 0; m < 4; ++m) out[8 * lane + m] = r[m], out[8 * lane + 4 + m] = rt[m];
+}
+
 // LoadTile (rows ≥ valid zero) issued as cp.async for bf16 sources; fp32 sources are rounded to
 // bf16 through registers (LoadTile itself: synchronous, so they gain no overlap).
 template <int D, typename T>

@@ -126,6 +126,23 @@ TEST(CudaFlashAttention, UnsupportedShapesAreRefusedWithTheReason) {
                std::invalid_argument);
 }
 
+TEST(CudaFlashAttention, MmaForwardRefusesAMisalignedOut) {
+  // Runs without a GPU: the check comes before any device work. The mma forward writes out in
+  // 8-byte pairs, so an out off by one float would fault on the device.
+  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+  AttentionDims a;
+  a.batch = 1, a.seq = 8, a.heads = 2, a.kv_heads = 2, a.qk_dim = a.v_dim = 64;
+  a.ldq = a.ldk = a.ldv = a.ldo = 128;
+  alignas(16) static float buf[8];
+  try {
+    FlashAttentionForward<float>(a, buf, buf, buf, buf + 1, nullptr, nullptr);
+    ADD_FAILURE() << "a misaligned out accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("out is not 16-byte aligned"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CudaFlashAttention, Mha64OddLength) {
   MOELAB_REQUIRE_GPU();
   RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false});

@@ -1,5 +1,6 @@
-// The register layout of kernels/cuda/mma.cuh on the tensor cores (skips without a GPU): the
-// same one-warp product as mma_emulation_test.cc, exact on these inputs.
+// The register layouts of kernels/cuda/mma.cuh and flash_forward_mma.cuh on the GPU (skip without
+// one): the same one-warp product (exact on these inputs) and cp.async + ldmatrix load as
+// mma_emulation_test.cc.
 #include <gtest/gtest.h>
 
 #include "kernels/cuda/mma_check.h"
@@ -17,6 +18,14 @@ TEST(CudaMma, TileProductMatchesTheMatrixProduct) {
     MmaTileProductOnDevice(m.a.data(), m.b.data(), c.data());
     ExpectMmaProduct(m, c);
   }
+}
+
+TEST(CudaMma, CpAsyncAndLdMatrixGiveThePtxLayout) {
+  MOELAB_REQUIRE_GPU();
+  const LdMatrixCase c = MakeLdMatrixCase();
+  std::vector<uint32_t> out(256, 0xdeadbeef);
+  MmaLdMatrixOnDevice(c.tile.data(), c.valid, out.data());
+  ExpectLdMatrixRegisters(c, out);
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 // and a wmma fragment holds its whole 16×16 tile in every lane (mma_sync computes it with fp32
 // sums of bf16 products; store_matrix_sync writes from lane 0 only, so a read of another lane's
 // store without a barrier between them sees stale data here too). Pointers and strides handed
-// to wmma are checked for the alignment the hardware requires. What it cannot show: the
-// hardware's own wmma rounding and layout, memory-model subtleties beyond the barriers, speed.
+// to wmma are checked for the alignment the hardware requires; dynamic shared memory starts each
+// block as NaN garbage between guard bands (a write past the launch's size aborts, a read there
+// sees NaN). What it cannot show: the hardware's own wmma rounding and layout, memory-model
+// subtleties beyond the barriers, speed.
 //
 // Include this first, then the kernel header; put tests/cuda_kernels/emulation before the CUDA
 // include directory so that its mma.h replaces CUDA's.
@@ -235,16 +237,37 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }  // namespace nvcuda::wmma
 
 namespace emu {
+// Guard bands either side of a block's dynamic shared memory, as garbage as the memory itself:
+// a read past the launch's size sees NaN, a write there aborts once the block is done (on the
+// GPU an access past the dynamic size the launch gave faults; here it would land in slack).
+// A write of 0xff bytes only goes unseen.
+constexpr size_t kSmemGuard = 256;
+inline void CheckSmemGuards(const unsigned char* smem, size_t smem_bytes, dim3 block) {
+  for (const unsigned char* g : {smem - kSmemGuard, smem + smem_bytes}) {
+    for (size_t i = 0; i < kSmemGuard; ++i) {
+      if (g[i] != 0xff) {
+        std::fprintf(stderr,
+                     "block (%u, %u) wrote shared memory outside its %zu dynamic bytes, at offset "
+                     "%td\n",
+                     block.x, block.y, smem_bytes, (g + i) - smem);
+        std::abort();
+      }
+    }
+  }
+}
+
 // Runs body() as grid × threads CUDA threads, one block at a time.
 template <typename F>
 void Launch(dim3 grid, int threads, size_t smem_bytes, F body) {
-  std::vector<unsigned char> smem_store(smem_bytes + 256);
+  std::vector<unsigned char> smem_store(smem_bytes + 3 * kSmemGuard);
   unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_store.data()) + 255) / 256 * 256);
+      (reinterpret_cast<uintptr_t>(smem_store.data()) + 2 * kSmemGuard - 1) / kSmemGuard *
+      kSmemGuard);  // 256-byte aligned, a whole guard band on either side
   const int warps = (threads + 31) / 32;
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
-      std::memset(smem, 0xff, smem_bytes);  // garbage (NaN) shared memory
+      // Garbage (NaN) shared memory and guard bands.
+      std::memset(smem - kSmemGuard, 0xff, smem_bytes + 2 * kSmemGuard);
       std::barrier<> block_bar(threads);
       std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
       for (int w = 0; w < warps; ++w) warp_bars.push_back(std::make_unique<std::barrier<>>(32));
@@ -264,6 +287,7 @@ void Launch(dim3 grid, int threads, size_t smem_bytes, F body) {
         });
       }
       for (auto& th : ts) th.join();
+      CheckSmemGuards(smem, smem_bytes, dim3(bx, by));
     }
   }
 }
