@@ -13,6 +13,22 @@
 
 namespace moelab::cuda {
 
+namespace {
+// The first cuDNN that runs the MoE grouped matmul: its support matrix (docs, "MoE Grouped Matmul")
+// and cudnn-frontend's own tests (test_moe_grouped_matmul.py skips below 91800) say 9.18; the
+// operation's enums appeared in 9.15's headers, before the engines.
+constexpr size_t kMinVersion = 91800;
+}  // namespace
+
+bool CudnnVersionHasGroupedMatmul(size_t version, std::string* why) {
+  if (version >= kMinVersion) return true;
+  if (why) {
+    *why = "cuDNN " + std::to_string(version) +
+           " is loaded; the MoE grouped matmul needs 9.18 or later";
+  }
+  return false;
+}
+
 #ifndef MOELAB_HAVE_CUDNN
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
@@ -30,8 +46,6 @@ void CudnnGroupedMatmul::Run(const bf16*, const bf16*, const int32_t*, bf16*, cu
 #else
 
 namespace {
-
-constexpr size_t kMinVersion = 91500;  // the first cuDNN with the MoE grouped matmul operation
 
 std::string Status(cudnnStatus_t s) {
   char detail[512] = {0};
@@ -109,15 +123,7 @@ cudnnHandle_t Handle(cudaStream_t stream) {
 }  // namespace
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
-  const size_t v = cudnnGetVersion();
-  if (v < kMinVersion) {
-    if (why) {
-      *why =
-          "cuDNN " + std::to_string(v) + " is loaded; the MoE grouped matmul needs 9.15 or later";
-    }
-    return false;
-  }
-  return CudaAvailable(why);
+  return CudnnVersionHasGroupedMatmul(cudnnGetVersion(), why) && CudaAvailable(why);
 }
 
 size_t CudnnVersion() { return cudnnGetVersion(); }

@@ -1,9 +1,10 @@
 // cuDNN's MoE grouped matmul (backend API, CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR,
-// mode NONE; cuDNN 9.15 or later): out[r] = tok[r] · B_e for the rows r of expert e, where each
-// expert's first row is read from device memory when the kernel runs. Unlike cuBLAS's grouped GEMM
-// (kernels/cuda/gemm.h, GemmGrouped), whose per-group shapes are host arrays, nothing here needs
-// the routing's row counts on the host: the expert products of a layer can be issued without the
-// device-to-host copy and stream synchronisation that cuBLAS needs (issue 25, item 2).
+// mode NONE; cuDNN 9.18 or later, the first its support matrix lists): out[r] = tok[r] · B_e for
+// the rows r of expert e, where each expert's first row is read from device memory when the kernel
+// runs. Unlike cuBLAS's grouped GEMM (kernels/cuda/gemm.h, GemmGrouped), whose per-group shapes are
+// host arrays, nothing here needs the routing's row counts on the host: the expert products of a
+// layer can be issued without the device-to-host copy and stream synchronisation that cuBLAS needs
+// (issue 25, item 2).
 //
 // cuDNN 9.19 has no weight-gradient twin (its MOE_GROUPED_MATMUL_BWD descriptor comes with 9.22),
 // so the weight gradients, whose inner dimension is the expert's row count, stay on cuBLAS.
@@ -35,9 +36,12 @@ struct GroupedMatmulShape {
   bool weights_out_by_in = true;
 };
 
-// True when this build has cuDNN, the loaded cuDNN is 9.15 or later and a GPU is usable; otherwise
+// True when this build has cuDNN, the loaded cuDNN is 9.18 or later and a GPU is usable; otherwise
 // false and *why (when not null) names what is missing.
 bool CudnnGroupedMatmulAvailable(std::string* why = nullptr);
+// Whether cuDNN `version` (cudnnGetVersion's form, e.g. 91900) has the operation; else false and
+// *why names the version and the one needed. (The availability check above, on the loaded one.)
+bool CudnnVersionHasGroupedMatmul(size_t version, std::string* why = nullptr);
 // The loaded cuDNN's version (cudnnGetVersion, e.g. 91900); 0 in a build without cuDNN.
 size_t CudnnVersion();
 

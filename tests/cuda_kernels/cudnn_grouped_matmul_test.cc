@@ -27,6 +27,18 @@ using testing::ToDevice;
     if (CudnnVersion() == 0) GTEST_SKIP() << "cuDNN test skipped: built without cuDNN"; \
   } while (0)
 
+// The version gate: 9.18 is the first cuDNN whose support matrix lists the operation (9.15 to 9.17
+// have its enums but the frontend's own tests skip them), refused naming both versions.
+TEST(CudnnGroupedMatmul, NeedsCudnn918) {
+  for (size_t old : {91500u, 91700u}) {
+    std::string why;
+    EXPECT_FALSE(CudnnVersionHasGroupedMatmul(old, &why)) << old;
+    EXPECT_NE(why.find(std::to_string(old)), std::string::npos) << why;
+    EXPECT_NE(why.find("9.18 or later"), std::string::npos) << why;
+  }
+  for (size_t ok : {91800u, 91900u, 92200u}) EXPECT_TRUE(CudnnVersionHasGroupedMatmul(ok)) << ok;
+}
+
 // The shapes the experts use at gpu-moe's size (64 experts, 32 × 1024 tokens × top-8 rows,
 // d 1024, hidden 512) in both weight layouts: cuDNN accepts the operation.
 TEST(CudnnGroupedMatmul, DescribesTheExpertProductsWithoutAGpu) {
