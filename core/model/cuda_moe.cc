@@ -334,21 +334,20 @@ void DeviceMoe::CudnnForward(const MoeLayerParams& p) {
   if (!experts) {
     experts = std::make_unique<cuda::MoeExpertsCudnn>(shape_.experts, nk, shape_.d, shape_.hidden);
   }
+  ep_active_ = false;  // RoutedBackward then runs the local rows (this path has no EP)
   experts->Forward(XeBf16(), staging_->first_row.data(), p.w1b, p.w3b, p.w2b, a.h1.data(),
                    a.h3.data(), a.act.data(), a.ye.data());
 }
 
 void DeviceMoe::CudnnBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
-  MoeExpertActs<bf16>& a = b16_;
-  const int64_t nk = static_cast<int64_t>(n_) * shape_.top_k;
   Staging& st = *staging_;
   // Copied behind the forward's dispatch plan: long done by now, so this does not stall.
   st.offsets_ready.Wait();
   host_offsets_.assign(st.offsets.data(), st.offsets.data() + shape_.experts + 1);
-  // dye (in a.ye) is scratch after it has been read.
-  st.experts.at(nk)->Backward(XeBf16(), st.first_row.data(), host_offsets_.data(), p.w1b, p.w3b,
-                              p.w2b, a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
-                              tmp_->dxe16.data(), g.w1, g.w3, g.w2, tmp_->scratch16.data());
+  // The grouped GEMMs' backward on these host offsets: cuDNN 9.19 has no engine for the input
+  // gradients' products and no weight-gradient operation (kernels/cuda/moe_experts_cudnn.h).
+  RoutedBackward(b16_, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+                 tmp_->scratch16.data());
 }
 
 bf16* DeviceMoe::XeBf16() {

@@ -83,8 +83,9 @@ struct MoeExpertActs {
 
 // MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
 // path that ran on a GPU), "chunked" (batched GEMMs over the chunked layout in bf16 mode without
-// EP) or "cudnn" (cuDNN's MoE grouped matmul on the compact rows in bf16 mode without EP, with no
-// host sync in the layer's forward: kernels/cuda/moe_experts_cudnn.h). The last two have not yet
+// EP) or "cudnn" (cuDNN's MoE grouped matmul for the forward's products on the compact rows in
+// bf16 mode without EP, with no host sync in the layer's forward; the backward is the grouped
+// GEMMs': kernels/cuda/moe_experts_cudnn.h). The last two have not yet
 // run on a GPU. Anything else throws, naming the value.
 bool ChunkedExpertsWanted();
 bool CudnnExpertsWanted();
@@ -159,8 +160,9 @@ class DeviceMoe {
   // the grouped GEMMs.
   bool UseChunks() const;
   bool UseCudnn() const;
-  // The cuDNN path's forward: the counts for the caller and the offsets for the backward's weight
-  // gradients go to pinned memory behind the dispatch plan, without a host sync (Staging).
+  // The cuDNN path's forward: the counts for the caller and the offsets for the backward (on the
+  // grouped GEMMs, which need them on the host) go to pinned memory behind the dispatch plan,
+  // without a host sync (Staging).
   void StageCounts(int64_t* counts_out);
   void StageOffsets();
   void CudnnForward(const MoeLayerParams& p);

@@ -13,6 +13,22 @@
 
 namespace moelab::cuda {
 
+namespace {
+// The first cuDNN that runs the MoE grouped matmul: its support matrix (docs, "MoE Grouped Matmul")
+// and cudnn-frontend's own tests (test_moe_grouped_matmul.py skips below 91800) say 9.18; the
+// operation's enums appeared in 9.15's headers, before the engines.
+constexpr size_t kMinVersion = 91800;
+}  // namespace
+
+bool CudnnVersionHasGroupedMatmul(size_t version, std::string* why) {
+  if (version >= kMinVersion) return true;
+  if (why) {
+    *why = "cuDNN " + std::to_string(version) +
+           " is loaded; the MoE grouped matmul needs 9.18 or later";
+  }
+  return false;
+}
+
 #ifndef MOELAB_HAVE_CUDNN
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
@@ -26,12 +42,11 @@ CudnnGroupedMatmul::CudnnGroupedMatmul(const GroupedMatmulShape& shape) : shape_
 }
 CudnnGroupedMatmul::~CudnnGroupedMatmul() = default;
 void CudnnGroupedMatmul::Run(const bf16*, const bf16*, const int32_t*, bf16*, cudaStream_t) {}
+int64_t CudnnGroupedMatmul::EnginesProposed(const std::string&) const { return 0; }
 
 #else
 
 namespace {
-
-constexpr size_t kMinVersion = 91500;  // the first cuDNN with the MoE grouped matmul operation
 
 std::string Status(cudnnStatus_t s) {
   char detail[512] = {0};
@@ -109,29 +124,24 @@ cudnnHandle_t Handle(cudaStream_t stream) {
 }  // namespace
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
-  const size_t v = cudnnGetVersion();
-  if (v < kMinVersion) {
-    if (why) {
-      *why =
-          "cuDNN " + std::to_string(v) + " is loaded; the MoE grouped matmul needs 9.15 or later";
-    }
-    return false;
-  }
-  return CudaAvailable(why);
+  return CudnnVersionHasGroupedMatmul(cudnnGetVersion(), why) && CudaAvailable(why);
 }
 
 size_t CudnnVersion() { return cudnnGetVersion(); }
 
 struct CudnnGroupedMatmul::Impl {
   Descriptor token, weight, first_row, output, op;
-  std::unique_ptr<Descriptor> graph, plan;  // built on the first Run (they need a handle)
+  // Built on the first Run (they need a handle); the chosen engine configuration is kept with
+  // the plan made from it.
+  std::unique_ptr<Descriptor> graph, config, plan;
   DeviceBuffer<unsigned char> workspace;
 
+  // The weights as cuDNN's MoE engines take them (B_e [k, n] "ColumnMajor": k contiguous), which
+  // is W [E, n, k] as the model stores a projection.
   explicit Impl(const GroupedMatmulShape& s)
       : token(Tensor(kToken, CUDNN_DATA_BFLOAT16, {1, s.rows, s.k}, {s.rows * s.k, s.k, 1})),
         weight(Tensor(kWeight, CUDNN_DATA_BFLOAT16, {s.experts, s.k, s.n},
-                      s.weights_out_by_in ? std::array<int64_t, 3>{int64_t(s.n) * s.k, 1, s.k}
-                                          : std::array<int64_t, 3>{int64_t(s.n) * s.k, s.n, 1})),
+                      {int64_t(s.n) * s.k, 1, s.k})),
         first_row(Tensor(kFirstRow, CUDNN_DATA_INT32, {s.experts, 1, 1}, {1, 1, 1})),
         output(Tensor(kOutput, CUDNN_DATA_BFLOAT16, {1, s.rows, s.n}, {s.rows * s.n, s.n, 1})),
         op(CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR) {
@@ -147,44 +157,61 @@ struct CudnnGroupedMatmul::Impl {
     op.Finalize("the operation");
   }
 
-  // The operation graph, then the first engine configuration of cuDNN's heuristics whose execution
-  // plan finalizes, and its workspace.
-  void BuildPlan(cudnnHandle_t handle) {
-    graph = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  // The operation graph of op, for the device of `handle`; without one (null) for a device that
+  // the heuristics are given as properties (EnginesProposed).
+  Descriptor Graph(cudnnHandle_t handle) const {
+    Descriptor g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     cudnnBackendDescriptor_t ops = op.get();
-    graph->Set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops);
-    graph->Set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    graph->Finalize("the operation graph");
-    // Heuristics mode A first; where none of its configurations finalizes, the fallback list.
+    g.Set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ops);
+    if (handle) g.Set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    g.Finalize("the operation graph");
+    return g;
+  }
+
+  // The engine configurations cuDNN's heuristics propose for `graph` in `mode`, on `device` when
+  // given (else the graph's handle's); none where they refuse the graph.
+  static std::vector<Descriptor> Proposals(const Descriptor& graph, cudnnBackendHeurMode_t mode,
+                                           const Descriptor* device) {
+    std::vector<Descriptor> configs;
+    Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (device) heuristics.Set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, *device);
+    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) return configs;
+    int64_t count = 0;
+    MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(configs.back().get());
+    }
+    int64_t returned = 0;
+    if (count > 0) {
+      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                                            raw.data()));
+    }
+    while (static_cast<int64_t>(configs.size()) > returned) configs.pop_back();
+    return configs;
+  }
+
+  // The operation graph, then the first engine configuration of cuDNN's heuristics (mode A, else
+  // the fallback list) whose execution plan finalizes, and its workspace.
+  void BuildPlan(cudnnHandle_t handle) {
+    graph = std::make_unique<Descriptor>(Graph(handle));
     std::string refusals;
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-      heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *graph);
-      heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-      if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) continue;
-      int64_t count = 0;
-      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-      std::vector<Descriptor> configs;
-      std::vector<cudnnBackendDescriptor_t> raw;
-      for (int64_t i = 0; i < count; ++i) {
-        configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-        raw.push_back(configs.back().get());
-      }
-      int64_t returned = 0;
-      if (count > 0) {
-        MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
-                                              raw.data()));
-      }
-      refusals += mode == CUDNN_HEUR_MODE_A ? " mode A:" : "; fallback:";
-      refusals += " " + std::to_string(returned) + " proposed";
-      for (int64_t i = 0; i < returned && !plan; ++i) {
+      std::vector<Descriptor> configs = Proposals(*graph, mode, nullptr);
+      refusals += mode == CUDNN_HEUR_MODE_A ? " mode A: " : "; fallback: ";
+      refusals += std::to_string(configs.size()) + " proposed";
+      for (size_t i = 0; i < configs.size() && !plan; ++i) {
         auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
         candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
         const cudnnStatus_t s = cudnnBackendFinalize(candidate->get());
         if (s == CUDNN_STATUS_SUCCESS) {
+          config = std::make_unique<Descriptor>(std::move(configs[i]));
           plan = std::move(candidate);
         } else {
           refusals += " [" + std::to_string(i) + "] " + Status(s);
@@ -239,6 +266,19 @@ void CudnnGroupedMatmul::Run(const bf16* tok, const bf16* w, const int32_t* firs
   pack.Set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   pack.Finalize("the variant pack");
   MOELAB_CUDNN(cudnnBackendExecute(handle, impl_->plan->get(), pack.get()));
+}
+
+int64_t CudnnGroupedMatmul::EnginesProposed(const std::string& device_json) const {
+  Descriptor device(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  device.Set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+             static_cast<int64_t>(device_json.size()) + 1, device_json.c_str());
+  device.Finalize("the device properties");
+  const Descriptor graph = impl_->Graph(nullptr);
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    const size_t proposed = Impl::Proposals(graph, mode, &device).size();
+    if (proposed > 0) return static_cast<int64_t>(proposed);
+  }
+  return 0;
 }
 
 #endif  // MOELAB_HAVE_CUDNN

@@ -28,9 +28,8 @@ void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, i
                         const T* act, const T* dye, T* dxe, float* dw1, float* dw3, float* dw2,
                         T* scratch, cudaStream_t stream = nullptr);
 
-// MoeExpertsBackward's weight gradients alone (the cuDNN experts' backward shares them), from the
-// same inputs and its dh1, dh3 [rows, H] (the compact rows from host_offsets[0]): the same
-// products, so the same bits.
+// MoeExpertsBackward's weight gradients alone, from the same inputs and its dh1, dh3 [rows, H]
+// (the compact rows from host_offsets[0]): the same products, so the same bits.
 template <typename T>
 void MoeExpertsWeightGrads(const T* xe, const int64_t* host_offsets, int experts, int d, int hidden,
                            const T* act, const T* dye, const T* dh1, const T* dh3, float* dw1,

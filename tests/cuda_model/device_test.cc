@@ -269,7 +269,9 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   c.moe.experts_total = 8;
   c.moe.expert_hidden = 32;
-  if (available) EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  if (available) {
+    EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  }
 #endif
 }
 
