@@ -161,7 +161,7 @@ RUN=(env LD_LIBRARY_PATH="$LIBPATH" MOELAB_BIN_DIR="$WORK/bin" MOELAB_SOURCE_DIR
   echo "== library path for our binaries (not exported):"
   printf '   %s\n' "${LIBDIRS[@]}"
   echo "== libcuda.so.1: ${DRIVER:-NOT FOUND (cudart will report an insufficient driver)}"
-  # MOELAB_MOE_EXPERTS=cudnn needs cuDNN 9.15 or later: the wheel's version, by its dist-info.
+  # MOELAB_MOE_EXPERTS=cudnn needs cuDNN 9.18 or later: the wheel's version, by its dist-info.
   wheel=$(cd "$VENV" 2>/dev/null && ls -d lib/python*/site-packages/nvidia_cudnn*.dist-info 2>/dev/null)
   echo "== cuDNN wheel: ${wheel:-no nvidia_cudnn*.dist-info in the venv}"
 } >"$ENVLOG" 2>&1
