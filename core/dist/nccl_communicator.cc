@@ -203,11 +203,18 @@ void NcclCommunicator::AllReduceMax(float* data, size_t n) {
 void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, float* recv,
                                  const size_t* recv_counts) {
   Impl& I = *impl_;
-  if (!IsDevicePointer(send) || !IsDevicePointer(recv)) {
+  size_t sent = 0, send_total = 0, recv_total = 0;
+  for (int r = 0; r < I.size; ++r) {
+    sent += r == I.rank ? 0 : send_counts[r];
+    send_total += send_counts[r];
+    recv_total += recv_counts[r];
+  }
+  // Only a buffer that moves data must be on the device: a rank that receives no rows passes
+  // the expert exchange's still unallocated buffer (nullptr), and a throw here, on one rank
+  // only, would leave the others waiting in the group below forever.
+  if ((send_total > 0 && !IsDevicePointer(send)) || (recv_total > 0 && !IsDevicePointer(recv))) {
     throw std::invalid_argument("NcclCommunicator::AllToAllV needs device pointers");
   }
-  size_t sent = 0;
-  for (int r = 0; r < I.size; ++r) sent += r == I.rank ? 0 : send_counts[r];
   CommTimer t(stats_, sent * sizeof(float));
   size_t so = 0, ro = 0;
   I.AfterCompute();
