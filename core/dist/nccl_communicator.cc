@@ -1,5 +1,6 @@
 #include "core/dist/nccl_communicator.h"
 
+#include <exception>
 #include <stdexcept>
 
 #if MOELAB_HAVE_NCCL && MOELAB_HAVE_MPI && MOELAB_HAVE_CUDA
@@ -164,6 +165,12 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key) {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // ncclCommDestroy (with the ncclCommFinalize it calls) is an intra-node collective: every rank
+  // on the node must call it, or it hangs (NCCL's API docs, ncclCommDestroy). While an exception
+  // unwinds the trainer on this rank, the other ranks wait in a collective and never will, so
+  // destroying here would hang this rank before it reaches MPI_Abort (cli/train_command.cc ends
+  // the job on a failure). The communicator is left to the end of the process instead.
+  if (std::uncaught_exceptions() > 0) return;
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->written) cudaEventDestroy(impl_->written);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
