@@ -17,6 +17,7 @@
 #include "core/device.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
+#include "core/dist/nccl_communicator.h"
 #include "core/flops.h"
 #include "core/host.h"
 #include "core/model/cuda_backend.h"
@@ -219,6 +220,15 @@ void AddTrainCommand(CLI::App& app) {
       }
       if (config.train.device == "cuda") {
         RequireCudaSupports(config, layout.world, layout.ep);
+        if (world > 1) {
+          // Each rank's own GPU before the memory check's cudaMemGetInfo makes a CUDA context
+          // on the current device (GPU 0 until set; every rank would keep one there).
+          try {
+            NcclCommunicator::UseNodeLocalDevice();
+          } catch (const std::exception& e) {
+            throw ConfigError("train.device", e.what());
+          }
+        }
         try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
           RequireCudaMemory(config, layout.local_batch, leader);
         } catch (const DeviceError& e) {

@@ -114,28 +114,36 @@ bool NcclCommunicator::Available(std::string* why) {
   return true;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
+int NcclCommunicator::UseNodeLocalDevice() {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   }
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
-  Impl& I = *c->impl_;
-  MPI_Comm_rank(MPI_COMM_WORLD, &I.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &I.size);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // One GPU per process: the node-local rank picks it.
   MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, I.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   int local_rank = 0;
   MPI_Comm_rank(local, &local_rank);
   MPI_Comm_free(&local);
   int devices = 0;
   MOELAB_CUDA(cudaGetDeviceCount(&devices));
   if (devices == 0) throw std::runtime_error("NcclCommunicator: no CUDA device");
-  I.device = local_rank % devices;
-  MOELAB_CUDA(cudaSetDevice(I.device));
+  const int device = local_rank % devices;
+  MOELAB_CUDA(cudaSetDevice(device));
+  return device;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
+  const int device = UseNodeLocalDevice();
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+  Impl& I = *c->impl_;
+  MPI_Comm_rank(MPI_COMM_WORLD, &I.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &I.size);
+  I.device = device;
   MOELAB_CUDA(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   MOELAB_CUDA(cudaEventCreateWithFlags(&I.written, cudaEventDisableTiming));
   ncclUniqueId id;
@@ -280,6 +288,11 @@ bool NcclCommunicator::Available(std::string* why) {
         "configure time)";
   }
   return false;
+}
+int NcclCommunicator::UseNodeLocalDevice() {
+  std::string why;
+  Available(&why);
+  throw std::runtime_error(why);
 }
 std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
   std::string why;

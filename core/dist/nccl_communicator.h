@@ -17,9 +17,15 @@ namespace moelab {
 
 class NcclCommunicator : public Communicator {
  public:
-  // Collective: every rank of MPI_COMM_WORLD calls it. Initialises MPI if nobody has. Picks GPU
-  // (node-local rank mod visible GPUs). Throws std::runtime_error when NCCL/MPI are not built in
-  // or fail.
+  // Collective: every rank of MPI_COMM_WORLD calls it. Initialises MPI if nobody has. Makes this
+  // process's CUDA device the GPU of its node-local rank (mod the visible GPUs: one GPU under two
+  // ranks is refused by ncclCommInitRank) and returns it. Call it before anything creates a CUDA
+  // context (cudaMemGetInfo, cuBLAS handles, allocations): those act on the current device, GPU 0
+  // until then, and every rank would leave a context there. Throws std::runtime_error when
+  // NCCL/MPI are not built in or there is no GPU.
+  static int UseNodeLocalDevice();
+  // Collective: every rank of MPI_COMM_WORLD calls it. Initialises MPI if nobody has. Uses
+  // UseNodeLocalDevice's GPU. Throws std::runtime_error when NCCL/MPI are not built in or fail.
   static std::unique_ptr<NcclCommunicator> Create();
   // Whether this build has NCCL; `why` gets the reason when not.
   static bool Available(std::string* why);
