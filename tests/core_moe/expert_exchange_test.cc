@@ -146,6 +146,56 @@ TEST(ExpertExchange, OwnedRowsAreExpertContiguousAndTheReverseRestoresThem) {
   }
 }
 
+// Records, per AllToAllV, whether a null buffer came with a nonzero count (what NCCL's
+// communicator refuses: it needs device memory for every buffer that moves data).
+class NullCheckingCommunicator : public ThreadCommunicator {
+ public:
+  using ThreadCommunicator::ThreadCommunicator;
+  void AllToAllV(const float* send, const size_t* send_counts, float* recv,
+                 const size_t* recv_counts) override {
+    size_t sent = 0, received = 0;
+    for (int q = 0; q < world_size(); ++q) {
+      sent += send_counts[q];
+      received += recv_counts[q];
+    }
+    EXPECT_FALSE(send == nullptr && sent > 0) << "rank " << rank();
+    EXPECT_FALSE(recv == nullptr && received > 0) << "rank " << rank();
+    null_recv_ += recv == nullptr;
+    ThreadCommunicator::AllToAllV(send, send_counts, recv, recv_counts);
+  }
+  int null_recv() const { return null_recv_; }
+
+ private:
+  int null_recv_ = 0;
+};
+
+// Every row goes to rank 0's experts: rank 1 owns none, so its first exchange hands the
+// communicator a receive buffer that was never allocated (nullptr) with zero counts, and the
+// NCCL communicator must accept that (it refused it on that rank alone: the others hung).
+TEST(ExpertExchange, ARankThatOwnsNoRowsGivesNullBuffersOnlyWithZeroCounts) {
+  constexpr int P = 2;
+  ThreadWorld world(P);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < P; ++r) {
+    ranks.emplace_back([&, r] {
+      NullCheckingCommunicator comm(world, r);
+      const std::vector<int64_t> offsets = {0, 2, 3, 3, 3};  // experts 0 and 1: rank 0's
+      std::vector<float> local(3 * 2), owned(6 * 2, 0.0f), back(3 * 2, 0.0f);
+      for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<float>(10 * r + i);
+      ExpertExchange exchange(&Host(), kE);
+      exchange.Plan(comm, offsets.data());
+      EXPECT_EQ(exchange.owned_rows(), r == 0 ? 6 : 0);
+      exchange.ToOwners(comm, local.data(), owned.data(), 2 * sizeof(float));
+      exchange.FromOwners(comm, owned.data(), back.data(), 2 * sizeof(float));
+      EXPECT_EQ(back, local) << "rank " << r;
+      if (r == 1) {
+        EXPECT_GT(comm.null_recv(), 0) << "the case under test did not occur";
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+}
+
 TEST(ExpertExchange, RefusesRowsThatAreNotWholeWordsAndUnevenExpertSplits) {
   ThreadWorld world(1);
   ThreadCommunicator comm(world, 0);
