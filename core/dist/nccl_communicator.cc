@@ -47,7 +47,14 @@ struct NcclCommunicator::Impl {
   cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
 
   unsigned char* Stage(size_t bytes) {
-    if (staging.size() < bytes) staging.Resize(bytes);
+    if (staging.size() < bytes) {
+      staging.Resize(bytes);
+      // Resize zero-fills with cudaMemset: asynchronous, on the legacy default stream, which
+      // our non-blocking stream does not wait for (and the callers recorded `written` before
+      // staging). Unwaited, the memset could land after the host data was copied in and zero
+      // it. Growth is rare (the first host collectives, a checkpoint gather): wait here.
+      MOELAB_CUDA(cudaDeviceSynchronize());
+    }
     return staging.data();
   }
 
