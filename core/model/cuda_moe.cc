@@ -5,7 +5,10 @@
 #include "core/model/cuda_moe.h"
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"
@@ -116,9 +119,20 @@ DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScr
   host_offsets_.assign(shape_.experts + 1, 0);
 }
 
+std::shared_ptr<cuda::MoeExpertsCudnn> SharedCudnnExperts(int experts, int64_t rows, int d,
+                                                          int hidden) {
+  thread_local std::map<std::tuple<int, int64_t, int, int>, std::weak_ptr<cuda::MoeExpertsCudnn>>
+      cache;
+  std::weak_ptr<cuda::MoeExpertsCudnn>& slot = cache[{experts, rows, d, hidden}];
+  if (std::shared_ptr<cuda::MoeExpertsCudnn> held = slot.lock()) return held;
+  auto made = std::make_shared<cuda::MoeExpertsCudnn>(experts, rows, d, hidden);
+  slot = made;
+  return made;
+}
+
 // The cuDNN path's host side: pinned copies of the offsets [E+1] and counts [E], an event after
 // each, the experts' first rows on the device, and the grouped products for each row count seen
-// (a micro-batch of another size plans its own).
+// (a micro-batch of another size plans its own; layers of one shape share them).
 struct DeviceMoe::Staging {
   // What the host function copies to the caller's counts, in stream order.
   struct CountsCopy {
@@ -131,7 +145,7 @@ struct DeviceMoe::Staging {
   cuda::Event offsets_ready, counts_copied;
   CountsCopy pending;
   cuda::DeviceBuffer<int32_t> first_row;
-  std::map<int64_t, std::unique_ptr<cuda::MoeExpertsCudnn>> experts;
+  std::map<int64_t, std::shared_ptr<cuda::MoeExpertsCudnn>> experts;
 
   static void CUDART_CB CopyCounts(void* data) {
     const CountsCopy* c = static_cast<const CountsCopy*>(data);
@@ -330,10 +344,8 @@ void DeviceMoe::StageOffsets() {
 void DeviceMoe::CudnnForward(const MoeLayerParams& p) {
   MoeExpertActs<bf16>& a = b16_;
   const int64_t nk = static_cast<int64_t>(n_) * shape_.top_k;
-  std::unique_ptr<cuda::MoeExpertsCudnn>& experts = staging_->experts[nk];
-  if (!experts) {
-    experts = std::make_unique<cuda::MoeExpertsCudnn>(shape_.experts, nk, shape_.d, shape_.hidden);
-  }
+  std::shared_ptr<cuda::MoeExpertsCudnn>& experts = staging_->experts[nk];
+  if (!experts) experts = SharedCudnnExperts(shape_.experts, nk, shape_.d, shape_.hidden);
   ep_active_ = false;  // RoutedBackward then runs the local rows (this path has no EP)
   experts->Forward(XeBf16(), staging_->first_row.data(), p.w1b, p.w3b, p.w2b, a.h1.data(),
                    a.h3.data(), a.act.data(), a.ye.data());

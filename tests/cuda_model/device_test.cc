@@ -424,5 +424,32 @@ TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
 #endif
 }
 
+// The MoE layers share the cuDNN experts of their shape (each builds its plans once, compiling
+// them with NVRTC: 2 plans for a 15-layer model instead of 30); another shape or row count gets
+// its own, and once no layer holds them they are freed and a later layer builds anew. Built here
+// without a GPU: constructing only describes the products (cuDNN checks them on the CPU).
+TEST(CudaMoeCudnn, LayersOfOneShapeShareTheirPlans) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (cuDNN's grouped matmul is part of the CUDA backend)";
+#else
+  if (cuda::CudnnVersion() == 0) GTEST_SKIP() << "built without cuDNN";
+  std::string why;
+  if (!cuda::CudnnVersionHasGroupedMatmul(cuda::CudnnVersion(), &why)) GTEST_SKIP() << why;
+  auto first = cudamodel::SharedCudnnExperts(8, 512, 64, 32);
+  auto second = cudamodel::SharedCudnnExperts(8, 512, 64, 32);
+  EXPECT_EQ(first.get(), second.get()) << "a second layer of the shape built its own plans";
+  auto other_rows = cudamodel::SharedCudnnExperts(8, 256, 64, 32);
+  auto other_width = cudamodel::SharedCudnnExperts(8, 512, 64, 48);
+  EXPECT_NE(other_rows.get(), first.get());
+  EXPECT_NE(other_width.get(), first.get());
+  EXPECT_EQ(other_rows->rows(), 256);
+  const std::weak_ptr<cuda::MoeExpertsCudnn> released = first;
+  first.reset();
+  second.reset();
+  EXPECT_TRUE(released.expired()) << "the cache kept the experts alive";
+  EXPECT_NE(cudamodel::SharedCudnnExperts(8, 512, 64, 32), nullptr);
+#endif
+}
+
 }  // namespace
 }  // namespace moelab
