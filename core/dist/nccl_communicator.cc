@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cuda_util.h"
+#include "core/dist/collective_wait.h"
 #endif
 
 namespace moelab {
@@ -45,6 +46,40 @@ struct NcclCommunicator::Impl {
   int rank = 0, size = 1, device = 0;
   bool split = false;  // a sub-communicator (Split): its barrier cannot be MPI_COMM_WORLD's
   cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
+  double timeout_s = 1800;                        // CollectiveTimeoutSeconds(), read at Create
+
+  // Waits for what is queued on the NCCL stream, watching NCCL's asynchronous errors and the
+  // time-out (collective_wait.h) where cudaStreamSynchronize would wait forever for a peer that
+  // died; on either the communicator is aborted (ending its pending collectives, as NCCL's docs
+  // prescribe after an asynchronous error) and the wait throws naming `what`.
+  void Finish(const char* what) {
+    try {
+      WaitWatched(
+          [&](std::string* why) {
+            const cudaError_t q = cudaStreamQuery(stream);
+            if (q == cudaSuccess) return CollectiveState::kDone;
+            if (q != cudaErrorNotReady) {
+              *why = cudaGetErrorString(q);
+              return CollectiveState::kFailed;
+            }
+            // Not an error, but kept as the thread's last one: cleared, or the next launch check
+            // would report it (PyTorch's stream query does the same).
+            cudaGetLastError();
+            ncclResult_t async = ncclSuccess;
+            const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+            if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+              *why = ncclGetErrorString(r != ncclSuccess ? r : async);
+              return CollectiveState::kFailed;
+            }
+            return CollectiveState::kPending;
+          },
+          timeout_s, std::string("NCCL ") + what + " (rank " + std::to_string(rank) + ")");
+    } catch (...) {
+      if (comm) ncclCommAbort(comm);
+      comm = nullptr;
+      throw;
+    }
+  }
 
   unsigned char* Stage(size_t bytes) {
     if (staging.size() < bytes) {
@@ -73,14 +108,14 @@ struct NcclCommunicator::Impl {
     AfterCompute();
     if (IsDevicePointer(p)) {
       MOELAB_NCCL(ncclAllReduce(p, p, n, type, op, comm, stream));
-      MOELAB_CUDA(cudaStreamSynchronize(stream));
+      Finish("all-reduce");
       return;
     }
     unsigned char* d = Stage(n * elem);
     MOELAB_CUDA(cudaMemcpyAsync(d, p, n * elem, cudaMemcpyHostToDevice, stream));
     MOELAB_NCCL(ncclAllReduce(d, d, n, type, op, comm, stream));
     MOELAB_CUDA(cudaMemcpyAsync(p, d, n * elem, cudaMemcpyDeviceToHost, stream));
-    MOELAB_CUDA(cudaStreamSynchronize(stream));
+    Finish("all-reduce");
   }
   // Chunk r of data (counts[r] floats) through fn(chunk, count, r) inside one NCCL group; host
   // memory goes through the staging buffer. Counted into stats as MpiCommunicator counts its
@@ -110,7 +145,7 @@ struct NcclCommunicator::Impl {
       MOELAB_CUDA(
           cudaMemcpyAsync(data, d, total * sizeof(float), cudaMemcpyDeviceToHost, I.stream));
     }
-    MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+    I.Finish("reduce/broadcast by chunks");
   }
 };
 
@@ -145,12 +180,14 @@ int NcclCommunicator::UseNodeLocalDevice() {
 }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
+  const double timeout_s = CollectiveTimeoutSeconds();  // a bad value stops before any collective
   const int device = UseNodeLocalDevice();
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
   Impl& I = *c->impl_;
   MPI_Comm_rank(MPI_COMM_WORLD, &I.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &I.size);
   I.device = device;
+  I.timeout_s = timeout_s;
   MOELAB_CUDA(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
   MOELAB_CUDA(cudaEventCreateWithFlags(&I.written, cudaEventDisableTiming));
   ncclUniqueId id;
@@ -164,7 +201,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
 // communicator has its own stream and event, on this rank's device.
 std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key) {
   Impl& I = *impl_;
-  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  I.Finish("wait before split");
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
   Impl& S = *c->impl_;
   MOELAB_NCCL(ncclCommSplit(I.comm, color, key, &S.comm, nullptr));
@@ -174,6 +211,7 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key) {
   S.device = I.device;
   S.compute = I.compute;
   S.split = true;
+  S.timeout_s = I.timeout_s;
   MOELAB_CUDA(cudaStreamCreateWithFlags(&S.stream, cudaStreamNonBlocking));
   MOELAB_CUDA(cudaEventCreateWithFlags(&S.written, cudaEventDisableTiming));
   return c;
@@ -250,7 +288,7 @@ void NcclCommunicator::AllToAllV(const float* send, const size_t* send_counts, f
     ro += recv_counts[r];
   }
   MOELAB_NCCL(ncclGroupEnd());
-  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  I.Finish("all-to-all");
 }
 
 void NcclCommunicator::ReduceScatterSum(float* data, const size_t* counts) {
@@ -269,7 +307,7 @@ void NcclCommunicator::AllGatherV(float* data, const size_t* counts) {
 
 void NcclCommunicator::Barrier() {
   Impl& I = *impl_;
-  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  I.Finish("wait before barrier");
   if (!I.split) {
     MPI_Barrier(MPI_COMM_WORLD);
     return;
@@ -277,7 +315,7 @@ void NcclCommunicator::Barrier() {
   // Only this group's ranks take part: a one-element all-reduce, waited for.
   float* one = reinterpret_cast<float*>(I.Stage(sizeof(float)));
   MOELAB_NCCL(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, I.comm, I.stream));
-  MOELAB_CUDA(cudaStreamSynchronize(I.stream));
+  I.Finish("barrier");
 }
 
 void NcclCommunicator::Abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/dist/collective_wait.h"
 #include "core/dist/nccl_communicator.h"
 #include "core/flops.h"
 #include "core/model/attention_dims.h"
@@ -757,6 +758,13 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
 #endif
   if (world > 1 && !NcclCommunicator::Available(&why)) {
     throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
+  }
+  if (world > 1) {
+    try {  // the NCCL collectives' time-out (core/dist/collective_wait.h)
+      CollectiveTimeoutSeconds();
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError("train.device", e.what());
+    }
   }
   // The expert exchange moves rows as 4-byte words (core/model/expert_exchange.h).
   if (expert_parallel > 1 && c.train.effective_precision() == "bf16" && c.model.d_model % 2 != 0) {

@@ -451,5 +451,26 @@ TEST(CudaMoeCudnn, LayersOfOneShapeShareTheirPlans) {
 #endif
 }
 
+// Several ranks on "cuda" wait for their NCCL collectives under MOELAB_NCCL_TIMEOUT_S
+// (core/dist/collective_wait.h): a value that is not a number of seconds stops the run before
+// anything runs, naming the variable; one rank never reads it.
+TEST(CudaSupports, RefusesABadNcclTimeoutBeforeTheRun) {
+  RunConfig c;
+  c.train.device = "cuda";
+  std::string why;
+  if (!NcclCommunicator::Available(&why)) GTEST_SKIP() << "needs NCCL in the build: " << why;
+  test::ScopedEnv timeout("MOELAB_NCCL_TIMEOUT_S", "ten minutes");
+  try {
+    RequireCudaSupports(c, 2, 1);
+    ADD_FAILURE() << "accepted MOELAB_NCCL_TIMEOUT_S=ten minutes";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.device");
+    EXPECT_NE(std::string(e.what()).find("MOELAB_NCCL_TIMEOUT_S"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  timeout.Set("600");
+  EXPECT_NO_THROW(RequireCudaSupports(c, 2, 1));
+}
+
 }  // namespace
 }  // namespace moelab
