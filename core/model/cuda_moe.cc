@@ -351,15 +351,11 @@ void DeviceMoe::CudnnForward(const MoeLayerParams& p) {
                    a.h3.data(), a.act.data(), a.ye.data());
 }
 
-void DeviceMoe::CudnnBackward(const MoeLayerParams& p, const MoeLayerGrads& g) {
+void DeviceMoe::ReadStagedOffsets() {
   Staging& st = *staging_;
   // Copied behind the forward's dispatch plan: long done by now, so this does not stall.
   st.offsets_ready.Wait();
   host_offsets_.assign(st.offsets.data(), st.offsets.data() + shape_.experts + 1);
-  // The grouped GEMMs' backward on these host offsets: cuDNN 9.19 has no engine for the input
-  // gradients' products and no weight-gradient operation (kernels/cuda/moe_experts_cudnn.h).
-  RoutedBackward(b16_, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
-                 tmp_->scratch16.data());
 }
 
 bf16* DeviceMoe::XeBf16() {
@@ -504,14 +500,15 @@ void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const 
                         XeBf16());
       }
     }
-    if (cudnn_) {
-      phase.Next("experts cudnn");
-      CudnnBackward(p, g);
-    } else if (chunked_) {
+    if (chunked_) {
       phase.Next("experts");
       ChunkedBackward(p, g);
     } else {
-      phase.Next("experts grouped");
+      // The cuDNN experts' backward is the grouped GEMMs' (cuDNN 9.19 has no engine for the input
+      // gradients' products and no weight-gradient operation: kernels/cuda/moe_experts_cudnn.h),
+      // on the offsets the forward staged.
+      if (cudnn_) ReadStagedOffsets();
+      phase.Next(cudnn_ ? "experts cudnn" : "experts grouped");
       RoutedBackward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
                      tmp_->scratch16.data());
     }

@@ -174,7 +174,8 @@ class DeviceMoe {
   void StageCounts(int64_t* counts_out);
   void StageOffsets();
   void CudnnForward(const MoeLayerParams& p);
-  void CudnnBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
+  // The staged offsets into host_offsets_, for the backward's grouped GEMMs.
+  void ReadStagedOffsets();
   // The routed experts over the chunked layout (bf16): a.xe holds it (gathered there), outputs
   // unchunked into a.ye; the backward chunks dye and unchunks dxe into dxe16.
   void ChunkedForward(const MoeLayerParams& p);
