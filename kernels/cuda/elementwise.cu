@@ -265,7 +265,8 @@ void RopeTables(int seq, int rot_dim, double theta, T* cos, T* sin, cudaStream_t
 
 template <typename T>
 void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq,
-                 int rot_dim, const T* cos, const T* sin, bool inverse, cudaStream_t stream) {
+                 int rot_dim, const float* cos, const float* sin, bool inverse,
+                 cudaStream_t stream) {
   const size_t total = static_cast<size_t>(n) * (q.heads + k.heads) * (rot_dim / 2);
   if (!total) return;
   rope::RopeQkKernel<T><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
@@ -280,21 +281,13 @@ void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int off
                  stream);
 }
 
-void RopeApplyQk(const cpu::RopeSlice<bf16>& q, const cpu::RopeSlice<bf16>& k, int n, int seq,
-                 int rot_dim, const float* cos, const float* sin, bool inverse,
-                 cudaStream_t stream) {
-  const size_t total = static_cast<size_t>(n) * (q.heads + k.heads) * (rot_dim / 2);
-  if (!total) return;
-  rope::RopeQkKernel<bf16><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
-      q, k, n, seq, rot_dim, cos, sin, inverse ? -1.0f : 1.0f);
-  CheckLaunch("RopeApplyQk");
-}
-
 template void RopeTables<float>(int, int, double, float*, float*, cudaStream_t);
 template void RopeApply<float>(float*, int, int, int, int, int, int, int, const float*,
                                const float*, bool, cudaStream_t);
 template void RopeApplyQk<float>(const cpu::RopeSlice<float>&, const cpu::RopeSlice<float>&, int,
                                  int, int, const float*, const float*, bool, cudaStream_t);
+template void RopeApplyQk<bf16>(const cpu::RopeSlice<bf16>&, const cpu::RopeSlice<bf16>&, int, int,
+                                int, const float*, const float*, bool, cudaStream_t);
 
 // ---------------------------------------------------------------- SwiGLU activation
 

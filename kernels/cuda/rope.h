@@ -15,15 +15,11 @@ template <typename T>
 void RopeApply(T* x, int n, int seq, int ld, int heads, int head_stride, int offset, int rot_dim,
                const T* cos, const T* sin, bool inverse, cudaStream_t stream = nullptr);
 
-// RopeApply on q's heads and k's heads (cpu::RopeSlice, device pointers) in one launch.
+// RopeApply on q's heads and k's heads (cpu::RopeSlice, device pointers) in one launch, with the
+// fp32 tables. T = float, or bf16 heads (a bf16 q | k | v activation): each pair widened, rotated
+// in fp32 with the same arithmetic, rounded once to bf16.
 template <typename T>
 void RopeApplyQk(const cpu::RopeSlice<T>& q, const cpu::RopeSlice<T>& k, int n, int seq,
-                 int rot_dim, const T* cos, const T* sin, bool inverse,
-                 cudaStream_t stream = nullptr);
-
-// The same on bf16 heads (a bf16 q | k | v activation) with the fp32 tables: each pair widened,
-// rotated in fp32 with RopeApplyQk's arithmetic, rounded once to bf16.
-void RopeApplyQk(const cpu::RopeSlice<bf16>& q, const cpu::RopeSlice<bf16>& k, int n, int seq,
                  int rot_dim, const float* cos, const float* sin, bool inverse,
                  cudaStream_t stream = nullptr);
 
