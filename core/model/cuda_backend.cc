@@ -756,10 +756,10 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
                           std::to_string(c.moe.experts_total) + " (the scan plan has no limit)");
   }
 #endif
-  if (world > 1 && !NcclCommunicator::Available(&why)) {
-    throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
-  }
   if (world > 1) {
+    if (!NcclCommunicator::Available(&why)) {
+      throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
+    }
     try {  // the NCCL collectives' time-out (core/dist/collective_wait.h)
       CollectiveTimeoutSeconds();
     } catch (const std::invalid_argument& e) {

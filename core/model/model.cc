@@ -198,17 +198,18 @@ void Model<T>::Impl::MlaBackward(int l, int n) {
 // CUDA in bf16 keeps the logits and dlogits in bf16 and reads the summed terms once.
 template <typename T>
 LossTerms Model<T>::Impl::OutputLoss(int n, bool backward) {
+  const size_t head = m.tie_embeddings ? embedding : lm_head;
   LmHeadChunk<T> all;
   all.rows = n;
   all.x = lnf;
-  all.w = params.data() + (m.tie_embeddings ? embedding : lm_head);
+  all.w = params.data() + head;
   all.targets = targets.data();
   all.d = d, all.vocab = V, all.z_coef = m.z_loss;
   all.backward = backward;
   all.logits = logits;
   all.row_scratch = row_scratch.data();
   all.dx = dln;
-  all.dw = grads.data() + (m.tie_embeddings ? embedding : lm_head);
+  all.dw = grads.data() + head;
   return be->LmHeadLoss(all, std::min(LogitChunkRows(n, V), logit_rows));  // the arena's, at most
 }
 
