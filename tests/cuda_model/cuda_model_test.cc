@@ -94,6 +94,17 @@ RunConfig SmallMoeBf16() {
   return c;
 }
 
+// Both runs finished, with as many steps, and every step's loss of `got` within `nats` of
+// `want`'s (wrap in ASSERT_NO_FATAL_FAILURE: a failed ASSERT ends only this function).
+void ExpectLossesTrack(const Recorder& got, const Recorder& want, double nats) {
+  ASSERT_EQ(got.status, RunStatus::kDone) << got.error;
+  ASSERT_EQ(want.status, RunStatus::kDone) << want.error;
+  ASSERT_EQ(got.loss.size(), want.loss.size());
+  for (size_t i = 0; i < got.loss.size(); ++i) {
+    EXPECT_NEAR(got.loss[i], want.loss[i], nats) << "step " << i + 1;
+  }
+}
+
 Recorder RunOn(RunConfig c, const std::string& device, const std::string& precision) {
   c.train.device = device;
   c.train.precision = precision;
@@ -248,13 +259,8 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
     c.moe.balance = v.balance;
     const Recorder fp32 = RunOn(c, "cuda", "fp32");
     const Recorder bf16 = RunOn(c, "cuda", "bf16");
-    ASSERT_EQ(fp32.status, RunStatus::kDone) << fp32.error;
-    ASSERT_EQ(bf16.status, RunStatus::kDone) << bf16.error;
-    ASSERT_EQ(bf16.loss.size(), fp32.loss.size());
+    ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(bf16, fp32, 0.05));
     EXPECT_NEAR(bf16.loss[0], fp32.loss[0], 1e-2);
-    for (size_t i = 0; i < fp32.loss.size(); ++i) {
-      EXPECT_NEAR(bf16.loss[i], fp32.loss[i], 0.05) << "step " << i + 1;
-    }
   }
 }
 
@@ -284,12 +290,7 @@ TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
   EXPECT_TRUE(grouped_paths.second);
   EXPECT_NE(refused.status, RunStatus::kDone);
   EXPECT_NE(refused.error.find("MOELAB_MOE_EXPERTS=sideways"), std::string::npos) << refused.error;
-  ASSERT_EQ(chunked.status, RunStatus::kDone) << chunked.error;
-  ASSERT_EQ(grouped.status, RunStatus::kDone) << grouped.error;
-  ASSERT_EQ(chunked.loss.size(), grouped.loss.size());
-  for (size_t i = 0; i < chunked.loss.size(); ++i) {
-    EXPECT_NEAR(chunked.loss[i], grouped.loss[i], 0.02) << "step " << i + 1;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(chunked, grouped, 0.02));
 }
 
 // The experts on cuDNN's grouped matmul (MOELAB_MOE_EXPERTS=cudnn: device-side expert offsets, no
@@ -313,12 +314,7 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
   const Recorder cudnn = RunOn(c, "cuda", "bf16");
   experts.Set(nullptr);
   const Recorder grouped = RunOn(c, "cuda", "bf16");
-  ASSERT_EQ(cudnn.status, RunStatus::kDone) << cudnn.error;
-  ASSERT_EQ(grouped.status, RunStatus::kDone) << grouped.error;
-  ASSERT_EQ(cudnn.loss.size(), grouped.loss.size());
-  for (size_t i = 0; i < cudnn.loss.size(); ++i) {
-    EXPECT_NEAR(cudnn.loss[i], grouped.loss[i], 0.02) << "step " << i + 1;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(cudnn, grouped, 0.02));
   ASSERT_FALSE(cudnn.expert_counts.empty());
   ASSERT_FALSE(grouped.expert_counts.empty());
   const std::vector<int64_t>& got = cudnn.expert_counts.front();
@@ -348,15 +344,8 @@ TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
   const Recorder narrow = RunOn(c, "cuda", "bf16");
   acts.Set(nullptr);
   const Recorder wide = RunOn(c, "cuda", "bf16");
-  ASSERT_EQ(narrow.status, RunStatus::kDone) << narrow.error;
-  ASSERT_EQ(wide.status, RunStatus::kDone) << wide.error;
-  ASSERT_EQ(narrow.loss.size(), wide.loss.size());
-  bool differs = false;
-  for (size_t i = 0; i < narrow.loss.size(); ++i) {
-    EXPECT_NEAR(narrow.loss[i], wide.loss[i], 0.02) << "step " << i + 1;
-    differs |= narrow.loss[i] != wide.loss[i];
-  }
-  EXPECT_TRUE(differs) << "the bf16 activations never ran";
+  ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(narrow, wide, 0.02));
+  EXPECT_NE(narrow.loss, wide.loss) << "the bf16 activations never ran";
   // S_max (QK-Clip's input) of the first step: q and k rounded before RoPE instead of after.
   ASSERT_EQ(narrow.s_max[0].size(), wide.s_max[0].size());
   for (size_t h = 0; h < wide.s_max[0].size(); ++h) {
@@ -400,12 +389,7 @@ TEST_F(CudaModelTest, FusedGatedFfnTracksSplitFfn) {
   EXPECT_FALSE(split_bracket);
   EXPECT_NE(refused.status, RunStatus::kDone);
   EXPECT_NE(refused.error.find("MOELAB_FFN=sideways"), std::string::npos) << refused.error;
-  ASSERT_EQ(fused.status, RunStatus::kDone) << fused.error;
-  ASSERT_EQ(split.status, RunStatus::kDone) << split.error;
-  ASSERT_EQ(fused.loss.size(), split.loss.size());
-  for (size_t i = 0; i < fused.loss.size(); ++i) {
-    EXPECT_NEAR(fused.loss[i], split.loss[i], 0.02) << "step " << i + 1;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(fused, split, 0.02));
 }
 
 // bf16 mode's fused attention (kernels/cuda/flash_attention.h) against the reference path on
