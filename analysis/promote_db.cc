@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -45,7 +46,129 @@ const db::FitRecord* ChooseFit(const std::vector<db::FitRecord>& fits, const std
   return nullptr;
 }
 
+// Takes `dir` for one promotion: creates it, or accepts it empty. False when it holds files
+// already (another promotion's, or an older database's at the same path).
+bool ClaimFolder(const fs::path& dir) {
+  fs::create_directories(dir.parent_path());
+  std::error_code ec;
+  if (fs::create_directory(dir, ec)) return true;
+  return fs::is_directory(dir, ec) && fs::is_empty(dir, ec);
+}
+
+// <db>.promotions/<id>; when an older database at the same path left that folder full,
+// <id>-2, <id>-3, ...: a new promotion never writes into another's files.
+fs::path ClaimDefaultFolder(const std::string& db_path, int64_t promotion_id) {
+  const fs::path base = fs::absolute(db_path + ".promotions").lexically_normal();
+  fs::path dir = base / std::to_string(promotion_id);
+  for (int k = 2; !ClaimFolder(dir); ++k) dir = base / fmt::format("{}-{}", promotion_id, k);
+  return dir;
+}
+
+// An explicit --out, taken for one promotion (CheckOutFolder's refusals).
+fs::path ClaimExplicitFolder(const std::string& db_path, const std::string& out_dir) {
+  CheckOutFolder(db_path, out_dir);
+  const fs::path dir = fs::absolute(out_dir).lexically_normal();
+  if (!ClaimFolder(dir)) CheckOutFolder(db_path, out_dir);  // filled since: says why
+  return dir;
+}
+
+std::string StateOf(const db::RunRow& run) {
+  if (run.status == RunStatus::kDone) return "done";
+  if (run.status == RunStatus::kDiverged) return "diverged";
+  if (run.status == RunStatus::kRunning && !run.stale) return "running";
+  return "resumable";  // queued, stopped, failed, or running with a stale heartbeat
+}
+
 }  // namespace
+
+void CheckOutFolder(const std::string& db_path, const std::string& out_dir) {
+  const fs::path dir = fs::absolute(out_dir).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(db_path, ec)) {
+    for (const db::PromotionRecord& q : db::ListPromotions(db_path)) {
+      if (!q.out_dir.empty() && fs::path(q.out_dir).lexically_normal() == dir)
+        throw PromotionRefused(fmt::format(
+            "--out {}: promotion {} wrote that folder; every promotion writes its own (choose "
+            "another --out, or leave it out for <db>.promotions/<id>)",
+            out_dir, q.id));
+    }
+  }
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    throw PromotionRefused(fmt::format(
+        "--out {}: the folder holds files already; a promotion never rewrites another's files "
+        "(choose another --out, or leave it out for <db>.promotions/<id>)",
+        out_dir));
+}
+
+std::optional<PromotedRun> FindPromotedRun(const std::string& db_path, const RunConfig& config) {
+  const std::string hash = ConfigHash(config);
+  const std::vector<db::PromotionRecord> promotions = db::ListPromotions(db_path);
+  if (promotions.empty()) return std::nullopt;
+  db::Reader reader(db_path);
+  for (const db::PromotionRecord& p : promotions) {  // newest first
+    if (!p.run_id) continue;
+    const std::optional<db::RunRow> run = reader.GetRun(*p.run_id);
+    if (!run || run->config_hash != hash) continue;
+    return PromotedRun{p, *run, StateOf(*run)};
+  }
+  return std::nullopt;
+}
+
+std::string DescribePromotedRun(const PromotedRun& e, const std::string& db_path) {
+  const db::RunRow& r = e.run;
+  const int64_t total = r.shape.total_steps;
+  std::string detail;
+  if (e.state == "done") {
+    detail = fmt::format("done at step {} of {}", r.last_step, total);
+    if (r.last_val_loss) detail += fmt::format(", final validation loss {:.4f}", *r.last_val_loss);
+  } else if (e.state == "running") {
+    detail = fmt::format("running (pid {} on {}), step {} of {}; log {}/train.log",
+                         r.pid.value_or(0), r.host, r.last_step, total, e.promotion.out_dir);
+  } else if (e.state == "diverged") {
+    detail = fmt::format("diverged at step {}: continuing it would diverge again",
+                         r.diverged_step.value_or(r.last_step));
+  } else {
+    detail = fmt::format("resumable ({}{}, step {} of {}; {})", ToString(r.status),
+                         r.stale ? ", heartbeat stale" : "", r.last_step, total,
+                         r.checkpoint_step
+                             ? fmt::format("newest checkpoint at step {}", *r.checkpoint_step)
+                             : std::string("no checkpoint yet: it starts at step 0"));
+  }
+  std::string text = fmt::format(
+      "this plan's config ({}) already has a promoted run: run {} '{}' of promotion {}, {}\n"
+      "  folder {}\n",
+      r.config_hash.substr(0, 16), r.id, r.name, e.promotion.id, detail, e.promotion.out_dir);
+  if (e.state == "resumable") {
+    int ranks = 1;
+    try {
+      ranks = nlohmann::json::parse(e.promotion.plan_json).at("layout").value("ranks", 1);
+    } catch (const std::exception&) {
+    }
+    text += fmt::format("  continue it: bash {}/{}   (or: moelab train --db {} --resume {})\n",
+                        e.promotion.out_dir, ranks > 1 ? "launch_mpirun.sh" : "launch_local.sh",
+                        db_path, r.id);
+  }
+  text +=
+      "Nothing new was recorded or started. `--again` records a new run of the same plan with "
+      "another seed.\n";
+  return text;
+}
+
+std::string ReseedForAnotherRun(const std::string& db_path, PromotionPlan* plan) {
+  const auto first = FindPromotedRun(db_path, plan->config);
+  if (!first)
+    return fmt::format("--again: no promoted run has this config yet; seed {} kept\n",
+                       plan->config.train.seed);
+  const uint64_t old_seed = plan->config.train.seed;
+  RunConfig c = plan->config;
+  for (c.train.seed = old_seed + 1; FindPromotedRun(db_path, c); ++c.train.seed) {
+  }
+  plan->config.train.seed = c.train.seed;
+  return fmt::format(
+      "--again: seed {} instead of {}: a new run of the same plan (run {} of promotion {} trains "
+      "seed {}; the same seed would replay its trajectory)\n",
+      c.train.seed, old_seed, first->run.id, first->promotion.id, old_seed);
+}
 
 PreparedPromotion PreparePromotion(const PromoteRequest& a) {
   if (a.family.empty() && a.run_id < 0)
@@ -162,17 +285,16 @@ PreparedPromotion PreparePromotion(const PromoteRequest& a) {
 RecordedPromotion RecordPromotion(const PromoteRequest& a, const PreparedPromotion& p,
                                   const std::string& bin) {
   const PromotionPlan& plan = p.plan;
+  // One plan, one run: a second identical promotion would train the same trajectory again.
+  if (const auto existing = FindPromotedRun(a.db_path, plan.config))
+    throw PromotionRefused(DescribePromotedRun(*existing, a.db_path));
   const json plan_json = plan;
   const std::string hash = ConfigHash(plan.config);
   RecordedPromotion r;
-  const fs::path out =
-      fs::absolute(a.out_dir.empty() ? fs::path(a.db_path + ".promotions") / hash.substr(0, 16)
-                                     : fs::path(a.out_dir));
-  fs::create_directories(out);
-  r.out_dir = out.string();
-  WriteFile(out / "config.json", ConfigToJson(plan.config).dump(2) + "\n");
-  WriteFile(out / "plan.json", plan_json.dump(2) + "\n");
-  WriteFile(out / "plan.txt", FormatPlan(plan));
+  // An explicit folder is taken before anything is recorded; the default one is named by the
+  // promotion's id, so it is taken once the row exists.
+  std::optional<fs::path> out_opt;
+  if (!a.out_dir.empty()) out_opt = ClaimExplicitFolder(a.db_path, a.out_dir);
 
   // The run row exists before any launcher starts: every launcher records into it (--run-id),
   // so the promotion is linked to its run whichever way it is started.
@@ -192,17 +314,27 @@ RecordedPromotion RecordPromotion(const PromoteRequest& a, const PreparedPromoti
                         .dump();
   rec.plan_json = plan_json.dump();
   rec.config_json = info.config_json;
-  rec.out_dir = r.out_dir;
+  rec.out_dir = out_opt ? out_opt->string() : "";
   rec.predicted_loss = plan.loss.estimate;
   rec.band_lo = plan.band.lo;
   rec.band_hi = plan.band.hi;
   r.promotion_id = db::SavePromotion(a.db_path, rec);
+  if (!out_opt) {
+    out_opt = ClaimDefaultFolder(a.db_path, r.promotion_id);
+    db::SetPromotionOutDir(a.db_path, r.promotion_id, out_opt->string());
+  }
+  const fs::path& out = *out_opt;
+  r.out_dir = out.string();
   info.name = fmt::format("promoted-{}-{}{}", r.promotion_id, p.key, p.value);
   r.run_name = info.name;
   r.run_id = db::RunWriter::CreateRun(a.db_path, info, RunStatus::kQueued);
   db::LinkPromotionRun(a.db_path, r.promotion_id, r.run_id);
   db::RunWriter::SetRunVar(a.db_path, r.run_id, "promotion", std::to_string(r.promotion_id));
   db::RunWriter::SetRunVar(a.db_path, r.run_id, p.key, p.value);
+
+  WriteFile(out / "config.json", ConfigToJson(plan.config).dump(2) + "\n");
+  WriteFile(out / "plan.json", plan_json.dump(2) + "\n");
+  WriteFile(out / "plan.txt", FormatPlan(plan));
 
   const int ranks = a.layout.ranks, ep = a.layout.ep, threads = a.layout.threads;
   // Paths relative to the folder promote runs in (ROOT): the checkout moves, the scripts work.

@@ -1,15 +1,23 @@
 // Promotion against a database: choose the stored fit, the family and the source run, plan,
 // write the promoted config and launch scripts, record the promotion with its queued run, and
 // launch it. Shared by `moelab promote` and moelab-gui's Promote panel.
+//
+// One plan, one run: a plan whose config (hash) already has a promoted run is not recorded
+// again (FindPromotedRun says which run and how to continue it); a second run of the same plan
+// must be asked for (`--again`: another seed, ReseedForAnotherRun). Every promotion writes its
+// own folder (<db>.promotions/<promotion id> by default) and never another's.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "analysis/promote.h"
 #include "db/fits.h"
+#include "db/promotions.h"
+#include "db/types.h"
 #include "sweeps/slurm.h"
 
 namespace moelab::analysis {
@@ -22,7 +30,9 @@ struct PromoteRequest {
   PromoteTarget target;
   PromoteLayout layout;
   PromoteOptions options;
-  std::string out_dir;  // empty: <db>.promotions/<config hash 16>
+  // Empty: <db>.promotions/<promotion id>. Either way a folder that holds files already (another
+  // promotion's) is refused: no promotion's files are rewritten by another.
+  std::string out_dir;
   // launch_slurm.sbatch's #SBATCH --partition/--time/--mem/--account/--gres.
   sweeps::SlurmResources slurm;
   // Optional: measures this machine's training rate (FLOP/s of one rank) for a config; the
@@ -49,8 +59,34 @@ struct RecordedPromotion {
   std::vector<std::string> files;
 };
 
+// Refuses (PromotionRefused, naming --out) a folder that holds files or that a recorded
+// promotion wrote: RecordPromotion checks it too; the CLI calls it before planning.
+void CheckOutFolder(const std::string& db_path, const std::string& out_dir);
+
+// A run the plan's config already has: the promotion that recorded it and the run as stored.
+struct PromotedRun {
+  db::PromotionRecord promotion;
+  db::RunRow run;
+  std::string state;  // "done" | "running" | "resumable" | "diverged"
+};
+
+// The newest promotion whose run has the config's hash (one plan, one run), if any.
+std::optional<PromotedRun> FindPromotedRun(const std::string& db_path, const RunConfig& config);
+
+// Which run, its state (done / running / resumable / diverged, with its step and loss) and, for a
+// resumable one, the command that continues it; ends by saying that nothing new was started and
+// what `--again` does.
+std::string DescribePromotedRun(const PromotedRun& existing, const std::string& db_path);
+
+// `--again`: sets the plan's train.seed to the first seed after its own whose config has no
+// promoted run yet, so the new run is another sample of the same plan (not a replay of the
+// first); returns the sentence that says so. The seed is kept when no run has the plan's config.
+std::string ReseedForAnotherRun(const std::string& db_path, PromotionPlan* plan);
+
 // Writes config.json, plan.json, plan.txt, launch_local.sh, launch_mpirun.sh and
-// launch_slurm.sbatch, inserts the promotions row and the queued run it links to. Every launcher
+// launch_slurm.sbatch into the promotion's own folder, inserts the promotions row and the queued
+// run it links to. Refuses (PromotionRefused) a plan whose config already has a promoted run
+// (DescribePromotedRun is the message) and a folder that holds files already. Every launcher
 // trains or continues that run (`moelab train --run-id N --resume`): running one again, or
 // requeueing the Slurm job, continues from the run's newest checkpoint and never restarts it.
 // The scripts name the config, database and checkpoints relative to the folder `moelab promote`

@@ -15,7 +15,7 @@ namespace moelab::cli {
 void AddPromoteCommand(CLI::App& app) {
   struct Args {
     analysis::PromoteRequest req;
-    bool launch = false, plan_only = false, measure = false, json = false;
+    bool launch = false, plan_only = false, measure = false, json = false, again = false;
   };
   auto a = std::make_shared<Args>();
   analysis::PromoteRequest& r = a->req;
@@ -49,7 +49,8 @@ void AddPromoteCommand(CLI::App& app) {
                   "Largest budget as a multiple of the sweep's largest FLOPs")
       ->capture_default_str();
   cmd->add_option("--out", r.out_dir,
-                  "Folder for the config and scripts (default <db>.promotions/<hash>)");
+                  "Folder for the config and scripts, empty or new (default "
+                  "<db>.promotions/<promotion id>)");
   cmd->add_option("--partition", r.slurm.partition, "launch_slurm.sbatch: Slurm partition");
   cmd->add_option("--time", r.slurm.time_limit,
                   "launch_slurm.sbatch: time limit per job (HH:MM:SS); the job checkpoints and "
@@ -61,6 +62,9 @@ void AddPromoteCommand(CLI::App& app) {
   cmd->add_flag("--launch", a->launch,
                 "Start the promoted run now (local, or mpirun for ranks > 1)");
   cmd->add_flag("--json", a->json, "Print the plan as JSON");
+  cmd->add_flag("--again", a->again,
+                "Record a new run although this plan's config already has a promoted run: "
+                "another seed (without it, promote reports that run and starts nothing)");
   cmd->callback([a]() {
     analysis::PromoteRequest req = a->req;
     if (a->measure) {
@@ -70,16 +74,33 @@ void AddPromoteCommand(CLI::App& app) {
         return tp.flops_per_s;
       };
     }
-    const analysis::PreparedPromotion p = analysis::PreparePromotion(req);
+    if (!req.out_dir.empty() && !a->plan_only) {
+      try {
+        analysis::CheckOutFolder(req.db_path, req.out_dir);
+      } catch (const analysis::PromotionRefused& e) {
+        fmt::print(stderr, "moelab promote: error: {}\n", e.what());
+        throw CLI::RuntimeError(2);
+      }
+    }
+    analysis::PreparedPromotion p = analysis::PreparePromotion(req);
+    // --again changes the seed before the plan is printed, so the printed config is the one run.
+    const std::string again_note =
+        a->again ? analysis::ReseedForAnotherRun(req.db_path, &p.plan) : std::string();
     if (a->json) {
       fmt::print("{}\n", nlohmann::json(p.plan).dump(2));
     } else {
       fmt::print("{}", analysis::FormatPlan(p.plan));
     }
     if (a->plan_only) return;
+    const auto say = [&](const std::string& s) { fmt::print(a->json ? stderr : stdout, "{}", s); };
+    say(again_note.empty() ? "" : "\n" + again_note);
+    // One plan, one run: the same promotion again reports its run (and how to continue it).
+    if (const auto existing = analysis::FindPromotedRun(req.db_path, p.plan.config)) {
+      say("\n" + analysis::DescribePromotedRun(*existing, req.db_path));
+      return;
+    }
     const analysis::RecordedPromotion rec =
         analysis::RecordPromotion(req, p, analysis::MoelabBinaryBeside(""));
-    const auto say = [&](const std::string& s) { fmt::print(a->json ? stderr : stdout, "{}", s); };
     say(fmt::format("\nrecorded promotion {} (fit {}, sweep '{}'); run {} '{}' queued\nwrote",
                     rec.promotion_id, p.fit.id, req.sweep, rec.run_id, rec.run_name));
     for (const auto& f : rec.files) say(" " + f);

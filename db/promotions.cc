@@ -83,6 +83,13 @@ void LinkPromotionRun(const std::string& path, int64_t promotion_id, int64_t run
   s.Run();
 }
 
+void SetPromotionOutDir(const std::string& path, int64_t promotion_id, const std::string& out_dir) {
+  Connection db = OpenForWrite(path);
+  Statement s = db.Prepare("UPDATE promotions SET out_dir = ? WHERE id = ?");
+  s.Bind(1, out_dir).Bind(2, promotion_id);
+  s.Run();
+}
+
 std::vector<PromotionRecord> ListPromotions(const std::string& path) {
   return Query(path, "", std::nullopt);
 }

@@ -31,6 +31,8 @@ struct PromotionRecord {
 int64_t SavePromotion(const std::string& path, const PromotionRecord& p);
 // Links the promotion to the run it launched.
 void LinkPromotionRun(const std::string& path, int64_t promotion_id, int64_t run_id);
+// Records the folder the promotion's config and launch scripts were written to.
+void SetPromotionOutDir(const std::string& path, int64_t promotion_id, const std::string& out_dir);
 // Newest first (read-only connection).
 std::vector<PromotionRecord> ListPromotions(const std::string& path);
 std::optional<PromotionRecord> GetPromotion(const std::string& path, int64_t id);

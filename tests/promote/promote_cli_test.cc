@@ -1,6 +1,7 @@
 // `moelab promote` end to end: a sweep database with a known law and real (tiny) configs, a
 // stored fit, the refusals, and a promoted run launched on CPU that finishes linked to its
 // promotion.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #endif
 
 #include "analysis/promote.h"
+#include "analysis/promote_db.h"
 #include "core/flops.h"
 #include "core/run_shape.h"
 #include "db/promotions.h"
@@ -287,6 +290,170 @@ TEST(PromoteCli, LaunchersTrainOrContinueTheirRun) {
     EXPECT_NE(out.find("is already done"), std::string::npos) << script << "\n" << out;
   }
   EXPECT_EQ(db::Reader(mdb).GetSeries(run_id, "loss").values, loss.values);
+}
+
+// Issue 39: promoting the same plan twice. The second identical `promote --launch` records and
+// starts nothing and names the existing run with the command that continues it; `--again`
+// records a new run with another seed in a folder of its own; no promotion's folder is shared
+// or rewritten (not even one an older database at the same path left behind), and promotion
+// 1's launchers start only its own run.
+TEST(PromoteCli, SamePlanTwiceStartsNoSecondRunAndEachPromotionOwnsItsFolder) {
+  const test::TempDir tmp("promote_twice");
+  const fs::path work = tmp.path();
+  const std::string db = (work / "p.db").string();
+  MakeLawDatabase(db);
+  int code = 0;
+  std::string out =
+      Capture(work, Bin() + " fit --db " + db + " --sweep law --by sparsity --resamples 50", &code);
+  ASSERT_EQ(code, 0) << out;
+  const std::string promote = "cd '" + work.string() + "' && " + Bin() +
+                              " promote --db p.db --sweep law --family sparsity=2 "
+                              "--budget-flops 1.5e8 --threads 1";
+  const auto count_runs = [&] { return db::OpenForRead(db).QueryInt("SELECT COUNT(*) FROM runs"); };
+  const int64_t runs_before = count_runs();
+  out = Capture(work, promote, &code);
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_EQ(db::ListPromotions(db).size(), 1u);
+  const db::PromotionRecord first = db::ListPromotions(db).front();
+  const int64_t run1 = first.run_id.value();
+  const fs::path dir1 = first.out_dir;
+  EXPECT_EQ(dir1, fs::path(work / "p.db.promotions" / std::to_string(first.id)));
+  const std::vector<std::string> files = {"config.json",      "plan.json",
+                                          "plan.txt",         "launch_local.sh",
+                                          "launch_mpirun.sh", "launch_slurm.sbatch"};
+  std::map<std::string, std::string> before;
+  for (const auto& f : files) before[f] = test::Slurp((dir1 / f).string());
+  const auto expect_first_untouched = [&](const std::string& when) {
+    for (const auto& f : files)
+      EXPECT_EQ(test::Slurp((dir1 / f).string()), before[f]) << f << " rewritten " << when;
+  };
+
+  // The same plan again, with --launch: nothing recorded, nothing started, the run named.
+  out = Capture(work, promote + " --launch", &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find(fmt::format("run {} '", run1)), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("of promotion {}", first.id)), std::string::npos) << out;
+  EXPECT_NE(out.find("resumable (queued"), std::string::npos) << out;
+  EXPECT_NE(out.find("continue it: bash " + dir1.string() + "/launch_local.sh"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Nothing new was recorded or started"), std::string::npos) << out;
+  EXPECT_EQ(out.find("launched"), std::string::npos) << out;
+  EXPECT_EQ(db::ListPromotions(db).size(), 1u);
+  EXPECT_EQ(count_runs(), runs_before + 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(fs::exists(dir1 / "train.log"));
+  EXPECT_EQ(db::Reader(db).GetRun(run1)->status, RunStatus::kQueued);
+  expect_first_untouched("by the second promote");
+
+  // --out naming promotion 1's folder: refused before anything (exit 2), whatever else is asked.
+  out = Capture(work, promote + " --again --out '" + dir1.string() + "'", &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--out"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("promotion {} wrote that folder", first.id)), std::string::npos)
+      << out;
+  const fs::path full = work / "full";
+  fs::create_directories(full);
+  std::ofstream(full / "keep.txt") << "not a promotion's";
+  out = Capture(work, promote + " --again --out full", &code);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("holds files already"), std::string::npos) << out;
+  EXPECT_EQ(db::ListPromotions(db).size(), 1u);
+
+  // An older database at this path left the folder the next id would take: it is kept.
+  const fs::path stale = work / "p.db.promotions" / std::to_string(first.id + 1);
+  fs::create_directories(stale);
+  std::ofstream(stale / "launch_local.sh") << "# an older database's promotion\n";
+
+  // --again: a new run with another seed, in a folder of its own.
+  out = Capture(work, promote + " --again", &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("--again: seed 2 instead of 1"), std::string::npos) << out;
+  const auto promos = db::ListPromotions(db);
+  ASSERT_EQ(promos.size(), 2u);
+  const db::PromotionRecord& second = promos.front();
+  const int64_t run2 = second.run_id.value();
+  EXPECT_NE(run2, run1);
+  EXPECT_EQ(count_runs(), runs_before + 2);
+  const fs::path dir2 = second.out_dir;
+  EXPECT_NE(dir2, dir1);
+  EXPECT_NE(dir2, stale);
+  EXPECT_EQ(test::Slurp((stale / "launch_local.sh").string()), "# an older database's promotion\n");
+  EXPECT_EQ(ConfigFromJson(json::parse(second.config_json)).train.seed, 2u);
+  EXPECT_NE(db::Reader(db).GetRun(run2)->config_hash, db::Reader(db).GetRun(run1)->config_hash);
+  expect_first_untouched("by --again");
+  for (const char* f : {"launch_local.sh", "launch_mpirun.sh", "launch_slurm.sbatch"}) {
+    const std::string one = test::Slurp((dir1 / f).string());
+    const std::string two = test::Slurp((dir2 / f).string());
+    EXPECT_NE(one.find(fmt::format("--run-id {} ", run1)), std::string::npos) << f << one;
+    EXPECT_EQ(one.find(fmt::format("--run-id {} ", run2)), std::string::npos) << f << one;
+    EXPECT_NE(two.find(fmt::format("--run-id {} ", run2)), std::string::npos) << f << two;
+    EXPECT_EQ(two.find(fmt::format("--run-id {} ", run1)), std::string::npos) << f << two;
+  }
+
+  // Each promotion's own launcher trains its own run (stopped at once by a stand-in binary
+  // that records its arguments).
+  const fs::path args = work / "args.txt";
+  std::ofstream(work / "fake_moelab") << "#!/bin/bash\necho \"$@\" >> '" << args.string() << "'\n";
+  fs::permissions(work / "fake_moelab", fs::perms::owner_all);
+  out = Capture(work,
+                "MOELAB='" + (work / "fake_moelab").string() + "' bash '" +
+                    (dir1 / "launch_local.sh").string() + "'",
+                &code);
+  ASSERT_EQ(code, 0) << out;
+  const std::string called = test::Slurp(args.string());
+  EXPECT_NE(called.find(fmt::format("--run-id {} ", run1)), std::string::npos) << called;
+  EXPECT_NE(called.find(fs::relative(dir1, work).string() + "/config.json"), std::string::npos)
+      << called;
+}
+
+// What the report says for each state of the existing run: a finished one is only named, a live
+// one is left to its process, a diverged one is not offered again, a multi-rank one is
+// continued by its mpirun launcher.
+TEST(PromoteCli, DescribesTheExistingRunByItsState) {
+  analysis::PromotedRun e;
+  e.promotion.id = 3;
+  e.promotion.out_dir = "/w/p.db.promotions/3";
+  e.promotion.plan_json = R"({"layout": {"ranks": 4}})";
+  e.run.id = 9;
+  e.run.name = "promoted-3-sparsity2";
+  e.run.config_hash = "0123456789abcdef0123";
+  e.run.shape.total_steps = 100;
+  e.run.last_step = 100;
+  e.run.last_val_loss = 3.25;
+  e.state = "done";
+  std::string text = analysis::DescribePromotedRun(e, "p.db");
+  EXPECT_NE(text.find("run 9 'promoted-3-sparsity2' of promotion 3, done at step 100 of 100, "
+                      "final validation loss 3.2500"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("(0123456789abcdef)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
+  e.state = "running";
+  e.run.status = RunStatus::kRunning;
+  e.run.pid = 4242;
+  e.run.host = "node1";
+  e.run.last_step = 40;
+  text = analysis::DescribePromotedRun(e, "p.db");
+  EXPECT_NE(text.find("running (pid 4242 on node1), step 40 of 100"), std::string::npos) << text;
+  EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
+  e.state = "diverged";
+  e.run.status = RunStatus::kDiverged;
+  e.run.diverged_step = 41;
+  text = analysis::DescribePromotedRun(e, "p.db");
+  EXPECT_NE(text.find("diverged at step 41"), std::string::npos) << text;
+  EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
+  e.state = "resumable";
+  e.run.status = RunStatus::kStopped;
+  e.run.checkpoint_step = 30;
+  text = analysis::DescribePromotedRun(e, "p.db");
+  EXPECT_NE(text.find("resumable (stopped, step 40 of 100; newest checkpoint at step 30)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("continue it: bash /w/p.db.promotions/3/launch_mpirun.sh   (or: moelab "
+                      "train --db p.db --resume 9)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("`--again`"), std::string::npos) << text;
 }
 
 }  // namespace
