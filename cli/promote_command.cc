@@ -1,24 +1,24 @@
 // `moelab promote`: scale a configuration chosen from a sweep to a FLOPs budget or a target
 // loss with the sweep's stored fits, print the plan, write the promoted config and launch
 // scripts (local, mpirun, Slurm), record the promotion, and optionally launch the run.
-// The work is in analysis/promote_db.cc (shared with moelab-gui's Promote panel).
+// The work is in promote/ (shared with moelab-gui's Promote panel).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
-#include "analysis/promote_db.h"
 #include "cli/commands.h"
+#include "promote/db.h"
 #include "sweeps/plan.h"
 
 namespace moelab::cli {
 
 void AddPromoteCommand(CLI::App& app) {
   struct Args {
-    analysis::PromoteRequest req;
+    promote::PromoteRequest req;
     bool launch = false, plan_only = false, measure = false, json = false, again = false;
   };
   auto a = std::make_shared<Args>();
-  analysis::PromoteRequest& r = a->req;
+  promote::PromoteRequest& r = a->req;
   r.db_path = "moelab.db";
   CLI::App* cmd = app.add_subcommand(
       "promote",
@@ -66,7 +66,7 @@ void AddPromoteCommand(CLI::App& app) {
                 "Record a new run although this plan's config already has a promoted run: "
                 "another seed (without it, promote reports that run and starts nothing)");
   cmd->callback([a]() {
-    analysis::PromoteRequest req = a->req;
+    promote::PromoteRequest req = a->req;
     if (a->measure) {
       req.measure = [](const RunConfig& c, std::string* how) {
         const sweeps::Throughput tp = sweeps::MeasureThroughput(c, c.train.threads, 3, 3.0);
@@ -76,37 +76,37 @@ void AddPromoteCommand(CLI::App& app) {
     }
     if (!req.out_dir.empty() && !a->plan_only) {
       try {
-        analysis::CheckOutFolder(req.db_path, req.out_dir);
-      } catch (const analysis::PromotionRefused& e) {
+        promote::CheckOutFolder(req.db_path, req.out_dir);
+      } catch (const promote::PromotionRefused& e) {
         fmt::print(stderr, "moelab promote: error: {}\n", e.what());
         throw CLI::RuntimeError(2);
       }
     }
-    analysis::PreparedPromotion p = analysis::PreparePromotion(req);
+    promote::PreparedPromotion p = promote::PreparePromotion(req);
     // --again changes the seed before the plan is printed, so the printed config is the one run.
     const std::string again_note =
-        a->again ? analysis::ReseedForAnotherRun(req.db_path, &p.plan) : std::string();
+        a->again ? promote::ReseedForAnotherRun(req.db_path, &p.plan) : std::string();
     if (a->json) {
       fmt::print("{}\n", nlohmann::json(p.plan).dump(2));
     } else {
-      fmt::print("{}", analysis::FormatPlan(p.plan));
+      fmt::print("{}", promote::FormatPlan(p.plan));
     }
     if (a->plan_only) return;
     const auto say = [&](const std::string& s) { fmt::print(a->json ? stderr : stdout, "{}", s); };
     say(again_note.empty() ? "" : "\n" + again_note);
     // One plan, one run: the same promotion again reports its run (and how to continue it).
-    if (const auto existing = analysis::FindPromotedRun(req.db_path, p.plan.config)) {
-      say("\n" + analysis::DescribePromotedRun(*existing, req.db_path));
+    if (const auto existing = promote::FindPromotedRun(req.db_path, p.plan.config)) {
+      say("\n" + promote::DescribePromotedRun(*existing, req.db_path));
       return;
     }
-    const analysis::RecordedPromotion rec =
-        analysis::RecordPromotion(req, p, analysis::MoelabBinaryBeside(""));
+    const promote::RecordedPromotion rec =
+        promote::RecordPromotion(req, p, promote::MoelabBinaryBeside(""));
     say(fmt::format("\nrecorded promotion {} (fit {}, sweep '{}'); run {} '{}' queued\nwrote",
                     rec.promotion_id, p.fit.id, req.sweep, rec.run_id, rec.run_name));
     for (const auto& f : rec.files) say(" " + f);
     say("\n");
     if (a->launch) {
-      const int pid = analysis::LaunchPromotion(rec, req.layout.ranks);
+      const int pid = promote::LaunchPromotion(rec.out_dir, req.layout.ranks);
       say(fmt::format("launched (pid {}), log {}/train.log\n", pid, rec.out_dir));
     }
   });

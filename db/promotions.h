@@ -20,7 +20,7 @@ struct PromotionRecord {
   std::string family_key, family;
   std::optional<int64_t> source_run_id;
   std::string target_json;  // {"budget_flops": C} or {"target_loss": L}
-  std::string plan_json;    // analysis::PromotionPlan as JSON (curve and band included)
+  std::string plan_json;    // promote::PromotionPlan as JSON (curve and band included)
   std::string config_json;  // the promoted run config
   std::string out_dir;      // where the config and launch scripts were written
   double predicted_loss = 0, band_lo = 0, band_hi = 0;

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "analysis/promote.h"
 #include "db/reader.h"
+#include "promote/plan.h"
 
 namespace moelab::gui {
 
@@ -31,7 +31,7 @@ std::vector<double> BandUnitsOf(const nlohmann::json& plan, const RunCurve& curv
   std::vector<double> out;
   if (!plan.contains("curve")) return out;
   for (size_t i = 0; i < curve.flops.size(); ++i)
-    out.push_back(analysis::BandUnits(plan, curve.flops[i], curve.loss[i]));
+    out.push_back(promote::BandUnits(plan, curve.flops[i], curve.loss[i]));
   return out;
 }
 

@@ -40,7 +40,7 @@ struct FullRunsData {
   uint64_t version = 0;
 };
 
-// Band units of each (flops, loss) point against the plan (analysis::BandUnits).
+// Band units of each (flops, loss) point against the plan (promote::BandUnits).
 std::vector<double> BandUnitsOf(const nlohmann::json& plan, const RunCurve& curve);
 
 // Loads everything synchronously (the loader's body; tests call it directly).

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "analysis/promote.h"
+#include "promote/plan.h"
 
 namespace moelab::gui {
 
@@ -147,7 +147,7 @@ void FullRunsView::Draw(const std::string& db_path, bool* settled) {
       ImGui::BeginTooltip();
       ImGui::Text("C = %.3g FLOPs, L = %.4f", plot.mouse_x(), plot.mouse_y());
       ImGui::Text("band units here: %+.2f",
-                  analysis::BandUnits(plan, plot.mouse_x(), plot.mouse_y()));
+                  promote::BandUnits(plan, plot.mouse_x(), plot.mouse_y()));
       ImGui::EndTooltip();
     }
   }

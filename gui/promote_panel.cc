@@ -197,7 +197,7 @@ void PromotePanel::Draw(const std::string& db_path, bool* settled) {
   if (Ready(job_)) outcome_ = job_.get();
   if (busy) *settled = false;
   auto start = [&](int action) {  // 0 plan, 1 write, 2 write + launch
-    analysis::PromoteRequest r;
+    promote::PromoteRequest r;
     r.db_path = db_path_;
     r.sweep = sweeps[sweep_];
     r.family = fams[family_];
@@ -216,16 +216,16 @@ void PromotePanel::Draw(const std::string& db_path, bool* settled) {
     job_ = std::async(std::launch::async, [r, action]() {
       Outcome o;
       try {
-        o.plan = analysis::PreparePromotion(r);
-        o.text = analysis::FormatPlan(o.plan->plan);
+        o.plan = promote::PreparePromotion(r);
+        o.text = promote::FormatPlan(o.plan->plan);
         if (action >= 1) {
-          o.recorded = analysis::RecordPromotion(r, *o.plan, analysis::MoelabBinaryBeside(""));
+          o.recorded = promote::RecordPromotion(r, *o.plan, promote::MoelabBinaryBeside(""));
           o.text += fmt::format("\nrecorded promotion {}; run {} '{}' queued; files in {}\n",
                                 o.recorded->promotion_id, o.recorded->run_id, o.recorded->run_name,
                                 o.recorded->out_dir);
         }
         if (action == 2) {
-          o.pid = analysis::LaunchPromotion(*o.recorded, r.layout.ranks);
+          o.pid = promote::LaunchPromotion(o.recorded->out_dir, r.layout.ranks);
           o.text += fmt::format("launched (pid {}): watch it in the Full runs tab\n", o.pid);
         }
       } catch (const std::exception& e) {

@@ -1,7 +1,7 @@
 // The Promote panel (beside the Scaling laws view): choose a sweep, a family and a budget or
 // target loss, see the plan from the stored fit (shape, memory per device, time, predicted loss
 // band), then write it (config + launch scripts + promotions row) or write and launch it. The
-// planning runs analysis::PreparePromotion on a worker thread, like `moelab promote`.
+// planning runs promote::PreparePromotion on a worker thread, like `moelab promote`.
 #pragma once
 
 #include <future>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "analysis/promote_db.h"
+#include "promote/db.h"
 
 namespace moelab::gui {
 
@@ -39,8 +39,8 @@ class PromotePanel {
     std::string error;
   };
   struct Outcome {
-    std::optional<analysis::PreparedPromotion> plan;
-    std::optional<analysis::RecordedPromotion> recorded;
+    std::optional<promote::PreparedPromotion> plan;
+    std::optional<promote::RecordedPromotion> recorded;
     int pid = 0;
     std::string text, error;
   };

@@ -155,7 +155,7 @@ class Model {
   int moe_layers() const;  // number of MoE layers (layers - dense_layers, or 0 if dense)
   // Bytes of the activation arena and the MoE layers' dispatch buffers as sized so far (they
   // grow to the largest batch seen; 0 before the first forward). The promotion planner's
-  // memory estimate (analysis/promote_memory.cc) is checked against it.
+  // memory estimate (promote/memory.cc) is checked against it.
   size_t activation_bytes() const;
 
   // tokens: [B, seq_len + 1]; inputs tokens[:, :S], targets tokens[:, 1:].

@@ -18,14 +18,14 @@
 #include <stb_image.h>
 #endif
 
-#include "analysis/promote.h"
-#include "analysis/promote_db.h"
 #include "core/flops.h"
 #include "core/run_shape.h"
 #include "db/promotions.h"
 #include "db/reader.h"
 #include "db/schema.h"
 #include "db/writer.h"
+#include "promote/db.h"
+#include "promote/plan.h"
 #include "tests/common/test_util.h"
 
 namespace moelab {
@@ -177,7 +177,7 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   const db::Series flops = reader.GetSeries(*p.run_id, "eval_flops");
   ASSERT_FALSE(val.values.empty());
   EXPECT_NEAR(flops.values.back() / plan["flops"].get<double>(), 1.0, 0.02);
-  EXPECT_TRUE(std::isfinite(analysis::BandUnits(plan, flops.values.back(), val.values.back())));
+  EXPECT_TRUE(std::isfinite(promote::BandUnits(plan, flops.values.back(), val.values.back())));
 
 #ifdef MOELAB_PROMOTE_HAVE_GUI
   // The Full runs view under Xvfb: the promoted run's curve (orange) over its band.
@@ -410,7 +410,7 @@ TEST(PromoteCli, SamePlanTwiceStartsNoSecondRunAndEachPromotionOwnsItsFolder) {
 // one is left to its process, a diverged one is not offered again, a multi-rank one is
 // continued by its mpirun launcher.
 TEST(PromoteCli, DescribesTheExistingRunByItsState) {
-  analysis::PromotedRun e;
+  promote::PromotedRun e;
   e.promotion.id = 3;
   e.promotion.out_dir = "/w/p.db.promotions/3";
   e.promotion.plan_json = R"({"layout": {"ranks": 4}})";
@@ -421,7 +421,7 @@ TEST(PromoteCli, DescribesTheExistingRunByItsState) {
   e.run.last_step = 100;
   e.run.last_val_loss = 3.25;
   e.state = "done";
-  std::string text = analysis::DescribePromotedRun(e, "p.db");
+  std::string text = promote::DescribePromotedRun(e, "p.db");
   EXPECT_NE(text.find("run 9 'promoted-3-sparsity2' of promotion 3, done at step 100 of 100, "
                       "final validation loss 3.2500"),
             std::string::npos)
@@ -433,19 +433,19 @@ TEST(PromoteCli, DescribesTheExistingRunByItsState) {
   e.run.pid = 4242;
   e.run.host = "node1";
   e.run.last_step = 40;
-  text = analysis::DescribePromotedRun(e, "p.db");
+  text = promote::DescribePromotedRun(e, "p.db");
   EXPECT_NE(text.find("running (pid 4242 on node1), step 40 of 100"), std::string::npos) << text;
   EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
   e.state = "diverged";
   e.run.status = RunStatus::kDiverged;
   e.run.diverged_step = 41;
-  text = analysis::DescribePromotedRun(e, "p.db");
+  text = promote::DescribePromotedRun(e, "p.db");
   EXPECT_NE(text.find("diverged at step 41"), std::string::npos) << text;
   EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
   e.state = "resumable";
   e.run.status = RunStatus::kStopped;
   e.run.checkpoint_step = 30;
-  text = analysis::DescribePromotedRun(e, "p.db");
+  text = promote::DescribePromotedRun(e, "p.db");
   EXPECT_NE(text.find("resumable (stopped, step 40 of 100; newest checkpoint at step 30)"),
             std::string::npos)
       << text;

@@ -1,7 +1,5 @@
 // The promotion planner on synthetic data with known laws, its memory estimate against the
 // engine's real arenas, and its refusals.
-#include "analysis/promote.h"
-
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,9 +10,18 @@
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
+#include "promote/plan.h"
 
-namespace moelab::analysis {
+namespace moelab::promote {
 namespace {
+
+using analysis::AnalysisError;
+using analysis::FamilyFits;
+using analysis::FitFamilies;
+using analysis::FitOptions;
+using analysis::Observation;
+using analysis::ParseBudgets;
+using analysis::PowerLawFit;
 
 RunConfig SmallMoe() {
   RunConfig c;
@@ -217,4 +224,4 @@ TEST(PromoteMemory, MatchesEngineArenas) {
 }
 
 }  // namespace
-}  // namespace moelab::analysis
+}  // namespace moelab::promote

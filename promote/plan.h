@@ -19,40 +19,15 @@
 #include "analysis/scaling.h"
 #include "core/config.h"
 #include "core/flops.h"
+#include "promote/memory.h"
 
-namespace moelab::analysis {
+namespace moelab::promote {
 
 // A promotion that cannot be planned: target outside the fit's support, no fit, unknown family.
-class PromotionRefused : public AnalysisError {
+class PromotionRefused : public analysis::AnalysisError {
  public:
-  explicit PromotionRefused(const std::string& what) : AnalysisError(what) {}
+  explicit PromotionRefused(const std::string& what) : analysis::AnalysisError(what) {}
 };
-
-struct PromoteLayout {
-  int ranks = 1;               // processes (data parallel unless ep > 1)
-  int ep = 1;                  // expert-parallel group size (divides ranks and experts_total)
-  std::string device = "cpu";  // "cpu" | "cuda"
-  int threads = 2;             // CPU threads per rank (train.threads)
-};
-
-// Bytes per device of the engine's fp32 arenas (the CUDA path keeps fp32 master weights too).
-struct MemoryEstimate {
-  double params = 0;
-  double grads = 0;
-  double optimizer = 0;
-  double activations = 0;  // model activation arena + MoE dispatch buffers at the local batch
-  double total() const { return params + grads + optimizer + activations; }
-};
-
-// Element counts (not bytes) of the activation arena, as Model<float> sizes it for `batch`
-// sequences and `threads` OpenMP threads: the same carve-up as Model::Impl::Reserve plus the
-// MoE layers' buffers. Padding to 64-byte lines is included.
-size_t ActivationElements(const RunConfig& config, int batch, int threads);
-// Optimizer state and workspace element counts live in core/flops.h (the trainers' memory plan
-// uses them too).
-using ::moelab::OptimizerStateElements;
-using ::moelab::OptimizerWorkspaceElements;
-MemoryEstimate EstimateMemory(const RunConfig& config, const PromoteLayout& layout);
 
 struct PromoteTarget {
   double budget_flops = 0;  // > 0: train with this many FLOPs
@@ -75,8 +50,8 @@ struct PromoteOptions {
 
 struct CurvePoint {
   double flops = 0;
-  Estimate loss;  // law with its bootstrap interval
-  Estimate band;  // prediction band: bootstrap ⊕ the fit's residual scatter
+  analysis::Estimate loss;  // law with its bootstrap interval
+  analysis::Estimate band;  // prediction band: bootstrap ⊕ the fit's residual scatter
 };
 
 struct PromotionPlan {
@@ -97,8 +72,8 @@ struct PromotionPlan {
   MemoryEstimate memory;
   double time_s = 0;
   std::string time_basis;
-  Estimate loss;  // predicted final loss (law + bootstrap interval)
-  Estimate band;  // prediction band for a single run (law interval ⊕ residual scatter)
+  analysis::Estimate loss;  // predicted final loss (law + bootstrap interval)
+  analysis::Estimate band;  // prediction band for a single run (law interval ⊕ residual scatter)
   double residual_sd_log = 0;
   std::vector<CurvePoint> curve;  // predicted loss vs FLOPs up to the planned budget
   double fit_min_flops = 0, fit_max_flops = 0;
@@ -114,16 +89,16 @@ RunConfig ScaleShape(const RunConfig& source, double target_active, std::string*
 // Plans from a family's power-law fit (fit.draws must be present: FitFamilies output).
 // source_params/source_tokens: the active parameters and tokens of the family's largest
 // frontier run (the ratio D/N the shape rule keeps).
-PromotionPlan PlanFromPowerLaw(const PowerLawFit& fit, const RunConfig& source,
+PromotionPlan PlanFromPowerLaw(const analysis::PowerLawFit& fit, const RunConfig& source,
                                const std::string& source_run, double source_params,
                                double source_tokens, const PromoteTarget& target,
                                const PromoteLayout& layout, const PromoteOptions& options = {});
 
 // Plans from the observations of a Chinchilla fit (refitted with the budget).
-PromotionPlan PlanFromChinchilla(const std::vector<Observation>& obs, const FitOptions& fit,
-                                 const RunConfig& source, const std::string& source_run,
-                                 const PromoteTarget& target, const PromoteLayout& layout,
-                                 const PromoteOptions& options = {});
+PromotionPlan PlanFromChinchilla(const std::vector<analysis::Observation>& obs,
+                                 const analysis::FitOptions& fit, const RunConfig& source,
+                                 const std::string& source_run, const PromoteTarget& target,
+                                 const PromoteLayout& layout, const PromoteOptions& options = {});
 
 // Where an actual loss at `flops` sits relative to the plan's band: 0 on the prediction, ±1 at
 // the band's edges (positive = above = worse), |d| > 1 outside. Interpolates the curve in log C.
@@ -138,4 +113,4 @@ void to_json(nlohmann::json& j, const MemoryEstimate& v);
 void to_json(nlohmann::json& j, const CurvePoint& v);
 void to_json(nlohmann::json& j, const PromotionPlan& v);
 
-}  // namespace moelab::analysis
+}  // namespace moelab::promote

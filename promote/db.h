@@ -1,6 +1,6 @@
 // Promotion against a database: choose the stored fit, the family and the source run, plan,
-// write the promoted config and launch scripts, record the promotion with its queued run, and
-// launch it. Shared by `moelab promote` and moelab-gui's Promote panel.
+// record the promotion with its queued run and write its folder (promote/launch.h starts it).
+// Shared by `moelab promote` and moelab-gui's Promote panel.
 //
 // One plan, one run: a plan whose config (hash) already has a promoted run is not recorded
 // again (FindPromotedRun says which run and how to continue it); a second run of the same plan
@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "analysis/promote.h"
 #include "db/fits.h"
 #include "db/promotions.h"
 #include "db/types.h"
-#include "sweeps/slurm.h"
+#include "promote/launch.h"
+#include "promote/plan.h"
 
-namespace moelab::analysis {
+namespace moelab::promote {
 
 struct PromoteRequest {
   std::string db_path;
@@ -83,24 +83,10 @@ std::string DescribePromotedRun(const PromotedRun& existing, const std::string& 
 // first); returns the sentence that says so. The seed is kept when no run has the plan's config.
 std::string ReseedForAnotherRun(const std::string& db_path, PromotionPlan* plan);
 
-// Writes config.json, plan.json, plan.txt, launch_local.sh, launch_mpirun.sh and
-// launch_slurm.sbatch into the promotion's own folder, inserts the promotions row and the queued
-// run it links to. Refuses (PromotionRefused) a plan whose config already has a promoted run
-// (DescribePromotedRun is the message) and a folder that holds files already. Every launcher
-// trains or continues that run (`moelab train --run-id N --resume`): running one again, or
-// requeueing the Slurm job, continues from the run's newest checkpoint and never restarts it.
-// The scripts name the config, database and checkpoints relative to the folder `moelab promote`
-// ran in (the local ones find it from their own location; the Slurm one is submitted from it);
-// MOELAB, MOELAB_DB and MOELAB_ROOT override the binary, database and folder.
+// Inserts the promotions row and the queued run it links to, takes the promotion's own folder
+// and writes it (WritePromotionFiles). Refuses (PromotionRefused) a plan whose config already
+// has a promoted run (DescribePromotedRun is the message) and a folder that holds files already.
 RecordedPromotion RecordPromotion(const PromoteRequest& request, const PreparedPromotion& prepared,
                                   const std::string& moelab_bin);
 
-// Starts launch_local.sh (launch_mpirun.sh for ranks > 1) detached, logging to train.log in the
-// promotion's folder; returns the child's pid.
-int LaunchPromotion(const RecordedPromotion& recorded, int ranks);
-
-// The moelab binary next to `self` (for the GUI: moelab-gui and moelab share build/bin), or
-// "moelab" from PATH.
-std::string MoelabBinaryBeside(const std::string& self);
-
-}  // namespace moelab::analysis
+}  // namespace moelab::promote

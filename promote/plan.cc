@@ -1,4 +1,4 @@
-#include "analysis/promote.h"
+#include "promote/plan.h"
 
 #include <fmt/format.h>
 
@@ -10,8 +10,15 @@
 #include "analysis/compute_optimal.h"
 #include "core/flops.h"
 
-namespace moelab::analysis {
+namespace moelab::promote {
 
+using analysis::ChinchillaFit;
+using analysis::ComputeOptimal;
+using analysis::Estimate;
+using analysis::FitOptions;
+using analysis::Observation;
+using analysis::FitComputeOptimal;
+using analysis::PowerLawFit;
 using nlohmann::json;
 
 namespace {
@@ -152,7 +159,7 @@ CurvePoint PowerPoint(const PowerLawFit& fit, double flops, double level, double
     if (!std::isfinite(d[0])) continue;
     v.push_back(d[0] + std::exp(d[1] - d[2] * x));
   }
-  const auto [lo, hi] = internal::PercentileInterval(v, level);
+  const auto [lo, hi] = analysis::internal::PercentileInterval(v, level);
   cp.loss.lo = std::isfinite(lo) ? std::min(lo, cp.loss.estimate) : cp.loss.estimate;
   cp.loss.hi = std::isfinite(hi) ? std::max(hi, cp.loss.estimate) : cp.loss.estimate;
   cp.band = WidenBand(cp.loss, sd, level);
@@ -526,4 +533,4 @@ void to_json(json& j, const PromotionPlan& v) {
        {"notes", v.notes}};
 }
 
-}  // namespace moelab::analysis
+}  // namespace moelab::promote

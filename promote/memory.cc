@@ -2,15 +2,16 @@
 // activation arenas, computed from the config alone (a promoted model may not fit here). The
 // activation count mirrors Model::Impl::Reserve and MoeLayer::Reserve one buffer at a time;
 // tests/promote checks it against Model::activation_bytes() of real models.
+#include "promote/memory.h"
+
 #include <algorithm>
 #include <cstddef>
 
-#include "analysis/promote.h"
 #include "core/flops.h"
 #include "core/model/model.h"
 #include "kernels/cpu/attention.h"
 
-namespace moelab::analysis {
+namespace moelab::promote {
 
 namespace {
 
@@ -133,4 +134,4 @@ MemoryEstimate EstimateMemory(const RunConfig& c, const PromoteLayout& layout) {
   return m;
 }
 
-}  // namespace moelab::analysis
+}  // namespace moelab::promote
