@@ -131,7 +131,8 @@ void App::OpenDatabase(const std::string& path) {
   curves_view_.caches.clear();
   logits_.caches.clear();
   experts_.caches.clear();
-  logits_.runs[0] = logits_.runs[1] = -1;
+  logits_.runs.clear();
+  logits_.step.clear();
   experts_.run = -1;
   settings_.db_path = path;
   settings_.AddRecent(path);
@@ -260,6 +261,9 @@ void App::Frame() {
                    ImGuiWindowFlags_NoBringToFrontOnFocus | ImGuiWindowFlags_MenuBar |
                    ImGuiWindowFlags_NoSavedSettings);
   ImGui::PopStyleVar();
+  const std::string text_dump = std::move(text_dump_path_);
+  text_dump_path_.clear();
+  if (!text_dump.empty()) ImGui::LogToFile(0, text_dump.c_str());  // 0: opens no tree node
   MenuBar();
 
   const std::string error = store_ ? store_->error() : "";
@@ -329,6 +333,14 @@ void App::Frame() {
     ImGui::EndTabBar();
   }
   StatusLine();
+  if (!text_dump.empty()) {
+    ImGui::LogFinish();
+    std::FILE* f = std::fopen(text_dump.c_str(), "a");
+    if (f) {
+      for (const std::string& t : ClippedTables()) std::fprintf(f, "CLIPPED %s\n", t.c_str());
+      std::fclose(f);
+    }
+  }
   ImGui::End();
   if (open_dialog_) OpenDialog();
   const std::string asked = PlotExport::Get().TakeAskPath();

@@ -125,14 +125,18 @@ class App {
     AxisState x, y[2];
   };
   struct LogitsViewState {
-    AxisState x, y[2], clip_y[2];
-    int step[2] = {-1, -1};  // index into the run's steps; -1 follows the latest
-    int64_t runs[2] = {-1, -1};
+    // Per column (one per selected run with max logits, else two).
+    AxisState x;
+    std::map<int, AxisState> y, clip_y;
+    std::map<int, int> step;         // index into the run's steps; absent or -1: the latest
+    std::map<int, int64_t> runs;     // a column's run chosen in its combo
+    std::vector<int64_t> selection;  // the selection the columns were chosen for
     std::map<int64_t, std::unique_ptr<LogitCache>> caches;
   };
   struct ExpertsViewState {
-    AxisState x, cv_y, mm_y;
-    int64_t run = -1;
+    AxisState x;
+    std::map<int, AxisState> cv_y, mm_y;  // per shown run
+    int64_t run = -1;                     // chosen in the combo when no run is selected
     std::map<int64_t, std::unique_ptr<ExpertCache>> caches;
   };
   struct SweepsViewState {
@@ -156,6 +160,7 @@ class App {
     std::unique_ptr<FitJob> fit_job;
     int64_t sweep = -1;  // -1: all runs
     std::string fit_reference;
+    std::string chosen_reference;  // picked in the reference chooser ("" = the largest family)
     std::string target_family_key;
     std::string heads_base, heads_treatment;
     double target_loss = 0;
@@ -163,12 +168,12 @@ class App {
     ImRect plot_rect;
     bool dragging_target = false;
     AxisState x, y;
-    // Fits `moelab fit` stored for the scope and key, newest first: shown on open; a background
-    // refit runs only when asked or when finished runs changed since the newest of them.
+    // Fits `moelab fit` stored for the scope and key, newest first: the newest power-law one is
+    // shown as stored; a background refit (with its options) runs only when asked.
     std::vector<db::FitRecord> stored;
     uint64_t stored_key = 0;
     // The newest stored power-law fit as a FitResult (curves, points, its multiplier table),
-    // drawn while it is current; stored_error says why it cannot be.
+    // drawn until Recompute is pressed; stored_error says why it cannot be.
     std::shared_ptr<const FitResult> stored_result;
     std::string stored_error;
     bool fit_requested = false;
@@ -202,8 +207,10 @@ class App {
   // Runs a matrix view can show (has() true of their shape): selected runs first, in selection
   // order, then the others. Shared by the max-logit and expert views.
   std::vector<int64_t> RunsWithShape(bool (*has)(const db::RunShape&));
-  // The stored fits of the scaling view's scope; false when they are current (no refit).
-  bool StoredFits(uint64_t data_version, double newest_run);
+  // The stored fits of the scaling view's scope (ended: when each finished run in scope
+  // ended); false while the newest stored power-law fit is shown as stored (no refit until
+  // Recompute is pressed).
+  bool StoredFits(uint64_t data_version, const std::vector<double>& ended);
 
   // Runs the curve panels draw: the selection, or every run when nothing is selected.
   std::vector<int64_t> ShownRuns() const;
@@ -227,6 +234,11 @@ class App {
   void CurvePanel(const char* id, int metric, const std::vector<CurveShown>& shown, bool no_runs,
                   ImVec2 size, const PlotBounds& x_extent, AxisState* x, AxisState* y);
   void LogitColumn(int column, int64_t run, double vmin, double vmax, float width);
+  // One run's expert loads (heatmaps and imbalance curves) in `height` pixels.
+  void ExpertsPanel(int index, int64_t run, float height);
+  // Selected runs a view cannot show, each with why ("run #7 (name): no max logits recorded
+  // (a model without attention layers)"), as lines of text.
+  void AbsentRuns(const std::vector<int64_t>& absent, const char* what);
   std::string RunLabel(int64_t run) const;
   LineCanvas& Canvas(const std::string& id);
 
@@ -256,6 +268,8 @@ class App {
   SweepsViewState sweeps_;
   std::unique_ptr<ScriptRunner> script_;
   std::string screenshot_request_;
+  // --script dump-text: this frame's text (ImGui's log) and its cut-off tables go to this file.
+  std::string text_dump_path_;
   // Saving a plot (gui/plot_export.h): the dialog's plot and path, the PNG main still has to
   // read back, and the last save's outcome (state 0 none yet, 1 saved, -1 failed).
   std::string save_plot_name_, save_plot_path_;

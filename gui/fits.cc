@@ -3,13 +3,33 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
+#include "gui/view_model.h"
+
 namespace moelab::gui {
+
+namespace {
+
+analysis::FitOptions OptionsOf(const FitRequest& request, int wsd_runs) {
+  analysis::FitOptions o;
+  o.bootstrap_resamples = request.resamples;
+  o.seed = request.seed;
+  o.level = request.level;
+  o.min_units = request.min_seeds;
+  o.max_failed_fraction = request.max_failed_fraction;
+  o.skip_failed_families = true;
+  o.threads = 1;  // the GUI shares the machine with the runs it watches
+  o.final_only = request.final_only.value_or(wsd_runs > 0);  // as `moelab fit`
+  return o;
+}
+
+}  // namespace
 
 FitResult ComputeFits(const FitRequest& request) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -18,35 +38,106 @@ FitResult ComputeFits(const FitRequest& request) {
   try {
     out.observations =
         analysis::LoadObservations(request.db_path, request.sweep_id, request.family_key);
+    out.options = OptionsOf(request, out.observations.wsd_runs);
     if (out.observations.points.empty()) {
       out.error = "no finished run with evaluations has a value for '" + request.family_key + "'";
     } else {
-      analysis::FitOptions options;
-      options.bootstrap_resamples = request.resamples;
-      options.skip_failed_families = true;
-      options.threads = 1;  // the GUI shares the machine with the runs it watches
-      options.final_only = out.observations.wsd_runs > 0;  // as `moelab fit`: post-decay points
-      out.fits = analysis::FitFamilies(out.observations.points, options);
+      out.fits = analysis::FitFamilies(out.observations.points, out.options);
     }
   } catch (const std::exception& e) {
     out.error = e.what();
   }
   if (out.fits) {
     for (const auto& f : out.fits->families) out.bands.push_back(CurveAndBand(f));
+    // The model-free reading with the fit's own options, as `moelab fit` computes it.
+    std::string reference = request.reference;
+    if (reference.empty()) {
+      for (const auto& f : out.fits->families) {
+        if (reference.empty() || ValueLess(reference, f.family)) reference = f.family;
+      }
+    }
+    try {
+      analysis::ModelFreeOptions mo;
+      mo.resamples = out.options.bootstrap_resamples;
+      mo.seed = out.options.seed;
+      mo.level = out.options.level;
+      mo.min_seeds = out.options.min_units;
+      mo.final_only = out.options.final_only;
+      out.model_free = analysis::ModelFreeMultipliers(out.observations.points, reference,
+                                                      request.target_losses, mo);
+    } catch (const std::exception& e) {
+      out.model_free_error = e.what();
+    }
     if (!request.heads_base.empty() && !request.heads_treatment.empty() &&
         request.heads_base != request.heads_treatment) {
       try {
-        analysis::FitOptions options;
-        options.bootstrap_resamples = request.resamples;
-        options.threads = 1;
         out.heads = analysis::CompareHeads(out.observations.points, request.heads_base,
-                                           request.heads_treatment, options);
+                                           request.heads_treatment, out.options);
       } catch (const std::exception& e) {
         out.heads_error = e.what();
       }
     }
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+FitRequest RequestFromStored(const FitResult& stored, const std::string& db_path) {
+  FitRequest r;
+  r.db_path = db_path;
+  r.sweep_id = stored.request.sweep_id;
+  r.family_key = stored.request.family_key;
+  const analysis::FitOptions& o = stored.options;
+  r.resamples = o.bootstrap_resamples;
+  r.seed = o.seed;
+  r.level = o.level;
+  r.min_seeds = o.min_units;
+  r.max_failed_fraction = o.max_failed_fraction;
+  if (stored.options_stored) r.final_only = o.final_only;
+  if (stored.model_free) {
+    r.reference = stored.model_free->reference;
+    r.target_losses = stored.model_free->targets;
+  } else if (stored.stored_multipliers) {
+    r.reference = stored.stored_multipliers->reference;
+  }
+  return r;
+}
+
+namespace {
+
+std::string Format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+}  // namespace
+
+std::string NoIntervalReason(const std::string& note) {
+  const size_t colon = note.find(':');
+  if (note.empty() || colon == std::string::npos) return "no interval";
+  return note.substr(0, colon) + ": no interval";
+}
+
+std::string EstimateText(const analysis::Estimate& e, const std::string& note, const char* fmt) {
+  if (!std::isfinite(e.estimate)) return "none (not estimated)";
+  const std::string point = Format(fmt, e.estimate);
+  if (!std::isfinite(e.lo) || !std::isfinite(e.hi)) {
+    return point + " (" + NoIntervalReason(note) + ")";
+  }
+  return point + " [" + Format(fmt, e.lo) + ", " + Format(fmt, e.hi) + "]";
+}
+
+std::vector<std::string> OptionsText(const analysis::FitOptions& o) {
+  std::vector<std::string> out;
+  out.push_back(std::to_string(o.bootstrap_resamples) + " bootstrap resamples (seed " +
+                std::to_string(o.seed) + ")");
+  out.push_back(Format("%.0f%% intervals", 100 * o.level));
+  out.push_back("an interval needs >= " + std::to_string(o.min_units) + " seeds");
+  out.push_back(o.final_only ? "final (post-decay) points only"
+                             : "every evaluation (pre-decay points included, --all-points)");
+  out.push_back(Format("refused above %.0f%% failed resamples", 100 * o.max_failed_fraction));
+  out.push_back("Huber delta " + FormatValue(o.huber_delta));
   return out;
 }
 
@@ -245,6 +336,7 @@ std::optional<FitResult> ParseStored(const db::FitRecord& record, Fail fail) {
       x.target_loss = Num(row, "target_loss");
       x.ok = row.value("ok", false);
       x.refusal = Str(row, "refusal");
+      x.interval_note = Str(row, "interval_note");
       x.multiplier = Est(row.value("multiplier", json::object()));
       x.compute_family = Est(row.value("compute_family", json::object()));
       x.compute_reference = Est(row.value("compute_reference", json::object()));
@@ -254,6 +346,74 @@ std::optional<FitResult> ParseStored(const db::FitRecord& record, Fail fail) {
       t.rows.push_back(std::move(x));
     }
     out.stored_multipliers = std::move(t);
+  }
+  out.stored_basis = Str(r, "verdict_basis");
+  const json& mf = r.value("model_free", json());
+  if (mf.is_object() && mf.contains("rows") && mf["rows"].is_array()) {
+    analysis::ModelFreeTable t;
+    t.reference = Str(mf, "reference");
+    for (const json& x : mf.value("targets", json::array())) {
+      if (x.is_number()) t.targets.push_back(x.get<double>());
+    }
+    const json& range = mf.value("loss_range", json::array());
+    if (range.is_array() && range.size() == 2 && range[0].is_number() && range[1].is_number()) {
+      t.range_lo = range[0].get<double>();
+      t.range_hi = range[1].get<double>();
+    }
+    auto numbers = [](const json& a) {
+      std::vector<double> v;
+      if (a.is_array()) {
+        for (const json& x : a) v.push_back(x.is_number() ? x.get<double>() : NAN);
+      }
+      return v;
+    };
+    for (const json& row : mf["rows"]) {
+      if (!row.is_object()) continue;
+      analysis::ModelFreeRow x;
+      x.family = Str(row, "family");
+      x.target_loss = Num(row, "target_loss");
+      for (const json& seed : row.value("seeds", json::array())) {
+        x.seeds.push_back(seed.is_string() ? seed.get<std::string>() : seed.dump());
+      }
+      x.flops_family = numbers(row.value("flops_family", json()));
+      x.flops_reference = numbers(row.value("flops_reference", json()));
+      x.tokens_family = numbers(row.value("tokens_family", json()));
+      x.tokens_reference = numbers(row.value("tokens_reference", json()));
+      x.flops_ratio = Est(row.value("flops_ratio", json::object()));
+      x.tokens_ratio = Est(row.value("tokens_ratio", json::object()));
+      x.interval_note = Str(row, "interval_note");
+      t.rows.push_back(std::move(x));
+    }
+    for (const json& n : mf.value("notes", json::array())) {
+      if (n.is_string()) t.notes.push_back(n.get<std::string>());
+    }
+    out.model_free = std::move(t);
+  } else {
+    out.model_free_error = out.stored_basis.empty()
+                               ? "this row is older than the model-free reading"
+                               : "not stored: " + out.stored_basis;
+  }
+  // The options `moelab fit` ran with (rows without them: the analysis defaults, marked).
+  const json o = json::parse(record.options_json, nullptr, false);
+  if (o.is_object() && o.contains("bootstrap_resamples")) {
+    analysis::FitOptions& fo = out.options;
+    out.options_stored = true;
+    auto num = [&](const char* key, double fallback) {
+      const double v = Num(o, key);
+      return std::isfinite(v) ? v : fallback;
+    };
+    fo.huber_delta = num("huber_delta", fo.huber_delta);
+    fo.flops_unit = num("flops_unit", fo.flops_unit);
+    fo.bootstrap_resamples = static_cast<int>(num("bootstrap_resamples", fo.bootstrap_resamples));
+    fo.seed = o.value("seed", fo.seed);
+    fo.level = num("level", fo.level);
+    fo.min_units = static_cast<int>(num("min_units", fo.min_units));
+    fo.final_only = o.value("final_only", fo.final_only);
+    fo.expanded_percentile = o.value("expanded_percentile", fo.expanded_percentile);
+    fo.skip_failed_families = o.value("skip_failed_families", fo.skip_failed_families);
+    fo.max_failed_fraction = num("max_failed_fraction", fo.max_failed_fraction);
+    fo.min_span_fraction = num("min_span_fraction", fo.min_span_fraction);
+    fo.max_iterations = static_cast<int>(num("max_iterations", fo.max_iterations));
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/ablation.h"
+#include "analysis/model_free.h"
 #include "analysis/observations.h"
 #include "analysis/scaling.h"
 #include "db/fits.h"
@@ -24,8 +25,17 @@ struct FitRequest {
   std::optional<int64_t> sweep_id;          // nullopt: every run
   std::string family_key;                   // run variable name or dotted config key
   std::string heads_base, heads_treatment;  // families for the heads ablation ("" = skip)
-  int resamples = 200;        // fewer than the CLI's 1000: the view refits as runs finish
-  uint64_t data_version = 0;  // bumps when the set of finished runs changes
+  // The options the fit runs with, as `moelab fit` names them (and stores them in the row's
+  // options_json). A recompute of a stored fit takes the row's own (RequestFromStored).
+  int resamples = 200;  // the view's own fits: fewer than the CLI's 1000, they rerun as runs end
+  uint64_t seed = 12345;
+  double level = 0.90;
+  int min_seeds = 3;
+  std::optional<bool> final_only;  // nullopt: as `moelab fit` (WSD runs: post-decay points only)
+  double max_failed_fraction = 0.10;
+  std::string reference;              // model-free reference; "" = the largest family
+  std::vector<double> target_losses;  // model-free L*; empty = 3 inside the shared range
+  uint64_t data_version = 0;          // bumps when the set of finished runs changes
   bool operator==(const FitRequest&) const = default;
 };
 
@@ -42,6 +52,15 @@ struct FitResult {
   // only at the row's own L* (stored_multipliers).
   int64_t stored_fit = 0;
   std::optional<analysis::MultiplierTable> stored_multipliers;
+  std::string stored_basis;  // the row's verdict_basis ("" for older rows)
+  // The options the fit ran with: a stored row's options_json (options_stored false when the
+  // row has none), or the request's for a fit made here.
+  analysis::FitOptions options;
+  bool options_stored = false;
+  // The model-free primary reading (analysis/model_free.h) with the same options: as stored
+  // (rows without one: model_free_error says so) or computed with the fit.
+  std::optional<analysis::ModelFreeTable> model_free;
+  std::string model_free_error;
   analysis::ObservationSet observations;
   std::optional<analysis::FamilyFits> fits;
   std::vector<FitBand> bands;  // one per fitted family
@@ -76,15 +95,34 @@ class FitJob {
   std::thread thread_;
 };
 
-// The fit work itself (also called directly by tests).
+// The fit work itself (also called directly by tests): power law per family, the model-free
+// table and the heads ablation, with the request's options. The one place the GUI fits: when
+// analysis/ offers the CLI's fit dispatch, this is the function to switch to it.
 FitResult ComputeFits(const FitRequest& request);
+
+// The request that recomputes a stored fit with the options it was made with (resamples,
+// seed, level, min seeds, final-only, reference, model-free targets).
+FitRequest RequestFromStored(const FitResult& stored, const std::string& db_path);
 
 // A power-law fit `moelab fit` stored ({"fits": {"families": [...]}, "multipliers": {...}}, or
 // the families at the top level as older rows have them) as the view's FitResult: each
 // family's parameters, frontier and ranges, its curve (no band: the draws are not stored), the
-// observations it was fitted on (inputs_json) and the stored multiplier table. nullopt, with
+// observations it was fitted on (inputs_json), the stored multiplier and model-free tables and
+// the options (options_json). nullopt, with
 // the reason in *why, when the row holds no family the curve can be drawn from.
 std::optional<FitResult> FitResultFromStored(const db::FitRecord& record, std::string* why);
+
+// An estimate as text, never "nan": "1.149 [1.05, 1.21]" with fmt ("%.3f", "%.4g") applied to
+// each number; without an interval (an end is not a number, as a stored row writes null) the
+// estimate and why: "1.149 (1 seed: no interval)" from analysis' note "1 seed: too few for an
+// interval (...)", "(no interval)" when no note says why; an estimate that is not a number is
+// "none" with the reason.
+std::string EstimateText(const analysis::Estimate& e, const std::string& note,
+                         const char* fmt = "%.4g");
+// The short reason of an interval note ("1 seed: no interval"; "no interval" when empty).
+std::string NoIntervalReason(const std::string& note);
+// The options a fit ran with, one phrase each, as `moelab fit`'s flags name them.
+std::vector<std::string> OptionsText(const analysis::FitOptions& o);
 
 // The fitted curve of one family over its measured compute range (3x beyond each end, the
 // multiplier's own extrapolation limit) and, when the fit has bootstrap draws, its 5-95 %

@@ -228,6 +228,13 @@ void ScriptRunner::Step(App* app) {
       return;
     }
     if (app->plot_save_state_ < 0) return (void)Fail(app, app->plot_save_message_);
+  } else if (cmd == "dump-text") {
+    // dump-text OUT.txt: the text this frame draws (ImGui's log: widgets, tables with " | "
+    // between cells, heatmap labels) and one "CLIPPED ..." line per cut-off table.
+    std::string out;
+    if (!(in >> out)) return (void)Fail(app, "expected: dump-text OUT.txt");
+    std::remove(out.c_str());
+    app->text_dump_path_ = out;
   } else if (cmd == "screenshot") {
     in >> app->screenshot_request_;
   } else if (cmd == "quit") {

@@ -21,6 +21,9 @@
 //   wait-promote [ok|refused] [TIMEOUT_S]   until the pressed action planned (or was refused)
 //   save-plot OUT.{png,svg} NAME   File > Save plot as: the shown plot titled NAME (as the
 //                             menu lists it) to OUT; fails when no such plot is shown
+//   dump-text OUT.txt         this frame's text as ImGui logs it (table cells joined by " | ",
+//                             draw-list labels included) and a "CLIPPED ..." line for each
+//                             table whose columns are cut off (tests read what a view says)
 //   view NAME | sleep S | screenshot OUT.png | quit
 //
 // A failed action or a wait that times out ends the script with status 1 (the app quits).

@@ -29,6 +29,12 @@ void App::CompareView() {
     return;
   }
   AssignColors(runs);
+  if (runs.size() > 62) {
+    ImGui::TextDisabled(
+        "The tables show the first 62 of the %zu selected runs (a table holds 64 columns); the "
+        "curves below show every one.",
+        runs.size());
+  }
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float top_h = avail.y * 0.45f;
   const ImGuiTableFlags tflags = ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV |
@@ -39,24 +45,25 @@ void App::CompareView() {
   for (int64_t id : runs) configs.push_back(runs_->Find(id)->keys.config);
   std::vector<DiffRow> diff = ConfigDiff(configs);
 
-  // Run columns share the table's width: a long run name is cut with an ellipsis (the full
-  // name on hover) instead of pushing the next run's column out of view. Each column is at
-  // least wide enough for a value ("1.64e+06") and the name when it fits.
+  // Run columns are headed by what tells the runs apart (differing sweep variables, the part
+  // of their names that differs, differing config fields), never by a long shared name cut
+  // off at the column's edge; the full name is on hover. A column is as wide as its label and
+  // at least a value ("1.64e+06"); the table scrolls sideways when they do not all fit.
+  std::vector<const RunKeys*> keys;
+  for (int64_t id : runs) keys.push_back(&runs_->Find(id)->keys);
+  const std::vector<std::string> labels = DistinguishingLabels(keys);
   auto header = [&](const char* first, const std::vector<std::string>& cells) {
     const float avail_w = ImGui::GetContentRegionAvail().x;
     float first_w = ImGui::CalcTextSize(first).x;
     for (const auto& c : cells) first_w = std::max(first_w, ImGui::CalcTextSize(c.c_str()).x);
     first_w = std::min(first_w + 8, avail_w * 0.45f);
-    const float pad = ImGui::GetStyle().CellPadding.x * 2 + 2;
-    const float share = std::max(ImGui::CalcTextSize("1.64e+06__").x,
-                                 (avail_w - first_w - pad) / (ncols - 1) - pad);
+    const float value_w = ImGui::CalcTextSize("1.64e+06__").x;
     ImGui::TableSetupScrollFreeze(1, 1);
     ImGui::TableSetupColumn(first, ImGuiTableColumnFlags_WidthFixed, first_w);
     for (int i = 0; i + 1 < ncols; ++i) {
-      const std::string label = RunLabel(runs[i]);
-      const float want = ImGui::CalcTextSize(label.c_str()).x + ImGui::GetFontSize() * 1.5f;
-      ImGui::TableSetupColumn(label.c_str(), ImGuiTableColumnFlags_WidthFixed,
-                              std::min(want, share));
+      const float want = ImGui::CalcTextSize(labels[i].c_str()).x + ImGui::GetFontSize() * 1.5f;
+      ImGui::TableSetupColumn(labels[i].c_str(), ImGuiTableColumnFlags_WidthFixed,
+                              std::max(want, value_w));
     }
     ImGui::TableNextRow(ImGuiTableRowFlags_Headers);
     for (int i = 0; i < ncols; ++i) {
@@ -67,7 +74,8 @@ void App::CompareView() {
         ImGui::SameLine();
       }
       ImGui::TableHeader(ImGui::TableGetColumnName(i));
-      if (i > 0 && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", ImGui::TableGetColumnName(i));
+      if (i > 0 && ImGui::IsItemHovered())
+        ImGui::SetTooltip("%s\n%s", RunLabel(runs[i - 1]).c_str(), labels[i - 1].c_str());
     }
   };
 

@@ -31,35 +31,84 @@ std::vector<int64_t> App::RunsWithShape(bool (*has)(const db::RunShape&)) {
   return ids;
 }
 
+void App::AbsentRuns(const std::vector<int64_t>& absent, const char* what) {
+  if (absent.empty()) return;
+  std::string text;
+  for (int64_t id : absent) {
+    const RunEntry* e = runs_->Find(id);
+    text += (text.empty() ? "" : "; ") + std::string("run #") + std::to_string(id) +
+            (e && !e->row.name.empty() ? " (" + e->row.name + ")" : "") + " has " + what;
+  }
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("Not shown: %s.", text.c_str());
+  ImGui::PopStyleColor();
+}
+
 void App::ExpertsView() {
+  // A panel per selected MoE run (selected runs without expert loads are named with the
+  // reason); with nothing selected, one run chosen in the combo.
   const std::vector<int64_t> candidates =
       RunsWithShape([](const db::RunShape& s) { return s.moe_layers > 0; });
+  std::vector<int64_t> shown, absent;
+  for (int64_t id : selection_) {
+    const RunEntry* e = runs_->Find(id);
+    if (!e) continue;
+    (e->row.shape.moe_layers > 0 ? shown : absent).push_back(id);
+  }
+  AbsentRuns(absent, "no expert loads recorded (no MoE layers)");
   if (candidates.empty()) {
     ImGui::TextDisabled("No MoE run records expert loads yet.");
     return;
   }
-  const int64_t run = experts_.run >= 0 && runs_->Find(experts_.run) ? experts_.run : candidates[0];
-  ImGui::SetNextItemWidth(300);
-  if (ImGui::BeginCombo("run", RunLabel(run).c_str())) {
-    for (int64_t id : candidates) {
-      if (ImGui::Selectable(RunLabel(id).c_str(), id == run)) experts_.run = id;
+  if (selection_.empty()) {
+    const int64_t run =
+        experts_.run >= 0 && runs_->Find(experts_.run) ? experts_.run : candidates[0];
+    ImGui::SetNextItemWidth(300);
+    if (ImGui::BeginCombo("run", RunLabel(run).c_str())) {
+      for (int64_t id : candidates) {
+        if (ImGui::Selectable(RunLabel(id).c_str(), id == run)) experts_.run = id;
+      }
+      ImGui::EndCombo();
     }
-    ImGui::EndCombo();
+    ImGui::SameLine();
+    ImGui::TextDisabled("(select runs in the Runs view to see several)");
+    shown = {run};
   }
+  if (shown.empty()) return;
+  // Each run gets the view's height down to a readable minimum; more runs scroll.
+  const float avail_h = ImGui::GetContentRegionAvail().y;
+  const float h = std::max(ImGui::GetFontSize() * 24,
+                           (avail_h - ImGui::GetStyle().ItemSpacing.y * (shown.size() - 1)) /
+                               static_cast<float>(shown.size()));
+  ImGui::BeginChild("expert panels", ImVec2(0, 0), false);
+  for (size_t i = 0; i < shown.size(); ++i) {
+    ImGui::PushID(static_cast<int>(i));
+    ExpertsPanel(static_cast<int>(i), shown[i], h);
+    ImGui::PopID();
+  }
+  ImGui::EndChild();
+}
+
+void App::ExpertsPanel(int index, int64_t run, float height) {
+  ImGui::BeginChild("panel", ImVec2(0, height), false, ImGuiWindowFlags_NoScrollbar);
+  ImGui::Text("#%lld %s", static_cast<long long>(run), RunLabel(run).c_str());
   auto data = store_->Experts(run);
   if (!data) {
     frame_settled_ = false;
     ImGui::TextDisabled("loading...");
+    ImGui::EndChild();
     return;
   }
   if (data->steps.empty()) {
     ImGui::TextDisabled("no expert-load records for this run");
+    ImGui::EndChild();
     return;
   }
   const int L = data->moe_layers, E = data->experts;
   const size_t n = data->steps.size();
   if (L <= 0 || E <= 0 || data->counts.size() != n * L * E) {
     ImGui::TextDisabled("expert-load records of this run have no usable shape");
+    ImGui::EndChild();
     return;
   }
   auto& slot = experts_.caches[run];
@@ -162,16 +211,21 @@ void App::ExpertsView() {
     }
   }
   ImDrawList* dl = ImGui::GetWindowDrawList();
+  const int stride = ExpertLabelStride(E, strip_h / E, fh);
   for (int l = 0; l < L; ++l) {
     ImGui::Text("MoE layer %d", l);
     const ImVec2 o = ImGui::GetCursorScreenPos();
     const float cell_h = strip_h / E;
     dl->AddImage(c.tex[l]->id(), ImVec2(o.x + label_w, o.y),
                  ImVec2(o.x + label_w + hm_w, o.y + strip_h));
-    dl->AddText(ImVec2(o.x, o.y), ImGui::GetColorU32(ImGuiCol_TextDisabled), "e0");
-    char lbl[16];
-    std::snprintf(lbl, sizeof(lbl), "e%d", E - 1);
-    dl->AddText(ImVec2(o.x, o.y + strip_h - fh), ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    // Every expert's row labelled where the rows are a line high, else every k-th (the legend
+    // under the strips says so); each label centred on its row.
+    for (int e = 0; e < E; e += stride) {
+      char lbl[16];
+      std::snprintf(lbl, sizeof(lbl), "e%d", e);
+      const float y = std::clamp(o.y + (e + 0.5f) * cell_h - fh / 2, o.y, o.y + strip_h - fh);
+      DrawListText(dl, ImVec2(o.x, y), ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    }
     ImGui::Dummy(ImVec2(left_w - fh, strip_h));
     const ImVec2 hm_min(o.x + label_w, o.y), hm_max(o.x + label_w + hm_w, o.y + strip_h);
     if (ImGui::IsMouseHoveringRect(hm_min, hm_max) && ImGui::IsWindowHovered()) {
@@ -202,6 +256,11 @@ void App::ExpertsView() {
     dl->AddText(ImVec2(x0 + hm_w / 2 - w / 2, o.y + fh * 1.45f), dim, "step");
     ImGui::Dummy(ImVec2(left_w - fh, fh * 2.6f));
   }
+  if (stride > 1) {
+    ImGui::SetCursorPosX(ImGui::GetCursorPosX() + label_w);
+    ImGui::TextDisabled("rows: experts e0 (top) to e%d (bottom), every %d-th labelled", E - 1,
+                        stride);
+  }
   ImGui::SetCursorPosX(ImGui::GetCursorPosX() + label_w);
   ImGui::TextDisabled("share of the layer's tokens (%%)");
   ImGui::SameLine();
@@ -226,12 +285,12 @@ void App::ExpertsView() {
     Plot plot(
         which == 0 ? "cv" : "maxmean",
         ImVec2(right_w, which == 0 ? avail.y * 0.5f - 4 : -ImGui::GetFrameHeightWithSpacing()),
-        &experts_.x, which == 0 ? &experts_.cv_y : &experts_.mm_y, fit, false, false,
+        &experts_.x, which == 0 ? &experts_.cv_y[index] : &experts_.mm_y[index], fit, false, false,
         which == 0 ? "load imbalance: coefficient of variation" : "load imbalance: max / mean",
         "step");
     Signature sig;
     sig.Add(c.version).Add(cols);
-    LineCanvas& canvas = Canvas(which == 0 ? "cv" : "maxmean");
+    LineCanvas& canvas = Canvas((which == 0 ? "cv" : "maxmean") + std::to_string(index));
     if (canvas.Begin(plot, Signature().Add(run).h, sig.h)) {
       std::vector<double> dx, dy;
       for (int l = 0; l < L; ++l) {
@@ -264,6 +323,7 @@ void App::ExpertsView() {
     ImGui::Text("MoE layer %d", l);
   }
   ImGui::EndChild();
+  ImGui::EndChild();  // panel
 }
 
 }  // namespace moelab::gui

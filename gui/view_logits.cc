@@ -43,7 +43,7 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
       if (r->row.shape.layers <= 0) continue;
       if (ImGui::Selectable(RunLabel(r->row.id).c_str(), r->row.id == run)) {
         logits_.runs[column] = r->row.id;
-        logits_.step[column] = -1;
+        logits_.step.erase(column);
       }
     }
     ImGui::EndCombo();
@@ -95,7 +95,7 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   }
 
   // Step slider over the recorded steps.
-  int& idx = logits_.step[column];
+  int& idx = logits_.step.try_emplace(column, -1).first->second;
   int shown_idx = idx < 0 ? static_cast<int>(n) - 1 : std::min(idx, static_cast<int>(n) - 1);
   ImGui::SetNextItemWidth(width * 0.6f);
   char fmt[64];
@@ -121,8 +121,8 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   for (int l = 0; l < L; ++l) {
     char lbl[16];
     std::snprintf(lbl, sizeof(lbl), "L%d", l);
-    dl->AddText(ImVec2(o.x, o.y + l * cell_h + (cell_h - fh) / 2),
-                ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    DrawListText(dl, ImVec2(o.x, o.y + l * cell_h + (cell_h - fh) / 2),
+                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
     for (int h = 0; h < H; ++h) {
       const float v = mat[l * H + h];
       const Rgba bg = HeatColor(v, vmin, vmax);
@@ -146,8 +146,8 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   for (int h = 0; h < H; h += std::max(1, static_cast<int>(fh * 2 / cell_w))) {
     char lbl[16];
     std::snprintf(lbl, sizeof(lbl), "h%d", h);
-    dl->AddText(ImVec2(o.x + label_w + h * cell_w + 1, o.y + L * cell_h + 1),
-                ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    DrawListText(dl, ImVec2(o.x + label_w + h * cell_w + 1, o.y + L * cell_h + 1),
+                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
   }
   ImGui::Dummy(ImVec2(width, fh * 1.3f + L * cell_h + fh * 1.2f));
   if (hovered_l >= 0 && ImGui::IsWindowHovered()) {
@@ -250,22 +250,40 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
 }
 
 void App::LogitsView() {
-  // Two runs side by side: the first two selected runs with max-logit records, else the first
-  // two such runs. A column's combo overrides that.
+  // A column per selected run with max-logit records (selected runs without them are named
+  // with the reason); with nothing selected, two: the first two such runs. A column's combo
+  // overrides its run.
   const std::vector<int64_t> candidates =
       RunsWithShape([](const db::RunShape& s) { return s.layers > 0; });
+  std::vector<int64_t> selected, absent;
+  for (int64_t id : selection_) {
+    const RunEntry* e = runs_->Find(id);
+    if (!e) continue;
+    (e->row.shape.layers > 0 ? selected : absent).push_back(id);
+  }
+  if (logits_.selection != selection_) {
+    logits_.selection = selection_;
+    logits_.runs.clear();
+    logits_.step.clear();
+  }
+  AbsentRuns(absent, "no max logits recorded");
   if (candidates.empty()) {
     ImGui::TextDisabled("No run records per-head max logits yet.");
     return;
   }
-  int64_t shown[2];
-  for (int c = 0; c < 2; ++c) {
-    shown[c] = logits_.runs[c] >= 0 && runs_->Find(logits_.runs[c])
-                   ? logits_.runs[c]
-                   : candidates[std::min<size_t>(c, candidates.size() - 1)];
+  std::vector<int64_t> shown = selected;
+  if (shown.empty()) {
+    shown.push_back(candidates[0]);
+    if (candidates.size() > 1 || logits_.runs.count(1)) {
+      shown.push_back(candidates[std::min<size_t>(1, candidates.size() - 1)]);
+    }
   }
-  const int columns = candidates.size() > 1 || logits_.runs[1] >= 0 ? 2 : 1;
-  // One colour scale for both runs, so equal colours mean equal logits.
+  const int columns = static_cast<int>(shown.size());
+  for (int c = 0; c < columns; ++c) {
+    auto it = logits_.runs.find(c);
+    if (it != logits_.runs.end() && runs_->Find(it->second)) shown[c] = it->second;
+  }
+  // One colour scale for every run, so equal colours mean equal logits.
   double vmin = INFINITY, vmax = -INFINITY;
   for (int c = 0; c < columns; ++c) {
     auto d = store_->Logits(shown[c]);
@@ -288,12 +306,17 @@ void App::LogitsView() {
     vmax = std::max<double>(vmax, slot->vmax);
   }
   if (!std::isfinite(vmin)) vmin = vmax = 0;
+  // Columns share the width down to a readable minimum; more runs scroll sideways.
   const float sp = ImGui::GetStyle().ItemSpacing.x * 2;
-  const float width = (ImGui::GetContentRegionAvail().x - sp * (columns - 1)) / columns;
+  const float avail = ImGui::GetContentRegionAvail().x;
+  const float min_w = ImGui::GetFontSize() * 22;
+  const float width = std::max(min_w, (avail - sp * (columns - 1)) / columns);
+  ImGui::BeginChild("logit columns", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
   for (int c = 0; c < columns; ++c) {
     if (c > 0) ImGui::SameLine(0, sp);
     LogitColumn(c, shown[c], vmin, vmax, width);
   }
+  ImGui::EndChild();
 }
 
 }  // namespace moelab::gui

@@ -380,7 +380,105 @@ std::vector<DiffRow> ConfigDiff(const std::vector<std::map<std::string, std::str
   return rows;
 }
 
+namespace {
+
+// A name split after each separator, so the parts join back to the name.
+std::vector<std::string> NameParts(const std::string& name) {
+  std::vector<std::string> parts(1);
+  for (char ch : name) {
+    parts.back() += ch;
+    if (ch == '/' || ch == '-' || ch == '_' || ch == '.' || ch == ' ') parts.emplace_back();
+  }
+  if (parts.back().empty()) parts.pop_back();
+  return parts;
+}
+
+// Each name without the parts every name starts and ends with ("…" where parts were cut).
+std::vector<std::string> NameDifferences(const std::vector<std::string>& names) {
+  std::vector<std::vector<std::string>> parts;
+  size_t shortest = SIZE_MAX;
+  for (const auto& n : names) {
+    parts.push_back(NameParts(n));
+    shortest = std::min(shortest, parts.back().size());
+  }
+  size_t head = 0, tail = 0;
+  auto same = [&](auto part_of) {
+    for (const auto& p : parts) {
+      if (part_of(p) != part_of(parts.front())) return false;
+    }
+    return true;
+  };
+  while (head < shortest && same([&](const auto& p) { return p[head]; })) ++head;
+  while (tail + head < shortest && same([&](const auto& p) { return p[p.size() - 1 - tail]; }))
+    ++tail;
+  std::vector<std::string> out;
+  for (const auto& p : parts) {
+    std::string mid;
+    for (size_t i = head; i + tail < p.size(); ++i) mid += p[i];
+    // Separators at the cut ends say nothing: "s8-" reads "s8".
+    auto sep = [](char c) { return c == '/' || c == '-' || c == '_' || c == '.' || c == ' '; };
+    while (!mid.empty() && sep(mid.back())) mid.pop_back();
+    while (!mid.empty() && sep(mid.front())) mid.erase(mid.begin());
+    if (mid.empty()) mid = "(" + std::to_string(p.size() - head - tail) + " parts)";
+    out.push_back((head > 0 ? "\xe2\x80\xa6" : "") + mid + (tail > 0 ? "\xe2\x80\xa6" : ""));
+  }
+  return out;
+}
+
+bool AllDistinct(const std::vector<std::string>& v) {
+  std::set<std::string> seen(v.begin(), v.end());
+  return seen.size() == v.size();
+}
+
+}  // namespace
+
+std::vector<std::string> DistinguishingLabels(const std::vector<const RunKeys*>& runs,
+                                              int max_config_keys) {
+  std::vector<std::string> label(runs.size());
+  if (runs.empty()) return label;
+  std::vector<std::map<std::string, std::string>> vars, configs;
+  std::vector<std::string> names;
+  for (const RunKeys* r : runs) {
+    vars.push_back(r->vars);
+    configs.push_back(r->config);
+    names.push_back(r->name);
+  }
+  auto append = [&](size_t i, const std::string& part) {
+    label[i] += (label[i].empty() ? "" : " ") + part;
+  };
+  for (const DiffRow& row : ConfigDiff(vars)) {
+    for (size_t i = 0; i < runs.size(); ++i) append(i, row.key + "=" + row.values[i]);
+  }
+  if (!AllDistinct(label) && AllDistinct(names)) {
+    const std::vector<std::string> diff = NameDifferences(names);
+    for (size_t i = 0; i < runs.size(); ++i) append(i, diff[i]);
+  }
+  if (!AllDistinct(label)) {
+    int used = 0;
+    for (const DiffRow& row : ConfigDiff(configs)) {
+      if (used++ >= max_config_keys) break;
+      for (size_t i = 0; i < runs.size(); ++i) append(i, row.key + "=" + row.values[i]);
+    }
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    label[i] = "#" + std::to_string(runs[i]->id) + (label[i].empty() ? "" : " " + label[i]);
+  }
+  return label;
+}
+
 // ---- Max logits and experts ---------------------------------------------------------------
+
+int ExpertLabelStride(int experts, float row_px, float line_px) {
+  if (experts <= 1 || row_px >= line_px) return 1;
+  const double need = line_px / std::max(row_px, 1e-3f);
+  for (int base = 1;; base *= 10) {
+    for (int m : {1, 2, 4, 5, 8}) {
+      const int k = m * base;
+      if (k > 1 && k >= need) return std::min(k, experts);
+    }
+    if (base > experts) return experts;
+  }
+}
 
 std::vector<float> MaxOverHeads(std::span<const float> values, int layers, int heads) {
   std::vector<float> out;

@@ -141,7 +141,19 @@ struct DiffRow {
 };
 std::vector<DiffRow> ConfigDiff(const std::vector<std::map<std::string, std::string>>& configs);
 
+// Short labels for compared runs that say what tells them apart, "#id" then: the sweep
+// variables whose values differ ("sparsity=16"); where those leave two runs alike, the part of
+// the names that differs (common leading and trailing '/', '-', '_', '.' separated parts cut,
+// marked "…"); where still alike, up to `max_config_keys` differing config fields.
+std::vector<std::string> DistinguishingLabels(const std::vector<const RunKeys*>& runs,
+                                              int max_config_keys = 2);
+
 // ---- Max logits and experts ---------------------------------------------------------------
+
+// Which expert rows of a heatmap get a label: 1 (every one) when a row is at least a text line
+// high, else every k-th with k the smallest of 2, 4, 5, 8, 10, 20, 40, 50, 80, 100, ... that
+// spaces labels a line apart (at most `experts`).
+int ExpertLabelStride(int experts, float row_px, float line_px);
 
 // Per step, max over heads for each layer: out[i * layers + l].
 std::vector<float> MaxOverHeads(std::span<const float> values, int layers, int heads);

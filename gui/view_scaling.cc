@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "analysis/model_free.h"
 #include "gui/app.h"
@@ -23,30 +24,92 @@ namespace moelab::gui {
 
 namespace {
 
-// "name value [lo, hi]" of each parameter of a stored power-law family fit.
-std::string ParamsText(const nlohmann::json& params) {
+// "name value [lo, hi]" of each parameter of a stored power-law family fit; a parameter
+// without an interval says why (the family's interval note), never "nan".
+std::string ParamsText(const nlohmann::json& family) {
   std::string out;
-  for (const auto& p : params) {
+  const std::string note = family.value("interval_note", std::string());
+  for (const auto& p : family.value("params", nlohmann::json::array())) {
     if (!p.is_object() || !p.contains("name")) continue;
     const nlohmann::json& v = p.value("value", nlohmann::json());
     std::string value = "?";
     if (v.is_object() && v.contains("estimate") && v["estimate"].is_number()) {
-      value = FormatValue(v["estimate"].get<double>());
-      if (v["lo"].is_number() && v["hi"].is_number()) {
-        value += " [" + FormatValue(v["lo"].get<double>()) + ", " +
-                 FormatValue(v["hi"].get<double>()) + "]";
-      }
+      auto num = [&](const char* k) { return v[k].is_number() ? v[k].get<double>() : NAN; };
+      value = EstimateText({num("estimate"), num("lo"), num("hi")}, note);
     } else if (v.is_number()) {
-      value = FormatValue(v.get<double>());
+      value = EstimateText({v.get<double>(), NAN, NAN}, note);
     }
     out += (out.empty() ? "" : "   ") + p["name"].get<std::string>() + " " + value;
   }
   return out;
 }
 
+// A table that fits its columns to their contents and scrolls sideways when the pane is
+// narrower (it used to be clipped at the window's edge); `rows` body rows set its height.
+bool BeginFitTable(const char* id, int columns, size_t rows) {
+  const ImGuiStyle& st = ImGui::GetStyle();
+  const float row_h = ImGui::GetTextLineHeight() + 2 * st.CellPadding.y;
+  const float h = row_h * static_cast<float>(rows + 1) + st.ScrollbarSize + 4;
+  return ImGui::BeginTable(id, columns,
+                           ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV |
+                               ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_ScrollX,
+                           ImVec2(0, h));
+}
+
+// The model-free primary reading (analysis/model_free.h) beside the fit: FLOPs to each target
+// loss interpolated on every seed's own points, as a ratio to the reference, paired by seed.
+// Drawn as stored or as computed with the fit (gui/fits.cc), with the fit's own options.
+void DrawModelFree(const FitResult& res, const std::string& key,
+                   std::map<std::string, ImU32>& fam_color) {
+  ImGui::TextWrapped(
+      "Model-free (primary; verdicts rest on it): FLOPs to reach L*, interpolated on each "
+      "seed's points, relative to the reference (geometric mean over seeds):");
+  if (!res.model_free) {
+    ImGui::TextWrapped("unavailable: %s (the fitted law below is the only reading)",
+                       res.model_free_error.c_str());
+    return;
+  }
+  analysis::ModelFreeTable t = *res.model_free;
+  std::stable_sort(t.rows.begin(), t.rows.end(), [](const auto& a, const auto& b) {
+    if (a.target_loss != b.target_loss) return a.target_loss < b.target_loss;
+    return ValueLess(a.family, b.family);
+  });
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("reference %s = %s; loss range every (family, seed) covers [%.4f, %.4f]",
+                     key.c_str(), t.reference.c_str(), t.range_lo, t.range_hi);
+  ImGui::PopStyleColor();
+  std::set<std::string> notes;
+  if (BeginFitTable("model free", 5, t.rows.size())) {
+    ImGui::TableSetupColumn("L*");
+    ImGui::TableSetupColumn(key.c_str());
+    ImGui::TableSetupColumn("seeds");
+    ImGui::TableSetupColumn("FLOPs ratio");
+    ImGui::TableSetupColumn("tokens ratio");
+    ImGui::TableHeadersRow();
+    for (const auto& r : t.rows) {
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      ImGui::Text("%.4f", r.target_loss);
+      ImGui::TableSetColumnIndex(1);
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[r.family]), "%s",
+                         r.family.c_str());
+      ImGui::TableSetColumnIndex(2);
+      ImGui::Text("%zu", r.seeds.size());
+      ImGui::TableSetColumnIndex(3);
+      ImGui::Text("%s\xc3\x97", EstimateText(r.flops_ratio, r.interval_note, "%.3f").c_str());
+      ImGui::TableSetColumnIndex(4);
+      ImGui::Text("%s\xc3\x97", EstimateText(r.tokens_ratio, r.interval_note, "%.3f").c_str());
+      if (!r.interval_note.empty()) notes.insert(r.interval_note);
+    }
+    ImGui::EndTable();
+  }
+  for (const auto& n : notes) ImGui::TextWrapped("intervals: %s", n.c_str());
+  for (const auto& n : t.notes) ImGui::TextWrapped("note: %s", n.c_str());
+}
+
 }  // namespace
 
-bool App::StoredFits(uint64_t data_version, double newest_run) {
+bool App::StoredFits(uint64_t data_version, const std::vector<double>& ended) {
   const std::string key = settings_.family_key.rfind("var:", 0) == 0
                               ? settings_.family_key.substr(4)
                               : settings_.family_key;
@@ -77,18 +140,16 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
       break;  // the newest power-law fit only
     }
   }
-  const bool current = !scaling_.stored.empty() && scaling_.stored.front().created_at >= newest_run;
   if (!scaling_.stored.empty() &&
-      ImGui::CollapsingHeader("Stored fits (moelab fit)", current && !scaling_.fit_requested
-                                                              ? ImGuiTreeNodeFlags_DefaultOpen
-                                                              : 0)) {
+      ImGui::CollapsingHeader("Stored fits (moelab fit)",
+                              scaling_.stored_result ? 0 : ImGuiTreeNodeFlags_DefaultOpen)) {
     for (size_t i = 0; i < scaling_.stored.size() && i < 5; ++i) {
       const db::FitRecord& f = scaling_.stored[i];
       const std::time_t t = static_cast<std::time_t>(f.created_at);
       char when[32] = "?";
       std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&t));
-      ImGui::Text("#%lld  %s  %s by %s%s", static_cast<long long>(f.id), when, f.form.c_str(),
-                  f.family_key.c_str(), i == 0 && current ? "  (current)" : "");
+      ImGui::Text("#%lld  %s  %s by %s", static_cast<long long>(f.id), when, f.form.c_str(),
+                  f.family_key.c_str());
       const nlohmann::json r = nlohmann::json::parse(f.result_json, nullptr, false);
       // `moelab fit` stores {"fits": {"families": [...]}, "multipliers": {...}}; older rows
       // (and the GUI's own fits) keep the families at the top level.
@@ -97,101 +158,45 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
         for (const auto& fam : fits["families"]) {
           if (!fam.is_object()) continue;
           const std::string name = fam.value("family", std::string("?"));
-          ImGui::TextDisabled("    %s: %s", name.c_str(),
-                              ParamsText(fam.value("params", nlohmann::json::array())).c_str());
-        }
-      }
-      if (r.is_object() && r.contains("multipliers") && r["multipliers"].is_object() &&
-          r["multipliers"].contains("rows") && r["multipliers"]["rows"].is_array()) {
-        const std::string ref = r["multipliers"].value("reference", std::string("?"));
-        for (const auto& row : r["multipliers"]["rows"]) {
-          if (!row.is_object() || !row.value("ok", false) || !row.contains("multiplier")) continue;
-          const nlohmann::json& m = row["multiplier"];
-          if (!m.is_object() || !m["estimate"].is_number()) continue;
-          std::string text = FormatValue(m["estimate"].get<double>());
-          if (m["lo"].is_number() && m["hi"].is_number()) {
-            text += " [" + FormatValue(m["lo"].get<double>()) + ", " +
-                    FormatValue(m["hi"].get<double>()) + "]";
-          }
-          ImGui::Text("    FLOPs multiplier %s vs %s: %s",
-                      row.value("family", std::string("?")).c_str(), ref.c_str(), text.c_str());
+          ImGui::TextDisabled("    %s: %s", name.c_str(), ParamsText(fam).c_str());
         }
       }
     }
   }
-  if (current && !scaling_.fit_requested) {
-    ImGui::TextDisabled("The newest stored fit is newer than every finished run in scope.");
+  if (!scaling_.stored_result) {
+    if (!scaling_.stored_error.empty()) {
+      ImGui::TextDisabled("Fitted here instead: %s.", scaling_.stored_error.c_str());
+    }
+    return true;
+  }
+  const FitResult& s = *scaling_.stored_result;
+  const db::FitRecord& row = scaling_.stored.front();
+  const int newer = static_cast<int>(
+      std::count_if(ended.begin(), ended.end(), [&](double e) { return e > row.created_at; }));
+  if (scaling_.fit_requested) {
+    ImGui::TextWrapped(
+        "Recomputed here with the options of stored fit #%lld (not stored). The stored result "
+        "is unchanged:",
+        static_cast<long long>(s.stored_fit));
     ImGui::SameLine();
-    if (ImGui::Button("Fit now (bootstrap, in the background)")) scaling_.fit_requested = true;
-    if (scaling_.stored_result) {
-      ImGui::TextDisabled(
-          "Curves from stored fit #%lld. No bands: `moelab fit` stores each parameter's interval "
-          "but not the bootstrap draws a band needs; Fit now draws them.",
-          static_cast<long long>(scaling_.stored_result->stored_fit));
-    } else if (!scaling_.stored_error.empty()) {
-      ImGui::TextDisabled("No curves: %s.", scaling_.stored_error.c_str());
-    }
-    return false;
+    if (ImGui::SmallButton("Show stored fit")) scaling_.fit_requested = false;
+    return true;
   }
-  return true;
+  ImGui::TextWrapped(
+      "Stored fit #%lld as `moelab fit` stored it: every estimate, interval and option below "
+      "is the row's, nothing is recomputed. No bands (the row holds intervals, not the bootstrap "
+      "draws a band needs).",
+      static_cast<long long>(s.stored_fit));
+  if (newer > 0) {
+    ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1),
+                       "%d finished run%s ended after this fit: Recompute to include them.", newer,
+                       newer == 1 ? "" : "s");
+  }
+  if (ImGui::Button("Recompute with these options (in the background)")) {
+    scaling_.fit_requested = true;
+  }
+  return false;
 }
-
-namespace {
-
-// The model-free primary reading (analysis/model_free.h) beside the fit: FLOPs to each target
-// loss interpolated on every seed's own points, as a ratio to the reference, paired by seed.
-// Cheap (interpolation and a bootstrap over a handful of seeds), so it is recomputed per frame
-// from the observations of the live or stored fit.
-void DrawModelFree(const std::vector<analysis::Observation>& obs, const std::string& reference,
-                   const std::string& key, std::map<std::string, ImU32>& fam_color,
-                   ImGuiTableFlags tflags) {
-  ImGui::TextUnformatted(
-      "Model-free (primary; verdicts rest on it): FLOPs to reach L*, interpolated on each "
-      "seed's points, relative to the reference (geometric mean over seeds):");
-  analysis::ModelFreeTable t;
-  try {
-    analysis::ModelFreeOptions o;
-    o.resamples = 200;
-    t = analysis::ModelFreeMultipliers(obs, reference, {}, o);
-  } catch (const std::exception& e) {
-    ImGui::TextDisabled("unavailable: %s (the fitted law below is the only reading)", e.what());
-    return;
-  }
-  std::stable_sort(t.rows.begin(), t.rows.end(), [](const auto& a, const auto& b) {
-    if (a.target_loss != b.target_loss) return a.target_loss < b.target_loss;
-    return ValueLess(a.family, b.family);
-  });
-  std::string note;
-  if (ImGui::BeginTable("model free", 4, tflags)) {
-    ImGui::TableSetupColumn("L*");
-    ImGui::TableSetupColumn(key.c_str());
-    ImGui::TableSetupColumn("seeds");
-    ImGui::TableSetupColumn("FLOPs ratio");
-    ImGui::TableHeadersRow();
-    for (const auto& r : t.rows) {
-      ImGui::TableNextRow();
-      ImGui::TableSetColumnIndex(0);
-      ImGui::Text("%.4f", r.target_loss);
-      ImGui::TableSetColumnIndex(1);
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[r.family]), "%s",
-                         r.family.c_str());
-      ImGui::TableSetColumnIndex(2);
-      ImGui::Text("%zu", r.seeds.size());
-      ImGui::TableSetColumnIndex(3);
-      if (r.interval_note.empty()) {
-        ImGui::Text("%.3f\xc3\x97 [%.3f, %.3f]", r.flops_ratio.estimate, r.flops_ratio.lo,
-                    r.flops_ratio.hi);
-      } else {
-        ImGui::Text("%.3f\xc3\x97 (no interval)", r.flops_ratio.estimate);
-        note = r.interval_note;
-      }
-    }
-    ImGui::EndTable();
-  }
-  if (!note.empty()) ImGui::TextDisabled("intervals: %s", note.c_str());
-}
-
-}  // namespace
 
 void App::ScalingView() {
   if (!scaling_.fit_job) scaling_.fit_job = std::make_unique<FitJob>();
@@ -230,24 +235,30 @@ void App::ScalingView() {
     ImGui::TextDisabled("Choose the key that defines the families (e.g. var:sparsity).");
     return;
   }
-  // Refit when the set of finished runs in scope changes.
+  // Refit (without a stored fit to show) when the set of finished runs in scope changes.
   Signature data;
-  double newest_run = 0;
+  std::vector<double> ended;
   for (const auto& r : rs.runs) {
     if (scaling_.sweep >= 0 && r->row.sweep_id != scaling_.sweep) continue;
     if (r->row.effective_status != RunStatus::kDone &&
         r->row.effective_status != RunStatus::kDiverged)
       continue;
     data.Add(r->row.id).Add(r->row.updated_at.value_or(0));
-    newest_run = std::max(newest_run, r->row.ended_at.value_or(r->row.updated_at.value_or(0)));
+    ended.push_back(r->row.ended_at.value_or(r->row.updated_at.value_or(0)));
   }
-  // A current stored fit is drawn as stored (no refit); otherwise analysis/ fits here.
-  const bool use_stored = !StoredFits(data.h, newest_run);
+  // The newest stored fit is drawn as stored; analysis/ fits here only without one or when
+  // Recompute was pressed (then with the stored fit's options).
+  const bool use_stored = !StoredFits(data.h, ended);
   FitRequest req;
-  req.db_path = store_->path();
-  if (scaling_.sweep >= 0) req.sweep_id = scaling_.sweep;
-  req.family_key = settings_.family_key.rfind("var:", 0) == 0 ? settings_.family_key.substr(4)
-                                                              : settings_.family_key;
+  if (scaling_.stored_result && scaling_.fit_requested) {
+    req = RequestFromStored(*scaling_.stored_result, store_->path());
+  } else {
+    req.db_path = store_->path();
+    if (scaling_.sweep >= 0) req.sweep_id = scaling_.sweep;
+    req.family_key = settings_.family_key.rfind("var:", 0) == 0 ? settings_.family_key.substr(4)
+                                                                : settings_.family_key;
+    req.reference = scaling_.chosen_reference;  // the model-free table follows the chooser
+  }
   req.heads_base = scaling_.heads_base;
   req.heads_treatment = scaling_.heads_treatment;
   req.data_version = data.h;
@@ -261,21 +272,22 @@ void App::ScalingView() {
       scaling_.target_family_key = req.family_key;
       scaling_.target_loss = res->stored_multipliers->target_loss;
     }
+    ImGui::TextDisabled("%d runs, %zu points", res->observations.runs_used,
+                        res->observations.points.size());
   } else {
     scaling_.fit_job->Submit(req);
     res = scaling_.fit_job->Result();
     const bool busy = scaling_.fit_job->Busy();
     if (busy || !res || !(res->request == req)) frame_settled_ = false;
     if (busy) {
-      ImGui::SameLine();
       ImGui::TextColored(ImVec4(0.9f, 0.8f, 0.3f, 1), "fitting...");
+      ImGui::SameLine();
     }
     if (!res) return;
     if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id) {
       ImGui::TextDisabled("fitting %s ...", req.family_key.c_str());
       return;
     }
-    ImGui::SameLine();
     ImGui::TextDisabled("%d runs, %zu points, %zu skipped, fitted in %.1f s",
                         res->observations.runs_used, res->observations.points.size(),
                         res->observations.skipped.size(), res->seconds);
@@ -286,6 +298,15 @@ void App::ScalingView() {
       ImGui::TextUnformatted(res->observations.skipped[i].c_str());
     }
     ImGui::EndTooltip();
+  }
+  {
+    std::string text;
+    for (const std::string& o : OptionsText(res->options)) text += (text.empty() ? "" : "; ") + o;
+    if (use_stored && !res->options_stored) {
+      ImGui::TextWrapped("Options: not stored with this row (a `moelab fit` older than them).");
+    } else {
+      ImGui::TextWrapped("Options%s: %s.", use_stored ? " (stored)" : "", text.c_str());
+    }
   }
   if (!res->error.empty() || !res->fits) {
     ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(240, 110, 100, 255));
@@ -405,31 +426,33 @@ void App::ScalingView() {
     scaling_.fit_reference = stored_table->reference;
     ImGui::TextWrapped(
         "FLOPs to reach L* = %s relative to %s = %s as `moelab fit` stored them (C_family / "
-        "C_reference, bootstrap interval; Fit now for another L* or reference):",
+        "C_reference, bootstrap interval; Recompute for another L* or reference):",
         FormatValue(stored_table->target_loss).c_str(), req.family_key.c_str(),
         stored_table->reference.c_str());
   } else {
     ImGui::SetNextItemWidth(140);
     if (ImGui::BeginCombo("reference", scaling_.fit_reference.c_str())) {
       for (const auto& f : families) {
-        if (ImGui::Selectable(f.c_str(), f == scaling_.fit_reference)) scaling_.fit_reference = f;
+        if (ImGui::Selectable(f.c_str(), f == scaling_.fit_reference)) {
+          scaling_.fit_reference = scaling_.chosen_reference = f;
+        }
       }
       ImGui::EndCombo();
     }
     ImGui::TextWrapped(
-        "FLOPs to reach L* = %s relative to %s = %s (C_family / C_reference, 90%% "
+        "FLOPs to reach L* = %s relative to %s = %s (C_family / C_reference, %.0f%% "
         "bootstrap interval):",
         FormatValue(scaling_.target_loss).c_str(), req.family_key.c_str(),
-        scaling_.fit_reference.c_str());
+        scaling_.fit_reference.c_str(), 100 * res->options.level);
   }
-  const ImGuiTableFlags tflags =
-      ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingFixedFit;
   try {
+    analysis::MultiplierOptions mo;
+    mo.level = res->options.level;
     analysis::MultiplierTable table =
-        stored_table
-            ? *stored_table
-            : analysis::ComputeMultiplierTable(fits, scaling_.fit_reference, scaling_.target_loss);
-    if (ImGui::BeginTable("multipliers", 3, tflags)) {
+        stored_table ? *stored_table
+                     : analysis::ComputeMultiplierTable(fits, scaling_.fit_reference,
+                                                        scaling_.target_loss, mo);
+    if (BeginFitTable("multipliers", 3, table.rows.size())) {
       ImGui::TableSetupColumn("family");
       ImGui::TableSetupColumn("multiplier");
       ImGui::TableSetupColumn("FLOPs to L*");
@@ -443,15 +466,18 @@ void App::ScalingView() {
                            row.family.c_str());
         ImGui::TableSetColumnIndex(1);
         if (row.ok) {
-          ImGui::Text("%.2f\xc3\x97 [%.2f, %.2f]", row.multiplier.estimate, row.multiplier.lo,
-                      row.multiplier.hi);
+          ImGui::Text("%s\xc3\x97",
+                      EstimateText(row.multiplier, row.interval_note, "%.3f").c_str());
+          for (const auto& flag : row.flags) {
+            if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", flag.c_str());
+          }
           ImGui::TableSetColumnIndex(2);
-          ImGui::TextUnformatted(FormatValue(row.compute_family.estimate).c_str());
+          ImGui::TextUnformatted(
+              EstimateText(row.compute_family, row.interval_note, "%.3g").c_str());
         } else {
           ImGui::TextDisabled("refused");
-          if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", row.refusal.c_str());
           ImGui::TableSetColumnIndex(2);
-          ImGui::TextDisabled("%s", row.refusal.substr(0, 40).c_str());
+          ImGui::TextDisabled("%s", row.refusal.c_str());
         }
       }
       ImGui::EndTable();
@@ -460,42 +486,52 @@ void App::ScalingView() {
     ImGui::TextWrapped("%s", e.what());
   }
   ImGui::Spacing();
-  DrawModelFree(res->observations.points, scaling_.fit_reference, req.family_key, fam_color,
-                tflags);
+  DrawModelFree(*res, req.family_key, fam_color);
   ImGui::Spacing();
-  ImGui::TextUnformatted("Fitted L(C) = E + A·(C/1e15)^-α per family (secondary, smoothed):");
-  if (ImGui::BeginTable("params", 4, tflags)) {
+  ImGui::TextWrapped("Fitted L(C) = E + A·(C/1e15)^-α per family (secondary, smoothed):");
+  if (BeginFitTable("params", 7, families.size())) {
     ImGui::TableSetupColumn("family");
+    ImGui::TableSetupColumn("seeds");
+    ImGui::TableSetupColumn("points");
     ImGui::TableSetupColumn("E");
-    ImGui::TableSetupColumn("α");
-    ImGui::TableSetupColumn("seeds / frontier");
+    ImGui::TableSetupColumn("A");
+    ImGui::TableSetupColumn("\xce\xb1");
+    ImGui::TableSetupColumn("rmse(log)");
     ImGui::TableHeadersRow();
     for (const auto& name : families) {
       const analysis::PowerLawFit& f = fits.Get(name);
       ImGui::TableNextRow();
       ImGui::TableSetColumnIndex(0);
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[name]), "%s", name.c_str());
-      for (const auto& p : f.params) {
-        const int col = p.name == "E" ? 1 : p.name == "alpha" ? 2 : -1;
-        if (col < 0) continue;
-        ImGui::TableSetColumnIndex(col);
-        ImGui::Text("%s [%s, %s]%s", FormatValue(p.value.estimate).c_str(),
-                    FormatValue(p.value.lo).c_str(), FormatValue(p.value.hi).c_str(),
-                    p.at_bound ? " (bound)" : "");
-      }
-      ImGui::TableSetColumnIndex(3);
-      ImGui::Text("%d / %zu%s", f.n_units, f.frontier.size(),
-                  f.misfit.rejected ? "  form rejected" : "");
+      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(fam_color[name]), "%s%s", name.c_str(),
+                         f.misfit.rejected ? "  form rejected" : "");
       if (f.misfit.rejected && ImGui::IsItemHovered()) {
         ImGui::SetTooltip("%s", f.misfit.reason.c_str());
       }
+      ImGui::TableSetColumnIndex(1);
+      ImGui::Text("%d", f.n_units);
+      ImGui::TableSetColumnIndex(2);
+      ImGui::Text("%d", f.diagnostics.n_points);
+      for (const auto& p : f.params) {
+        const int col = p.name == "E" ? 3 : p.name == "A" ? 4 : p.name == "alpha" ? 5 : -1;
+        if (col < 0) continue;
+        ImGui::TableSetColumnIndex(col);
+        ImGui::Text("%s%s", EstimateText(p.value, f.interval_note).c_str(),
+                    p.at_bound ? " (at bound)" : "");
+      }
+      ImGui::TableSetColumnIndex(6);
+      ImGui::Text("%.4f", f.diagnostics.rmse_log);
     }
     ImGui::EndTable();
   }
-  if (!fits.families.empty() && !fits.families.front().interval_note.empty()) {
-    ImGui::TextDisabled("intervals: %s", fits.families.front().interval_note.c_str());
+  std::set<std::string> notes;
+  for (const auto& f : fits.families) {
+    if (!f.interval_note.empty()) notes.insert(f.interval_note);
   }
-  for (const auto& w : fits.warnings) ImGui::TextDisabled("%s", w.c_str());
+  for (const auto& n : notes) ImGui::TextWrapped("intervals: %s", n.c_str());
+  for (const auto& w : fits.warnings) ImGui::TextWrapped("%s", w.c_str());
+  if (use_stored && !res->stored_basis.empty()) {
+    ImGui::TextWrapped("verdict rests on: %s", res->stored_basis.c_str());
+  }
 
   ImGui::Spacing();
   ImGui::Separator();
@@ -520,16 +556,13 @@ void App::ScalingView() {
       "FLOPs.");
   if (res->heads) {
     const analysis::HeadsAblation& h = *res->heads;
-    if (ImGui::BeginTable("heads", 3, tflags)) {
+    if (BeginFitTable("heads", 3, h.budgets.size() + 1)) {
       ImGui::TableSetupColumn("tokens");
       ImGui::TableSetupColumn("\xce\x94 equal tokens");
       ImGui::TableSetupColumn("\xce\x94 equal FLOPs");
       ImGui::TableHeadersRow();
       auto pct = [](const analysis::Estimate& e) {
-        char buf[64];
-        std::snprintf(buf, sizeof(buf), "%+.2f%% [%+.2f, %+.2f]", 100 * e.estimate, 100 * e.lo,
-                      100 * e.hi);
-        return std::string(buf);
+        return EstimateText({100 * e.estimate, 100 * e.lo, 100 * e.hi}, "", "%+.2f%%");
       };
       for (const auto& b : h.budgets) {
         ImGui::TableNextRow();

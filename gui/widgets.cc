@@ -114,4 +114,40 @@ bool CodeEditor(const char* id, std::string* text, ImVec2 size, int mark_line, b
   return edited;
 }
 
+void DrawListText(ImDrawList* dl, ImVec2 pos, ImU32 color, const char* text) {
+  dl->AddText(pos, color, text);
+  if (GImGui->LogEnabled) ImGui::LogRenderedText(&pos, text);
+}
+
+std::vector<std::string> ClippedTables() {
+  ImGuiContext& g = *GImGui;
+  std::vector<std::string> out;
+  for (int n = 0; n < g.Tables.GetMapSize(); ++n) {
+    const ImGuiTable* t = g.Tables.TryGetMapData(n);
+    if (!t || t->LastFrameActive != g.FrameCount || !t->OuterWindow) continue;
+    const ImGuiWindow* w = t->OuterWindow;
+    if (t->Flags & ImGuiTableFlags_ScrollX) continue;  // scrolls sideways: nothing is lost
+    const float need = t->OuterRect.Min.x + t->ColumnsAutoFitWidth;
+    const float shown = w->ScrollMax.x > 0 ? t->OuterRect.Max.x
+                                           : std::min(t->OuterRect.Max.x, w->InnerClipRect.Max.x);
+    // A header wider than its column is cut with an ellipsis, scrolling or not.
+    for (int c = 0; c < t->ColumnsCount; ++c) {
+      const ImGuiTableColumn& col = t->Columns[c];
+      if (!col.IsEnabled || col.ContentMaxXHeadersIdeal <= col.WorkMaxX + 1) continue;
+      char line[512];
+      std::snprintf(line, sizeof line, "header of column %d '%s' in window '%s': %.0f px cut", c,
+                    ImGui::TableGetColumnName(t, c), w->Name,
+                    col.ContentMaxXHeadersIdeal - col.WorkMaxX);
+      out.push_back(line);
+    }
+    if (need > shown + 1) {
+      char line[512];
+      std::snprintf(line, sizeof line, "table 0x%08x in window '%s': needs %.0f px, shows %.0f px",
+                    t->ID, w->Name, need - t->OuterRect.Min.x, shown - t->OuterRect.Min.x);
+      out.push_back(line);
+    }
+  }
+  return out;
+}
+
 }  // namespace moelab::gui

@@ -4,6 +4,7 @@
 #include <imgui.h>
 
 #include <string>
+#include <vector>
 
 #include "core/run_status.h"
 #include "gui/data_store.h"
@@ -21,5 +22,12 @@ bool KeyCombo(const char* label, std::string* key, const RunsSnapshot& runs, con
 // is highlighted in the text and the gutter (where a JSON error is), and scrolled into view
 // when `reveal_mark`. True when edited.
 bool CodeEditor(const char* id, std::string* text, ImVec2 size, int mark_line, bool reveal_mark);
+
+// Text drawn straight into a draw list (labels of heatmaps and plots) that, unlike
+// ImDrawList::AddText, also reaches ImGui's text log, so `--script dump-text` sees it.
+void DrawListText(ImDrawList* dl, ImVec2 pos, ImU32 color, const char* text);
+// Tables drawn this frame whose columns are cut off: content wider than the table shows with
+// no horizontal scrolling, in the table or its window. One line each ("" when none).
+std::vector<std::string> ClippedTables();
 
 }  // namespace moelab::gui

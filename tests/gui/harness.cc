@@ -16,7 +16,7 @@ namespace moelab::gui::testing {
 bool HaveXvfb() { return std::system("command -v xvfb-run > /dev/null 2>&1") == 0; }
 
 int RunGuiScript(const std::string& db, const std::string& script, const std::string& log,
-                 const std::string& extra) {
+                 const std::string& extra, const std::string& size) {
   std::ofstream(log + ".script") << script;
   // The app's own exit status goes to a file, since xvfb-run's can differ from it: 1 when Xvfb
   // fails to start (two parallel tests racing for a display with -a), 5 when removing its
@@ -25,9 +25,9 @@ int RunGuiScript(const std::string& db, const std::string& script, const std::st
   const std::string status = log + ".status";
   const std::string db_arg = db.empty() ? "" : " --db '" + db + "'";
   std::ofstream(log + ".sh") << "timeout 300 '" << test::BinPath("moelab-gui") << "'" << db_arg
-                             << " " << extra << " --script '" << log << ".script' > '" << log
-                             << "' 2>&1\necho $? > '" << status << "'\n";
-  const std::string cmd = "xvfb-run -a -s \"-screen 0 1280x800x24\" sh '" + log + ".sh'";
+                             << " --size " << size << " " << extra << " --script '" << log
+                             << ".script' > '" << log << "' 2>&1\necho $? > '" << status << "'\n";
+  const std::string cmd = "xvfb-run -a -s \"-screen 0 " + size + "x24\" sh '" + log + ".sh'";
   int rc = -1;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::filesystem::remove(status);
@@ -37,6 +37,15 @@ int RunGuiScript(const std::string& db, const std::string& script, const std::st
     if (in >> app) return app;
   }
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+std::string ViewText(const std::string& db, const std::string& args, const std::string& log,
+                     const std::string& size) {
+  const std::string out = log + ".txt";
+  std::filesystem::remove(out);
+  if (RunGuiScript(db, "wait-settled 120\ndump-text " + out + "\nquit\n", log, args, size) != 0)
+    return "";
+  return test::Slurp(out);
 }
 
 Image LoadPng(const std::string& path) {

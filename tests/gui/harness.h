@@ -12,7 +12,13 @@ bool HaveXvfb();
 // moelab-gui --script under xvfb-run at 1280x800 (extra: more arguments); the exit status, the
 // app's output in `log`.
 int RunGuiScript(const std::string& db, const std::string& script, const std::string& log,
-                 const std::string& extra = "");
+                 const std::string& extra = "", const std::string& size = "1280x800");
+// The text a view shows once settled (the script's dump-text: ImGui's log of the frame, table
+// cells joined by '|', plus a "CLIPPED ..." line per cut-off table or header), opened with
+// `args` (e.g. "--view compare --run 1 2") in a window of `size`; "" when the app failed (its
+// log is then at `log`).
+std::string ViewText(const std::string& db, const std::string& args, const std::string& log,
+                     const std::string& size = "1280x800");
 
 struct Image {
   int w = 0, h = 0;

@@ -3,15 +3,19 @@
 // observations and the multiplier table; no bands, since the bootstrap draws are not stored).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "db/fits.h"
 #include "gui/fits.h"
 #include "tests/common/test_util.h"
 #include "tests/gui/fixture.h"
+#include "tests/gui/harness.h"
 
 namespace moelab::gui {
 namespace {
@@ -121,6 +125,132 @@ TEST(GuiStoredFit, OlderRowsAndRowsWithoutALawAreHandled) {
   EXPECT_FALSE(FitResultFromStored(row, &why).has_value());
   row.result_json = R"({"families": [{"family": "8", "params": 3}]})";
   EXPECT_FALSE(FitResultFromStored(row, &why).has_value());
+}
+
+// `moelab fit --all-points` on the scaling fixture (one seed: no intervals); the row and what
+// the CLI printed.
+struct AllPointsFit {
+  db::FitRecord row;
+  std::string printed;
+};
+AllPointsFit FitAllPoints(const std::string& db, const std::string& log) {
+  testing::BuildScalingFixture(db);
+  const std::string cmd = test::BinPath("moelab") + " fit --db '" + db +
+                          "' --sweep heads --by heads --all-points --resamples 100 --seed 7 > '" +
+                          log + "' 2>&1";
+  AllPointsFit out;
+  if (std::system(cmd.c_str()) != 0) return out;
+  out.printed = test::Slurp(log);
+  const std::vector<db::FitRecord> rows = db::ListFits(db, std::nullopt);
+  if (rows.size() == 1) out.row = rows[0];
+  return out;
+}
+
+TEST(GuiStoredFit, TheModelFreeTableAndTheOptionsAreTheStoredOnes) {
+  // Issue 37: the view recomputed the model-free table with default options (final points
+  // only, where `moelab fit --all-points` used every evaluation) and showed -nan for it.
+  test::TempDir dir("moelab_gui_stored_mf");
+  const AllPointsFit fit = FitAllPoints(dir / "scaling.db", dir / "fit.log");
+  ASSERT_GT(fit.row.id, 0) << fit.printed;
+  std::string why;
+  const std::optional<FitResult> r = FitResultFromStored(fit.row, &why);
+  ASSERT_TRUE(r.has_value()) << why;
+  EXPECT_TRUE(r->options_stored);
+  EXPECT_FALSE(r->options.final_only);  // --all-points
+  EXPECT_EQ(r->options.bootstrap_resamples, 100);
+  EXPECT_EQ(r->options.seed, 7u);
+  const json stored = json::parse(fit.row.result_json)["model_free"];
+  ASSERT_TRUE(r->model_free.has_value()) << r->model_free_error;
+  EXPECT_EQ(r->model_free->reference, stored["reference"].get<std::string>());
+  ASSERT_EQ(r->model_free->rows.size(), stored["rows"].size());
+  ASSERT_FALSE(stored["rows"].empty());
+  for (size_t i = 0; i < stored["rows"].size(); ++i) {
+    const json& want = stored["rows"][i];
+    const analysis::ModelFreeRow& got = r->model_free->rows[i];
+    EXPECT_EQ(got.family, want["family"].get<std::string>());
+    EXPECT_DOUBLE_EQ(got.target_loss, want["target_loss"].get<double>());
+    EXPECT_DOUBLE_EQ(got.flops_ratio.estimate, want["flops_ratio"]["estimate"].get<double>());
+    EXPECT_TRUE(std::isnan(got.flops_ratio.lo));  // one seed: stored as null
+    EXPECT_EQ(got.interval_note, want["interval_note"].get<std::string>());
+  }
+  // A recompute asks for exactly those options.
+  const FitRequest again = RequestFromStored(*r, "x.db");
+  EXPECT_EQ(again.final_only, std::optional<bool>(false));
+  EXPECT_EQ(again.resamples, 100);
+  EXPECT_EQ(again.seed, 7u);
+  EXPECT_EQ(again.reference, r->model_free->reference);
+  EXPECT_EQ(again.target_losses, r->model_free->targets);
+  EXPECT_EQ(again.family_key, "heads");
+  // ... and computes the stored table again (same data, options and bootstrap seed).
+  FitRequest here = again;
+  here.db_path = dir / "scaling.db";
+  const FitResult recomputed = ComputeFits(here);
+  ASSERT_TRUE(recomputed.model_free.has_value()) << recomputed.model_free_error;
+  ASSERT_EQ(recomputed.model_free->rows.size(), r->model_free->rows.size());
+  for (size_t i = 0; i < recomputed.model_free->rows.size(); ++i) {
+    EXPECT_NEAR(recomputed.model_free->rows[i].flops_ratio.estimate,
+                r->model_free->rows[i].flops_ratio.estimate, 1e-9);
+  }
+}
+
+TEST(GuiStoredFit, AnEstimateWithoutAnIntervalSaysWhyAndNeverNan) {
+  const std::string note =
+      "1 seed: too few for an interval (the replicate is a seed's trunk with its branches; an "
+      "interval needs >= 3)";
+  EXPECT_EQ(EstimateText({0, NAN, NAN}, note), "0 (1 seed: no interval)");
+  EXPECT_EQ(EstimateText({1.1494, NAN, NAN}, note, "%.3f"), "1.149 (1 seed: no interval)");
+  EXPECT_EQ(EstimateText({1.1494, NAN, NAN}, ""), "1.149 (no interval)");
+  EXPECT_EQ(EstimateText({1.5, 1.25, 1.75}, ""), "1.5 [1.25, 1.75]");
+  EXPECT_EQ(EstimateText({NAN, NAN, NAN}, note), "none (not estimated)");
+}
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// The FLOPs ratios `moelab fit` printed in its model-free table ("1.149" each).
+std::vector<std::string> PrintedRatios(const std::string& printed) {
+  std::vector<std::string> out;
+  std::istringstream in(printed.substr(printed.find("Model-free (primary)")));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("Fitted law") != std::string::npos) break;
+    std::istringstream words(line);
+    std::string target, family, seeds, ratio;
+    if (!(words >> target >> family >> seeds >> ratio)) continue;
+    if (target.empty() || !std::isdigit(static_cast<unsigned char>(target[0]))) continue;
+    out.push_back(ratio);
+  }
+  return out;
+}
+
+TEST(GuiStoredFit, TheScalingViewShowsWhatMoelabFitPrinted) {
+  if (!testing::HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("moelab_gui_stored_view");
+  const AllPointsFit fit = FitAllPoints(dir / "scaling.db", dir / "fit.log");
+  ASSERT_GT(fit.row.id, 0) << fit.printed;
+  const std::vector<std::string> ratios = PrintedRatios(fit.printed);
+  ASSERT_FALSE(ratios.empty()) << fit.printed;
+  // Tall enough that every table of the right-hand pane is on screen (text scrolled out of a
+  // window is not drawn, so not in the dump).
+  const std::string text =
+      testing::ViewText(dir / "scaling.db", "--view scaling", dir / "view.log", "1280x1600");
+  ASSERT_FALSE(text.empty()) << test::Slurp(dir / "view.log");
+  for (const std::string& r : ratios) {
+    EXPECT_NE(text.find(r + " (1 seed: no interval)"), std::string::npos)
+        << "the CLI's model-free ratio " << r << " is not shown as stored:\n"
+        << text;
+  }
+  EXPECT_EQ(Lower(text).find("nan"), std::string::npos) << text;
+  EXPECT_EQ(text.find("CLIPPED"), std::string::npos) << text;
+  // The options the row was made with, and no refit.
+  EXPECT_NE(text.find("100 bootstrap resamples (seed 7)"), std::string::npos) << text;
+  EXPECT_NE(text.find("every evaluation (pre-decay points included, --all-points)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Stored fit #"), std::string::npos) << text;
+  EXPECT_EQ(text.find("fitted in"), std::string::npos) << text;
 }
 
 }  // namespace
