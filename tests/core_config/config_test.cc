@@ -221,7 +221,7 @@ TEST(ConfigFuzzRegression, EmptyKeyAndEmptyOverrideNameWhereTheyAre) {
 TEST(ConfigFuzzRegression, ControlCharactersFromTheInputAreEscapedInMessages) {
   // A key starting with NUL made what() an empty C string.
   const ConfigError e = ErrorOf([] { ConfigFromJson({{std::string("\0x", 2), 1}}); });
-  EXPECT_EQ(std::string(e.what()), "\\u0000x: unknown key");
+  EXPECT_THAT(std::string(e.what()), ::testing::StartsWith("\\u0000x: unknown key"));
   const ConfigError f = ErrorOf([] {
     ConfigFromJson({{"moe", {{"router", std::string("soft\0max\x1b", 9)}}}});
   });
