@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/did_you_mean.h"
+#include "core/printable.h"
 
 namespace moelab {
 
@@ -348,7 +349,7 @@ void SetField(const Field& f, const json& v, RunConfig& c) {
       const std::string s = v.get<std::string>();
       if (!f.choices.empty() &&
           std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end()) {
-        throw ConfigError(f.path, fmt::format("'{}' is not one of: {}", s,
+        throw ConfigError(f.path, fmt::format("'{}' is not one of: {}", PrintableText(s),
                                               fmt::join(f.choices, ", ")));
       }
       *static_cast<std::string*>(p) = s;
@@ -403,6 +404,9 @@ void Walk(const json& j, const std::string& prefix, RunConfig& c) {
                       fmt::format("expected an object, got {}", JsonTypeName(j)));
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key().empty()) {  // else the message would name an empty path (found by fuzzing)
+      throw ConfigError(prefix.empty() ? "(root)" : prefix, "an empty key \"\" is not a field");
+    }
     const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
     if (const Field* f = FindField(path)) {
       SetField(*f, it.value(), c);
@@ -416,7 +420,8 @@ void Walk(const json& j, const std::string& prefix, RunConfig& c) {
       // Free-text labels are allowed at the top level and ignored by the engine.
       if (!it.value().is_string()) throw ConfigError(path, "expected a string");
     } else {
-      throw ConfigError(path, "unknown key" + DidYouMean(path));
+      // Keys are the input's text: a NUL or an escape sequence must not reach the message.
+      throw ConfigError(PrintableText(path), "unknown key" + DidYouMean(path));
     }
   }
 }
@@ -654,17 +659,31 @@ void ValidateConfig(const RunConfig& c) {
 void ApplyOverride(json& j, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    throw ConfigError(assignment, "an override must look like path.to.key=value");
+    // Named by the flag: an empty assignment has no path to name (found by fuzzing).
+    throw ConfigError(fmt::format("--set '{}'", PrintableText(assignment)),
+                      "an override must look like path.to.key=value");
   }
   const std::string path = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
+  if (!FindField(path)) throw ConfigError(PrintableText(path), "unknown key" + DidYouMean(path));
   json value;
   try {
     value = json::parse(text);
+  } catch (const json::out_of_range&) {  // a number like 1e999 (found by fuzzing)
+    throw ConfigError(path, fmt::format("the number {} is out of range", PrintableText(text)));
   } catch (const json::parse_error&) {
     value = text;  // bare words are strings: --set optimizer.name=muon
+    try {
+      value.dump();  // the config's JSON (its hash, the database) needs UTF-8 text
+    } catch (const json::type_error&) {
+      throw ConfigError(path, "the value is not valid UTF-8 text");
+    }
   }
-  if (!FindField(path)) throw ConfigError(path, "unknown key" + DidYouMean(path));
+  // A document that is not an object (a file holding `5`) has no key to set; nlohmann would throw
+  // its own type_error from operator[] (found by fuzzing).
+  if (!j.is_object() && !j.is_null()) {
+    throw ConfigError("(root)", fmt::format("expected an object, got {}", JsonTypeName(j)));
+  }
   json* node = &j;
   size_t start = 0;
   while (true) {
@@ -737,7 +756,7 @@ RunConfig LoadConfigFile(const std::string& path, const std::vector<std::string>
   json j;
   try {
     j = json::parse(in, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
     throw ConfigError(path, fmt::format("not valid JSON: {}", e.what()));
   }
   for (const std::string& o : overrides) ApplyOverride(j, o);

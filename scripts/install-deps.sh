@@ -11,6 +11,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth
   bible-kjv bible-kjv-text wordnet-base
+  clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer targets with ASan + UBSan (fuzz/)
 )
 
 missing=()

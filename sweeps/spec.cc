@@ -42,6 +42,10 @@ const std::vector<std::string>& ModelQuantities() {
   return names;
 }
 
+// 2^53: every integer up to it is a double. 2^63: the first double beyond int64.
+constexpr double kMaxExactInteger = 9007199254740992.0;
+constexpr double kInt64Bound = 9223372036854775808.0;
+
 using Assignment = std::pair<std::string, ojson>;
 using Point = std::vector<Assignment>;
 
@@ -223,6 +227,20 @@ std::vector<Point> RandomPoints(const ojson& r) {
       if (kind == "log_uniform" && arg[0].get<double>() <= 0) {
         throw SpecError(fmt::format("{}.log_uniform: bounds must be positive", where));
       }
+      const double lo = arg[0].get<double>(), hi = arg[1].get<double>();
+      if (kind == "uniform" && !std::isfinite(hi - lo)) {
+        throw SpecError(fmt::format("{}.uniform: [{}, {}] is too wide to sample", where, lo, hi));
+      }
+      // Caught by UBSan in the fuzz target: bounds beyond int64 overflowed the conversion and
+      // b - a + 1; and bounds with no integer between them ([0.2, 0.8]) drew one outside them.
+      if (kind == "int_uniform" &&
+          (std::fabs(lo) > kMaxExactInteger || std::fabs(hi) > kMaxExactInteger)) {
+        throw SpecError(fmt::format("{}.int_uniform: bounds must lie within ±2^53 ({})", where,
+                                    kMaxExactInteger));
+      }
+      if (kind == "int_uniform" && std::ceil(lo) > std::floor(hi)) {
+        throw SpecError(fmt::format("{}.int_uniform: no integer lies in [{}, {}]", where, lo, hi));
+      }
     } else {
       throw SpecError(
           fmt::format("{}: unknown distribution '{}' (uniform, log_uniform, int_uniform, choice)",
@@ -370,6 +388,12 @@ json TypedResult(const Derived& d, double x) {
           "use round(), floor() or ceil())",
           d.where, d.target, d.expr, d.target, x));
     }
+    // llround beyond int64 gives INT64_MIN, which the config then reported as the value (found
+    // by fuzzing). Narrower fields (int) say so themselves.
+    if (std::fabs(x) >= kInt64Bound) {
+      throw SpecError(fmt::format("{} '{} = {}': {} is beyond the integer range", d.where, d.target,
+                                  d.expr, x));
+    }
     return static_cast<int64_t>(std::llround(x));
   }
   if (def && def->is_number()) return x;
@@ -455,6 +479,8 @@ ojson ParseSpecText(const std::string& text, const std::string& path) {
     const size_t column = end > 0 && nl != std::string::npos ? end - nl : end + 1;
     throw SpecError(
         fmt::format("{}: not valid JSON (line {}, column {}): {}", path, line, column, e.what()));
+  } catch (const ojson::out_of_range& e) {  // a number like 1e999 (found by fuzzing)
+    throw SpecError(fmt::format("{}: not valid JSON: {}", path, e.what()));
   }
   if (!spec.is_object()) throw SpecError(fmt::format("{}: a sweep spec is a JSON object", path));
   if (!spec.contains("name")) spec["name"] = fs::path(path).stem().string();
@@ -467,7 +493,7 @@ ojson ParseSpecText(const std::string& text, const std::string& path) {
     }
     try {
       spec["base"] = ojson::parse(bin, nullptr, true, true);
-    } catch (const ojson::parse_error& e) {
+    } catch (const ojson::exception& e) {  // parse_error, or out_of_range for 1e999
       throw SpecError(fmt::format("base: '{}' is not valid JSON: {}", base.string(), e.what()));
     }
   }

@@ -10,16 +10,19 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/printable.h"
 
 namespace moelab::sweeps {
 
 using ojson = nlohmann::ordered_json;
 
 // Any problem with a spec. The message says where (the spec key, the run with its variables,
-// the config path) and why; a sweep with a SpecError never starts anything.
+// the config path) and why; a sweep with a SpecError never starts anything. Control characters
+// that came from the spec are escaped (a NUL in a key would otherwise cut the message short).
 class SpecError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit SpecError(const std::string& what)
+      : std::runtime_error(PrintableText(what, /*keep_line_breaks=*/true)) {}
 };
 
 // One expanded run.

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/printable.h"
+
 namespace moelab {
 
 namespace {
@@ -168,7 +170,8 @@ void ForEachDocument(const std::string& path, const std::string& text_field,
                      const std::function<void(int64_t)>& progress) {
   const InputKind kind = KindOfInput(path);
   std::unique_ptr<ByteStream> in = OpenByteStream(path, kind.compression);
-  std::vector<char> buf(kChunk);
+  // Not zero-filled: only the bytes Read returns are looked at.
+  const std::unique_ptr<char[]> buf = std::make_unique_for_overwrite<char[]>(kChunk);
   std::string line, doc;
   int64_t line_no = 0;
   auto emit = [&]() {
@@ -184,7 +187,7 @@ void ForEachDocument(const std::string& path, const std::string& text_field,
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error(
-          fmt::format("{}:{}: not a JSON value ({})", path, line_no, e.what()));
+          fmt::format("{}:{}: not a JSON value ({})", path, line_no, PrintableText(e.what())));
     }
     const auto it = j.is_object() ? j.find(text_field) : j.end();
     if (!j.is_object() || it == j.end() || !it->is_string()) {
@@ -195,16 +198,16 @@ void ForEachDocument(const std::string& path, const std::string& text_field,
     doc = it->get<std::string>();
     if (!doc.empty()) fn(doc);
   };
-  for (size_t got; (got = in->Read(buf.data(), buf.size())) > 0;) {
+  for (size_t got; (got = in->Read(buf.get(), kChunk)) > 0;) {
     size_t start = 0;
     for (size_t i = 0; i < got; ++i) {
       if (buf[i] != '\n') continue;
-      line.append(buf.data() + start, i - start);
+      line.append(buf.get() + start, i - start);
       emit();
       line.clear();
       start = i + 1;
     }
-    line.append(buf.data() + start, got - start);
+    line.append(buf.get() + start, got - start);
     if (progress) progress(in->consumed());
   }
   emit();  // a last line without '\n'

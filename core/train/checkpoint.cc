@@ -11,6 +11,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "core/printable.h"
+
 namespace moelab {
 
 namespace fs = std::filesystem;
@@ -159,7 +161,10 @@ CheckpointHeader ParseHeader(Reader& r, int format) {
   return h;
 }
 
-std::string Short(const std::string& uuid) { return uuid.empty() ? "(none)" : uuid.substr(0, 8); }
+// Names read from a file reach messages escaped: a damaged file's bytes must not garble them.
+std::string Short(const std::string& uuid) {
+  return uuid.empty() ? "(none)" : PrintableText(uuid.substr(0, 8));
+}
 
 }  // namespace
 
@@ -255,8 +260,8 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
   if (!expected_hash.empty() && got != expected_hash) {
     throw std::runtime_error(
         fmt::format("{}: checkpoint is of {} {}, not {}", path,
-                    match_branch ? "a config family (all but length)" : "config", got.substr(0, 12),
-                    expected_hash.substr(0, 12)));
+                    match_branch ? "a config family (all but length)" : "config",
+                    PrintableText(got.substr(0, 12)), expected_hash.substr(0, 12)));
   }
   r.Floats(params, "params");
   r.Floats(router_bias, "router bias");
@@ -268,8 +273,8 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
   for (const StateBuffer& s : optimizer_state) {
     const std::string name = r.Str();
     if (name != s.name) {
-      throw std::runtime_error(
-          fmt::format("{}: optimizer buffer '{}' where '{}' was expected", path, name, s.name));
+      throw std::runtime_error(fmt::format("{}: optimizer buffer '{}' where '{}' was expected",
+                                           path, PrintableText(name), s.name));
     }
     r.Floats(*s.data, name);
   }
@@ -322,8 +327,9 @@ std::vector<std::string> ResumeCandidates(const std::string& dir, const ResumeId
                               path, h.step)
                 : fmt::format("skipping foreign checkpoint {} (step {}): it belongs to run {} "
                               "(config {}), not to this run {} (config {})",
-                              path, h.step, Short(h.run_uuid), h.config_hash.substr(0, 12),
-                              Short(id.run_uuid), id.config_hash.substr(0, 12)));
+                              path, h.step, Short(h.run_uuid),
+                              PrintableText(h.config_hash.substr(0, 12)), Short(id.run_uuid),
+                              id.config_hash.substr(0, 12)));
         return;
       }
     }

@@ -1,10 +1,11 @@
 #include "core/config.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
 
 namespace moelab {
 namespace {
@@ -162,6 +163,72 @@ TEST(Config, DocsFileMatchesCode) {
   ss << in.rdbuf();
   EXPECT_EQ(ss.str(), ConfigDocsMarkdown())
       << "docs/config.md is out of date: run `moelab config docs > docs/config.md`";
+}
+
+// Inputs the config fuzzer (fuzz/config_fuzz.cc) found; each was rejected with something other
+// than a ConfigError naming a path, or with a message that did not print whole.
+ConfigError ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ConfigError";
+  return ConfigError("", "");
+}
+
+TEST(ConfigFuzzRegression, OverrideOnADocumentThatIsNotAnObject) {
+  json j = -0;  // nlohmann's type_error 305 escaped from operator[]
+  const ConfigError e = ErrorOf([&] { ApplyOverride(j, "model.layers=6"); });
+  EXPECT_EQ(e.path(), "(root)");
+  EXPECT_THAT(e.reason(), HasSubstr("expected an object, got number"));
+}
+
+TEST(ConfigFuzzRegression, OverrideValueThatIsNotUtf8) {
+  json j = json::object();
+  // A bare word became a string that nlohmann cannot dump: type_error 316 from the error
+  // message (an integer field) or from the config hash (a string field, accepted before).
+  ConfigError e = ErrorOf([&] { ApplyOverride(j, "model.layers=\xb3\xb3"); });
+  EXPECT_EQ(e.path(), "model.layers");
+  EXPECT_THAT(e.reason(), HasSubstr("not valid UTF-8"));
+  e = ErrorOf([&] { ApplyOverride(j, "data.path=caf\xe9"); });
+  EXPECT_EQ(e.path(), "data.path");
+}
+
+TEST(ConfigFuzzRegression, NumberOutOfRange) {
+  json j = json::object();
+  const ConfigError e = ErrorOf([&] { ApplyOverride(j, "optimizer.lr=1e999"); });
+  EXPECT_EQ(e.path(), "optimizer.lr");
+  EXPECT_THAT(e.reason(), HasSubstr("the number 1e999 is out of range"));
+  // In a file: nlohmann's out_of_range 406 is not a parse_error and escaped LoadConfigFile.
+  const std::string path = ::testing::TempDir() + "config_fuzz_1e686.json";
+  std::ofstream(path) << R"({"optimizerlearte": 1e686})";
+  const ConfigError f = ErrorOf([&] { LoadConfigFile(path); });
+  EXPECT_EQ(f.path(), path);
+  EXPECT_THAT(f.reason(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(f.reason(), HasSubstr("number overflow"));
+}
+
+TEST(ConfigFuzzRegression, EmptyKeyAndEmptyOverrideNameWhereTheyAre) {
+  ExpectError(json::parse(R"({"": {"d_model": 32}})"), "(root)", "empty key");
+  ExpectError(json::parse(R"({"model": {"": 32}})"), "model", "empty key");
+  json j = json::object();
+  const ConfigError e = ErrorOf([&] { ApplyOverride(j, ""); });
+  EXPECT_EQ(e.path(), "--set ''");
+  EXPECT_THAT(e.reason(), HasSubstr("path.to.key=value"));
+}
+
+TEST(ConfigFuzzRegression, ControlCharactersFromTheInputAreEscapedInMessages) {
+  // A key starting with NUL made what() an empty C string.
+  const ConfigError e = ErrorOf([] { ConfigFromJson({{std::string("\0x", 2), 1}}); });
+  EXPECT_THAT(std::string(e.what()), ::testing::StartsWith("\\u0000x: unknown key"));
+  const ConfigError f = ErrorOf([] {
+    ConfigFromJson({{"moe", {{"router", std::string("soft\0max\x1b", 9)}}}});
+  });
+  EXPECT_THAT(std::string(f.what()), HasSubstr("'soft\\u0000max\\u001b' is not one of"));
+  json j = json::object();
+  const ConfigError g = ErrorOf([&] { ApplyOverride(j, std::string("model.\0x=1", 10)); });
+  EXPECT_THAT(std::string(g.what()), HasSubstr("model.\\u0000x: unknown key"));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 fs::path Root() {
   static const fs::path root = [] {
@@ -128,6 +129,20 @@ TEST(Documents, BadJsonLinesAndTruncatedStreamsNameTheFileAndLine) {
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("truncated"));
+  }
+}
+
+// Found by the documents fuzz target (fuzz/documents_fuzz.cc): nlohmann's "last read" puts the
+// line's raw bytes into the error (a DEL, invalid UTF-8); the message escapes control bytes.
+TEST(Documents, ParseErrorsOfJsonLinesPrintControlBytesEscaped) {
+  WriteBytes(Root() / "del.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ab\x7f\xff\"}\n");
+  try {
+    Collect(Root() / "del.jsonl", "text");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("del.jsonl:2: not a JSON value"));
+    EXPECT_THAT(e.what(), HasSubstr("ab\\u007f"));
+    EXPECT_THAT(e.what(), Not(HasSubstr("\x7f")));
   }
 }
 

@@ -174,5 +174,30 @@ TEST_F(CheckpointTest, LegacyCheckpointIsAdoptedOnlyByTheRunThatRecordedIt) {
             std::vector<std::string>{legacy});
 }
 
+// Found by the checkpoint fuzz target (fuzz/checkpoint_fuzz.cc): names read from a damaged or
+// foreign file reached resume's warnings and the reader's errors raw (an escape sequence drives
+// the terminal, a NUL cuts the message short); they are escaped.
+TEST_F(CheckpointTest, NamesReadFromTheFileAreEscapedInMessages) {
+  const std::string evil = "\x1b[31m\x01zzzzzz";
+  std::vector<float> params = {1, 2}, bias, moment = {0, 0};
+  WriteCheckpoint(dir_.string(), {"abc", "fam", 10, 0, 0, evil}, params, bias,
+                  {{std::string("m\0v", 3), &moment}}, 2);
+  std::vector<std::string> warnings;
+  ResumeCandidates(dir_.string(), {"aaaaaaaa-0000", "abc", "", -1},
+                   [&](const std::string& w) { warnings.push_back(w); });
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("belongs to run \\u001b[31m\\u0001zz (config abc)"), std::string::npos)
+      << warnings[0];
+  std::vector<float> out(2), other = {0, 0};
+  try {
+    ReadCheckpoint(CheckpointsNewestFirst(dir_.string()).at(0), "abc", out, bias, {{"m", &other}});
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer buffer 'm\\u0000v' where 'm' was expected"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace moelab

@@ -266,5 +266,50 @@ TEST(SpecErrorTest, MultiRankUnknownKeysAndBase) {
       "unknown distribution");
 }
 
+// Inputs found with the sweep-spec fuzz target (fuzz/sweep_spec_fuzz.cc): undefined behaviour
+// (UBSan), an exception other than SpecError, or a message that misreported the value.
+TEST(SpecFuzzRegression, IntUniformBoundsBeyondInt64AreRefused) {
+  // static_cast<int64_t>(1e300) and b - a + 1 for [-9e18, 9e18] were undefined behaviour.
+  EXPECT_HAS(ErrorOf(Spec(R"({"random": {"count": 2, "seed": 1,
+                               "params": {"x": {"int_uniform": [1e300, 1e300]}}}})")),
+             "random.params.x.int_uniform: bounds must lie within ±2^53 (9007199254740992)");
+  EXPECT_HAS(ErrorOf(Spec(R"({"random": {"count": 2, "seed": 1,
+                      "params": {"model.layers": {"int_uniform": [-9e18, 9e18]}}}})")),
+             "bounds must lie within ±2^53");
+  // No integer in [0.2, 0.8]: it drew 0, outside the bounds.
+  EXPECT_HAS(ErrorOf(Spec(R"({"random": {"count": 1,
+                               "params": {"model.layers": {"int_uniform": [0.2, 0.8]}}}})")),
+             "random.params.model.layers.int_uniform: no integer lies in [0.2, 0.8]");
+  EXPECT_HAS(ErrorOf(Spec(R"({"random": {"count": 1,
+                      "params": {"optimizer.lr": {"uniform": [-1.7e308, 1.7e308]}}}})")),
+             "too wide to sample");
+}
+
+TEST(SpecFuzzRegression, DerivedIntegerBeyondInt64NamesTheValue) {
+  // llround(1e30) is INT64_MIN: the error said "got number -9223372036854775808".
+  const std::string e =
+      ErrorOf(Spec(R"({"grid": {"s": [1]}, "derived": ["model.layers = 1e30 * s"]})"));
+  EXPECT_HAS(e, "'model.layers = 1e30 * s': 1e+30 is beyond the integer range");
+  EXPECT_EQ(e.find("-9223372036854775808"), std::string::npos) << e;
+}
+
+TEST(SpecFuzzRegression, NumberOverflowInTheTextIsASpecError) {
+  // nlohmann's out_of_range 406 is not a parse_error: it escaped ParseSpecText.
+  try {
+    ParseSpecText(R"({"grid": {"optimizer.lr": [1e686]}})", "o.json");
+    ADD_FAILURE() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_HAS(e.what(), "o.json: not valid JSON");
+    EXPECT_HAS(e.what(), "number overflow");
+  }
+}
+
+TEST(SpecFuzzRegression, ControlCharactersInKeysAreEscaped) {
+  ojson spec = Spec("{}");
+  spec["grid"] = {{std::string("\0bad", 4), {1}}};
+  const std::string e = ErrorOf(spec);
+  EXPECT_HAS(e, "'\\u0000bad' is neither a config path");
+}
+
 }  // namespace
 }  // namespace moelab::sweeps
