@@ -251,6 +251,15 @@ TEST(GuiStoredFit, TheScalingViewShowsWhatMoelabFitPrinted) {
       << text;
   EXPECT_NE(text.find("Stored fit #"), std::string::npos) << text;
   EXPECT_EQ(text.find("fitted in"), std::string::npos) << text;
+  // The picture of it (docs/images/gui-scaling-stored-all-points.png when refreshing docs).
+  const std::string png = dir / "stored.png";
+  ASSERT_EQ(
+      testing::RunGuiScript(dir / "scaling.db", "wait-settled 120\nscreenshot " + png + "\nquit\n",
+                            dir / "shot.log", "--view scaling"),
+      0)
+      << test::Slurp(dir / "shot.log");
+  EXPECT_EQ(testing::LoadPng(png).w, 1280);
+  testing::CopyToDocs(png, "scaling-stored-all-points.png");
 }
 
 }  // namespace
