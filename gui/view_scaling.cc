@@ -96,9 +96,9 @@ void DrawModelFree(const FitResult& res, const std::string& key,
       ImGui::TableSetColumnIndex(2);
       ImGui::Text("%zu", r.seeds.size());
       ImGui::TableSetColumnIndex(3);
-      ImGui::Text("%s\xc3\x97", EstimateText(r.flops_ratio, r.interval_note, "%.3f").c_str());
+      ImGui::TextUnformatted(EstimateText(r.flops_ratio, r.interval_note, "%.3f").c_str());
       ImGui::TableSetColumnIndex(4);
-      ImGui::Text("%s\xc3\x97", EstimateText(r.tokens_ratio, r.interval_note, "%.3f").c_str());
+      ImGui::TextUnformatted(EstimateText(r.tokens_ratio, r.interval_note, "%.3f").c_str());
       if (!r.interval_note.empty()) notes.insert(r.interval_note);
     }
     ImGui::EndTable();
@@ -466,8 +466,7 @@ void App::ScalingView() {
                            row.family.c_str());
         ImGui::TableSetColumnIndex(1);
         if (row.ok) {
-          ImGui::Text("%s\xc3\x97",
-                      EstimateText(row.multiplier, row.interval_note, "%.3f").c_str());
+          ImGui::TextUnformatted(EstimateText(row.multiplier, row.interval_note, "%.3f").c_str());
           for (const auto& flag : row.flags) {
             if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", flag.c_str());
           }

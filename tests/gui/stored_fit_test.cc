@@ -12,6 +12,7 @@
 #include <string>
 
 #include "db/fits.h"
+#include "db/schema.h"
 #include "gui/fits.h"
 #include "tests/common/test_util.h"
 #include "tests/gui/fixture.h"
@@ -251,6 +252,37 @@ TEST(GuiStoredFit, TheScalingViewShowsWhatMoelabFitPrinted) {
       << text;
   EXPECT_NE(text.find("Stored fit #"), std::string::npos) << text;
   EXPECT_EQ(text.find("fitted in"), std::string::npos) << text;
+  // The picture of it (docs/images/gui-scaling-stored-all-points.png when refreshing docs).
+  const std::string png = dir / "stored.png";
+  ASSERT_EQ(
+      testing::RunGuiScript(dir / "scaling.db", "wait-settled 120\nscreenshot " + png + "\nquit\n",
+                            dir / "shot.log", "--view scaling"),
+      0)
+      << test::Slurp(dir / "shot.log");
+  EXPECT_EQ(testing::LoadPng(png).w, 1280);
+  testing::CopyToDocs(png, "scaling-stored-all-points.png");
+}
+
+TEST(GuiStoredFit, ARunEndingAfterTheFitIsSaidNotRefitted) {
+  // The view used to refit (with its own defaults) as soon as a run ended after the stored fit;
+  // now it keeps the stored result, says how many runs are newer, and refits only on request.
+  if (!testing::HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  test::TempDir dir("moelab_gui_stored_stale");
+  const AllPointsFit fit = FitAllPoints(dir / "scaling.db", dir / "fit.log");
+  ASSERT_GT(fit.row.id, 0) << fit.printed;
+  {
+    db::Connection c = db::OpenForWrite(dir / "scaling.db");
+    c.Exec("UPDATE runs SET ended_at = 4e9 WHERE id IN (1, 2)");
+  }
+  const std::string text =
+      testing::ViewText(dir / "scaling.db", "--view scaling", dir / "view.log", "1280x1600");
+  ASSERT_FALSE(text.empty()) << test::Slurp(dir / "view.log");
+  EXPECT_NE(text.find("2 finished runs ended after this fit: Recompute to include them."),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Stored fit #"), std::string::npos) << text;
+  EXPECT_EQ(text.find("fitted in"), std::string::npos) << text;
+  EXPECT_EQ(Lower(text).find("nan"), std::string::npos) << text;
 }
 
 }  // namespace
