@@ -18,13 +18,17 @@ struct PromoteLayout {
   int threads = 2;             // CPU threads per rank (train.threads)
 };
 
-// Bytes per device of the engine's fp32 arenas (the CUDA path keeps fp32 master weights too).
+// Bytes per device of the engine's arenas: the fp32 CPU ones, or for a "cuda" layout in a build
+// with CUDA the device memory plan (PlanCudaMemory: fp32 masters, the bf16 copy and activations
+// when bf16, the runtime allowance).
 struct MemoryEstimate {
   double params = 0;
   double grads = 0;
   double optimizer = 0;
-  double activations = 0;  // model activation arena + MoE dispatch buffers at the local batch
-  double total() const { return params + grads + optimizer + activations; }
+  double activations = 0;     // model activation arena + MoE dispatch buffers at the local batch
+  double runtime = 0;         // cuda: the CUDA context and cuBLAS workspaces; 0 on the CPU
+  std::string basis = "cpu";  // "cpu" | "cuda" (the plan used)
+  double total() const { return params + grads + optimizer + activations + runtime; }
 };
 
 // Element counts (not bytes) of the activation arena, as Model<float> sizes it for `batch`

@@ -15,9 +15,9 @@ namespace moelab::promote {
 using analysis::ChinchillaFit;
 using analysis::ComputeOptimal;
 using analysis::Estimate;
+using analysis::FitComputeOptimal;
 using analysis::FitOptions;
 using analysis::Observation;
-using analysis::FitComputeOptimal;
 using analysis::PowerLawFit;
 using nlohmann::json;
 
@@ -458,9 +458,12 @@ std::string FormatPlan(const PromotionPlan& p) {
       "threads/rank\n",
       p.layout.ranks, p.layout.device, std::max(1, p.layout.ranks / std::max(1, p.layout.ep)),
       p.layout.ep, p.layout.threads);
-  s += fmt::format("  memory / device  params {}, grads {}, optimizer {}, activations {} = {}\n",
+  s += fmt::format("  memory / device  params {}, grads {}, optimizer {}, activations {}{} = {}\n",
                    HumanBytes(p.memory.params), HumanBytes(p.memory.grads),
                    HumanBytes(p.memory.optimizer), HumanBytes(p.memory.activations),
+                   p.memory.runtime > 0
+                       ? fmt::format(", CUDA runtime {}", HumanBytes(p.memory.runtime))
+                       : std::string(),
                    HumanBytes(p.memory.total()));
   s += fmt::format("  time             {} ({})\n", HumanTime(p.time_s), p.time_basis);
   s += fmt::format(
@@ -486,10 +489,9 @@ std::string FormatPlan(const PromotionPlan& p) {
 }
 
 void to_json(json& j, const MemoryEstimate& v) {
-  j = {{"params_bytes", v.params},
-       {"grads_bytes", v.grads},
-       {"optimizer_bytes", v.optimizer},
-       {"activations_bytes", v.activations},
+  j = {{"params_bytes", v.params},       {"grads_bytes", v.grads},
+       {"optimizer_bytes", v.optimizer}, {"activations_bytes", v.activations},
+       {"runtime_bytes", v.runtime},     {"basis", v.basis},
        {"total_bytes", v.total()}};
 }
 

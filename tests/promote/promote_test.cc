@@ -8,6 +8,7 @@
 
 #include "analysis/compute_optimal.h"
 #include "core/flops.h"
+#include "core/model/cuda_backend.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
 #include "promote/plan.h"
@@ -171,8 +172,8 @@ TEST(PromotePlan, Refusals) {
   EXPECT_EQ(ParseBudgets("1e15,3e15").size(), 2u);
 }
 
-// The memory estimate against the engine: activation arena (after a real forward/backward),
-// parameter arena and optimizer state, within 5 %.
+// The memory estimate against the engine: activation arena (after a real forward/backward)
+// within 0.5 %, parameter arena and optimizer state within 5 %.
 void CheckMemory(RunConfig c, int batch) {
   SCOPED_TRACE(ConfigToJson(c).dump());
   Model<float> model(c);
@@ -183,7 +184,9 @@ void CheckMemory(RunConfig c, int batch) {
   model.ForwardBackward(tokens.data(), batch, nullptr);
   const double real_act = static_cast<double>(model.activation_bytes());
   const double est_act = 4.0 * ActivationElements(c, batch, omp_get_max_threads());
-  EXPECT_NEAR(est_act / real_act, 1.0, 0.05) << est_act << " vs " << real_act;
+  // The model arena is the model's own layout; only the MoE layers' int64 counters and the
+  // expert exchange are left out (measured 0.99984 to 1.0 on these models).
+  EXPECT_NEAR(est_act / real_act, 1.0, 0.005) << est_act << " vs " << real_act;
   const double est_params = static_cast<double>(CountParams(c).total);
   EXPECT_NEAR(est_params / model.num_params(), 1.0, 0.05);
   auto opt = MakeOptimizer(c.optimizer, model.param_infos());
@@ -194,7 +197,7 @@ void CheckMemory(RunConfig c, int batch) {
   layout.threads = omp_get_max_threads();
   c.train.batch_size = batch;
   const MemoryEstimate m = EstimateMemory(c, layout);
-  EXPECT_NEAR(m.activations / real_act, 1.0, 0.05);
+  EXPECT_NEAR(m.activations / real_act, 1.0, 0.005);
   EXPECT_NEAR(m.params / (4.0 * model.num_params()), 1.0, 0.05);
 }
 
@@ -221,6 +224,31 @@ TEST(PromoteMemory, MatchesEngineArenas) {
   mla.model.qk_rope_head_dim = 8;
   mla.model.v_head_dim = 16;
   CheckMemory(mla, 2);
+}
+
+// A "cuda" layout is the trainer's own device plan (PlanCudaMemory: the bf16 copy, the runtime
+// allowance) in a build with CUDA; a build without one falls back to the CPU arenas.
+TEST(PromoteMemory, CudaLayoutIsTheTrainersDevicePlan) {
+  RunConfig c = SmallMoe();
+  c.train.batch_size = 8;
+  PromoteLayout layout;
+  layout.device = "cuda";
+  const MemoryEstimate m = EstimateMemory(c, layout);
+#ifdef MOELAB_HAVE_CUDA
+  RunConfig on_device = c;
+  on_device.train.device = "cuda";
+  const DeviceMemoryPlan plan = PlanCudaMemory(on_device, 8, 8);
+  EXPECT_EQ(m.basis, "cuda");
+  EXPECT_DOUBLE_EQ(m.params, plan.params);
+  EXPECT_DOUBLE_EQ(m.activations, plan.activations);
+  EXPECT_DOUBLE_EQ(m.total(), plan.total());
+  EXPECT_GT(m.runtime, 0);
+#else
+  EXPECT_EQ(m.basis, "cpu");
+  EXPECT_EQ(m.runtime, 0);
+#endif
+  layout.device = "cpu";
+  EXPECT_EQ(EstimateMemory(c, layout).basis, "cpu");
 }
 
 }  // namespace
