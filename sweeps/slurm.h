@@ -24,8 +24,9 @@ struct SlurmResources {
   int signal_lead_s = 120;  // USR1 this many seconds before the time limit
 };
 
-// The #SBATCH lines of `r`, then --requeue and --signal=B:USR1@<lead>: a preempted job is
-// requeued, and one about to hit its time limit checkpoints and requeues itself (SlurmTrainStep).
+// The #SBATCH lines of `r`, then --requeue, --signal=B:USR1@<lead> and --open-mode=append: a
+// preempted job is requeued, one about to hit its time limit checkpoints and requeues itself
+// (SlurmTrainStep), and every attempt's output stays in the log.
 std::string SlurmDirectives(const SlurmResources& r);
 
 // The end of a batch script that runs `srun_command` (one `srun ... moelab train ... --resume`
@@ -88,9 +89,9 @@ std::vector<SlurmJob> SubmitSlurmScripts(const Sweep& sweep,
 
 std::vector<SlurmJob> LoadSlurmJobs(const std::string& local_db, const std::string& sweep_name);
 
-// The state of every array task of the sweep's submitted jobs, from `squeue -r` (pending and
-// running) and `sacct -X` (finished), whichever are on PATH; one line per job. Prints nothing
-// when the sweep has no submitted jobs.
+// The state of every array task of the sweep's submitted jobs, from `squeue -r -t all` (pending,
+// running, and ended within the controller's MinJobAge) and `sacct -X` (finished), whichever are
+// on PATH; one line per job. Prints nothing when the sweep has no submitted jobs.
 void PrintSlurmJobs(const std::string& local_db, const std::string& sweep_name, std::FILE* out);
 
 }  // namespace moelab::sweeps

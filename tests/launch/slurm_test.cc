@@ -53,6 +53,8 @@ TEST_F(LaunchRunTest, SlurmScriptsPerRankCountUseSrun) {
   // Train or continue; a preempted or timed-out task checkpoints (SIGTERM) and is requeued.
   EXPECT_HAS(two, "--resume --no-progress &\n");
   EXPECT_HAS(two, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@120\n");
+  // Real Slurm truncates a requeued task's log: the earlier attempts' output is kept.
+  EXPECT_HAS(two, "#SBATCH --open-mode=append\n");
   EXPECT_HAS(two, "scontrol requeue \"$SLURM_JOB_ID\"");
   EXPECT_HAS(two, "cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"\n");
   // Databases of the two scripts' tasks do not collide.
@@ -115,16 +117,24 @@ TEST_F(LaunchRunTest, SubmitAndFollowJobsWithSqueueAndSacct) {
              "FAILED");
   EXPECT_HAS(out, "moelab db merge");
   EXPECT_HAS(Slurp(calls), "sacct -n -X -P -j 4241,4242 -o JobID,State");
-  EXPECT_HAS(Slurp(calls), "squeue -h -r -j 4241,4242 -o %i %T");
+  // -t all: real squeue drops ended tasks otherwise, and sacct fails without accounting.
+  EXPECT_HAS(Slurp(calls), "squeue -h -r -t all -j 4241,4242 -o %i %T");
   EXPECT_EQ(LoadSlurmJobs(local, "follow").size(), 2u);
 
-  // A failing sbatch is an error with its output.
-  Tool("sbatch", "echo 'sbatch: error: invalid partition' >&1\nexit 1\n");
+  // Without accounting, real sacct fails with a complaint on stderr: status falls back on
+  // squeue and does not print the complaint.
+  Tool("sacct", "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n");
+  ASSERT_EQ(Moelab({"sweep", "status", "follow", "--db", local}, log), 0) << Slurp(log);
+  EXPECT_EQ(Slurp(log).find("accounting storage"), std::string::npos) << Slurp(log);
+  EXPECT_HAS(Slurp(log), "slurm job 4241 (follow.r1.sbatch, 2 task(s) x 1 rank(s)): 1 COMPLETING");
+
+  // A failing sbatch is an error that carries what it said on stderr, where the real one says it.
+  Tool("sbatch", "echo 'sbatch: error: invalid partition' >&2\nexit 1\n");
   EXPECT_EQ(Moelab({"sweep", "slurm", WriteSpec(spec), "--db", "c.db", "--out",
                     (dir_ / "slurm").string(), "--submit", "--local-db", local},
                    log),
             1);
-  EXPECT_HAS(Slurp(log), "invalid partition");
+  EXPECT_HAS(Slurp(log), "failed (exit 1): sbatch: error: invalid partition");
 }
 
 // The full round trip: `sweep slurm` records the sweep locally, the array tasks train on "the
