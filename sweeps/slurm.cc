@@ -123,13 +123,16 @@ std::string SlurmDirectives(const SlurmResources& r) {
 
 std::string SlurmTrainStep(const std::string& srun_command) {
   return fmt::format(
-      "# USR1 (Slurm's warning before the time limit) and TERM (preemption, scancel) reach the\n"
-      "# trainer as SIGTERM: it checkpoints and exits 4. After USR1 the job requeues itself and\n"
-      "# continues from that checkpoint (the command trains or continues).\n"
+      "# USR1 (Slurm's warning before the time limit) and TERM (preemption, requeue, scancel)\n"
+      "# reach the trainer as USR1, which srun forwards to every rank (a TERM to srun would\n"
+      "# SIGKILL them): it checkpoints and exits 4. After USR1 the task requeues itself and\n"
+      "# continues from that checkpoint (the command trains or continues). The task is named\n"
+      "# <array job>_<index>: an array task's SLURM_JOB_ID can equal the array's id, which\n"
+      "# names every task of the array.\n"
       "requeue=0\n"
       "step=\n"
-      "trap 'requeue=1; kill -TERM \"$step\" 2>/dev/null || true' USR1\n"
-      "trap 'kill -TERM \"$step\" 2>/dev/null || true' TERM\n"
+      "trap 'requeue=1; kill -USR1 \"$step\" 2>/dev/null || true' USR1\n"
+      "trap 'kill -USR1 \"$step\" 2>/dev/null || true' TERM\n"
       "{} &\n"
       "step=$!\n"
       "while :; do\n"
@@ -137,7 +140,11 @@ std::string SlurmTrainStep(const std::string& srun_command) {
       "  kill -0 \"$step\" 2>/dev/null || break  # a trap interrupted wait: the step still runs\n"
       "done\n"
       "if [ \"$requeue\" = 1 ] && [ \"$rc\" = 4 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then\n"
-      "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "  if [ -n \"${{SLURM_ARRAY_JOB_ID:-}}\" ]; then\n"
+      "    scontrol requeue \"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n"
+      "  else\n"
+      "    scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "  fi\n"
       "fi\n"
       "exit \"$rc\"\n",
       srun_command);

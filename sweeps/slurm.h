@@ -31,9 +31,10 @@ std::string SlurmDirectives(const SlurmResources& r);
 
 // The end of a batch script that runs `srun_command` (one `srun ... moelab train ... --resume`
 // step) in the background and waits for it: USR1 (the time-limit warning) and TERM (preemption,
-// scancel) reach the trainer as SIGTERM, so it checkpoints and exits 4; after USR1 the job
-// requeues itself (scontrol requeue) and, its command being train-or-continue, goes on from that
-// checkpoint. Exits with the step's code.
+// requeue, scancel) reach the trainer as USR1 — srun forwards USR1 to every rank, while a TERM
+// to srun SIGKILLs them — so it checkpoints and exits 4; after USR1 the task requeues itself
+// (`scontrol requeue <array job>_<index>`, or $SLURM_JOB_ID outside an array) and, its command
+// being train-or-continue, goes on from that checkpoint. Exits with the step's code.
 std::string SlurmTrainStep(const std::string& srun_command);
 
 struct SlurmOptions {

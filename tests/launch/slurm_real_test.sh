@@ -11,7 +11,7 @@ set -euo pipefail
 
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${MOELAB_BIN_DIR:-$SRC/build/bin}/moelab
-STEPS=${MOELAB_SLURM_TEST_STEPS:-400}
+STEPS=${MOELAB_SLURM_TEST_STEPS:-5000}
 T0=$SECONDS
 W=$(mktemp -d /tmp/moelab-slurm-real.XXXXXX)
 ok=0
@@ -57,10 +57,10 @@ cat >spec.json <<EOF
 {"name": "law", "seeds": [1, 2, 3],
  "base": {
   "model": {"vocab_size": 32, "d_model": 16, "layers": 1, "heads": 2, "ffn_hidden": 32,
-            "seq_len": 16},
+            "seq_len": 32},
   "moe": {"experts_total": 4, "experts_active": 2, "expert_hidden": 16},
   "data": {"source": "markov"},
-  "train": {"batch_size": 4, "steps": $STEPS, "threads": 1},
+  "train": {"batch_size": 8, "steps": $STEPS, "threads": 1},
   "schedule": {"warmup_steps": 2},
   "eval": {"every": 0, "batches": 1},
   "checkpoint": {"dir": "ckpt", "every": 1000}}}
@@ -80,15 +80,9 @@ is_state() { [ "$(state_of "$1")" = "$2" ]; }
 
 # Tasks 0 and 1 train (the node has 2 CPUs, a task takes 1); task 2 waits.
 wait_for 60 "task 0 training" past_step 0 3
-wait_for 60 "task 1 training" past_step 1 3
-"$BIN" sweep status law --db local.db >status.log 2>&1 || fail "sweep status: $(cat status.log)"
-grep -q "slurm job $job (law.sbatch, 3 task(s) x 1 rank(s)): .*RUNNING" status.log ||
-  fail "sweep status does not follow the job through squeue: $(cat status.log)"
-
 # Requeue task 0 (as preemption would), send task 1 the time-limit warning.
-uuid0=$(q 0 "SELECT uuid FROM runs")
-uuid1=$(q 1 "SELECT uuid FROM runs")
 scontrol requeue "${job}_0" || fail "scontrol requeue ${job}_0"
+wait_for 60 "task 1 training" past_step 1 3
 scancel --batch --signal=USR1 "${job}_1" || fail "scancel --batch --signal=USR1 ${job}_1"
 for t in 0 1; do
   wait_for 60 "task $t back in the queue" is_state "$t" PENDING
@@ -99,6 +93,11 @@ ckpt1=$(q 1 "SELECT checkpoint_step FROM runs")
 [ "$ckpt0" -ge 3 ] && [ "$ckpt0" -lt "$STEPS" ] || fail "task 0 checkpointed at step '$ckpt0'"
 [ "$ckpt1" -ge 3 ] && [ "$ckpt1" -lt "$STEPS" ] || fail "task 1 checkpointed at step '$ckpt1'"
 echo "task 0 requeued at step $ckpt0, task 1 at step $ckpt1 ($((SECONDS - T0)) s)"
+uuid0=$(q 0 "SELECT uuid FROM runs")
+uuid1=$(q 1 "SELECT uuid FROM runs")
+"$BIN" sweep status law --db local.db >status.log 2>&1 || fail "sweep status: $(cat status.log)"
+grep -q "slurm job $job (law.sbatch, 3 task(s) x 1 rank(s)): 2 PENDING, 1 RUNNING" status.log ||
+  fail "sweep status does not follow the job through squeue: $(cat status.log)"
 # A requeued job is held two minutes (BeginTime); start them now.
 for t in 0 1; do scontrol update JobId="${job}_$t" StartTime=now || fail "release task $t"; done
 
