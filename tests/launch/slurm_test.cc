@@ -1,5 +1,6 @@
-// Slurm launching with fake sbatch/srun/squeue/sacct scripts on PATH (real Slurm is not
-// available here): one script per rank count with srun steps of the right --ntasks, submission
+// Slurm launching with fake sbatch/srun/squeue/sacct/scontrol scripts on PATH (so it runs where
+// Slurm is not installed; slurm_real_test.sh runs the same path on a real Slurm): one script per
+// rank count with srun steps of the right --ntasks, submission
 // with job tracking that `sweep status` follows, and runs trained "on the cluster" joining their
 // sweep after `moelab db merge` (adoption by config hash) so `sweep run` trains nothing again.
 #include "sweeps/slurm.h"
