@@ -334,6 +334,9 @@ void AddTrainCommand(CLI::App& app) {
 
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
+    // What a Slurm batch script sends on preemption or before the time limit: srun forwards
+    // USR1 to every rank, where a TERM would make it SIGKILL them (sweeps/slurm.h).
+    std::signal(SIGUSR1, OnSignal);
     TrainOptions options;
     options.run_uuid = uuid;
     options.checkpoint_dir = ckpt_dir;

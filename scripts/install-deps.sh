@@ -8,7 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libceres-dev libeigen3-dev libsentencepiece-dev sentencepiece
   libcli11-dev libfmt-dev libmuparser-dev zlib1g-dev libzstd-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin slurm-wlm munge
   libimgui-dev libglfw3-dev libgl-dev libstb-dev xvfb xauth
   bible-kjv bible-kjv-text wordnet-base
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer targets with ASan + UBSan (fuzz/)

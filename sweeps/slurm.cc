@@ -36,14 +36,29 @@ std::string Safe(const std::string& name) {
   return safe;
 }
 
-// Runs argv (looked up on PATH) and returns its exit code (127: not runnable) and stdout.
-int Capture(const std::vector<std::string>& argv, std::string* out) {
+// Runs argv (looked up on PATH) and returns its exit code (127: not runnable), its stdout in
+// *out and, when `err` is given, its stderr in *err. Without `err` the stderr is dropped: what
+// squeue and sacct complain about (sacct's "Slurm accounting storage is disabled" on a cluster
+// without accounting) must not garble `sweep status`, whose caller falls back on the other tool.
+int Capture(const std::vector<std::string>& argv, std::string* out, std::string* err = nullptr) {
   int fds[2];
   if (pipe(fds) != 0) return 127;
+  std::FILE* err_file = std::tmpfile();  // a file, not a pipe: no deadlock on a chatty stderr
+  if (err_file == nullptr) {
+    close(fds[0]);
+    close(fds[1]);
+    return 127;
+  }
   const pid_t pid = fork();
-  if (pid < 0) return 127;
+  if (pid < 0) {
+    std::fclose(err_file);
+    close(fds[0]);
+    close(fds[1]);
+    return 127;
+  }
   if (pid == 0) {
     dup2(fds[1], 1);
+    dup2(fileno(err_file), 2);
     close(fds[0]);
     close(fds[1]);
     std::vector<char*> a;
@@ -60,6 +75,12 @@ int Capture(const std::vector<std::string>& argv, std::string* out) {
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
+  if (err != nullptr) {
+    std::rewind(err_file);
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, err_file)) > 0) err->append(buf, got);
+  }
+  std::fclose(err_file);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
@@ -94,18 +115,24 @@ std::string SlurmDirectives(const SlurmResources& r) {
   // A preempted task is requeued and resumes from its checkpoint instead of starting over.
   s += "#SBATCH --requeue\n";
   s += fmt::format("#SBATCH --signal=B:USR1@{}\n", r.signal_lead_s);
+  // A requeued job writes its log again from the start (Slurm truncates by default): keep the
+  // earlier attempts' output, which says where and why they stopped.
+  s += "#SBATCH --open-mode=append\n";
   return s;
 }
 
 std::string SlurmTrainStep(const std::string& srun_command) {
   return fmt::format(
-      "# USR1 (Slurm's warning before the time limit) and TERM (preemption, scancel) reach the\n"
-      "# trainer as SIGTERM: it checkpoints and exits 4. After USR1 the job requeues itself and\n"
-      "# continues from that checkpoint (the command trains or continues).\n"
+      "# USR1 (Slurm's warning before the time limit) and TERM (preemption, requeue, scancel)\n"
+      "# reach the trainer as USR1, which srun forwards to every rank (a TERM to srun would\n"
+      "# SIGKILL them): it checkpoints and exits 4. After USR1 the task requeues itself and\n"
+      "# continues from that checkpoint (the command trains or continues). The task is named\n"
+      "# <array job>_<index>: an array task's SLURM_JOB_ID can equal the array's id, which\n"
+      "# names every task of the array.\n"
       "requeue=0\n"
       "step=\n"
-      "trap 'requeue=1; kill -TERM \"$step\" 2>/dev/null || true' USR1\n"
-      "trap 'kill -TERM \"$step\" 2>/dev/null || true' TERM\n"
+      "trap 'requeue=1; kill -USR1 \"$step\" 2>/dev/null || true' USR1\n"
+      "trap 'kill -USR1 \"$step\" 2>/dev/null || true' TERM\n"
       "{} &\n"
       "step=$!\n"
       "while :; do\n"
@@ -113,7 +140,11 @@ std::string SlurmTrainStep(const std::string& srun_command) {
       "  kill -0 \"$step\" 2>/dev/null || break  # a trap interrupted wait: the step still runs\n"
       "done\n"
       "if [ \"$requeue\" = 1 ] && [ \"$rc\" = 4 ] && [ -n \"${{SLURM_JOB_ID:-}}\" ]; then\n"
-      "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "  if [ -n \"${{SLURM_ARRAY_JOB_ID:-}}\" ]; then\n"
+      "    scontrol requeue \"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n"
+      "  else\n"
+      "    scontrol requeue \"$SLURM_JOB_ID\"\n"
+      "  fi\n"
       "fi\n"
       "exit \"$rc\"\n",
       srun_command);
@@ -250,11 +281,13 @@ std::vector<SlurmJob> SubmitSlurmScripts(const Sweep& sweep,
   std::vector<SlurmJob> jobs = LoadSlurmJobs(local_db, sweep.name);
   std::vector<SlurmJob> submitted;
   for (const SlurmScript& s : scripts) {
-    std::string out;
-    const int code = Capture({"sbatch", "--parsable", s.path}, &out);
+    std::string out, err;
+    const int code = Capture({"sbatch", "--parsable", s.path}, &out, &err);
     std::string id = out.substr(0, out.find_first_of(";\n"));
     if (code != 0 || id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
-      throw std::runtime_error(fmt::format("sbatch {} failed (exit {}): {}", s.path, code, out));
+      // sbatch says why on stderr ("sbatch: error: invalid partition specified: cpu").
+      throw std::runtime_error(
+          fmt::format("sbatch {} failed (exit {}): {}{}", s.path, code, err, out));
     }
     submitted.push_back({id, s.path, s.ranks, s.tasks, UnixNow()});
   }
@@ -306,8 +339,11 @@ void PrintSlurmJobs(const std::string& local_db, const std::string& sweep_name, 
     parse(text, '|');
   }
   text.clear();
-  // squeue wins: it is the live view (sacct may lag behind the controller).
-  if (have_squeue && Capture({"squeue", "-h", "-r", "-j", ids, "-o", "%i %T"}, &text) == 0) {
+  // squeue wins: it is the live view (sacct may lag behind the controller). `-t all` keeps the
+  // tasks that ended within the controller's MinJobAge (5 min by default): on a cluster without
+  // accounting (sacct fails) they are all that tells a finished task from a lost one.
+  if (have_squeue &&
+      Capture({"squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", "%i %T"}, &text) == 0) {
     parse(text, ' ');
   }
   for (const SlurmJob& j : jobs) {

@@ -24,15 +24,17 @@ struct SlurmResources {
   int signal_lead_s = 120;  // USR1 this many seconds before the time limit
 };
 
-// The #SBATCH lines of `r`, then --requeue and --signal=B:USR1@<lead>: a preempted job is
-// requeued, and one about to hit its time limit checkpoints and requeues itself (SlurmTrainStep).
+// The #SBATCH lines of `r`, then --requeue, --signal=B:USR1@<lead> and --open-mode=append: a
+// preempted job is requeued, one about to hit its time limit checkpoints and requeues itself
+// (SlurmTrainStep), and every attempt's output stays in the log.
 std::string SlurmDirectives(const SlurmResources& r);
 
 // The end of a batch script that runs `srun_command` (one `srun ... moelab train ... --resume`
 // step) in the background and waits for it: USR1 (the time-limit warning) and TERM (preemption,
-// scancel) reach the trainer as SIGTERM, so it checkpoints and exits 4; after USR1 the job
-// requeues itself (scontrol requeue) and, its command being train-or-continue, goes on from that
-// checkpoint. Exits with the step's code.
+// requeue, scancel) reach the trainer as USR1 — srun forwards USR1 to every rank, while a TERM
+// to srun SIGKILLs them — so it checkpoints and exits 4; after USR1 the task requeues itself
+// (`scontrol requeue <array job>_<index>`, or $SLURM_JOB_ID outside an array) and, its command
+// being train-or-continue, goes on from that checkpoint. Exits with the step's code.
 std::string SlurmTrainStep(const std::string& srun_command);
 
 struct SlurmOptions {
@@ -88,9 +90,9 @@ std::vector<SlurmJob> SubmitSlurmScripts(const Sweep& sweep,
 
 std::vector<SlurmJob> LoadSlurmJobs(const std::string& local_db, const std::string& sweep_name);
 
-// The state of every array task of the sweep's submitted jobs, from `squeue -r` (pending and
-// running) and `sacct -X` (finished), whichever are on PATH; one line per job. Prints nothing
-// when the sweep has no submitted jobs.
+// The state of every array task of the sweep's submitted jobs, from `squeue -r -t all` (pending,
+// running, and ended within the controller's MinJobAge) and `sacct -X` (finished), whichever are
+// on PATH; one line per job. Prints nothing when the sweep has no submitted jobs.
 void PrintSlurmJobs(const std::string& local_db, const std::string& sweep_name, std::FILE* out);
 
 }  // namespace moelab::sweeps

@@ -1,5 +1,6 @@
-// Slurm launching with fake sbatch/srun/squeue/sacct scripts on PATH (real Slurm is not
-// available here): one script per rank count with srun steps of the right --ntasks, submission
+// Slurm launching with fake sbatch/srun/squeue/sacct/scontrol scripts on PATH (so it runs where
+// Slurm is not installed; slurm_real_test.sh runs the same path on a real Slurm): one script per
+// rank count with srun steps of the right --ntasks, submission
 // with job tracking that `sweep status` follows, and runs trained "on the cluster" joining their
 // sweep after `moelab db merge` (adoption by config hash) so `sweep run` trains nothing again.
 #include "sweeps/slurm.h"
@@ -53,7 +54,10 @@ TEST_F(LaunchRunTest, SlurmScriptsPerRankCountUseSrun) {
   // Train or continue; a preempted or timed-out task checkpoints (SIGTERM) and is requeued.
   EXPECT_HAS(two, "--resume --no-progress &\n");
   EXPECT_HAS(two, "#SBATCH --requeue\n#SBATCH --signal=B:USR1@120\n");
-  EXPECT_HAS(two, "scontrol requeue \"$SLURM_JOB_ID\"");
+  // Real Slurm truncates a requeued task's log: the earlier attempts' output is kept.
+  EXPECT_HAS(two, "#SBATCH --open-mode=append\n");
+  EXPECT_HAS(two, "scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"");
+  EXPECT_HAS(two, "trap 'kill -USR1 \"$step\" 2>/dev/null || true' TERM\n");
   EXPECT_HAS(two, "cd \"${MOELAB_ROOT:-${SLURM_SUBMIT_DIR:-.}}\"\n");
   // Databases of the two scripts' tasks do not collide.
   EXPECT_HAS(two, "/r2_$TASK}");
@@ -115,16 +119,24 @@ TEST_F(LaunchRunTest, SubmitAndFollowJobsWithSqueueAndSacct) {
              "FAILED");
   EXPECT_HAS(out, "moelab db merge");
   EXPECT_HAS(Slurp(calls), "sacct -n -X -P -j 4241,4242 -o JobID,State");
-  EXPECT_HAS(Slurp(calls), "squeue -h -r -j 4241,4242 -o %i %T");
+  // -t all: real squeue drops ended tasks otherwise, and sacct fails without accounting.
+  EXPECT_HAS(Slurp(calls), "squeue -h -r -t all -j 4241,4242 -o %i %T");
   EXPECT_EQ(LoadSlurmJobs(local, "follow").size(), 2u);
 
-  // A failing sbatch is an error with its output.
-  Tool("sbatch", "echo 'sbatch: error: invalid partition' >&1\nexit 1\n");
+  // Without accounting, real sacct fails with a complaint on stderr: status falls back on
+  // squeue and does not print the complaint.
+  Tool("sacct", "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n");
+  ASSERT_EQ(Moelab({"sweep", "status", "follow", "--db", local}, log), 0) << Slurp(log);
+  EXPECT_EQ(Slurp(log).find("accounting storage"), std::string::npos) << Slurp(log);
+  EXPECT_HAS(Slurp(log), "slurm job 4241 (follow.r1.sbatch, 2 task(s) x 1 rank(s)): 1 COMPLETING");
+
+  // A failing sbatch is an error that carries what it said on stderr, where the real one says it.
+  Tool("sbatch", "echo 'sbatch: error: invalid partition' >&2\nexit 1\n");
   EXPECT_EQ(Moelab({"sweep", "slurm", WriteSpec(spec), "--db", "c.db", "--out",
                     (dir_ / "slurm").string(), "--submit", "--local-db", local},
                    log),
             1);
-  EXPECT_HAS(Slurp(log), "invalid partition");
+  EXPECT_HAS(Slurp(log), "failed (exit 1): sbatch: error: invalid partition");
 }
 
 // The full round trip: `sweep slurm` records the sweep locally, the array tasks train on "the
@@ -176,6 +188,43 @@ TEST_F(LaunchRunTest, MergedRunsJoinTheirSweep) {
   ASSERT_EQ(Moelab({"sweep", "run", spec_path, "--db", local, "--no-live"}, log), 0) << Slurp(log);
   EXPECT_HAS(Slurp(log), "3 done (3 reused");
   EXPECT_EQ(db::OpenForRead(local).QueryInt("SELECT COUNT(*) FROM runs"), 3);
+}
+
+// The time-limit warning (USR1 to the batch shell) mid-run: the trainer gets USR1 through srun
+// (real srun SIGKILLs the ranks on TERM, so the script must not send that), checkpoints, exits
+// 4, and the script requeues its own array task: "77_1", not $SLURM_JOB_ID, which for one task
+// of an array equals the array's id and would requeue every task (both seen on real Slurm).
+TEST_F(LaunchRunTest, TimeLimitWarningCheckpointsAndRequeuesOnlyItsTask) {
+  Tool("srun",
+       "while [ $# -gt 0 ]; do case \"$1\" in --*) shift;; *) break;; esac; done\n"
+       "exec \"$@\"\n");
+  const std::string calls = (dir_ / "calls.log").string();
+  Tool("scontrol", "echo \"scontrol $*\" >> '" + calls + "'\n");
+  ojson spec = Spec(R"({"name": "warn", "seeds": [1, 2]})");
+  spec["base"] = Base(1000000);  // stopped long before its end
+  spec["base"]["checkpoint"] = {{"dir", (dir_ / "ckpt").string()}};
+  const std::string log = (dir_ / "log.txt").string();
+  const std::string db = (dir_ / "c-1.db").string();
+  ASSERT_EQ(Moelab({"sweep", "slurm", WriteSpec(spec), "--db", (dir_ / "c-{task}.db").string(),
+                    "--out", (dir_ / "slurm").string(), "-t", "1", "--moelab", Bin()},
+                   log),
+            0)
+      << Slurp(log);
+  const std::string driver = (dir_ / "driver.sh").string();
+  std::ofstream(driver) << "export PATH='" << (dir_ / "bin").string() << "':$PATH\n"
+                        << "SLURM_JOB_ID=77 SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=1 bash '"
+                        << (dir_ / "slurm" / "warn.sbatch").string() << "' &\npid=$!\n"
+                        << "for i in $(seq 600); do\n"
+                        << "  n=$(sqlite3 '" << db
+                        << "' 'SELECT COUNT(*) FROM steps' 2>/dev/null)\n"
+                        << "  [ \"${n:-0}\" -ge 3 ] && break; sleep 0.1\ndone\n"
+                        << "kill -USR1 $pid\nwait $pid\n";
+  EXPECT_EQ(test::Run({"/bin/bash", driver}, log), 4) << Slurp(log);
+  EXPECT_HAS(Slurp(log), "stopped at step");
+  EXPECT_EQ(Slurp(calls), "scontrol requeue 77_1\n");
+  db::Connection c = db::OpenForRead(db);
+  EXPECT_EQ(c.QueryInt("SELECT status = 'stopped' FROM runs"), 1);
+  EXPECT_GE(c.QueryInt("SELECT checkpoint_step FROM runs"), 3);
 }
 
 }  // namespace

@@ -257,10 +257,11 @@ TEST(PromoteCli, LaunchersTrainOrContinueTheirRun) {
   tool("stop5", "exec '" + Bin() + "' \"$@\" --stop-at-step 5\n");
   tool("srun", "while [[ \"$1\" == --* ]]; do shift; done\nexec \"$@\"\n");
   tool("scontrol", "echo \"scontrol $*\" >> '" + (tools / "calls").string() + "'\n");
-  // Leaves SIGTERM to bash's default until it is up, tells the batch shell "time limit near",
-  // and stops like the trainer does (exit 4) when the shell passes SIGTERM on.
+  // Leaves the signals to bash's defaults until it is up, tells the batch shell "time limit
+  // near", and stops like the trainer does (exit 4) when the shell passes USR1 on (through srun,
+  // which forwards USR1 but SIGKILLs the ranks on TERM) or a TERM arrives.
   tool("fake_trainer",
-       "trap 'exit 4' TERM\nsleep 0.3\nkill -USR1 $PPID\nwhile :; do sleep 0.05; done\n");
+       "trap 'exit 4' TERM USR1\nsleep 0.3\nkill -USR1 $PPID\nwhile :; do sleep 0.05; done\n");
   const std::string env = "cd / && PATH='" + tools.string() + "':$PATH ";
   const std::string local = "bash '" + (moved / "promo" / "launch_local.sh").string() + "'";
   const std::string slurm = "SLURM_JOB_ID=77 SLURM_SUBMIT_DIR='" + moved.string() + "' bash '" +
