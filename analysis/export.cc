@@ -152,6 +152,7 @@ ObservationSet ObservationsFromExport(const json& e, const std::string& family_k
       out.points.push_back(o);
     }
     ++out.runs_used;
+    out.run_vars[fmt::format("{}", id)] = vars;
     if (c.is_object() && c.contains("schedule") && c["schedule"].is_object() &&
         c["schedule"].value("type", "") == "wsd") {
       ++out.wsd_runs;

@@ -59,7 +59,8 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
       continue;
     }
     const std::string config = reader.RunConfigJson(run.id);
-    const auto family = FamilyOf(reader.RunVars(run.id), config, family_key);
+    const std::map<std::string, std::string> vars = reader.RunVars(run.id);
+    const auto family = FamilyOf(vars, config, family_key);
     if (!family) {
       out.skipped.push_back(fmt::format("{}: no value for '{}'", label, family_key));
       continue;
@@ -84,6 +85,7 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
       out.points.push_back(o);
     }
     ++out.runs_used;
+    out.run_vars[fmt::format("{}", run.id)] = vars;
     if (!c.is_discarded() && c.contains("schedule") && c["schedule"].is_object() &&
         c["schedule"].value("type", "") == "wsd") {
       ++out.wsd_runs;

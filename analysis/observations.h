@@ -23,6 +23,10 @@ struct ObservationSet {
   int wsd_runs = 0;
   // Runs left out and why (not finished, no evaluations, no value for the family key).
   std::vector<std::string> skipped;
+  // The sweep variables of each used run (Observation::run → name → value): what tells its
+  // runs apart, so a fit can refuse to pool runs that differ in another swept key
+  // (analysis/family_design.h).
+  std::map<std::string, std::map<std::string, std::string>> run_vars;
 };
 
 // The resampling unit and pairing seed of a run from its config JSON: seed = train.seed, unit =

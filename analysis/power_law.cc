@@ -224,7 +224,12 @@ FamilyFits FitFamilies(const std::vector<Observation>& obs, const FitOptions& op
     }
   }
   if (out.families.empty()) {
-    throw AnalysisError(fmt::format("no family could be fitted: {}", out.warnings.back()));
+    // Every family failed: name each one and why, not only the last.
+    std::vector<std::string> reasons;
+    for (const std::string& w : out.warnings)
+      if (w.rfind("skipped: ", 0) == 0) reasons.push_back(w.substr(9));
+    throw AnalysisError(fmt::format("no family could be fitted ({} of {}):\n  {}", reasons.size(),
+                                    by_family.size(), fmt::join(reasons, "\n  ")));
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "analysis/compute_optimal.h"
+#include "analysis/family_design.h"
 #include "analysis/observations.h"
 #include "core/run_shape.h"
 #include "db/promotions.h"
@@ -216,6 +217,7 @@ PreparedPromotion PreparePromotion(const PromoteRequest& a) {
           fmt::format("run {} has no value for the fit's family key '{}'", a.run_id, key));
     value = *f;
   }
+  RequireUnmixedStoredFamily(a.db_path, obs, key, value, json::parse(fit->options_json));
   double src_flops = -1, src_params = 0, src_tokens = 0;
   std::set<std::string> families;
   for (const auto& o : obs) {

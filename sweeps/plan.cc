@@ -11,11 +11,12 @@
 #include <set>
 #include <thread>
 
-#include "analysis/scaling.h"
+#include "core/device.h"
 #include "core/flops.h"
 #include "core/metrics.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
+#include "sweeps/fit_plan.h"
 
 namespace moelab::sweeps {
 
@@ -111,64 +112,46 @@ int ThreadsPerRun(int parallel) {
   return std::max(1, cores / std::max(1, parallel));
 }
 
-std::vector<std::string> FitabilityWarnings(const Sweep& sweep) {
-  const auto budget_or_seed = [](const std::string& key) {
-    const std::string leaf = key.substr(key.rfind('.') + 1);
-    return leaf == "seed" || leaf.ends_with("steps") || leaf.ends_with("tokens");
-  };
-  struct Family {
-    std::set<uint64_t> seeds;     // replicates: a seed's trunk and its branches are one
-    std::set<double> eval_flops;  // every evaluation's training FLOPs: frontier candidates
-  };
-  std::map<std::string, Family> families;
+namespace {
+
+// Why this machine cannot run some of the sweep's runs ("" when it can run them all).
+std::string DeviceProblem(const Sweep& sweep) {
+  std::map<std::string, int> refused;
+  std::string reason;
   for (const SweepRun* r : sweep.Unique()) {
-    std::string label;
-    for (auto it = r->vars.begin(); it != r->vars.end(); ++it) {
-      if (budget_or_seed(it.key())) continue;
-      label += fmt::format("{}{}={}", label.empty() ? "" : ",", it.key(), ShortValue(it.value()));
-    }
-    Family& f = families[label];
-    f.seeds.insert(r->config.train.seed);
-    const double per_step =
-        ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
-    const int64_t total = r->config.total_steps(), every = r->config.eval.every;
-    for (int64_t s = every > 0 ? every : total; s < total; s += every)
-      f.eval_flops.insert(per_step * s);
-    f.eval_flops.insert(per_step * total);
-  }
-  const int min_seeds = analysis::FitOptions{}.min_units;
-  std::vector<std::string> few_runs, few_points;
-  for (const auto& [label, f] : families) {
-    const std::string name = label.empty() ? "the sweep" : label;
-    const int seeds = static_cast<int>(f.seeds.size());
-    if (seeds < min_seeds) few_runs.push_back(fmt::format("{} has {}", name, seeds));
-    if (static_cast<int>(f.eval_flops.size()) < analysis::kMinFrontierPoints) {
-      few_points.push_back(fmt::format("{} has {}", name, f.eval_flops.size()));
+    try {
+      RequireDevice(r->config.train);
+    } catch (const DeviceError& e) {
+      refused[r->config.train.device]++;
+      reason = e.what();
     }
   }
-  std::vector<std::string> out;
-  const auto list = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size() && i < 6; ++i) s += (i ? "; " : "") + v[i];
-    if (v.size() > 6) s += fmt::format("; ... {} more", v.size() - 6);
-    return s;
-  };
-  if (!few_runs.empty()) {
-    out.push_back(fmt::format(
-        "`moelab fit` gives no interval for this design: the replicate is the seed (a trunk and "
-        "its branches), it needs at least {} seeds per family, and {} of {} families have "
-        "fewer ({}). Add seeds (train.seed values); fewer seeds give point estimates only",
-        min_seeds, few_runs.size(), families.size(), list(few_runs)));
-  }
-  if (!few_points.empty()) {
-    out.push_back(fmt::format(
-        "`moelab fit` needs at least {} points on each family's loss-over-compute frontier, and "
-        "{} of {} families have fewer distinct evaluation budgets than that ({}): add budgets or "
-        "evaluate more often (eval.every)",
-        analysis::kMinFrontierPoints, few_points.size(), families.size(), list(few_points)));
-  }
-  return out;
+  if (refused.empty()) return "";
+  int n = 0;
+  for (const auto& [device, count] : refused) n += count;
+  return fmt::format(
+      "this machine cannot run {} of the {} unique runs ({}); the plan above is arithmetic for "
+      "the machine that will: `moelab sweep run` refuses here before anything starts",
+      n, sweep.Unique().size(), reason);
 }
+
+void PrintFitPlan(const Sweep& sweep, std::FILE* out) {
+  const FitPlan plan = PlanFits(sweep);
+  if (plan.families.empty()) return;
+  fmt::print(out,
+             "fit and promote per family (a family: the runs sharing every swept key but budget, "
+             "seed and model size{}), by the checks `moelab fit` and `moelab promote` run, "
+             "assuming loss falls with compute:\n",
+             plan.axes.empty() ? "" : fmt::format("; here {}", fmt::join(plan.axes, ", ")));
+  for (const auto& f : plan.families) {
+    fmt::print(out, "  {}: {} trunk(s), {} frontier point(s); fit: {}; promote: {}\n", f.family,
+               f.units, f.frontier_points, f.FitText(), f.PromoteText());
+  }
+  for (const std::string& n : plan.notes) fmt::print(out, "  note: {}\n", n);
+  for (const std::string& w : plan.warnings) fmt::print(out, "warning: {}\n", w);
+}
+
+}  // namespace
 
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   const auto unique = sweep.Unique();
@@ -191,6 +174,10 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   Throughput tp;
   if (options.throughput) {
     tp = *options.throughput;
+  } else if (options.calibrate && !unique.empty() && !DeviceProblem(sweep).empty()) {
+    tp.how =
+        "not calibrated: this machine cannot run the sweep's device (warning below); "
+        "--gpu-peak-tflops and --gpu-mfu give GPU-hours";
   } else if (options.calibrate && !unique.empty()) {
     try {
       tp = MeasureThroughput(CalibrationRun(sweep)->config, threads);
@@ -280,7 +267,9 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                Si(rate), total_flops / rate / 3600);
   }
   fmt::print(out, "time estimate: {}\n", tp.how.empty() ? options.uncalibrated : tp.how);
-  for (const std::string& w : FitabilityWarnings(sweep)) fmt::print(out, "warning: {}\n", w);
+  PrintFitPlan(sweep, out);
+  if (const std::string device = DeviceProblem(sweep); !device.empty())
+    fmt::print(out, "warning: {}\n", device);
   if (tp.flops_per_s > 0) {
     fmt::print(out,
                "  (one rate, the largest run's, for all runs: smaller models run at a lower rate, "

@@ -49,13 +49,9 @@ struct PlanOptions {
   std::string gpu_name = "GPU";
 };
 
+// The table, totals and time estimates, then what `moelab fit` and `moelab promote` can do per
+// family (sweeps/fit_plan.h), and a warning when this machine cannot run the sweep's device
+// (the plan is still printed in full: it is arithmetic for the machine that will).
 void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out);
-
-// Why `moelab fit` could not fit this design, one line per reason ("" lines never; empty when it
-// can). A family is the unique runs that differ only in their budget and seed (sweep variables
-// whose name ends in "steps" or "tokens", and "seed"); fit needs FitOptions::min_runs runs per
-// family (it resamples whole runs) and kMinFrontierPoints points on the family's frontier
-// (evaluations of runs of distinct lengths). Printed by PrintPlan as warnings.
-std::vector<std::string> FitabilityWarnings(const Sweep& sweep);
 
 }  // namespace moelab::sweeps
