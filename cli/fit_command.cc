@@ -15,6 +15,7 @@
 #include "analysis/model_free.h"
 #include "analysis/observations.h"
 #include "analysis/scaling.h"
+#include "analysis/sparsity_slope.h"
 #include "cli/commands.h"
 #include "core/train/trainer.h"
 #include "db/fits.h"
@@ -63,11 +64,12 @@ std::string RatioText(const Estimate& e, const std::string& note) {
 void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
   fmt::print(
       "\nModel-free (primary): FLOPs and tokens to reach L*, log-log interpolated on each "
-      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed)\n",
+      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed); interval: "
+      "t on the mean log ratio (df = seeds - 1); p: exact sign-flip over seeds\n",
       by, t.reference);
   fmt::print("loss range every (family, seed) covers: [{:.4f}, {:.4f}]\n", t.range_lo, t.range_hi);
-  fmt::print("{:<8} {:<10} {:>5}  {:<26} {:<26} {}\n", "L*", by, "seeds", "FLOPs ratio",
-             "tokens ratio", "per seed (FLOPs ratio)");
+  fmt::print("{:<8} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", "L*", by, "seeds",
+             "FLOPs ratio (t)", "p", "bootstrap", "tokens ratio (t)", "per seed (FLOPs ratio)");
   std::set<std::string> notes;
   std::vector<analysis::ModelFreeRow> rows = t.rows;
   std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
@@ -79,8 +81,14 @@ void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
     for (size_t i = 0; i < r.seeds.size(); ++i)
       per_seed.push_back(
           fmt::format("s{} {:.3f}", r.seeds[i], r.flops_family[i] / r.flops_reference[i]));
-    fmt::print("{:<8.4f} {:<10} {:>5}  {:<26} {:<26} {}\n", r.target_loss, r.family, r.seeds.size(),
-               RatioText(r.flops_ratio, r.interval_note),
+    const auto& st = r.flops_stats;
+    const std::string boot = st.note.empty()
+                                 ? fmt::format("{} [{:.3f}, {:.3f}]", st.bootstrap_label,
+                                               st.bootstrap.lo, st.bootstrap.hi)
+                                 : "-";
+    fmt::print("{:<8.4f} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", r.target_loss, r.family,
+               r.seeds.size(), RatioText(r.flops_ratio, r.interval_note),
+               st.note.empty() ? fmt::format("{:.3g}", st.sign_flip_p) : "-", boot,
                RatioText(r.tokens_ratio, r.interval_note), fmt::join(per_seed, ", "));
     if (!r.interval_note.empty()) notes.insert(r.interval_note);
   }
@@ -269,9 +277,11 @@ void AddFitCommand(CLI::App& app) {
       result = {{"fits", fits}, {"multipliers", table}, {"verdict_basis", basis}};
       if (model_free) result["model_free"] = *model_free;
       if (!a->json) {
-        if (model_free)
+        if (model_free) {
           PrintModelFree(*model_free, a->by);
-        else
+          fmt::print("{}", analysis::SparsitySlopeReport(*model_free, obs.points, obs.sparsity,
+                                                         a->level, a->min_seeds));
+        } else
           fmt::print("\nmodel-free estimate unavailable: {}\n", model_free_error);
         // One model size per family (a WSD sweep of one shape) gives a training curve, not a
         // compute-optimal frontier: say which one was fitted.

@@ -138,6 +138,18 @@ bool App::StoredFits(uint64_t data_version, double newest_run) {
 
 namespace {
 
+// "1.155 [1.04, 1.28]", or the point with "(no interval)" when the ends are NaN (too few seeds):
+// never "[nan, nan]".
+std::string PointAndInterval(const analysis::Estimate& e, const char* number) {
+  auto num = [&](double v) {
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), number, v);
+    return std::string(buf);
+  };
+  if (std::isnan(e.lo) || std::isnan(e.hi)) return num(e.estimate) + " (no interval)";
+  return num(e.estimate) + " [" + num(e.lo) + ", " + num(e.hi) + "]";
+}
+
 // The model-free primary reading (analysis/model_free.h) beside the fit: FLOPs to each target
 // loss interpolated on every seed's own points, as a ratio to the reference, paired by seed.
 // Cheap (interpolation and a bootstrap over a handful of seeds), so it is recomputed per frame
@@ -179,8 +191,12 @@ void DrawModelFree(const std::vector<analysis::Observation>& obs, const std::str
       ImGui::Text("%zu", r.seeds.size());
       ImGui::TableSetColumnIndex(3);
       if (r.interval_note.empty()) {
-        ImGui::Text("%.3f\xc3\x97 [%.3f, %.3f]", r.flops_ratio.estimate, r.flops_ratio.lo,
-                    r.flops_ratio.hi);
+        // The t interval on the log ratio (df = seeds - 1) and the exact sign-flip p.
+        ImGui::Text("%s\xc3\x97  p %.2g", PointAndInterval(r.flops_ratio, "%.3f").c_str(),
+                    r.flops_stats.sign_flip_p);
+        if (ImGui::IsItemHovered()) {
+          ImGui::SetTooltip("%s", analysis::FormatStatement(r.flops_stats).c_str());
+        }
       } else {
         ImGui::Text("%.3f\xc3\x97 (no interval)", r.flops_ratio.estimate);
         note = r.interval_note;
@@ -443,8 +459,7 @@ void App::ScalingView() {
                            row.family.c_str());
         ImGui::TableSetColumnIndex(1);
         if (row.ok) {
-          ImGui::Text("%.2f\xc3\x97 [%.2f, %.2f]", row.multiplier.estimate, row.multiplier.lo,
-                      row.multiplier.hi);
+          ImGui::Text("%s\xc3\x97", PointAndInterval(row.multiplier, "%.2f").c_str());
           ImGui::TableSetColumnIndex(2);
           ImGui::TextUnformatted(FormatValue(row.compute_family.estimate).c_str());
         } else {
@@ -479,9 +494,14 @@ void App::ScalingView() {
         const int col = p.name == "E" ? 1 : p.name == "alpha" ? 2 : -1;
         if (col < 0) continue;
         ImGui::TableSetColumnIndex(col);
-        ImGui::Text("%s [%s, %s]%s", FormatValue(p.value.estimate).c_str(),
-                    FormatValue(p.value.lo).c_str(), FormatValue(p.value.hi).c_str(),
-                    p.at_bound ? " (bound)" : "");
+        if (std::isnan(p.value.lo) || std::isnan(p.value.hi)) {
+          ImGui::Text("%s (no interval)%s", FormatValue(p.value.estimate).c_str(),
+                      p.at_bound ? " (bound)" : "");
+        } else {
+          ImGui::Text("%s [%s, %s]%s", FormatValue(p.value.estimate).c_str(),
+                      FormatValue(p.value.lo).c_str(), FormatValue(p.value.hi).c_str(),
+                      p.at_bound ? " (bound)" : "");
+        }
       }
       ImGui::TableSetColumnIndex(3);
       ImGui::Text("%d / %zu%s", f.n_units, f.frontier.size(),
@@ -526,10 +546,7 @@ void App::ScalingView() {
       ImGui::TableSetupColumn("\xce\x94 equal FLOPs");
       ImGui::TableHeadersRow();
       auto pct = [](const analysis::Estimate& e) {
-        char buf[64];
-        std::snprintf(buf, sizeof(buf), "%+.2f%% [%+.2f, %+.2f]", 100 * e.estimate, 100 * e.lo,
-                      100 * e.hi);
-        return std::string(buf);
+        return PointAndInterval({100 * e.estimate, 100 * e.lo, 100 * e.hi}, "%+.2f") + " %";
       };
       for (const auto& b : h.budgets) {
         ImGui::TableNextRow();
