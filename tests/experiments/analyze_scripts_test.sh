@@ -20,4 +20,16 @@ grep -q '| 3200 | 8 | +0.0481 | +0.0599 | +0.0596 | +0.0963 | +0.0660 | \[+0.041
 grep -q '12 degrees of freedom counted by seed' <<<"$out" || fail "sparsity-law: pooled SD dof"
 out=$("$PY" "$S/analyze.py" --long "$S/export-long.json" "$S/export.json")
 grep -q '| 12800 | 13.11 M |' <<<"$out" || fail "sparsity-law --long"
+# The pre-registered estimand from fit's JSON (moelab built beside the tests).
+BIN=${3:-}
+if [ -n "$BIN" ] && [ -x "$BIN/moelab" ]; then
+  out=$("$BIN/moelab" fit --inputs "$S/export.json" --inputs "$S/export-seed2.json" \
+        --inputs "$S/export-seed3.json" --inputs "$S/export-seed4.json" --by sparsity \
+        --reference 48 --target-loss 2.66 --target-loss 2.70 --target-loss 2.75 --json \
+        --resamples 50 | "$PY" "$S/analyze.py" --ratios)
+  grep -q '| 2.700 | +0.032 / +0.044 / +0.030 / +0.085 | +0.047 \[+0.017, +0.078\] (3) | 0.125 |' \
+    <<<"$out" || fail "sparsity-law --ratios: beta at L* = 2.70"
+  grep -q '| 2.700 | 8 | 1.086 / 1.119 / 1.117 / 1.314 | 1.155 \[1.043, 1.280\] (3) | 0.125 |' \
+    <<<"$out" || fail "sparsity-law --ratios: S = 8 at L* = 2.70"
+fi
 echo "analyze scripts: OK"
