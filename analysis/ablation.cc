@@ -102,7 +102,6 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
     double delta;
   };
   std::vector<std::vector<Pair>> pairs;  // per budget
-  std::set<std::string> all_seeds;
   for (const auto& tg : treat_groups) {
     const std::vector<Observation>* bg = nullptr;
     for (const auto& g : base_groups) {
@@ -147,7 +146,7 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
       continue;
     }
     double s = 0;
-    for (const auto& x : p) s += x.delta, all_seeds.insert(x.seed);
+    for (const auto& x : p) s += x.delta;
     d.delta_equal_tokens = {s / p.size(), kNaN, kNaN};
     d.replicated = p.size() >= 2;
     pairs.push_back(p);
@@ -179,57 +178,37 @@ HeadsAblation CompareHeads(const std::vector<Observation>& obs, const std::strin
                                     base_family, treatment_family));
   }
   const int nb = static_cast<int>(out.budgets.size());
-  const std::vector<std::string> seeds(all_seeds.begin(), all_seeds.end());
-  const int ns = static_cast<int>(seeds.size());
-  std::map<std::string, int> seed_index;
-  for (int k = 0; k < ns; ++k) seed_index[seeds[k]] = k;
-  // Resample b draws seeds; a budget's delta is the mean over its drawn seeds' paired deltas
-  // (NaN when none of its seeds was drawn; the mean over budgets then skips it).
-  std::vector<int> all(ns);
-  std::iota(all.begin(), all.end(), 0);
-  auto rows = internal::Bootstrap({all}, ns, opt.bootstrap_resamples, opt.seed, 1, nb + 1,
-                                  [&](int, const std::vector<int>& c) -> std::vector<double> {
-                                    std::vector<double> r;
-                                    double mean = 0;
-                                    int used = 0;
-                                    for (const auto& p : pairs) {
-                                      double s = 0, w = 0;
-                                      for (const auto& x : p)
-                                        s += c[seed_index.at(x.seed)] * x.delta,
-                                            w += c[seed_index.at(x.seed)];
-                                      r.push_back(w > 0 ? s / w : kNaN);
-                                      if (w > 0) mean += s / w, used++;
-                                    }
-                                    if (used == 0) return {};
-                                    r.push_back(mean / used);
-                                    return r;
-                                  });
-  const std::string too_few = internal::TooFewUnits(ns, std::max(opt.min_units, 2));
+  // The replicate is the seed: a budget's statement is over the seeds' paired deltas (a seed
+  // with several pairs at a budget, e.g. model sizes, contributes their mean), and the mean over
+  // budgets is over each seed's mean across the budgets it trained (budgets are branches of one
+  // trunk, not replicates). t interval (df = seeds − 1), exact sign-flip p, seed bootstrap.
+  const int needed = std::max(opt.min_units, 2);
+  std::map<std::string, std::pair<double, int>> seed_total;  // seed -> (sum of budget means, n)
   for (int i = 0; i < nb; ++i) {
     auto& d = out.budgets[i];
-    const std::string budget_few =
-        internal::TooFewUnits(static_cast<int>(pairs[i].size()), std::max(opt.min_units, 2));
-    if (!budget_few.empty()) {
-      d.note += (d.note.empty() ? "" : "; ") + ("equal tokens: " + budget_few);
-      continue;
+    std::map<std::string, std::pair<double, int>> per_seed;
+    for (const auto& x : pairs[i]) per_seed[x.seed].first += x.delta, per_seed[x.seed].second++;
+    std::vector<double> v;
+    for (const auto& [seed, sn] : per_seed) {
+      v.push_back(sn.first / sn.second);
+      seed_total[seed].first += v.back();
+      seed_total[seed].second++;
     }
-    std::vector<double> v;
-    for (const auto& r : rows) v.push_back(r[i]);
-    auto [lo, hi] = internal::PercentileInterval(v, opt.level);
-    d.delta_equal_tokens.lo = lo;
-    d.delta_equal_tokens.hi = hi;
+    d.equal_tokens_stats = DescribeSeeds(v, opt.level, false, needed, opt.bootstrap_resamples,
+                                         internal::StreamSeed(opt.seed, std::to_string(i)));
+    d.delta_equal_tokens = d.equal_tokens_stats.t;
+    if (!d.equal_tokens_stats.note.empty()) {
+      d.note += (d.note.empty() ? "" : "; ") + ("equal tokens: " + d.equal_tokens_stats.note);
+    }
   }
-  double mean_point = 0;
-  for (const auto& b : out.budgets) mean_point += b.delta_equal_tokens.estimate;
-  out.mean_delta_equal_tokens = {mean_point / nb, kNaN, kNaN};
-  if (too_few.empty()) {
-    std::vector<double> v;
-    for (const auto& r : rows) v.push_back(r[nb]);
-    auto [lo, hi] = internal::PercentileInterval(v, opt.level);
-    out.mean_delta_equal_tokens.lo = lo;
-    out.mean_delta_equal_tokens.hi = hi;
-  } else {
-    out.warnings.push_back("mean over budgets at equal tokens: " + too_few);
+  std::vector<double> seed_means;
+  for (const auto& [seed, sn] : seed_total) seed_means.push_back(sn.first / sn.second);
+  out.mean_equal_tokens_stats =
+      DescribeSeeds(seed_means, opt.level, false, needed, opt.bootstrap_resamples, opt.seed);
+  out.mean_delta_equal_tokens = out.mean_equal_tokens_stats.t;
+  if (!out.mean_equal_tokens_stats.note.empty()) {
+    out.warnings.push_back("mean over budgets at equal tokens: " +
+                           out.mean_equal_tokens_stats.note);
   }
   // Equal FLOPs: the base arm's law at the treatment's FLOPs; its interval comes from that fit's
   // seed-level draws (budgets are not independent replicates, so they are not resampled).

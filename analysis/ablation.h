@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/scaling.h"
+#include "analysis/seed_stats.h"
 #include "core/config.h"
 
 namespace moelab::analysis {
@@ -23,8 +24,9 @@ struct HeadsBudgetDelta {
   double base_loss = 0, treatment_loss = 0;
   double base_flops = 0, treatment_flops = 0;
   // (L_treatment − L_base)/L_base at equal tokens: mean over seeds of the seed-paired runs'
-  // final losses; interval by bootstrap over seeds (NaN ends with too few seeds, see note).
+  // final losses; t interval over seeds (NaN ends with too few seeds, see note).
   Estimate delta_equal_tokens;
+  SeedStatement equal_tokens_stats;  // t interval, exact sign-flip p, seed bootstrap
   bool replicated = false;
   // Same at equal FLOPs: treatment's final loss against the base family's frontier law at the
   // treatment's FLOPs; interval from the base fit's bootstrap.
@@ -35,7 +37,8 @@ struct HeadsBudgetDelta {
 struct HeadsAblation {
   std::string base_family, treatment_family;
   std::vector<HeadsBudgetDelta> budgets;
-  Estimate mean_delta_equal_tokens;  // bootstrap over seeds (all budgets of a seed together)
+  Estimate mean_delta_equal_tokens;  // t interval over each seed's mean across budgets
+  SeedStatement mean_equal_tokens_stats;
   Estimate mean_delta_equal_flops;
   std::vector<std::string> warnings;
 };

@@ -132,6 +132,7 @@ void to_json(nlohmann::json& j, const HeadsBudgetDelta& v) {
        {"base_flops", v.base_flops},
        {"treatment_flops", v.treatment_flops},
        {"delta_equal_tokens", v.delta_equal_tokens},
+       {"equal_tokens_stats", v.equal_tokens_stats},
        {"replicated", v.replicated},
        {"delta_equal_flops", v.delta_equal_flops},
        {"note", v.note}};
@@ -142,6 +143,7 @@ void to_json(nlohmann::json& j, const HeadsAblation& v) {
        {"treatment_family", v.treatment_family},
        {"budgets", v.budgets},
        {"mean_delta_equal_tokens", v.mean_delta_equal_tokens},
+       {"mean_equal_tokens_stats", v.mean_equal_tokens_stats},
        {"mean_delta_equal_flops", v.mean_delta_equal_flops},
        {"warnings", v.warnings}};
 }

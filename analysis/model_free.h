@@ -10,11 +10,12 @@
 #include <vector>
 
 #include "analysis/scaling.h"
+#include "analysis/seed_stats.h"
 
 namespace moelab::analysis {
 
 struct ModelFreeOptions {
-  int resamples = 1000;  // seed-level bootstrap
+  int resamples = 1000;  // seed bootstrap when the seeds are too many to enumerate exactly
   uint64_t seed = 12345;
   double level = 0.90;
   int min_seeds = 3;        // fewer seeds: no interval, and a note that says so
@@ -29,10 +30,12 @@ struct ModelFreeRow {
   std::vector<std::string> seeds;  // seeds that reach the target in both families
   std::vector<double> flops_family, flops_reference;    // per seed, interpolated
   std::vector<double> tokens_family, tokens_reference;  // per seed, interpolated
-  // Geometric mean over seeds of C_family,s / C_reference,s (and of the token ratios); the
-  // interval resamples seeds with both arms paired. NaN ends when there are too few seeds.
+  // Geometric mean over seeds of C_family,s / C_reference,s (and of the token ratios) with the
+  // t interval on the mean log ratio (df = seeds − 1); NaN ends when there are too few seeds.
   Estimate flops_ratio;
   Estimate tokens_ratio;
+  // The full statement: t interval, exact sign-flip p, seed bootstrap ("seed range" < 8 seeds).
+  SeedStatement flops_stats, tokens_stats;
   std::string interval_note;  // "n seeds: too few for an interval" or empty
 };
 

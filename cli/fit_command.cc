@@ -13,6 +13,7 @@
 #include "analysis/export.h"
 #include "analysis/observations.h"
 #include "analysis/run_fit.h"
+#include "analysis/sparsity_slope.h"
 #include "cli/commands.h"
 #include "cli/fit_report.h"
 #include "core/train/trainer.h"
@@ -169,7 +170,11 @@ void RunFitCommand(FitArgs* a) {
   const analysis::FitResult result = analysis::RunFit(ToRunFitOptions(*a), obs);
   if (!a->json) {
     PrintHeader(*a, obs, result);
-    PrintFitResult(result, a->by);
+    std::string slope;
+    if (result.power && result.power->model_free)
+      slope = analysis::SparsitySlopeReport(*result.power->model_free, obs.points, obs.sparsity,
+                                            a->level, a->min_seeds);
+    PrintFitResult(result, a->by, slope);
   }
   if (!a->no_store) StoreFit(*a, sweep_id, obs, result);
   if (a->json) fmt::print("{}\n", json(result).dump(2));

@@ -30,10 +30,12 @@ std::string RatioText(const Estimate& e, const std::string& note) {
   return Interval(e, "{:.3f}");
 }
 
-void PrintPower(const analysis::PowerFormResult& p, const std::string& by) {
-  if (p.model_free)
+void PrintPower(const analysis::PowerFormResult& p, const std::string& by,
+                const std::string& after_model_free) {
+  if (p.model_free) {
     PrintModelFree(*p.model_free, by);
-  else
+    fmt::print("{}", after_model_free);
+  } else
     fmt::print("\nmodel-free estimate unavailable: {}\n", p.model_free_error);
   PrintFittedLaws(p, by);
   PrintMisfit(p);
@@ -97,8 +99,9 @@ std::string Interval(const Estimate& e, const char* spec) {
                      fmt::format(fmt::runtime(spec), e.lo), fmt::format(fmt::runtime(spec), e.hi));
 }
 
-void PrintFitResult(const analysis::FitResult& r, const std::string& by) {
-  if (r.power) PrintPower(*r.power, by);
+void PrintFitResult(const analysis::FitResult& r, const std::string& by,
+                    const std::string& after_model_free) {
+  if (r.power) PrintPower(*r.power, by, after_model_free);
   if (r.joint) PrintJoint(*r.joint);
   if (r.chinchilla) PrintChinchilla(*r.chinchilla);
   if (r.heads) PrintHeads(*r.heads, by);
@@ -108,11 +111,12 @@ void PrintFitResult(const analysis::FitResult& r, const std::string& by) {
 void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
   fmt::print(
       "\nModel-free (primary): FLOPs and tokens to reach L*, log-log interpolated on each "
-      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed)\n",
+      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed); interval: "
+      "t on the mean log ratio (df = seeds - 1); p: exact sign-flip over seeds\n",
       by, t.reference);
   fmt::print("loss range every (family, seed) covers: [{:.4f}, {:.4f}]\n", t.range_lo, t.range_hi);
-  fmt::print("{:<8} {:<10} {:>5}  {:<26} {:<26} {}\n", "L*", by, "seeds", "FLOPs ratio",
-             "tokens ratio", "per seed (FLOPs ratio)");
+  fmt::print("{:<8} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", "L*", by, "seeds",
+             "FLOPs ratio (t)", "p", "bootstrap", "tokens ratio (t)", "per seed (FLOPs ratio)");
   std::set<std::string> notes;
   std::vector<analysis::ModelFreeRow> rows = t.rows;
   std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
@@ -124,8 +128,14 @@ void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
     for (size_t i = 0; i < r.seeds.size(); ++i)
       per_seed.push_back(
           fmt::format("s{} {:.3f}", r.seeds[i], r.flops_family[i] / r.flops_reference[i]));
-    fmt::print("{:<8.4f} {:<10} {:>5}  {:<26} {:<26} {}\n", r.target_loss, r.family, r.seeds.size(),
-               RatioText(r.flops_ratio, r.interval_note),
+    const auto& st = r.flops_stats;
+    const std::string boot = st.note.empty()
+                                 ? fmt::format("{} [{:.3f}, {:.3f}]", st.bootstrap_label,
+                                               st.bootstrap.lo, st.bootstrap.hi)
+                                 : "-";
+    fmt::print("{:<8.4f} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", r.target_loss, r.family,
+               r.seeds.size(), RatioText(r.flops_ratio, r.interval_note),
+               st.note.empty() ? fmt::format("{:.3g}", st.sign_flip_p) : "-", boot,
                RatioText(r.tokens_ratio, r.interval_note), fmt::join(per_seed, ", "));
     if (!r.interval_note.empty()) notes.insert(r.interval_note);
   }

@@ -11,8 +11,10 @@ namespace moelab::cli {
 // "1.23 [1.1, 1.4]", or the point with "(no interval)".
 std::string Interval(const analysis::Estimate& e, const char* spec = "{:.4g}");
 
-// Everything after the header, for any form (`by` is the family key's label).
-void PrintFitResult(const analysis::FitResult& r, const std::string& by);
+// Everything after the header, for any form (`by` is the family key's label);
+// `after_model_free` is printed right after the model-free table (the per-doubling slope).
+void PrintFitResult(const analysis::FitResult& r, const std::string& by,
+                    const std::string& after_model_free = "");
 
 // The power form's sections, in the order PrintFitResult prints them.
 void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by);

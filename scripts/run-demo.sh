@@ -15,7 +15,7 @@ echo "== exporting the default corpus to data/corpus"
 scripts/export-corpus.sh data/corpus
 echo "== preparing the tokenizer and token shards in data/default"
 "$BIN/moelab" data prepare --input data/corpus --out data/default --vocab 512
-echo "== the demo sparsity sweep into $DB (3 sparsities x 8 token budgets, WSD branches)"
+echo "== the demo sparsity sweep into $DB (3 sparsities x 8 token budgets x 3 seeds, WSD branches)"
 # One thread per run, runs in parallel: on a busy machine 2-thread OpenMP runs lose their time
 # at barriers (measured here at load 17: 1.2 s per step with 2 threads; the whole sweep then
 # took 2 min 20 s wall with 3 single-thread runs at a time).

@@ -6,14 +6,26 @@ Usage: analyze.py runs/muon.db [ADAMW_LR MUON_LR]   (the sweep database; LRs: co
 
 Python standard library only. Prints Markdown tables: the LR sweep (final validation loss of
 every decayed WSD endpoint), the frontier at each optimizer's best LR per seed, and the
-tokens-to-target-loss ratio AdamW / Muon with a seed bootstrap interval.
+tokens-to-target-loss ratio AdamW / Muon per seed at the targets TARGETS (inside every seed's
+loss range of both optimizers, so no seed is extrapolated or left out), with the primary
+statement over seeds: 90 % t interval on the mean log ratio (df = seeds - 1), the exact
+sign-flip p and the enumerated seed bootstrap ("seed range" below 8 seeds).
 """
 import json
 import math
-import random
+import os
 import sqlite3
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import seed_stats  # noqa: E402
+
+# Target losses, fixed for this export before the per-seed ratios were recomputed (issue 35):
+# inside [3.18, 4.08], the loss range every seed of both optimizers covers at lr 3e-3 (AdamW's
+# seed 2 ends at 3.1796, Muon's seed 2 starts at 4.0829). The earlier target (AdamW's seed-mean
+# final loss, 3.151) sat at the edge of the data: AdamW's seed 2 never reaches it.
+TARGETS = (3.20, 3.50, 3.80)
 
 
 def load(path):
@@ -130,72 +142,39 @@ def main():
             ma, mm = sum(a) / len(a), sum(m) / len(m)
             print(f"| {b} | {toks} | {ma:.4f} ({len(a)}) | {mm:.4f} ({len(m)}) | {mm - ma:+.4f} |")
 
-    # 3. Tokens to target: target = AdamW's seed-mean loss at the longest budget.
-    def mean_frontier(seed_fronts):
-        pts = defaultdict(list)
-        for f in seed_fronts:
-            for t, l in f:
-                pts[t].append(l)
-        return sorted((t, sum(v) / len(v)) for t, v in pts.items())
-
-    def ratio(a_fronts, m_fronts):
-        fa, fm = mean_frontier(a_fronts), mean_frontier(m_fronts)
-        target = fa[-1][1]
-        ta, tm = tokens_to_target(fa, target), tokens_to_target(fm, target)
-        if ta is None or tm is None:
-            return None, target, ta, tm
-        return ta / tm, target, ta, tm
-
-    a_seeds = [fronts["adamw"][s] for s in sorted(fronts["adamw"])]
-    m_seeds = [fronts["muon"][s] for s in sorted(fronts["muon"])]
-    r, target, ta, tm = ratio(a_seeds, m_seeds)
-    print(f"\n### Tokens to AdamW's final loss (target {target:.4f}, seed mean of "
-          f"{len(a_seeds)} AdamW / {len(m_seeds)} Muon seeds)\n")
-    if r is None:
-        print("Muon's frontier does not reach the target (or AdamW's does not): no ratio.")
-        return
-    print(f"AdamW: {ta:.0f} tokens, Muon: {tm:.0f} tokens (log-linear interpolation between "
-          f"decayed endpoints); ratio AdamW/Muon = {r:.2f}")
-    # Per seed pair (seed i of each optimizer, target fixed at the mean).
-    for s in sorted(set(fronts["adamw"]) & set(fronts["muon"])):
-        t_a = tokens_to_target(fronts["adamw"][s], target)
-        t_m = tokens_to_target(fronts["muon"][s], target)
-        txt = f"{t_a / t_m:.2f}" if t_a and t_m else "n/a (target not reached)"
-        print(f"- seed {s}: AdamW {t_a and round(t_a)} tokens, Muon {t_m and round(t_m)} tokens, "
-              f"ratio {txt}")
-    # The same ratio with AdamW's seed-mean loss at each shorter budget as the target.
-    fa, fm = mean_frontier(a_seeds), mean_frontier(m_seeds)
-    print("\n| target = AdamW mean loss at | target | AdamW tokens | Muon tokens | ratio |")
-    print("|---|---|---|---|---|")
-    for t_a, target_b in fa:
-        t_m = tokens_to_target(fm, target_b)
-        below = fm[0][1] <= target_b
-        txt = "—" if t_m is None else (f"≥ {t_a / t_m:.2f}" if below else f"{t_a / t_m:.2f}")
-        print(f"| {t_a} tokens | {target_b:.4f} | {t_a} | "
-              f"{'≤ ' if below else ''}{t_m and round(t_m)} | {txt} |")
-    # Seed bootstrap, paired: resample seed indices and take both optimizers' runs of each drawn
-    # seed (the same data order), so seed noise common to both cancels as it does in the point
-    # estimate. Resampling each optimizer's seeds separately treated them as independent.
+    # 3. Tokens to fixed targets inside every seed's range, per seed, paired by seed (the two
+    # optimizers of a seed share its data order).
     paired = sorted(set(fronts["adamw"]) & set(fronts["muon"]))
-    if len(paired) < 3:
-        print(f"\nSeed bootstrap: {len(paired)} seeds run with both optimizers: too few for an "
-              f"interval (needs >= 3)")
-        return
-    rng = random.Random(13)
-    vals, fails = [], 0
-    for _ in range(2000):
-        draw = [rng.choice(paired) for _ in paired]
-        ra, _, _, _ = ratio([fronts["adamw"][s] for s in draw], [fronts["muon"][s] for s in draw])
-        if ra is None:
-            fails += 1
+    lo = max(min(l for _, l in fronts[o][k]) for o in ("adamw", "muon") for k in paired)
+    hi = min(max(l for _, l in fronts[o][k]) for o in ("adamw", "muon") for k in paired)
+    print(f"\n### Tokens to target, AdamW / Muon, per seed ({len(paired)} seeds; loss range every "
+          f"seed of both covers: [{lo:.4f}, {hi:.4f}])\n")
+    print("Per seed: log-linear interpolation of tokens between the decayed endpoints that "
+          "bracket L*. Over seeds: geometric mean, 90 % t interval on the log ratio "
+          "(df = seeds − 1), exact sign-flip p (smallest possible with 3 seeds: 0.25), seed "
+          "bootstrap enumerated exactly (10 multisets at 3 seeds), labelled seed range.\n")
+    print("| L* | " + " | ".join(f"seed {k}" for k in paired) +
+          " | ratio [90 % t] (df) | 95 % t | p | seed range |")
+    print("|---|" + "---|" * (len(paired) + 4))
+    for target in TARGETS:
+        if not lo <= target <= hi:
+            print(f"| {target:.2f} | outside the shared range: not estimated |")
+            continue
+        per = {}
+        for k in paired:
+            t_a = tokens_to_target(fronts["adamw"][k], target)
+            t_m = tokens_to_target(fronts["muon"][k], target)
+            per[k] = t_a / t_m
+        d = seed_stats.describe(list(per.values()), log_scale=True)
+        cells = " | ".join(f"{per[k]:.3f}" for k in paired)
+        if "note" in d:
+            print(f"| {target:.2f} | {cells} | {d['point']:.3f} ({d['note']}) | – | – | – |")
         else:
-            vals.append(ra)
-    vals.sort()
-    if vals:
-        lo, hi = vals[int(0.025 * len(vals))], vals[int(0.975 * len(vals)) - 1]
-        print(f"\nSeed bootstrap (2000 resamples of the {len(paired)} seeds, both optimizers' "
-              f"runs of a drawn seed together; {fails} failed): 95 % interval of the ratio "
-              f"[{lo:.2f}, {hi:.2f}]")
+            d95 = seed_stats.describe(list(per.values()), level=0.95, log_scale=True)
+            print(f"| {target:.2f} | {cells} | {d['point']:.2f} [{d['t_lo']:.2f}, "
+                  f"{d['t_hi']:.2f}] ({d['df']}) | [{d95['t_lo']:.2f}, {d95['t_hi']:.2f}] | "
+                  f"{d['p']:.3g} | [{d['boot_lo']:.2f}, {d['boot_hi']:.2f}] |")
+
 
 if __name__ == "__main__":
     main()

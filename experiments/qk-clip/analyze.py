@@ -27,6 +27,9 @@ import struct
 import sys
 from collections import defaultdict
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import seed_stats  # noqa: E402
+
 
 def load_db(path):
     """Per run: (name, cfg, max logits by step, clip events, norm-gain RMS series, final loss)."""
@@ -142,16 +145,33 @@ def main():
     print("| Muon lr | τ | scope | Δ per seed | mean Δ |")
     print("|---|---|---|---|---|")
     arms = sorted({(lr, tau, scope) for (lr, _, tau, scope) in finals if tau > 0})
+    by_seed = defaultdict(list)  # seed -> every arm's clipped - unclipped difference
     for lr, tau, scope in arms:
         deltas = []
         for (lr2, seed, tau2, scope2), v in sorted(finals.items()):
             twin = finals.get((lr, seed, 0, "—"))
             if (lr2, tau2, scope2) == (lr, tau, scope) and twin is not None:
                 deltas.append((seed, v - twin))
+        for sd, d in deltas:
+            by_seed[sd].append(d)
         if deltas:
             mean = sum(d for _, d in deltas) / len(deltas)
             cells = ", ".join(f"s{sd}: {d:+.4f}" for sd, d in deltas)
             print(f"| {lr:g} | {tau:g} | {scope} | {cells} | {mean:+.4f} |")
+    # The replicate is the seed: each seed's mean difference over the arms (the arms of a seed
+    # share its data order and initialisation), then a t interval with df = seeds - 1.
+    if by_seed:
+        per = {sd: sum(v) / len(v) for sd, v in sorted(by_seed.items())}
+        d = seed_stats.describe(list(per.values()), min_seeds=2)
+        print("\nPer seed, mean over the arms: " +
+              ", ".join(f"seed {sd} {v:+.4f}" for sd, v in per.items()))
+        if "note" in d:
+            print(f"Over seeds: {d['point']:+.4f} ({d['note']})")
+        else:
+            one_sided = seed_stats.describe(list(per.values()), level=0.80, min_seeds=2)
+            print(f"Over seeds: {seed_stats.format_statement(d, '{:+.4f}')}; one-sided 90 % "
+                  f"upper bound on the cost of clipping: {one_sided['t_hi']:+.4f} nats "
+                  f"(df {d['df']}: a cost up to that size is not excluded)")
 
     print(f"\nFraction of (step, head) pairs clipped per {window}-step window "
           "(max logit at the window's last step in brackets: the largest head):\n")

@@ -13,19 +13,22 @@ the final validation losses at one budget compare the sparsities directly, witho
 - the loss table of the seed with the most budgets (seed 1: the full grid) and each sparsity's
   gap to the sparsest family per budget;
 - with several seeds, the gap per seed at every budget two or more seeds trained, its mean over
-  seeds, the seed SD and a 90 % t interval over seeds (the replicate is a seed: the budgets of a
-  seed are branches of one trunk and share its noise, so they are not independent replicates);
-- the per-run seed SD of the loss, pooled over (sparsity, budget).
+  seeds, a 90 % t interval (df = seeds - 1), the exact sign-flip p and the seed bootstrap
+  ("seed range" below 8 seeds) (the replicate is a seed: the budgets of a seed are branches of
+  one trunk and share its noise, so they are not independent replicates);
+- the per-run seed SD of the loss, pooled over (sparsity, budget), with its degrees of freedom
+  counted by seed (budgets of one seed share its trunk: they add no degrees of freedom).
 
 --long prints the longer trunk's table (final loss per budget for each sparsity, the gap and
 the relative gap) and the reproduction check: each budget the long export shares with the
 reference export (seed 1's 3200-step runs) must give the same final loss; it prints the
 difference and whether the two are bit for bit equal.
 
---t-ratios reads `moelab fit --json` on stdin and prints, next to fit's seed bootstrap, a 90 %
-Student t interval over seeds on the log of each model-free FLOPs ratio (per-seed values from
-fit's model_free rows): a parametric cross-check that, unlike a bootstrap over 3-4 seeds, can
-reach beyond the range of the per-seed values.
+--ratios (alias --t-ratios) reads `moelab fit --json` on stdin and prints, from fit's model_free
+rows, each FLOPs ratio's per-seed values and its primary statement (90 % t interval on the log
+ratio, df = seeds - 1, exact sign-flip p, seed range), then the pre-registered estimand: the
+per-doubling slope beta in log(C_S / C_48) = beta * log2(48 / S), per seed at each target, and
+its trend in L* (each seed's slope d beta / d L*), with the same statement.
 
 --iso-token writes a copy of the export whose compute axis leaves the router out: every run's
 FLOPs become tokens × the smallest sparsity's FLOPs per token (the sparsities differ only in the
@@ -36,11 +39,12 @@ Python standard library only.
 """
 import json
 import math
+import os
 import statistics
 import sys
 
-# Two-sided 90 % Student t quantiles (0.95 one-sided) by degrees of freedom.
-T90 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import seed_stats  # noqa: E402
 
 
 def final_losses(paths):
@@ -94,15 +98,15 @@ def loss_table(runs, seed, sparsities, ref):
 
 
 def seed_gaps(runs, seeds, sparsities, ref):
-    """Gap to ref per seed at the budgets several seeds trained, with seed-level summaries."""
+    """Gap to ref per seed at the budgets several seeds trained, with seed-level statements."""
     budgets = sorted({b for _, _, b in runs})
     others = [s for s in sparsities if s != ref]
-    print(f"\nGap to S={ref} per seed (seeds {', '.join(map(str, seeds))}); mean over seeds, seed "
-          "SD, 90 % t interval over seeds; 'behind' counts the seeds where the denser model's "
-          "loss is higher\n")
+    print(f"\nGap to S={ref} per seed (seeds {', '.join(map(str, seeds))}); mean over seeds, 90 % t "
+          "interval (df = seeds - 1), exact sign-flip p, seed bootstrap ('seed range' below 8 "
+          "seeds); 'behind' counts the seeds where the denser model's loss is higher\n")
     print("| steps | sparsity | " + " | ".join(f"seed {k}" for k in seeds) +
-          " | mean | seed SD | 90 % t interval | behind |")
-    print("|---|---|" + "---|" * (len(seeds) + 4))
+          " | mean | 90 % t interval (df) | p | seed range | behind |")
+    print("|---|---|" + "---|" * (len(seeds) + 5))
     for b in budgets:
         for s in others:
             have = [k for k in seeds if (k, s, b) in runs and (k, ref, b) in runs]
@@ -110,30 +114,43 @@ def seed_gaps(runs, seeds, sparsities, ref):
                 continue
             g = {k: runs[(k, s, b)][0] - runs[(k, ref, b)][0] for k in have}
             vals = list(g.values())
-            mean = statistics.fmean(vals)
-            sd = statistics.stdev(vals)
-            half = T90[len(vals) - 1] * sd / math.sqrt(len(vals))
+            d = seed_stats.describe(vals)
             cells = [f"{g[k]:+.4f}" if k in g else "–" for k in seeds]
-            print(f"| {b} | {s} | " + " | ".join(cells) +
-                  f" | {mean:+.4f} | {sd:.4f} | [{mean - half:+.4f}, {mean + half:+.4f}] | "
-                  f"{sum(v > 0 for v in vals)}/{len(vals)} |")
+            if "note" in d:
+                stats = f" | {d['point']:+.4f} | none ({d['note']}) | – | – |"
+            else:
+                stats = (f" | {d['point']:+.4f} | [{d['t_lo']:+.4f}, {d['t_hi']:+.4f}] "
+                         f"({d['df']}) | {d['p']:.3g} | [{d['boot_lo']:+.4f}, "
+                         f"{d['boot_hi']:+.4f}] |")
+            print(f"| {b} | {s} | " + " | ".join(cells) + stats +
+                  f" {sum(v > 0 for v in vals)}/{len(vals)} |")
 
 
 def pooled_seed_sd(runs):
-    """Per-run seed SD of the loss, pooled over the (sparsity, budget) cells with >= 2 seeds."""
+    """Per-run seed SD of the loss, pooled over the (sparsity, budget) cells with >= 2 seeds.
+
+    Degrees of freedom are counted by seed: the budgets of a seed are branches of one trunk, so
+    a sparsity trained with n seeds contributes n - 1 however many budgets it has."""
     cells = {}
     for (k, s, b), v in runs.items():
         cells.setdefault((s, b), []).append(v[0])
-    ss, dof = 0.0, 0
+    ss, cell_dof = 0.0, 0
     for vals in cells.values():
         if len(vals) >= 2:
             m = statistics.fmean(vals)
             ss += sum((x - m) ** 2 for x in vals)
-            dof += len(vals) - 1
-    if dof:
-        sd = math.sqrt(ss / dof)
+            cell_dof += len(vals) - 1
+    seeds_of = {}
+    for (k, s, b) in runs:
+        if len(cells[(s, b)]) >= 2:
+            seeds_of.setdefault(s, set()).add(k)
+    dof = sum(len(v) - 1 for v in seeds_of.values())
+    if cell_dof:
+        sd = math.sqrt(ss / cell_dof)
         print(f"\nPer-run seed SD of the final loss, pooled over (sparsity, budget) cells with "
-              f"two or more seeds: {sd:.4f} nats ({dof} degrees of freedom)")
+              f"two or more seeds: {sd:.4f} nats, {dof} degrees of freedom counted by seed "
+              f"(sum over sparsities of seeds - 1; the {cell_dof} cell-wise ones are not "
+              f"independent: a seed's budgets share its trunk)")
 
 
 def long_trunk(long_path, ref_path):
@@ -168,25 +185,68 @@ def long_trunk(long_path, ref_path):
               f"difference {a - b:+.3e} ({'bit for bit equal' if a == b else 'NOT equal'})")
 
 
-def t_ratios(fit):
+def ratios(fit):
     mf = fit["model_free"]
-    print(f"Model-free FLOPs ratio to S={mf['reference']}: geometric mean over seeds, 90 % t "
-          "interval on the log ratio over seeds (fit's bootstrap interval for comparison)\n")
-    print("| L* | sparsity | seeds | ratio | 90 % t interval | bootstrap interval |")
+    ref = mf["reference"]
+    rows = sorted(mf["rows"], key=lambda r: (r["target_loss"], float(r["family"])))
+    print(f"Model-free FLOPs ratio to S={ref}: per seed, then the geometric mean over seeds with "
+          "its 90 % t interval on the log ratio (df = seeds - 1), the exact sign-flip p and the "
+          "seed bootstrap (enumerated; 'seed range' below 8 seeds)\n")
+    print("| L* | S | per seed | ratio [90 % t] (df) | p | seed range |")
     print("|---|---|---|---|---|---|")
-    for r in sorted(mf["rows"], key=lambda r: (r["target_loss"], int(r["family"]))):
-        logs = [math.log(a / b) for a, b in zip(r["flops_family"], r["flops_reference"])]
-        m = statistics.fmean(logs)
-        boot = r["flops_ratio"]
-        boot_text = (f"[{boot['lo']:.3f}, {boot['hi']:.3f}]"
-                     if boot.get("lo") is not None else "none")
-        if len(logs) < 2:
-            t_text = "none (one seed)"
-        else:
-            half = T90[len(logs) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
-            t_text = f"[{math.exp(m - half):.3f}, {math.exp(m + half):.3f}]"
-        print(f"| {r['target_loss']:.2f} | {r['family']} | {len(logs)} | {math.exp(m):.3f} | "
-              f"{t_text} | {boot_text} |")
+    for r in rows:
+        per = [a / b for a, b in zip(r["flops_family"], r["flops_reference"])]
+        d = seed_stats.describe(per, log_scale=True)
+        seeds = " / ".join(f"{v:.3f}" for v in per)
+        if "note" in d:
+            print(f"| {r['target_loss']:.3f} | {r['family']} | {seeds} | {d['point']:.3f} "
+                  f"({d['note']}) | – | – |")
+            continue
+        print(f"| {r['target_loss']:.3f} | {r['family']} | {seeds} | {d['point']:.3f} "
+              f"[{d['t_lo']:.3f}, {d['t_hi']:.3f}] ({d['df']}) | {d['p']:.3g} | "
+              f"[{d['boot_lo']:.3f}, {d['boot_hi']:.3f}] |")
+    # The pre-registered estimand: beta per seed through the origin over the sparsities.
+    print(f"\nPer-doubling slope beta in log(C_S / C_{ref}) = beta * log2({ref} / S), per seed "
+          "(least squares through the origin over every S), exp(beta) = FLOPs factor per "
+          "doubling (K2: 1.22x)\n")
+    print("| L* | beta per seed | beta [90 % t] (df) | p | seed range | per doubling [90 % t] |")
+    print("|---|---|---|---|---|---|")
+    by_seed = {}
+    for target in sorted({r["target_loss"] for r in rows}):
+        xy = {}
+        at = [r for r in rows if r["target_loss"] == target and float(r["family"]) != float(ref)]
+        for r in at:
+            x = math.log2(float(ref) / float(r["family"]))
+            for k, a, b in zip(r["seeds"], r["flops_family"], r["flops_reference"]):
+                xy.setdefault(k, []).append((x, math.log(a / b)))
+        betas = {k: sum(x * y for x, y in v) / sum(x * x for x, y in v)
+                 for k, v in xy.items() if len(v) == len(at)}
+        for k, v in betas.items():
+            by_seed.setdefault(k, {})[target] = v
+        d = seed_stats.describe(list(betas.values()))
+        per = " / ".join(f"{betas[k]:+.3f}" for k in sorted(betas))
+        if "note" in d:
+            print(f"| {target:.3f} | {per} | {d['point']:+.3f} ({d['note']}) | – | – | "
+                  f"{math.exp(d['point']):.3f} |")
+            continue
+        print(f"| {target:.3f} | {per} | {d['point']:+.3f} [{d['t_lo']:+.3f}, {d['t_hi']:+.3f}] "
+              f"({d['df']}) | {d['p']:.3g} | [{d['boot_lo']:+.3f}, {d['boot_hi']:+.3f}] | "
+              f"{math.exp(d['point']):.3f} [{math.exp(d['t_lo']):.3f}, "
+              f"{math.exp(d['t_hi']):.3f}] |")
+    slopes = {}
+    for k, bt in by_seed.items():
+        if len(bt) < 2:
+            continue
+        xs, ys = list(bt), list(bt.values())
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slopes[k] = (sum((x - mx) * (y - my) for x, y in zip(xs, ys)) /
+                     sum((x - mx) ** 2 for x in xs))
+    if slopes:
+        d = seed_stats.describe(list(slopes.values()))
+        print(f"\nTrend d beta / d L* per seed: " +
+              ", ".join(f"seed {k} {v:+.3f}" for k, v in sorted(slopes.items())) +
+              f"; over seeds: {seed_stats.format_statement(d, '{:+.3f}')} (negative: beta "
+              "grows as the target falls)")
 
 
 def main():
@@ -195,8 +255,8 @@ def main():
     if sys.argv[1] == "--iso-token":
         iso_token(sys.argv[2], sys.argv[3])
         return
-    if sys.argv[1] == "--t-ratios":
-        t_ratios(json.load(sys.stdin))
+    if sys.argv[1] in ("--ratios", "--t-ratios"):
+        ratios(json.load(sys.stdin))
         return
     if sys.argv[1] == "--long":
         long_trunk(sys.argv[2], sys.argv[3])

@@ -19,6 +19,7 @@
 #include "analysis/misfit.h"
 #include "analysis/model_free.h"
 #include "analysis/scaling.h"
+#include "analysis/seed_stats.h"
 
 namespace moelab::analysis {
 namespace {
@@ -104,9 +105,9 @@ TEST(SeedBootstrap, BranchesOfOneTrunkAreOneReplicate) {
 }
 
 // The model-free FLOPs ratio under a misspecified law (slopes steepen with compute, as in the
-// sparsity sweep) and trunk-structured seed noise: with 5 seeds its 90% interval covers the
-// true 1.15 at close to nominal (expanded percentile: 5 seeds are few). Measured (300
-// trials): see the printed line.
+// sparsity sweep) and trunk-structured seed noise: with 5 seeds its 90% interval (t on the log
+// ratio, df 4) covers the true 1.15 at close to nominal. Measured (300 trials): see the printed
+// line.
 TEST(SeedBootstrap, ModelFreeCoverageUnderMisspecifiedLawAndTrunkNoise) {
   Sim s;
   s.E = 0;
@@ -143,6 +144,60 @@ TEST(SeedBootstrap, ModelFreeCoverageUnderMisspecifiedLawAndTrunkNoise) {
   const auto t2 = ModelFreeMultipliers(two, "48", {}, {});
   EXPECT_THAT(t2.rows[0].interval_note, HasSubstr("2 seeds: too few for an interval"));
   EXPECT_TRUE(std::isnan(t2.rows[0].flops_ratio.lo));
+}
+
+// Issue 35: each interval method under the real structure (per-seed offsets shared by the arms,
+// each arm's own offset and a random walk along its trunk shared by all its branches), at 3, 4,
+// 8 and 12 seeds, bounded above and below. The t interval on the log ratio holds ~90 % at every
+// n; the bootstrap percentile interval is the seed range at few seeds (≈ 1 − 2/n: far below 90 %
+// at 3–4) and nears nominal only by 12; the exact sign-flip test never exceeds its level (and
+// with 3–4 seeds cannot reject at 10 %: its smallest p is 0.25, 0.125).
+TEST(SeedBootstrap, CoverageOfEachMethodAt3To12Seeds) {
+  Sim s;
+  s.E = 0;
+  s.gamma = 0.01;
+  const double truth = 1.15;
+  struct Bounds {
+    int seeds;
+    double t_lo, t_hi, boot_lo, boot_hi, reject_hi;
+  };
+  const std::vector<Bounds> cases = {{3, 0.84, 0.96, 0.45, 0.80, 0.0},
+                                     {4, 0.84, 0.96, 0.60, 0.86, 0.0},
+                                     {8, 0.84, 0.96, 0.74, 0.92, 0.15},
+                                     {12, 0.84, 0.96, 0.78, 0.94, 0.15}};
+  const int trials = 300;
+  for (const auto& c : cases) {
+    int n = 0, t_cov = 0, b_cov = 0, rejected = 0;
+    for (int t = 0; t < trials; ++t) {
+      auto obs = Simulate(s, {{"8", truth}, {"48", 1.0}}, c.seeds, 91000 + 1000 * c.seeds + t);
+      ModelFreeOptions o;
+      o.resamples = 400;
+      o.seed = 5 + t;
+      const ModelFreeTable table = ModelFreeMultipliers(obs, "48", {}, o);
+      const ModelFreeRow& r = table.rows[1];  // the middle target
+      if (static_cast<int>(r.seeds.size()) != c.seeds) continue;
+      n++;
+      t_cov += r.flops_ratio.lo <= truth && truth <= r.flops_ratio.hi;
+      b_cov += r.flops_stats.bootstrap.lo <= truth && truth <= r.flops_stats.bootstrap.hi;
+      // The test of the true ratio (H0 true): the per-seed log ratios centred on the truth.
+      std::vector<double> centred;
+      for (size_t i = 0; i < r.seeds.size(); ++i)
+        centred.push_back(std::log(r.flops_family[i] / r.flops_reference[i] / truth));
+      rejected += SignFlipP(centred) <= 0.10;
+    }
+    const double tc = double(t_cov) / n, bc = double(b_cov) / n, rj = double(rejected) / n;
+    std::printf(
+        "%2d seeds (%d trials): 90%% t coverage %.3f, bootstrap (%s) %.3f, sign-flip "
+        "size at 10%% %.3f\n",
+        c.seeds, n, tc, c.seeds < kMinSeedsForBootstrapLevel ? "seed range" : "90%", bc, rj);
+    EXPECT_GE(n, trials * 9 / 10) << c.seeds;
+    EXPECT_GE(tc, c.t_lo) << c.seeds;
+    EXPECT_LE(tc, c.t_hi) << c.seeds;
+    EXPECT_GE(bc, c.boot_lo) << c.seeds;
+    EXPECT_LE(bc, c.boot_hi) << c.seeds;
+    EXPECT_LE(rj, c.reject_hi) << c.seeds;
+    if (c.seeds >= 8) EXPECT_GE(rj, 0.04) << c.seeds;  // exact: near its level, not far below
+  }
 }
 
 // The fitted law's C(L*) under trunk noise: the seed-level bootstrap covers near nominal; the

@@ -132,10 +132,55 @@ TEST(Experiments, SparsityLawGpuDesign) {
   EXPECT_NE(text.find("stated utilisation, not measured", at), std::string::npos) << text;
 }
 
+// The pre-registered frontier design (issue 35; experiments/sparsity-law-frontier/README.md):
+// Muon, 8 routed + 1 shared expert active, S = 8/16/32/48, 3 model sizes per S whose non-router
+// active parameters are equal across S, every (size, budget, seed) iso-token across S, 8 seeds,
+// 6,400-step trunks (inside the default corpus's 23.2 M training tokens).
+TEST(Experiments, SparsityLawFrontierPreRegistration) {
+  const Sweep s = LoadSweep(Src("experiments/sparsity-law-frontier/sweep.json"));
+  std::map<int, std::set<int>> sizes_of;               // sparsity -> d_model
+  std::map<std::string, std::set<int64_t>> tokens_of;  // (size, steps, seed) -> tokens
+  std::map<int, std::set<double>> non_router_of;       // d_model -> active non-router FLOPs
+  std::set<uint64_t> seeds;
+  int64_t most = 0;
+  double router = 0;
+  for (const SweepRun& r : s.runs) {
+    const RunConfig& c = r.config;
+    EXPECT_EQ(c.optimizer.name, "muon") << r.name;
+    EXPECT_EQ(c.moe.experts_active, 8) << r.name;
+    EXPECT_EQ(c.moe.shared_experts, 1) << r.name;
+    const int sparsity = r.vars.at("sparsity").get<int>();
+    EXPECT_EQ(c.moe.experts_total, 8 * sparsity) << r.name;
+    sizes_of[sparsity].insert(c.model.d_model);
+    tokens_of[std::to_string(c.model.d_model) + "/" + std::to_string(c.train.steps) + "/" +
+              std::to_string(c.train.seed)]
+        .insert(Tokens(c));
+    const FlopsBreakdown f = ForwardFlopsPerToken(c);
+    non_router_of[c.model.d_model].insert(f.forward() - f.router);
+    router = std::max(router, RouterShare(c));
+    seeds.insert(c.train.seed);
+    most = std::max(most, Tokens(c));
+  }
+  EXPECT_EQ(sizes_of.size(), 4u);
+  for (const auto& [sparsity, sizes] : sizes_of) EXPECT_GE(sizes.size(), 3u) << sparsity;
+  for (const auto& [key, tokens] : tokens_of) EXPECT_EQ(tokens.size(), 1u) << key;
+  for (const auto& [d, f] : non_router_of) EXPECT_EQ(f.size(), 1u) << "d_model " << d;
+  EXPECT_GE(seeds.size(), 8u);
+  EXPECT_EQ(most, 6400 * 8 * 128);
+  std::printf("frontier design: router at most %.1f %% of the active forward FLOPs\n",
+              100 * router);
+}
+
 TEST(Experiments, DemoHoldsActiveComputeFixed) {
   std::map<std::string, int> seen;
   CheckSparsitySpec("experiments/demo/sweep.json", &seen);
   EXPECT_EQ(seen.size(), 3u);
+  // Issue 35: the main job's fit and the GUI show intervals, so the demo runs >= 3 seeds (the
+  // fewest `moelab fit` gives an interval for); with one it printed "(no interval)".
+  std::set<uint64_t> seeds;
+  for (const SweepRun& r : LoadSweep(Src("experiments/demo/sweep.json")).runs)
+    seeds.insert(r.config.train.seed);
+  EXPECT_GE(seeds.size(), 3u);
 }
 
 // Heads ablation: arms paired by (budget, seed) see the same tokens; the treatment has twice the
