@@ -192,6 +192,7 @@ void AddBenchCommand(CLI::App& app) {
     bool distributed = false, model_only = false;
     bool plan = false;
     int micro_batch = 0;
+    std::string kernels;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -214,12 +215,19 @@ void AddBenchCommand(CLI::App& app) {
                   "With --device cuda: sequences per forward/backward (0 = the largest that fits "
                   "75 GiB)")
       ->capture_default_str();
+  cmd->add_option("--kernels", args->kernels,
+                  "With --device cuda: train.kernels for every shape, key=value[,key=value...] "
+                  "(docs/cuda.md, Kernel choices; e.g. attention_kernel=mma,ffn=fused)");
   cmd->add_flag("--distributed", args->distributed,
                 "1 rank x T threads vs T ranks x 1 thread (mpirun), with bytes per step "
                 "(cli/bench_distributed.h)");
   cmd->add_flag("--comm-model", args->model_only,
                 "With --distributed: print the analytic K2-like scaling table only");
   cmd->callback([args]() {
+    if (!args->kernels.empty() && args->device != "cuda") {
+      fmt::print(stderr, "moelab bench: --kernels: kernel choices need --device cuda\n");
+      throw CLI::RuntimeError(2);  // a flag error, as the config errors
+    }
     if (args->device == "cuda") {
       CudaBenchOptions o;
       o.json = args->json;
@@ -228,6 +236,7 @@ void AddBenchCommand(CLI::App& app) {
       o.only = args->only;
       o.plan = args->plan;
       o.micro_batch = args->micro_batch;
+      o.kernels = args->kernels;
       if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
       const int rc = o.plan ? PrintCudaBenchPlan(o) : RunCudaBench(o);
       if (rc != 0) throw CLI::RuntimeError(rc);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "core/cuda_profiler.h"
 #include "core/device.h"
 #include "core/flops.h"
+#include "core/kernel_choices.h"
 #include "core/model/backend.h"
 #include "core/model/cuda_backend.h"
 #include "core/model/model.h"
@@ -36,9 +38,11 @@ struct GpuCase {
   RunConfig config;
 };
 
-// The reference shapes of issue 11: synthetic tokens, vocab 32768, sequence 1024, 32 sequences.
-std::vector<GpuCase> GpuCases() {
+// The reference shapes of issue 11: synthetic tokens, vocab 32768, sequence 1024, 32 sequences,
+// on the given kernels.
+std::vector<GpuCase> GpuCases(const KernelChoices& kernels = {}) {
   RunConfig base;
+  base.train.kernels = kernels;
   base.model.vocab_size = 32768;
   base.model.seq_len = 1024;
   base.model.d_model = 1024;
@@ -129,6 +133,7 @@ struct CaseResult {
   std::string skipped;  // why not, when !ran
   double fwd_bwd_ms = 0, opt_ms = 0, tokens_per_s = 0, flops_per_s = 0, utilisation = 0;
   double flops_per_token = 0;
+  double loss_first = 0, loss_last = 0;  // the first and the last step's training loss
   int64_t params = 0, active = 0;
   int micro_batch = 0;
   double planned_gib = 0;
@@ -152,6 +157,7 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   (void)o;
   (void)gemm_rate;
 #else
+  RequireCudaSupports(c, 1, 1);  // a kernel choice this build or shape cannot run: the reason
   const int B = c.train.batch_size, S = c.model.seq_len;
   RunConfig cm = c;
   cm.train.micro_batch = CaseMicroBatch(c, o);
@@ -182,6 +188,8 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
     t_opt.Stop();
     const double s_opt = t_opt.Seconds();
     if (timed) fb += s_fb, op += s_opt;
+    if (i == 0) r.loss_first = stats.loss;
+    r.loss_last = stats.loss;
   }
   r.ran = true;
   r.fwd_bwd_ms = 1e3 * fb / o.steps;
@@ -245,11 +253,28 @@ bool Contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// --kernels into *out; false (after saying why on stderr) for a bad key or value.
+bool KernelsOrExplain(const std::string& assignments, KernelChoices* out) {
+  try {
+    *out = ParseKernelAssignments(assignments, "--kernels");
+    return true;
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "moelab bench: {}\n", e.what());
+    return false;
+  }
+}
+
+std::string LossText(double loss) {
+  return std::isfinite(loss) ? fmt::format("{:.4f}", loss) : "NaN";
+}
+
 }  // namespace
 
 int PrintCudaBenchPlan(const CudaBenchOptions& o) {
   std::vector<std::string> selected;
   if (!SelectOrExplain(o.only, &selected)) return kExitConfig;
+  KernelChoices kernels;
+  if (!KernelsOrExplain(o.kernels, &kernels)) return kExitConfig;
   constexpr double kGiB = 1024.0 * 1024 * 1024;
   const double budget = o.memory_budget_gib * kGiB;
   int rc = 0;
@@ -257,7 +282,7 @@ int PrintCudaBenchPlan(const CudaBenchOptions& o) {
       "Device memory plan per case (budget {:.0f} GiB; arithmetic from the config, no GPU "
       "needed)\n",
       o.memory_budget_gib);
-  for (const GpuCase& gc : GpuCases()) {
+  for (const GpuCase& gc : GpuCases(kernels)) {
     if (!Contains(selected, gc.name)) continue;
     const RunConfig& c = gc.config;
     const int B = c.train.batch_size;
@@ -276,6 +301,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
   // Before the device check: a misspelt name is an error on any machine.
   std::vector<std::string> selected;
   if (!SelectOrExplain(o.only, &selected)) return kExitConfig;
+  KernelChoices kernels;
+  if (!KernelsOrExplain(o.kernels, &kernels)) return kExitConfig;
   if (o.plan) return PrintCudaBenchPlan(o);
   TrainConfig t;
   t.device = "cuda";
@@ -294,16 +321,18 @@ int RunCudaBench(const CudaBenchOptions& o) {
   out["device"] = dev.name;
   out["bf16_gemm_n"] = o.gemm_n;
   out["bf16_gemm_tflops"] = gemm / 1e12;
+  out["kernels"] = KernelChoicesToJson(kernels);
   out["configs"] = nlohmann::json::array();
   if (!o.json) {
-    fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\n\n", dev.name,
-               dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n, gemm / 1e12);
-    fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7}\n", "config",
-               "params", "active", "micro", "plan GB", "held GB", "fwd+bwd ms", "optim ms",
-               "tokens/s", "TFLOP/s", "util");
+    fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\nkernels: {}\n\n",
+               dev.name, dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n,
+               gemm / 1e12, DescribeKernelChoices(kernels));
+    fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7} {:>17}\n",
+               "config", "params", "active", "micro", "plan GB", "held GB", "fwd+bwd ms",
+               "optim ms", "tokens/s", "TFLOP/s", "util", "loss first last");
   }
   std::string broken;  // a sticky CUDA error: no later case can run in this process
-  for (const GpuCase& gc : GpuCases()) {
+  for (const GpuCase& gc : GpuCases(kernels)) {
     if (!Contains(selected, gc.name)) continue;
     CaseResult r;
     if (!broken.empty()) {
@@ -337,6 +366,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
       j["tflops"] = r.flops_per_s / 1e12;
       j["utilisation"] = r.utilisation;
       j["breakdown_ms"] = r.breakdown_ms;
+      // NaN is not JSON: a non-finite loss is written as null.
+      j["loss_first"] = std::isfinite(r.loss_first) ? nlohmann::json(r.loss_first) : nullptr;
+      j["loss_last"] = std::isfinite(r.loss_last) ? nlohmann::json(r.loss_last) : nullptr;
     } else {
       j["skipped"] = r.skipped;
     }
@@ -348,9 +380,10 @@ int RunCudaBench(const CudaBenchOptions& o) {
     }
     fmt::print(
         "{:<20} {:>11} {:>11} {:>5} {:>7.1f} {:>7.1f} {:>10.1f} {:>9.1f} {:>11.0f} {:>9.1f} "
-        "{:>6.1f}%\n",
+        "{:>6.1f}% {:>8} {:>8}\n",
         r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.held_gib, r.fwd_bwd_ms,
-        r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation);
+        r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation, LossText(r.loss_first),
+        LossText(r.loss_last));
     // Op classes, each followed by its sub-classes ("moe/experts": the layer's phases), then what
     // no bracket covers (elementwise adds, casts, the gradient accumulation).
     double bracketed = 0;

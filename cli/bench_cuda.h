@@ -22,6 +22,9 @@ struct CudaBenchOptions {
   // Print each case's device memory plan (and the largest micro-batch that fits) and exit:
   // arithmetic only, no GPU needed.
   bool plan = false;
+  // train.kernels for every case, "key=value[,key=value...]" (core/kernel_choices.h); "" = the
+  // defaults.
+  std::string kernels;
 };
 
 // The names of the GPU cases, in the order the bench runs them.
@@ -32,7 +35,9 @@ std::vector<std::string> GpuCaseNames();
 // Throws std::invalid_argument naming an unknown entry and the valid ones.
 std::vector<std::string> SelectCases(const std::vector<std::string>& all, const std::string& only);
 
-// Returns the process exit code (2 when no GPU is usable).
+// Returns the process exit code (2 when no GPU is usable or an option is wrong). Each case's row
+// holds its first and last step's loss (the same synthetic batches whatever the kernels, so rows
+// of different --kernels compare: a wrong kernel shows as a different loss, not only a speed).
 int RunCudaBench(const CudaBenchOptions& options);
 // `--plan`: the memory plans of the reference shapes; 0, or 2 when one does not fit the budget.
 int PrintCudaBenchPlan(const CudaBenchOptions& options);

@@ -18,6 +18,29 @@ namespace moelab::cli {
 
 namespace {
 
+// "device cuda (bf16), kernels attention=auto attention_kernel=mma ..." from a stored config:
+// train.kernels (core/kernel_choices.h) is recorded with the run; runs from before it have none.
+std::string DeviceAndKernelsLine(const std::string& config_json) {
+  const nlohmann::json c = nlohmann::json::parse(config_json, nullptr, false);
+  if (c.is_discarded() || !c.contains("train") || !c["train"].is_object()) {
+    return "device and kernels: the stored config is unreadable";
+  }
+  const nlohmann::json& t = c["train"];
+  std::string line = fmt::format("device {} ({}), kernels", t.value("device", "cpu"),
+                                 t.value("precision", "auto"));
+  if (!t.contains("kernels") || !t["kernels"].is_object()) {
+    return line + " not recorded (a run from before train.kernels: the defaults of its time)";
+  }
+  for (const auto& [key, value] : t["kernels"].items()) {
+    line += fmt::format(" {}={}", key, value.is_string() ? value.get<std::string>() : value.dump());
+  }
+  return line;
+}
+
+}  // namespace
+
+namespace {
+
 std::string Opt(const std::optional<double>& v, const char* fmt_spec = "{:.4f}") {
   return v && std::isfinite(*v) ? fmt::format(fmt::runtime(fmt_spec), *v) : "-";
 }
@@ -99,6 +122,7 @@ void AddDbCommand(CLI::App& app) {
                ToString(run->effective_status), run->last_step, run->shape.total_steps);
     fmt::print("params {} total, {} active; {:.3g} training FLOPs/token\n", run->shape.params_total,
                run->shape.params_active, run->shape.flops_per_token);
+    fmt::print("{}\n", DeviceAndKernelsLine(reader.RunConfigJson(*run_id)));
     const db::Series loss = reader.GetSeries(*run_id, "loss");
     const db::Series val = reader.GetSeries(*run_id, "val_loss");
     const size_t every = std::max<size_t>(1, loss.steps.size() / 10);

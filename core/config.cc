@@ -412,6 +412,10 @@ void Walk(const json& j, const std::string& prefix, RunConfig& c) {
       SetField(*f, it.value(), c);
       continue;
     }
+    if (path == "train.kernels") {  // core/kernel_choices.h
+      ParseKernelChoices(it.value(), path, &c.train.kernels);
+      continue;
+    }
     const auto known = KnownPaths();
     const bool is_section = std::find(known.begin(), known.end(), path) != known.end();
     if (is_section) {
@@ -516,6 +520,7 @@ json ConfigToJson(const RunConfig& config) {
     const size_t dot = f.path.find('.');
     j[f.path.substr(0, dot)][f.path.substr(dot + 1)] = GetField(f, c);
   }
+  j["train"]["kernels"] = KernelChoicesToJson(c.train.kernels);  // core/kernel_choices.h
   return j;
 }
 
@@ -654,6 +659,7 @@ void ValidateConfig(const RunConfig& c) {
   }
   Require(c.dist.bucket_mb > 0 && c.dist.bucket_mb <= 4096, "dist.bucket_mb",
           "must be in (0, 4096]");
+  ValidateKernelChoices(t.kernels, t.device);  // core/kernel_choices.h
 }
 
 void ApplyOverride(json& j, const std::string& assignment) {
@@ -665,7 +671,9 @@ void ApplyOverride(json& j, const std::string& assignment) {
   }
   const std::string path = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
-  if (!FindField(path)) throw ConfigError(PrintableText(path), "unknown key" + DidYouMean(path));
+  if (!FindField(path) && !IsKernelChoicePath(path)) {
+    throw ConfigError(PrintableText(path), "unknown key" + DidYouMean(path));
+  }
   json value;
   try {
     value = json::parse(text);
@@ -736,6 +744,8 @@ std::string ConfigHash(const RunConfig& c) {
   // The dist section holds only unhashed fields: drop it whole so configs written before it
   // existed keep their hash.
   if (j.contains("dist") && j["dist"].empty()) j.erase("dist");
+  // Kernel choices compute the same model (docs/cuda.md, Kernel choices): not the experiment.
+  j["train"].erase("kernels");
   // bf16 changes the trajectory, fp32 on either device does not (docs/cuda.md).
   j["train"].erase("precision");
   const std::string precision = c.train.effective_precision();
@@ -785,6 +795,7 @@ std::string ConfigDocsMarkdown() {
     if (!f.choices.empty()) doc += fmt::format(" One of: {}.", fmt::join(f.choices, ", "));
     if (!f.in_hash) doc += " *Not hashed.*";
     out += fmt::format("| `{}` | `{}` | {} |\n", f.path, GetField(f, defaults).dump(), doc);
+    if (f.path == "train.precision") out += KernelChoicesDocsMarkdown();
   }
   return out;
 }

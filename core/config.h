@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/kernel_choices.h"
+
 namespace moelab {
 
 struct ModelConfig {
@@ -122,6 +124,8 @@ struct TrainConfig {
     if (precision != "auto") return precision;
     return device == "cuda" ? "bf16" : "fp32";
   }
+  // The GPU kernel implementations (core/kernel_choices.h): recorded with the run, not hashed.
+  KernelChoices kernels;
 };
 
 struct EvalConfig {

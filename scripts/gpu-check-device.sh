@@ -7,16 +7,26 @@
 #   .gpu/run.sh --dry-run       unpack, resolve and check libraries, print the plan; run nothing
 #                               on a GPU (scripts/gpu-check.sh --dry-run runs it here)
 #
-# Stages, each under its own `timeout` and all inside the global budget: (1) nvidia-smi + env +
-# the ldd check, which stops everything at once when a library is missing; (2) the CUDA test
-# binaries; (3) `moelab bench --device cuda --plan`, then one bench shape per process, and
-# a shape again under each MOELAB_GPU_COMPARE setting (VAR=value[,VAR=value...][@shape]); (4) the
-# PyTorch peer, eager; then the failed (or, after a crash, unfinished) tests again, one per
-# process; (5) the peer under torch.compile; (6) the MOELAB_GPU_COMPARE_LATER settings. Every stage appends its line to
-# $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they are written, so a
-# time-out loses nothing already measured. Files in $OUT (the device tool returns at most 8):
-# summary.txt, env.txt, tests.log, tests-xml.tar, bench.log, peer.log. The summary table is
-# printed last.
+# Stages, each under its own `timeout` and all inside the global budget, in this order:
+#   env      nvidia-smi + env + the ldd check, which stops everything at once when a library is
+#            missing (cuDNN is loaded at run time: its absence fails only the cuDNN choice);
+#   tests    each CUDA test binary without its opt-in groups' tests (default kernels);
+#   groups   each opt-in switch group of .gpu/groups.txt (scripts/gpu-check-groups.txt) in its
+#            own process (a gtest filter), so a faulting opt-in kernel cannot fail other tests;
+#            then every failed (or, after a crash, unfinished) test again alone, one per
+#            process, reported by name with its group;
+#   bench    `moelab bench --device cuda --plan`, one bench shape per process, then a shape again
+#            per MOELAB_GPU_COMPARE word (train.kernels choices key=value[,key=value...][@shape],
+#            passed as --kernels); every row carries its first and last loss, and a row whose loss
+#            is NaN or more than 0.05 nats from the default row's is flagged LOSS;
+#   peer     the PyTorch peer, eager, then (compile) under torch.compile: skipped when its rows
+#            for this card exist (bench/peers/rows/<card>.txt; MOELAB_GPU_PEER=always runs it);
+#   compare  the MOELAB_GPU_COMPARE_LATER words (each opt-in choice alone).
+# MOELAB_GPU_STAGES (default env,tests,groups,bench,peer,compile,compare) picks a subset. Every
+# stage appends its line to $OUT/summary.txt the moment it ends, and the logs grow in $OUT as they
+# are written, so a time-out loses nothing already measured. Files in $OUT (the device tool
+# returns at most 8): summary.txt, env.txt, tests.log, tests-xml.tar, bench.log, peer.log. The
+# summary table is printed last.
 #
 # Environment: our binaries get LD_LIBRARY_PATH = the payload's lib/ + the venv's nvidia/*/lib
 # (cuBLAS/cudart in cu13/lib, NCCL, cuDNN) + the driver's folder, passed per command (never
@@ -31,7 +41,7 @@ DRY=0
 OUTD=${OUT:-$PACK/out}
 mkdir -p "$OUTD" && OUTD=$(cd "$OUTD" && pwd) || exit 3
 BUDGET=${MOELAB_GPU_BUDGET_S:-420}
-STAGES=${MOELAB_GPU_STAGES:-env,tests,bench,peer,compile}
+STAGES=${MOELAB_GPU_STAGES:-env,tests,groups,bench,peer,compile,compare}
 VENV=${MOELAB_GPU_VENV:-/opt/torch/.venv}
 PY=$VENV/bin/python
 [ -x "$PY" ] || PY=$VENV/bin/python3
@@ -161,9 +171,12 @@ RUN=(env LD_LIBRARY_PATH="$LIBPATH" MOELAB_BIN_DIR="$WORK/bin" MOELAB_SOURCE_DIR
   echo "== library path for our binaries (not exported):"
   printf '   %s\n' "${LIBDIRS[@]}"
   echo "== libcuda.so.1: ${DRIVER:-NOT FOUND (cudart will report an insufficient driver)}"
-  # MOELAB_MOE_EXPERTS=cudnn needs cuDNN 9.18 or later: the wheel's version, by its dist-info.
+  # train.kernels.experts "cudnn" needs cuDNN 9.18 or later (loaded at run time): the wheel's
+  # version, by its dist-info.
   wheel=$(cd "$VENV" 2>/dev/null && ls -d lib/python*/site-packages/nvidia_cudnn*.dist-info 2>/dev/null)
   echo "== cuDNN wheel: ${wheel:-no nvidia_cudnn*.dist-info in the venv}"
+  # The attention kernels' SASS, disassembled where the payload was built (scripts/gpu-check.sh).
+  sed -n '/^attention SASS/,$p' "$PACK/manifest.txt" 2>/dev/null
 } >"$ENVLOG" 2>&1
 cat "$ENVLOG" >&2
 if ((DRY)); then
@@ -237,53 +250,94 @@ fi
 # ---- The plan ---------------------------------------------------------------------------------
 BENCH_SHAPES=(gpu-dense gpu-moe gpu-dense-muonclip)
 BENCH_ARGS=(--steps 5 --warmup 2)
-# Every opt-in path together on both shapes first (what making them the defaults would give),
-# then each alone on the shape it speeds up (which of them gives what).
-OPT_IN_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FLASH_ROPE=fused MOELAB_FFN=fused MOELAB_MOE_EXPERTS=chunked MOELAB_MOE_DISPATCH=sort MOELAB_ATTENTION_ACTS=bf16"
-ALL=${OPT_IN_DEFAULT// /,}
-# All together right after the default shapes; each alone after the PyTorch peer, so that the
-# peer's rows (the targets are ratios to them) come before the budget can run out.
+LOSS_TOLERANCE=0.05  # nats between a compare row's last loss and its shape's default row's
+# Every opt-in choice together on both shapes first (what making them the defaults would give),
+# then each alone on the shape it speeds up (which of them gives what). Words:
+# key=value[,key=value...][@shape] of train.kernels (docs/cuda.md, Kernel choices).
+ALL=attention_kernel=mma,rope=fused,ffn=fused,experts=chunked,dispatch=sort,attention_acts=bf16
 COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe"
-LATER_DEFAULT="MOELAB_FLASH_KERNEL=mma MOELAB_FFN=fused"
-LATER_DEFAULT+=" MOELAB_FLASH_KERNEL=mma,MOELAB_FLASH_ROPE=fused MOELAB_ATTENTION_ACTS=bf16"
-LATER_DEFAULT+=" MOELAB_MOE_EXPERTS=chunked@gpu-moe"
-LATER_DEFAULT+=" MOELAB_MOE_DISPATCH=sort@gpu-moe MOELAB_MOE_EXPERTS=cudnn@gpu-moe"
-read -ra OPT_IN <<<"${MOELAB_GPU_OPT_IN-$OPT_IN_DEFAULT}"
+LATER_DEFAULT="attention_kernel=mma ffn=fused attention_kernel=mma,rope=fused attention_acts=bf16"
+LATER_DEFAULT+=" experts=chunked@gpu-moe dispatch=sort@gpu-moe experts=cudnn@gpu-moe"
 read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"
 read -ra LATER <<<"${MOELAB_GPU_COMPARE_LATER-$LATER_DEFAULT}"
+# The opt-in switch groups: "group binary filter" lines (# comments), each one process.
+GROUP_LINES=()
+if [ -f "$PACK/groups.txt" ]; then
+  while read -r g b f; do
+    [[ -z $g || $g == \#* ]] && continue
+    GROUP_LINES+=("$g $b $f")
+  done <"$PACK/groups.txt"
+fi
+# default_filter BINARY: a negative gtest filter leaving out the binary's groups' tests.
+default_filter() {
+  local line g b f out=""
+  for line in "${GROUP_LINES[@]}"; do
+    read -r g b f <<<"$line"
+    [ "$b" = "$1" ] && out+="${out:+:}$f"
+  done
+  [ -n "$out" ] && echo "--gtest_filter=-$out"
+}
+# The peer's rows for this card, when a lease has measured them (then the peer is not rerun).
+CARD=${MOELAB_GPU_CARD:-}
+if [ -z "$CARD" ] && ((!DRY)); then
+  CARD=$(timeout 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+fi
+CARD_SLUG=$(tr 'A-Z' 'a-z' <<<"${CARD:-unknown}" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+PEER_ROWS=${MOELAB_GPU_PEER_ROWS:-$REPO/bench/peers/rows}/$CARD_SLUG.txt
+PEER_KNOWN=0
+[ -f "$PEER_ROWS" ] && [ "${MOELAB_GPU_PEER:-}" != always ] && PEER_KNOWN=1
 # torch.compile takes the rest of the budget, or 180 s when comparisons follow it.
 COMPILE_LIMIT=600
 ((${#LATER[@]})) && COMPILE_LIMIT=180
-# compare_shape WORD: the bench shape of a MOELAB_GPU_COMPARE word VAR=value[@shape].
+# compare_shape WORD: the bench shape of a compare word key=value[@shape].
 compare_shape() { if [[ $1 == *@* ]]; then echo "${1##*@}"; else echo gpu-dense; fi; }
 {
   echo "== plan (budget ${BUDGET}s, stages: $STAGES)"
-  for t in "${TESTS[@]}"; do echo "  tests    $(basename "$t") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"; done
-  ((${#OPT_IN[@]})) && echo "  tests    every test binary again with ${OPT_IN[*]}"
+  for t in "${TESTS[@]}"; do
+    echo "  tests    $(basename "$t") $(default_filter "$(basename "$t")") --gtest_output=xml  (limit $([[ $t == *kernels* ]] && echo 60 || echo 120)s)"
+  done
+  for line in "${GROUP_LINES[@]}"; do
+    read -r g b f <<<"$line"
+    echo "  groups   [$g] $b --gtest_filter=$f  (limit 60s)"
+  done
+  echo "  groups   then every failed test alone, one per process (limit 20s each, 60s per process)"
   echo "  bench    moelab bench --device cuda --plan  (limit 20s)"
   for s in "${BENCH_SHAPES[@]}"; do echo "  bench    moelab bench --device cuda --only $s ${BENCH_ARGS[*]}  (limit 75s)"; done
   for cmp in "${COMPARE[@]}"; do
-    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)" | tr , ' '
+    echo "  bench    moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]} --kernels ${cmp%@*}  (limit 75s; loss within ${LOSS_TOLERANCE} of the default row)"
   done
-  echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s)"
-  echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (limit ${COMPILE_LIMIT}s or the rest of the budget)"
+  if ((PEER_KNOWN)); then
+    echo "  peer     skipped: the peer's rows for ${CARD} are in $PEER_ROWS"
+  else
+    echo "  peer     $PY torch_peer.py --mode eager --steps 5 --warmup 2  (limit 90s; card ${CARD:-unknown}: no $PEER_ROWS)"
+    echo "  compile  $PY torch_peer.py --mode compile --steps 5 --warmup 2  (limit ${COMPILE_LIMIT}s or the rest of the budget)"
+  fi
   for cmp in "${LATER[@]}"; do
-    echo "  bench    ${cmp%@*} moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]}  (limit 75s)" | tr , ' '
+    echo "  compare  moelab bench --device cuda --only $(compare_shape "$cmp") ${BENCH_ARGS[*]} --kernels ${cmp%@*}  (limit 75s)"
   done
 } | tee -a "$ENVLOG" >&2
-if ((DRY)); then finish 0; fi
+if ((DRY)); then
+  # Each group's filter must name tests of its binary (a typo would silently test nothing).
+  for line in "${GROUP_LINES[@]}"; do
+    read -r g b f <<<"$line"
+    n=0
+    [ -x "$WORK/bin/$b" ] &&
+      n=$("${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/$b" --gtest_list_tests --gtest_filter="$f" 2>>"$ENVLOG" | grep -c '^  ')
+    record "group [$g] $b" "$([ "$n" -gt 0 ] && echo ok || echo FAIL)" 0 "$n tests listed"
+  done
+  # A dry run that found a problem says so in its exit status too.
+  printf '%s\n' "${ROWS[@]}" | grep -qE ' FAIL(\([0-9]+\))? ' && finish 1
+  finish 0
+fi
 
 # ---- Stage 2: CUDA tests ------------------------------------------------------------------------
 TESTLOG=$OUTD/tests.log
-# list_tests BINARY: every test's full name.
-list_tests() {
-  "${RUN[@]}" "${LAUNCH[@]}" "$1" --gtest_list_tests 2>/dev/null |
-    awk '/^[^ ]/ {suite = $1; next} /^  [^ ]/ {print suite $1}'
-}
-# Tests to rerun one per process (isolate, after the peer): the failed ones and, after a crash
-# or a time-out, those that never finished. A sticky CUDA error (a faulting kernel) fails every
-# later test of its process; alone, each test says whether it fails by itself.
+# Tests to rerun one per process: the failed ones and, after a crash or a time-out, those that
+# never finished, keyed by "binary|group" (group "default" for the default pass). A sticky CUDA
+# error (a faulting kernel) fails every later test of its process; alone, each test says whether
+# it fails by itself.
 declare -A REDO=()
+REDO_KEYS=()
 # summarise_tests SEGMENT: sets `failed` (the failed tests' names) and `detail` (the counts).
 summarise_tests() {
   local run ok skipped nogpu
@@ -296,60 +350,124 @@ summarise_tests() {
   ((nogpu)) && detail="$detail; $nogpu lines say 'no CUDA device': THE GPU WAS NOT USED"
   [ -n "$failed" ] && detail="$detail; failed: $(tr '\n' ' ' <<<"$failed" | head -c 400)"
 }
-if want tests; then
-  mkdir -p "$WORK/xml"
-  for t in "${TESTS[@]}"; do
-    name=$(basename "$t")
-    limit=120
-    [[ $name == *kernels* ]] && limit=60
-    stage "test $name" $limit "$TESTLOG" "${RUN[@]}" "${LAUNCH[@]}" "$t" \
-      --gtest_output="xml:$WORK/xml/$name.xml" --gtest_color=no
-    [ $STAGE_RC = 125 ] && continue
-    seg=$(segment "test $name" "$TESTLOG")
-    summarise_tests "$seg"
-    if ((STAGE_RC != 0 && STAGE_RC != 1)); then
-      detail="$detail; last started: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
-      finished=$(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u)
-      failed=$(printf '%s\n%s\n' "$failed" "$(comm -23 <(list_tests "$t" | sort -u) <(echo "$finished"))")
-    fi
-    REDO[$t]=$(grep . <<<"$failed" | sort -u | head -40)
-    record "test $name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
-  done
-  (cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
-  # The opt-in GPU paths that have not yet run on a GPU (docs/cuda.md): every test binary once
-  # more with them switched on. MOELAB_GPU_OPT_IN: VAR=value words ("" for none).
-  if ((${#OPT_IN[@]})); then
-    for t in "${TESTS[@]}"; do
-      name="test $(basename "$t") [${OPT_IN[*]}]"
-      limit=120
-      [[ $t == *kernels* ]] && limit=60
-      stage "$name" $limit "$TESTLOG" "${RUN[@]}" "${OPT_IN[@]}" "${LAUNCH[@]}" "$t" --gtest_color=no
-      [ $STAGE_RC = 125 ] && continue
-      summarise_tests "$(segment "$name" "$TESTLOG")"
-      record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
-    done
+# test_process NAME LIMIT BINARY GROUP FILTER-ARGS...: one test process as a stage, its summary
+# line, and its failures (after a crash, its unfinished tests too) queued to rerun alone.
+test_process() {
+  local name=$1 limit=$2 t=$3 group=$4 seg finished
+  shift 4
+  local bin
+  bin=$(basename "$t")
+  stage "$name" "$limit" "$TESTLOG" "${RUN[@]}" "${LAUNCH[@]}" "$t" "$@" \
+    --gtest_output="xml:$WORK/xml/$bin-${group//[^A-Za-z0-9_]/_}.xml" --gtest_color=no
+  [ $STAGE_RC = 125 ] && return
+  seg=$(segment "$name" "$TESTLOG")
+  summarise_tests "$seg"
+  if ((STAGE_RC != 0 && STAGE_RC != 1)); then
+    detail="$detail; last started: $(grep '^\[ RUN      \]' <<<"$seg" | tail -1 | awk '{print $4}')"
+    finished=$(grep -E '^\[ +(OK|SKIPPED|FAILED) +\] [A-Za-z]' <<<"$seg" | awk '{print $4}' | sort -u)
+    failed=$(printf '%s\n%s\n' "$failed" \
+      "$(comm -23 <(list_tests "$t" "$@" | sort -u) <(echo "$finished"))")
   fi
+  failed=$(grep . <<<"$failed" | sort -u | head -40)
+  if [ -n "$failed" ]; then
+    REDO["$t|$group"]=$failed
+    REDO_KEYS+=("$t|$group")
+  fi
+  record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" "$detail"
+}
+# list_tests BINARY [FILTER-ARGS...]: every test's full name (under the filter).
+list_tests() {
+  "${RUN[@]}" "${LAUNCH[@]}" "$1" --gtest_list_tests "${@:2}" 2>/dev/null |
+    awk '/^[^ ]/ {suite = $1; next} /^  [^ ]/ {print suite $1}'
+}
+# isolate: each queued test again alone, one process each (60 s per binary and group at most),
+# reported by name with its group.
+isolate() {
+  local key t group name tn rc n pass t0
+  local -a still
+  for key in "${REDO_KEYS[@]}"; do
+    t=${key%%|*} group=${key#*|}
+    name="alone $(basename "$t")$([ "$group" = default ] || echo " [$group]")"
+    n=0 pass=0 t0=$SECONDS still=()
+    while read -r tn; do
+      if (($(left) < 20 || SECONDS - t0 > 60)); then
+        still+=("$tn(not rerun: no time)")
+        continue
+      fi
+      n=$((n + 1))
+      echo "=== alone $tn [$group]" >>"$TESTLOG"
+      timeout -k 5 20 "${RUN[@]}" "${LAUNCH[@]}" "$t" --gtest_filter="$tn" --gtest_color=no \
+        >>"$TESTLOG" 2>&1
+      rc=$?
+      echo "=== alone $tn [$group]: exit $rc" >>"$TESTLOG"
+      if ((rc == 0)); then pass=$((pass + 1)); else still+=("$tn($(status_of $rc))"); fi
+    done <<<"${REDO[$key]}"
+    if ((n == 0)); then
+      record "$name" SKIP 0 "no time left to rerun ${#still[@]} tests one per process"
+    else
+      record "$name" "$([ ${#still[@]} = 0 ] && echo ok || echo FAIL)" $((SECONDS - t0)) \
+        "$pass of $n pass when run alone; still failing: ${still[*]:-none}"
+    fi
+  done
+}
+mkdir -p "$WORK/xml"
+if want tests; then
+  for t in "${TESTS[@]}"; do
+    limit=120
+    [[ $t == *kernels* ]] && limit=60
+    read -ra filter <<<"$(default_filter "$(basename "$t")")"
+    test_process "test $(basename "$t")" $limit "$t" default "${filter[@]}"
+  done
 fi
+if want groups; then
+  for line in "${GROUP_LINES[@]}"; do
+    read -r g b f <<<"$line"
+    if [ ! -x "$WORK/bin/$b" ]; then
+      record "group [$g] $b" FAIL 0 "no binary $b in the payload"
+      continue
+    fi
+    test_process "group [$g] $b" 60 "$WORK/bin/$b" "$g" --gtest_filter="$f"
+  done
+fi
+(cd "$WORK" && tar -cf "$OUTD/tests-xml.tar" xml) 2>/dev/null
+{ want tests || want groups; } && isolate
 
 # ---- Stage 3: bench, one shape per process -----------------------------------------------------
 BENCHLOG=$OUTD/bench.log
-# compare WORD...: a shape again under other settings, for an in-model comparison in the same
-# lease: each word (MOELAB_GPU_COMPARE, then MOELAB_GPU_COMPARE_LATER after the peer) is
-# VAR=value[,VAR=value...][@shape] (shape default gpu-dense); default: the opt-in paths not yet
-# run on a GPU, all together, then each alone, against the default runs. "" for none.
+declare -A DEFAULT_LOSS=()  # shape -> the default row's last loss
+# row_losses ROW: "first last" (the row's last two fields: bench --device cuda's loss columns).
+row_losses() { awk '{print $(NF-1), $NF}' <<<"$1"; }
+# loss_verdict SHAPE ROW: "" when the row's losses are finite and its last loss is within
+# LOSS_TOLERANCE of the shape's default row (when that ran), else why not.
+loss_verdict() {
+  local first last ref
+  read -r first last <<<"$(row_losses "$2")"
+  if [[ $first == NaN || $last == NaN ]]; then
+    echo "loss NaN (first $first, last $last)"
+    return
+  fi
+  ref=${DEFAULT_LOSS[$1]:-}
+  [ -z "$ref" ] && return
+  awk -v a="$last" -v b="$ref" -v tol="$LOSS_TOLERANCE" 'BEGIN {
+    d = a - b; if (d < 0) d = -d
+    if (a != a + 0 || d > tol) printf "last loss %s is %.4f nats from the default row'"'"'s %s", a, d, b }'
+}
+# compare WORD...: a shape again on other kernels (train.kernels, --kernels), for an in-model
+# comparison in the same lease: each word is key=value[,key=value...][@shape] (shape default
+# gpu-dense). "" for none. The row's loss must match the default row's (loss_verdict).
 compare() {
-  local cmp setting shape name row
-  local -a settings
+  local cmp setting shape name row why
   for cmp in "$@"; do
     setting=${cmp%@*} shape=$(compare_shape "$cmp")
-    IFS=, read -ra settings <<<"$setting"
-    name="bench $shape [${settings[*]}]"
-    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "${settings[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" \
-      bench --device cuda --only "$shape" "${BENCH_ARGS[@]}"
+    name="bench $shape [$setting]"
+    stage "$name" 75 "$BENCHLOG" "${RUN[@]}" "${LAUNCH[@]}" "$WORK/bin/moelab" \
+      bench --device cuda --only "$shape" "${BENCH_ARGS[@]}" --kernels "$setting"
     [ $STAGE_RC = 125 ] && continue
     row=$(segment "$name" "$BENCHLOG" | grep -E "^$shape " | tail -1 | tr -s ' ')
-    record "$name" "$(status_of $STAGE_RC)" "$STAGE_S" \
-      "${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
+    why=""
+    [ -n "$row" ] && ((STAGE_RC == 0)) && why=$(loss_verdict "$shape" "$row")
+    record "$name" "$([ -n "$why" ] && echo LOSS || status_of $STAGE_RC)" "$STAGE_S" \
+      "${why:+$why | }${row:-no result row: $(last_words "$name" "$BENCHLOG")}"
   done
 }
 if want bench; then
@@ -367,8 +485,13 @@ if want bench; then
     [ $STAGE_RC = 125 ] && continue
     row=$(segment "bench $s" "$BENCHLOG" | grep -E "^$s " | tail -1 | tr -s ' ')
     gemm=$(segment "bench $s" "$BENCHLOG" | grep -o 'GEMM [0-9]*^3: [0-9.]* TFLOP/s' | tail -1)
-    record "bench $s" "$(status_of $STAGE_RC)" "$STAGE_S" \
-      "${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
+    why=""
+    if [ -n "$row" ] && ((STAGE_RC == 0)); then
+      why=$(loss_verdict "$s" "$row")
+      [ -z "$why" ] && DEFAULT_LOSS[$s]=$(row_losses "$row" | awk '{print $2}')
+    fi
+    record "bench $s" "$([ -n "$why" ] && echo LOSS || status_of $STAGE_RC)" "$STAGE_S" \
+      "${why:+$why | }${row:-no result row: $(last_words "bench $s" "$BENCHLOG")}${gemm:+ | $gemm}"
   done
   compare "${COMPARE[@]}"
 fi
@@ -376,6 +499,10 @@ fi
 # ---- Stages 4 and 5: the PyTorch peer, eager then torch.compile ------------------------------
 PEERLOG=$OUTD/peer.log
 peer() {  # MODE LIMIT
+  if ((PEER_KNOWN)); then
+    record "peer $1" SKIP 0 "the peer's rows for $CARD are in ${PEER_ROWS#"$REPO"/} (MOELAB_GPU_PEER=always reruns it)"
+    return
+  fi
   stage "peer $1" "$2" "$PEERLOG" env PYTHONUNBUFFERED=1 "$PY" "$PACK/torch_peer.py" --mode "$1" \
     --steps 5 --warmup 2
   [ $STAGE_RC = 125 ] && return
@@ -385,37 +512,9 @@ peer() {  # MODE LIMIT
   record "peer $1" "$(status_of $STAGE_RC)" "$STAGE_S" \
     "${rows:-no result: $(last_words "peer $1" "$PEERLOG")}"
 }
-isolate() {
-  local t name tn rc n pass t0
-  local -a still
-  for t in "${TESTS[@]}"; do
-    [ -n "${REDO[$t]:-}" ] || continue
-    name=$(basename "$t") n=0 pass=0 t0=$SECONDS still=()
-    while read -r tn; do
-      if (($(left) < 20 || SECONDS - t0 > 60)); then
-        still+=("$tn(not rerun: no time)")
-        continue
-      fi
-      n=$((n + 1))
-      echo "=== alone $tn" >>"$TESTLOG"
-      timeout -k 5 20 "${RUN[@]}" "${LAUNCH[@]}" "$t" --gtest_filter="$tn" --gtest_color=no \
-        >>"$TESTLOG" 2>&1
-      rc=$?
-      echo "=== alone $tn: exit $rc" >>"$TESTLOG"
-      if ((rc == 0)); then pass=$((pass + 1)); else still+=("$tn($(status_of $rc))"); fi
-    done <<<"${REDO[$t]}"
-    if ((n == 0)); then
-      record "alone $name" SKIP 0 "no time left to rerun ${#still[@]} tests one per process"
-    else
-      record "alone $name" "$([ ${#still[@]} = 0 ] && echo ok || echo FAIL)" $((SECONDS - t0)) \
-        "$pass of $n pass when run alone; still failing: ${still[*]:-none}"
-    fi
-  done
-}
 
 want peer && peer eager 90
-want tests && isolate
 want compile && peer compile "$COMPILE_LIMIT"
-want bench && compare "${LATER[@]}"
+want compare && compare "${LATER[@]}"
 
 finish 0

@@ -17,7 +17,8 @@
 # NCCL): the device's PyTorch venv has them in nvidia/{cu13,cudnn,nccl}/lib, where run.sh finds
 # them. glibc travels only as a fallback (lib/glibc), used when the device's is older.
 #
-# Environment: MOELAB_GPU_BUILD_DIR (default build-gpu), MOELAB_GPU_ARCH (default 90).
+# Environment: MOELAB_GPU_BUILD_DIR (default build-gpu), MOELAB_GPU_ARCH (default 90),
+# MOELAB_GPU_JOBS (default nproc), MOELAB_CMAKE_ARGS (default: ccache launchers when installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-}
@@ -38,6 +39,11 @@ die() {
 [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "no CUDA toolkit (nvcc) here"
 
 # ---- Build -------------------------------------------------------------------------------------
+# Reuse objects: through ccache when it is installed (the .cu objects, nvcc's slow part, are the
+# same as a native build's: -march=native applies to C++ only), and build/ is never touched.
+if [ -z "${MOELAB_CMAKE_ARGS:-}" ] && command -v ccache >/dev/null; then
+  MOELAB_CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+fi
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   # shellcheck disable=SC2086  # MOELAB_CMAKE_ARGS is a list of flags (ccache launchers)
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${MOELAB_CMAKE_ARGS:-} -DMOELAB_NATIVE=OFF \
@@ -52,7 +58,7 @@ while read -r t; do TARGETS+=("$t"); done < <(cmake --build "$BUILD" --target he
   sed -n 's/^\.\.\. \(cuda_[a-z_]*test\)$/\1/p' | grep -v emulation)
 ((${#TARGETS[@]} > 1)) || die "no cuda_*_test target in $BUILD (was CUDA found?)"
 say "building ${TARGETS[*]} in $BUILD (sm_$ARCH, no -march=native)"
-cmake --build "$BUILD" -j"$(nproc)" --target "${TARGETS[@]}"
+cmake --build "$BUILD" -j"${MOELAB_GPU_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 for t in "${TARGETS[@]}"; do  # a binary without the CUDA runtime has nothing to do there
   # (grep without -q: quitting at the first match would end ldd with SIGPIPE, failing pipefail)
   ldd "$BUILD/bin/$t" | grep libcudart >/dev/null || die "$t does not load libcudart: not a GPU binary"
@@ -60,6 +66,44 @@ done
 if grep -q 'march=native' "$BUILD/compile_commands.json"; then
   die "-march=native in $BUILD/compile_commands.json"
 fi
+
+# ---- The attention kernels' SASS ----------------------------------------------------------------
+# Disassembled here (no GPU needed; cuobjdump ships with the toolkit): for every fused attention
+# kernel (flash_*), its tensor-core instructions (HMMA: the wmma/mma tiles run on the tensor cores)
+# and its local memory (register spills: LDL/STL, and -res-usage's LOCAL bytes). Written to
+# $BUILD/attention-sass.txt (the whole listing) and the manifest (one line a kernel).
+CUOBJDUMP=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+SASS_SUMMARY="not checked: no cuobjdump"
+if [ -x "$CUOBJDUMP" ]; then
+  "$CUOBJDUMP" -sass "$BUILD/bin/moelab" >"$BUILD/attention-sass.txt.all" 2>/dev/null || true
+  "$CUOBJDUMP" -res-usage "$BUILD/bin/moelab" >"$BUILD/attention-res.txt" 2>/dev/null || true
+  # Per kernel whose (mangled) name holds "Flash": HMMA and LDL/STL counts, then its LOCAL bytes.
+  SASS_SUMMARY=$(awk '
+    /Function : / { f = $3; keep = (f ~ /Flash/); if (keep) order[++n] = f; next }
+    keep && /HMMA/ { hmma[f]++ }
+    keep && /(LDL|STL)/ { spill[f]++ }
+    keep { print > "'"$BUILD"'/attention-sass.txt" }
+    END { for (i = 1; i <= n; i++) { f = order[i]
+            printf "%s HMMA %d LDL/STL %d\n", f, hmma[f], spill[f] } }' "$BUILD/attention-sass.txt.all")
+  rm -f "$BUILD/attention-sass.txt.all"
+  local_bytes() {  # the LOCAL bytes -res-usage gives a kernel
+    awk -v f="$1" 'index($0, f) { getline; if (match($0, /LOCAL:[0-9]+/)) print substr($0, RSTART + 6, RLENGTH - 6); exit }' \
+      "$BUILD/attention-res.txt"
+  }
+  SASS_REPORT=""
+  bad=0 kernels=0
+  while read -r f _ h _ sp; do
+    [ -n "$f" ] || continue
+    kernels=$((kernels + 1))
+    lb=$(local_bytes "$f")
+    verdict=ok
+    if [ "${h:-0}" = 0 ] || [ "${sp:-0}" != 0 ] || [ "${lb:-0}" != 0 ]; then verdict=CHECK bad=$((bad + 1)); fi
+    SASS_REPORT+="  $verdict $(c++filt "$f" | cut -c1-90): HMMA $h, LDL/STL $sp, local ${lb:-?} bytes"$'\n'
+  done <<<"$SASS_SUMMARY"
+  SASS_SUMMARY="$kernels flash kernels, $bad without HMMA or with local memory"$'\n'"$SASS_REPORT"
+  ((kernels > 0)) || SASS_SUMMARY="no flash kernel found in the SASS of $BUILD/bin/moelab"
+fi
+say "attention SASS: $(head -1 <<<"$SASS_SUMMARY")"
 
 # ---- Pack --------------------------------------------------------------------------------------
 rm -rf "$PACK"
@@ -106,6 +150,7 @@ echo "$COMMIT" >"$STAGE/commit"
 mkdir -p "$PACK"
 XZ_OPT=${XZ_OPT:--6 -T2} tar -C "$STAGE" -cJf "$PACK/payload.tar.xz" bin lib commit
 cp scripts/gpu-check-device.sh "$PACK/run.sh"
+cp scripts/gpu-check-groups.txt "$PACK/groups.txt"
 cp bench/peers/torch_peer.py "$PACK/torch_peer.py"
 chmod +x "$PACK/run.sh"
 {
@@ -117,6 +162,7 @@ chmod +x "$PACK/run.sh"
   echo "glibc fallback: $(find "$STAGE/lib/glibc" -name '*.so*' -printf '%f ')"
   echo "from the device venv: ${CUDA_FROM_VENV[*]}"
   echo "unpacked: $(du -sb "$STAGE" | cut -f1) bytes"
+  echo "attention SASS (HMMA present, no local memory): $SASS_SUMMARY"
 } >"$PACK/manifest.txt"
 cat "$PACK/manifest.txt"
 

@@ -90,7 +90,7 @@ struct LmHeadChunk {
 // given), RoPE on q and k (unless the backend's attention applies it), the attention → att, then
 // y += att·Woᵀ. qkv and att (and the backward's datt) are read and written by the two core ops
 // only, so a backend may hold them in a narrower type inside the model's slots (CUDA in bf16 with
-// MOELAB_ATTENTION_ACTS=bf16). Every pointer is memory of the backend.
+// train.kernels.attention_acts "bf16"). Every pointer is memory of the backend.
 template <typename T>
 struct AttentionCore {
   cpu::AttentionDims dims;  // with dims.batch the micro-batch
@@ -144,7 +144,8 @@ template <typename T>
 LossTerms ComposeLmHeadLoss(Backend<T>& be, const LmHeadChunk<T>& all, int chunk_rows);
 
 // The attention core from the finer ops, in the order the model ran them before the ops existed
-// (the CPU backend and CUDA without MOELAB_ATTENTION_ACTS=bf16 run these: the finer ops' bits).
+// (the CPU backend and CUDA without train.kernels.attention_acts "bf16" run these: the finer ops'
+// bits).
 template <typename T>
 void ComposeAttentionCoreForward(Backend<T>& be, const AttentionCore<T>& c, T* y);
 template <typename T>

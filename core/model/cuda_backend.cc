@@ -47,14 +47,10 @@ using cuda::bf16;
 
 // The fused attention kernels (LSE kept, no [B,H,S,S] probabilities) in bf16 mode wherever they
 // cover the shape; fp32 mode keeps the reference path, the one its CPU twin checks compare.
-// MOELAB_ATTENTION=reference forces the reference path (for comparisons), =fused the fused one.
+// train.kernels.attention "reference" forces the reference path (for comparisons), "fused" the
+// fused one.
 bool ChooseFlash(const RunConfig& c) {
-  const char* env = std::getenv("MOELAB_ATTENTION");
-  const std::string mode = env ? env : "";
-  if (!mode.empty() && mode != "reference" && mode != "fused") {
-    throw std::invalid_argument("MOELAB_ATTENTION must be \"reference\" or \"fused\", not \"" +
-                                mode + "\"");
-  }
+  const std::string& mode = c.train.kernels.attention;
   if (mode == "reference") return false;
   const ModelConfig& m = c.model;
   // q, k and v are column slices of 64-byte aligned arena buffers: 16-byte aligned when their
@@ -67,16 +63,25 @@ bool ChooseFlash(const RunConfig& c) {
   const bool ok =
       aligned && cuda::FlashAttentionSupported(cuda::AttentionDims(AttentionDimsOf(m)), 4, &why);
   if (mode == "fused" && !ok) {
-    throw std::invalid_argument(
-        "MOELAB_ATTENTION=fused: the fused kernels cannot run this model: " + why);
+    throw ConfigError("train.kernels.attention",
+                      "'fused': the fused kernels cannot run this model: " + why);
   }
   return ok && (c.train.effective_precision() == "bf16" || mode == "fused");
 }
 
-// MOELAB_ATTENTION_ACTS: "fp32" (the default: qkv and att fp32 in bf16 mode, the path that ran
-// on a GPU) or "bf16" (AttentionCoreForward below); anything else throws, naming the value.
-bool AttentionActsBf16() {
-  return cuda::ImplementationSwitch("MOELAB_ATTENTION_ACTS", {"fp32", "bf16"}) == 1;
+// train.kernels.attention_acts: "fp32" (the default: qkv and att fp32 in bf16 mode, the path
+// that ran on a GPU) or "bf16" (AttentionCoreForward below).
+bool AttentionActsBf16(const RunConfig& c) { return c.train.kernels.attention_acts == "bf16"; }
+
+// train.kernels as the launchers' process-wide selection (kernels/cuda/device.h).
+cuda::KernelSelection KernelSelectionOf(const KernelChoices& k) {
+  cuda::KernelSelection s;
+  s.attention_mma = k.attention_kernel == "mma";
+  s.rope_fused = k.rope == "fused";
+  s.ffn_fused = k.ffn == "fused";
+  s.experts = k.experts == "chunked" ? 1 : k.experts == "cudnn" ? 2 : 0;
+  s.dispatch_sort = k.dispatch == "sort";
+  return s;
 }
 
 size_t AttentionSaved(bool flash, const cpu::AttentionDims& a) {
@@ -137,10 +142,11 @@ class CudaMoe final : public MoeOp<float> {
 class CudaBackend final : public Backend<float> {
  public:
   explicit CudaBackend(const RunConfig& c)
-      : use_bf16_(c.train.effective_precision() == "bf16"),
+      : kernels_(KernelSelectionOf(c.train.kernels)),
+        use_bf16_(c.train.effective_precision() == "bf16"),
         flash_(ChooseFlash(c)),
-        ffn_fused_(use_bf16_ && cuda::GatedFfnWanted()),
-        attention_acts_bf16_(use_bf16_ && AttentionActsBf16()) {}
+        ffn_fused_(use_bf16_ && c.train.kernels.ffn == "fused"),
+        attention_acts_bf16_(use_bf16_ && AttentionActsBf16(c)) {}
 
   std::string name() const override { return "cuda"; }
   bool is_host() const override { return false; }
@@ -313,7 +319,7 @@ class CudaBackend final : public Backend<float> {
   size_t AttentionScratchElements(const cpu::AttentionDims& a) override {
     return AttentionScratch(flash_, a);
   }
-  // RoPE inside the fused mma kernels (MOELAB_FLASH_ROPE=fused, opt-in; flash_attention.h):
+  // RoPE inside the fused mma kernels (train.kernels.rope "fused", opt-in; flash_attention.h):
   // only where the fused kernels run, the tables are registered and the kernels cover the shape
   // with a whole-head rotation (non-MLA: the model asks only there).
   bool AttentionAppliesRope(const cpu::AttentionDims& a) override {
@@ -348,12 +354,12 @@ class CudaBackend final : public Backend<float> {
     cuda::AttentionBackward(cuda::AttentionDims(a), q, k, v, saved, capped, dout, dq, dk, dv,
                             scratch);
   }
-  // bf16 attention activations (MOELAB_ATTENTION_ACTS=bf16, opt-in, bf16 mode, the fused kernels,
-  // no QK-norm): qkv, att and datt are bf16 in the first half of the model's slots (only these two
-  // ops touch them). The projection writes qkv in bf16 (no fp32 qkv, no cast on the attention's
-  // loads), RoPE rotates the bf16 heads, the kernels read bf16 q, k, v and write bf16 att, which
-  // the output projection reads uncast; backward, datt = dy·Wo is written in bf16, the kernels
-  // return dq, dk, dv in fp32 into dqkv as before. Elsewhere: the finer ops (their bits).
+  // bf16 attention activations (train.kernels.attention_acts "bf16", opt-in, bf16 mode, the fused
+  // kernels, no QK-norm): qkv, att and datt are bf16 in the first half of the model's slots (only
+  // these two ops touch them). The projection writes qkv in bf16 (no fp32 qkv, no cast on the
+  // attention's loads), RoPE rotates the bf16 heads, the kernels read bf16 q, k, v and write bf16
+  // att, which the output projection reads uncast; backward, datt = dy·Wo is written in bf16, the
+  // kernels return dq, dk, dv in fp32 into dqkv as before. Elsewhere: the finer ops (their bits).
   bool NarrowAttention(const AttentionCore<float>& c) const {
     return use_bf16_ && flash_ && c.q_norm == nullptr && attention_acts_bf16_ && c.qdim % 8 == 0 &&
            c.kvdim % 8 == 0 &&
@@ -552,10 +558,13 @@ class CudaBackend final : public Backend<float> {
     return buf->data();
   }
 
-  // ffn_fused_: the dense FFN on GatedFfn*Bf16 (MOELAB_FFN=fused, read once: FfnBackward must
-  // read what FfnForward wrote).
-  // attention_acts_bf16_: MOELAB_ATTENTION_ACTS=bf16, read once (the backward must take the
-  // forward's path).
+  // The run's train.kernels for the launchers (process-wide: kernels/cuda/device.h), installed
+  // before anything else is made and held as long as this backend lives.
+  cuda::ScopedKernelSelection kernels_;
+  // ffn_fused_: the dense FFN on GatedFfn*Bf16 (train.kernels.ffn "fused"; FfnBackward must read
+  // what FfnForward wrote).
+  // attention_acts_bf16_: train.kernels.attention_acts "bf16" (the backward takes the forward's
+  // path).
   bool use_bf16_, flash_, ffn_fused_, attention_acts_bf16_;
   cuda::FlashRope rope_;  // the model's tables (SetAttentionRope); null: none registered
   const float* weights_ = nullptr;
@@ -632,6 +641,8 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   plan.optimizer =
       4.0 * (static_cast<double>(OptimizerStateElements(c)) - (muon ? 1 : 2) * not_held) +
       2 * ns_elem * (static_cast<double>(OptimizerWorkspaceElements(c)) - (muon ? not_held : 0));
+  // The run's experts path sizes the MoE buffers below (the same selection its backend installs).
+  const cuda::ScopedKernelSelection kernels(KernelSelectionOf(c.train.kernels));
   // The model's own activation layout with this backend's attention needs.
   const bool flash = ChooseFlash(c);
   cpu::AttentionDims dims = AttentionDimsOf(c.model);
@@ -711,47 +722,36 @@ void RequireCudaMemory(const RunConfig&, int, bool) {
 
 void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
   if (c.train.device != "cuda") return;
-#if MOELAB_HAVE_CUDA
-  // The environment's switches between GPU implementations (MOELAB_ATTENTION,
-  // MOELAB_FLASH_KERNEL, MOELAB_FLASH_ROPE, MOELAB_ATTENTION_ACTS, MOELAB_MOE_EXPERTS,
-  // MOELAB_MOE_DISPATCH, MOELAB_FFN;
-  // docs/cuda.md): a bad value stops the run here.
-  try {
-    ChooseFlash(c);
-    cuda::FlashKernelInUse();
-    cuda::FlashRopeFused();
-    cudamodel::ChunkedExpertsWanted();
-    AttentionActsBf16();
-    cuda::GatedFfnWanted();
-    cuda::MoeDispatchInUse();
-  } catch (const std::invalid_argument& e) {
-    throw ConfigError("train.device", e.what());
-  }
-#endif  // (without CUDA there are no switches, and MakeCudaBackend refuses "cuda")
+  const KernelChoices& k = c.train.kernels;
   std::string why;
+  // A kernel choice this build cannot run (core/kernel_choices.h) stops the run here.
+  KernelBuild build;
+  build.cuda = CudaCompiledIn();
 #if MOELAB_HAVE_CUDA
-  // MOELAB_MOE_EXPERTS=cudnn runs where it can (bf16, an MoE model, no expert parallelism; the
-  // grouped GEMMs elsewhere), and there it needs cuDNN's MoE grouped matmul and 16-byte rows.
-  if (cudamodel::CudnnExpertsWanted() && c.train.effective_precision() == "bf16" &&
-      c.moe.experts_total > 0 && expert_parallel <= 1) {
-    if (!cuda::CudnnGroupedMatmulAvailable(&why)) {
-      throw ConfigError("train.device", "MOELAB_MOE_EXPERTS=cudnn, but " + why);
-    }
+  if (k.experts == "cudnn") build.cudnn = cuda::CudnnGroupedMatmulAvailable(&build.cudnn_why);
+#endif
+  RequireKernelChoicesBuildable(k, build);
+#if MOELAB_HAVE_CUDA
+  ChooseFlash(c);  // attention "fused" where the kernels cannot run the shape: a ConfigError
+  // experts "cudnn" runs where it can (bf16, an MoE model, no expert parallelism; the grouped
+  // GEMMs elsewhere), and there it needs 16-byte rows.
+  if (k.experts == "cudnn" && c.train.effective_precision() == "bf16" && c.moe.experts_total > 0 &&
+      expert_parallel <= 1) {
     for (auto [path, width] : {std::pair{"model.d_model", c.model.d_model},
                                std::pair{"moe.expert_hidden", c.moe.expert_hidden}}) {
       if (width % 8 != 0) {
         throw ConfigError(path,
-                          "MOELAB_MOE_EXPERTS=cudnn needs a multiple of 8 (16-byte rows), got " +
+                          "train.kernels.experts \"cudnn\" needs a multiple of 8 (16-byte "
+                          "rows), got " +
                               std::to_string(width));
       }
     }
   }
   // The sort plan tallies every expert in one block's shared memory: more would stop the run
   // at its first MoE layer.
-  if (cuda::MoeDispatchInUse() == cuda::MoeDispatch::kSort &&
-      c.moe.experts_total > cuda::kMoeSortMaxExperts) {
+  if (k.dispatch == "sort" && c.moe.experts_total > cuda::kMoeSortMaxExperts) {
     throw ConfigError("moe.experts_total",
-                      "MOELAB_MOE_DISPATCH=sort counts at most " +
+                      "train.kernels.dispatch \"sort\" counts at most " +
                           std::to_string(cuda::kMoeSortMaxExperts) + " experts, got " +
                           std::to_string(c.moe.experts_total) + " (the scan plan has no limit)");
   }

@@ -22,9 +22,7 @@ namespace moelab::cudamodel {
 using cuda::bf16;
 
 namespace {
-int ExpertsPathWanted() {
-  return cuda::ImplementationSwitch("MOELAB_MOE_EXPERTS", {"grouped", "chunked", "cudnn"});
-}
+int ExpertsPathWanted() { return cuda::SelectedKernels().experts; }
 }  // namespace
 
 bool ChunkedExpertsWanted() { return ExpertsPathWanted() == 1; }

@@ -62,7 +62,7 @@ struct MoeScratch {
 
 // Whether the layers share one buffer of gathered expert inputs and gather them again in their
 // backward instead of keeping them (nk·d bf16 a layer, plus the chunks' padding): with the chunked
-// layout or the cuDNN experts (MOELAB_MOE_EXPERTS=chunked or cudnn), bf16, without expert
+// layout or the cuDNN experts (train.kernels.experts "chunked" or "cudnn"), bf16, without expert
 // parallelism (whose owners keep the rows they receive). The memory plan and the layers decide it
 // with this one function.
 bool SharedExpertInputs(bool bf16, bool expert_parallel);
@@ -72,8 +72,8 @@ bool SharedExpertInputs(bool bf16, bool expert_parallel);
 // (MoeOwnedRows), so routed_acts is false and they stay empty.
 // padded: rows for the chunked expert layout (MoePaddedRows; 0: none), which xe, h1, h3, act then
 // hold instead of the nk compact rows. paired_shared: the shared experts run on
-// cuda::GatedFfn*Bf16 (MOELAB_FFN=fused): sh1 holds h13 [n, 2H] per shared expert, sh3 nothing
-// (the same bytes).
+// cuda::GatedFfn*Bf16 (train.kernels.ffn "fused"): sh1 holds h13 [n, 2H] per shared expert, sh3
+// nothing (the same bytes).
 template <typename T>
 struct MoeExpertActs {
   cuda::DeviceBuffer<T> xe, ye, h1, h3, act, sh1, sh3, sact;
@@ -81,12 +81,13 @@ struct MoeExpertActs {
               size_t padded = 0, bool paired_shared = false, bool keep_xe = true);
 };
 
-// MOELAB_MOE_EXPERTS: "grouped" (the default: cuBLAS's grouped GEMMs on the compact rows, the
+// train.kernels.experts (cuda::SelectedKernels, installed by the CUDA backend): "grouped" (the
+// default: cuBLAS's grouped GEMMs on the compact rows, the
 // path that ran on a GPU), "chunked" (batched GEMMs over the chunked layout in bf16 mode without
 // EP) or "cudnn" (cuDNN's MoE grouped matmul for the forward's products on the compact rows in
 // bf16 mode without EP, with no host sync in the layer's forward; the backward is the grouped
 // GEMMs': kernels/cuda/moe_experts_cudnn.h). The last two have not yet
-// run on a GPU. Anything else throws, naming the value.
+// run on a GPU.
 bool ChunkedExpertsWanted();
 bool CudnnExpertsWanted();
 // The rows xe, h1, h3, act hold for nk dispatched rows over E experts: with chunks, at most nk plus
@@ -164,7 +165,7 @@ class DeviceMoe {
   const int64_t* AuxCounts() const;
   double AuxCoef(int n) const;
   // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP,
-  // MOELAB_MOE_EXPERTS=chunked), or on cuDNN (bf16 mode, no EP, MOELAB_MOE_EXPERTS=cudnn); else
+  // train.kernels.experts "chunked"), or on cuDNN (bf16 mode, no EP, "cudnn"); else
   // the grouped GEMMs.
   bool UseChunks() const;
   bool UseCudnn() const;
@@ -192,12 +193,12 @@ class DeviceMoe {
   ExpertExchange exchange_;
   bool ep_active_ = false;   // the last Forward exchanged rows
   bool chunked_ = false;     // the last Forward ran the chunked layout
-  bool chunk_room_ = false;  // the buffers were reserved for it (MOELAB_MOE_EXPERTS then)
+  bool chunk_room_ = false;  // the buffers were reserved for it (train.kernels.experts then)
   bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
   struct Staging;            // the cuDNN path's pinned copies, events and products
   std::unique_ptr<Staging> staging_;
-  Staging& Staged();        // staging_, made at its first use
-  bool gated_shared_;       // bf16 shared experts on cuda::GatedFfn*Bf16 (MOELAB_FFN=fused)
+  Staging& Staged();   // staging_, made at its first use
+  bool gated_shared_;  // bf16 shared experts on cuda::GatedFfn*Bf16 (train.kernels.ffn "fused")
   bool shared_xe_ = false;  // SharedExpertInputs, decided at the first Reserve
   // The bf16 gathered expert inputs: this layer's (b16_.xe), or the shared scratch's.
   cuda::bf16* XeBf16();

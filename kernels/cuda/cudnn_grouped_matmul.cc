@@ -9,6 +9,9 @@
 
 #ifdef MOELAB_HAVE_CUDNN
 #include <cudnn.h>
+#include <dlfcn.h>
+
+#include <type_traits>
 #endif
 
 namespace moelab::cuda {
@@ -32,7 +35,7 @@ bool CudnnVersionHasGroupedMatmul(size_t version, std::string* why) {
 #ifndef MOELAB_HAVE_CUDNN
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
-  if (why) *why = "this build has no cuDNN (cudnn.h or libcudnn was not found at configure time)";
+  if (why) *why = "this build has no cuDNN (cudnn.h was not found at configure time)";
   return false;
 }
 size_t CudnnVersion() { return 0; }
@@ -48,10 +51,80 @@ int64_t CudnnGroupedMatmul::EnginesProposed(const std::string&) const { return 0
 
 namespace {
 
+// cuDNN is loaded at run time (dlopen), not linked: the binaries start, and every other path
+// runs, on a machine whose libraries lack it (the GPU machine's venv may have no cuDNN wheel);
+// only this path is then refused, naming what is missing. The functions used here, resolved
+// once per process from libcudnn.so.9 (its graph API forwards to libcudnn_graph).
+struct CudnnApi {
+  decltype(&cudnnBackendCreateDescriptor) BackendCreateDescriptor;
+  decltype(&cudnnBackendDestroyDescriptor) BackendDestroyDescriptor;
+  decltype(&cudnnBackendExecute) BackendExecute;
+  decltype(&cudnnBackendFinalize) BackendFinalize;
+  decltype(&cudnnBackendGetAttribute) BackendGetAttribute;
+  decltype(&cudnnBackendSetAttribute) BackendSetAttribute;
+  decltype(&cudnnCreate) Create;
+  decltype(&cudnnGetErrorString) GetErrorString;
+  decltype(&cudnnGetLastErrorString) GetLastErrorString;
+  decltype(&cudnnGetVersion) GetVersion;
+  decltype(&cudnnSetStream) SetStream;
+};
+
+constexpr const char* kCudnnLibrary = "libcudnn.so.9";
+
+// The loaded API, or null with *why naming the library or the symbol that is missing.
+const CudnnApi* LoadCudnn(std::string* why) {
+  struct Loaded {
+    CudnnApi api{};
+    std::string error;  // "" when every symbol resolved
+  };
+  static const Loaded loaded = [] {
+    Loaded l;
+    void* lib = dlopen(kCudnnLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      l.error = std::string("cannot load ") + kCudnnLibrary + " (" + (e ? e : "dlopen failed") +
+                "): put cuDNN 9.18+ on the library path (the venv's nvidia/cudnn/lib)";
+      return l;
+    }
+    auto resolve = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)> >(dlsym(lib, name));
+      if (fn == nullptr && l.error.empty()) {
+        l.error = std::string(kCudnnLibrary) + " has no " + name + " (too old a cuDNN)";
+      }
+    };
+    resolve(l.api.BackendCreateDescriptor, "cudnnBackendCreateDescriptor");
+    resolve(l.api.BackendDestroyDescriptor, "cudnnBackendDestroyDescriptor");
+    resolve(l.api.BackendExecute, "cudnnBackendExecute");
+    resolve(l.api.BackendFinalize, "cudnnBackendFinalize");
+    resolve(l.api.BackendGetAttribute, "cudnnBackendGetAttribute");
+    resolve(l.api.BackendSetAttribute, "cudnnBackendSetAttribute");
+    resolve(l.api.Create, "cudnnCreate");
+    resolve(l.api.GetErrorString, "cudnnGetErrorString");
+    resolve(l.api.GetLastErrorString, "cudnnGetLastErrorString");
+    resolve(l.api.GetVersion, "cudnnGetVersion");
+    resolve(l.api.SetStream, "cudnnSetStream");
+    return l;
+  }();
+  if (!loaded.error.empty()) {
+    if (why) *why = loaded.error;
+    return nullptr;
+  }
+  return &loaded.api;
+}
+
+// The API for code that runs only once LoadCudnn succeeded (CudnnGroupedMatmul is built only
+// then); throws naming what is missing otherwise.
+const CudnnApi& Dnn() {
+  std::string why;
+  const CudnnApi* api = LoadCudnn(&why);
+  if (api == nullptr) throw std::invalid_argument("cuDNN grouped matmul: " + why);
+  return *api;
+}
+
 std::string Status(cudnnStatus_t s) {
   char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  std::string out = cudnnGetErrorString(s);
+  Dnn().GetLastErrorString(detail, sizeof(detail));
+  std::string out = Dnn().GetErrorString(s);
   if (detail[0]) out += std::string(" (") + detail + ")";
   return out;
 }
@@ -65,10 +138,10 @@ void Check(cudnnStatus_t s, const char* what) {
 class Descriptor {
  public:
   explicit Descriptor(cudnnBackendDescriptorType_t type) {
-    MOELAB_CUDNN(cudnnBackendCreateDescriptor(type, &d_));
+    MOELAB_CUDNN(Dnn().BackendCreateDescriptor(type, &d_));
   }
   ~Descriptor() {
-    if (d_) cudnnBackendDestroyDescriptor(d_);
+    if (d_) Dnn().BackendDestroyDescriptor(d_);
   }
   Descriptor(const Descriptor&) = delete;
   Descriptor& operator=(const Descriptor&) = delete;
@@ -79,7 +152,7 @@ class Descriptor {
   template <typename V>
   void Set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
            const V* values) {
-    MOELAB_CUDNN(cudnnBackendSetAttribute(d_, name, type, count, values));
+    MOELAB_CUDNN(Dnn().BackendSetAttribute(d_, name, type, count, values));
   }
   void Set(cudnnBackendAttributeName_t name, const Descriptor& value) {
     cudnnBackendDescriptor_t v = value.get();
@@ -87,7 +160,7 @@ class Descriptor {
   }
   // Finalize, or throw std::invalid_argument naming `what` and cuDNN's reason.
   void Finalize(const std::string& what) {
-    const cudnnStatus_t s = cudnnBackendFinalize(d_);
+    const cudnnStatus_t s = Dnn().BackendFinalize(d_);
     if (s != CUDNN_STATUS_SUCCESS) {
       throw std::invalid_argument("cuDNN grouped matmul: " + what + " refused: " + Status(s));
     }
@@ -116,18 +189,23 @@ enum Uid : int64_t { kToken = 1, kWeight, kFirstRow, kOutput };
 // The calling thread's cuDNN handle (created on first use; like Cublas, one per thread).
 cudnnHandle_t Handle(cudaStream_t stream) {
   thread_local cudnnHandle_t handle = nullptr;
-  if (!handle) MOELAB_CUDNN(cudnnCreate(&handle));
-  MOELAB_CUDNN(cudnnSetStream(handle, stream));
+  if (!handle) MOELAB_CUDNN(Dnn().Create(&handle));
+  MOELAB_CUDNN(Dnn().SetStream(handle, stream));
   return handle;
 }
 
 }  // namespace
 
 bool CudnnGroupedMatmulAvailable(std::string* why) {
-  return CudnnVersionHasGroupedMatmul(cudnnGetVersion(), why) && CudaAvailable(why);
+  const CudnnApi* api = LoadCudnn(why);
+  return api != nullptr && CudnnVersionHasGroupedMatmul(api->GetVersion(), why) &&
+         CudaAvailable(why);
 }
 
-size_t CudnnVersion() { return cudnnGetVersion(); }
+size_t CudnnVersion() {
+  const CudnnApi* api = LoadCudnn(nullptr);
+  return api ? api->GetVersion() : 0;
+}
 
 struct CudnnGroupedMatmul::Impl {
   Descriptor token, weight, first_row, output, op;
@@ -177,10 +255,10 @@ struct CudnnGroupedMatmul::Impl {
     heuristics.Set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     heuristics.Set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     if (device) heuristics.Set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, *device);
-    if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) return configs;
+    if (Dnn().BackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) return configs;
     int64_t count = 0;
-    MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    MOELAB_CUDNN(Dnn().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
     std::vector<cudnnBackendDescriptor_t> raw;
     for (int64_t i = 0; i < count; ++i) {
       configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
@@ -188,9 +266,9 @@ struct CudnnGroupedMatmul::Impl {
     }
     int64_t returned = 0;
     if (count > 0) {
-      MOELAB_CUDNN(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
-                                            raw.data()));
+      MOELAB_CUDNN(Dnn().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                                             raw.data()));
     }
     while (static_cast<int64_t>(configs.size()) > returned) configs.pop_back();
     return configs;
@@ -209,7 +287,7 @@ struct CudnnGroupedMatmul::Impl {
         auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
         candidate->Set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
-        const cudnnStatus_t s = cudnnBackendFinalize(candidate->get());
+        const cudnnStatus_t s = Dnn().BackendFinalize(candidate->get());
         if (s == CUDNN_STATUS_SUCCESS) {
           config = std::make_unique<Descriptor>(std::move(configs[i]));
           plan = std::move(candidate);
@@ -221,11 +299,12 @@ struct CudnnGroupedMatmul::Impl {
     }
     if (!plan) {
       throw std::runtime_error("cuDNN grouped matmul: no engine of cuDNN " +
-                               std::to_string(cudnnGetVersion()) + " takes this shape:" + refusals);
+                               std::to_string(Dnn().GetVersion()) +
+                               " takes this shape:" + refusals);
     }
     int64_t bytes = 0, got = 0;
-    MOELAB_CUDNN(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                          CUDNN_TYPE_INT64, 1, &got, &bytes));
+    MOELAB_CUDNN(Dnn().BackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                           CUDNN_TYPE_INT64, 1, &got, &bytes));
     workspace.Resize(static_cast<size_t>(bytes));
   }
 };
@@ -265,7 +344,7 @@ void CudnnGroupedMatmul::Run(const bf16* tok, const bf16* w, const int32_t* firs
   void* workspace = impl_->workspace.data();
   pack.Set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   pack.Finalize("the variant pack");
-  MOELAB_CUDNN(cudnnBackendExecute(handle, impl_->plan->get(), pack.get()));
+  MOELAB_CUDNN(Dnn().BackendExecute(handle, impl_->plan->get(), pack.get()));
 }
 
 int64_t CudnnGroupedMatmul::EnginesProposed(const std::string& device_json) const {

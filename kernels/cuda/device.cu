@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -47,20 +48,43 @@ void CheckCublas(cublasStatus_t status, const char* what) {
 
 void CheckLaunch(const char* what) { Check(cudaGetLastError(), what); }
 
-int ImplementationSwitch(const char* name, std::initializer_list<const char*> choices) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return 0;
-  int i = 0;
-  std::string expected;
-  for (const char* c : choices) {
-    if (std::string(env) == c) return i;
-    expected += (i == 0                         ? "\""
-                 : i + 1 == int(choices.size()) ? " or \""
-                                                : ", \"") +
-                std::string(c) + (i == 0 ? "\" (the default)" : "\"");
-    ++i;
+namespace {
+
+std::mutex selection_mutex;
+KernelSelection selection;  // guarded by selection_mutex
+int selection_holders = 0;  // live ScopedKernelSelection objects
+
+std::string Describe(const KernelSelection& k) {
+  return std::string("attention ") + (k.attention_mma ? "mma" : "wmma") + ", rope " +
+         (k.rope_fused ? "fused" : "separate") + ", ffn " + (k.ffn_fused ? "fused" : "split") +
+         ", experts " +
+         (k.experts == 1   ? "chunked"
+          : k.experts == 2 ? "cudnn"
+                           : "grouped") +
+         ", dispatch " + (k.dispatch_sort ? "sort" : "scan");
+}
+
+}  // namespace
+
+KernelSelection SelectedKernels() {
+  std::lock_guard<std::mutex> lock(selection_mutex);
+  return selection;
+}
+
+ScopedKernelSelection::ScopedKernelSelection(const KernelSelection& wanted) {
+  std::lock_guard<std::mutex> lock(selection_mutex);
+  if (selection_holders > 0 && !(selection == wanted)) {
+    throw std::logic_error("two CUDA models with different train.kernels in one process (" +
+                           Describe(selection) + " | " + Describe(wanted) +
+                           "): the kernels' selection is process-wide");
   }
-  throw std::invalid_argument(std::string(name) + "=" + env + ": expected " + expected);
+  selection = wanted;
+  ++selection_holders;
+}
+
+ScopedKernelSelection::~ScopedKernelSelection() {
+  std::lock_guard<std::mutex> lock(selection_mutex);
+  if (--selection_holders == 0) selection = KernelSelection{};
 }
 
 namespace {

@@ -11,7 +11,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,11 +23,35 @@ using bf16 = __nv_bfloat16;
 // a GPU) or "no CUDA device: cudaGetDeviceCount returned 0".
 bool CudaAvailable(std::string* reason = nullptr);
 
-// An implementation switch of the environment (docs/cuda.md: MOELAB_FLASH_KERNEL, ...): 0 when
-// `name` is unset, empty or choices[0] (the default), i when it is choices[i]. Any other value
-// throws std::invalid_argument("NAME=value: expected \"a\" (the default) or \"b\""), which
-// RequireCudaSupports turns into the exit-2 config error before a run starts.
-int ImplementationSwitch(const char* name, std::initializer_list<const char*> choices);
+// The kernel implementations a run chose (its config's train.kernels: core/kernel_choices.h,
+// docs/cuda.md "Kernel choices") that the launchers consult at each call. Process-wide: the CUDA
+// backend installs its run's selection for as long as it lives (ScopedKernelSelection), and the
+// kernel tests install theirs the same way. Every field's zero value is the default.
+struct KernelSelection {
+  bool attention_mma = false;  // the mma.sync fused attention kernels (else wmma)
+  bool rope_fused = false;     // RoPE inside the mma kernels' tile loads (else its own kernel)
+  bool ffn_fused = false;      // bf16 gated FFN with gate and up as one GEMM
+  int experts = 0;             // 0 grouped, 1 chunked, 2 cudnn
+  bool dispatch_sort = false;  // the chunked counting-sort dispatch plan (else the scan)
+  // Spelt out: the .cu files are C++17 (no defaulted comparisons).
+  bool operator==(const KernelSelection& o) const {
+    return attention_mma == o.attention_mma && rope_fused == o.rope_fused &&
+           ffn_fused == o.ffn_fused && experts == o.experts && dispatch_sort == o.dispatch_sort;
+  }
+};
+// The selection in force (the defaults when none is installed).
+KernelSelection SelectedKernels();
+
+// Installs `selection` while it lives (the defaults return when the last one is destroyed). Those
+// alive at once must agree: a second CUDA model with other choices in the same process throws
+// std::logic_error (its launches would run the first one's kernels), naming both.
+class ScopedKernelSelection {
+ public:
+  explicit ScopedKernelSelection(const KernelSelection& selection);
+  ~ScopedKernelSelection();
+  ScopedKernelSelection(const ScopedKernelSelection&) = delete;
+  ScopedKernelSelection& operator=(const ScopedKernelSelection&) = delete;
+};
 
 // Throw std::runtime_error("<what>: <error string>") when the call failed.
 void Check(cudaError_t err, const char* what);

@@ -183,13 +183,10 @@ RopeArgs CheckedRope(const AttentionDims& a, size_t elem_bytes, const FlashRope*
 }  // namespace
 
 FlashKernel FlashKernelInUse() {
-  return ImplementationSwitch("MOELAB_FLASH_KERNEL", {"wmma", "mma"}) == 1 ? FlashKernel::kMma
-                                                                           : FlashKernel::kWmma;
+  return SelectedKernels().attention_mma ? FlashKernel::kMma : FlashKernel::kWmma;
 }
 
-bool FlashRopeFused() {
-  return ImplementationSwitch("MOELAB_FLASH_ROPE", {"separate", "fused"}) == 1;
-}
+bool FlashRopeFused() { return SelectedKernels().rope_fused; }
 
 bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim, std::string* why) {
   auto no = [&](const std::string& reason) {
@@ -200,7 +197,7 @@ bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim, 
     return no("q and k are not fp32 (bf16 tiles are copied by cp.async, never through registers)");
   }
   if (FlashKernelInUse() != FlashKernel::kMma) {
-    return no("the wmma kernels do not fuse RoPE (MOELAB_FLASH_KERNEL=mma does)");
+    return no("the wmma kernels do not fuse RoPE (train.kernels.attention_kernel \"mma\" does)");
   }
   if (rot_dim != a.qk_dim || a.qk_dim != a.v_dim) {
     return no("rotary dims " + std::to_string(rot_dim) + " with head dims qk " +

@@ -64,14 +64,14 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
 // Which implementation of the fused kernels runs. kWmma: the first version (nvcuda::wmma, every
 // elementwise step through shared memory), the default: it is the one that has run on a GPU.
 // kMma: `mma.sync` fragments kept in registers (kernels/cuda/mma.cuh), checked under the CPU
-// emulation only so far; opt in with MOELAB_FLASH_KERNEL=mma (read at every launch; any other
-// value than mma or wmma throws, naming it). The GPU check runs every test with it too.
+// emulation only so far; opt in with train.kernels.attention_kernel "mma" (SelectedKernels,
+// kernels/cuda/device.h, read at every launch).
 enum class FlashKernel { kMma, kWmma };
 FlashKernel FlashKernelInUse();
 
 // Whether the model hands RoPE to these kernels (FlashRope) or runs RopeApplyQk around them:
-// MOELAB_FLASH_ROPE=fused|separate (unset or empty: separate), read at every call; any other
-// value throws std::invalid_argument naming it. Opt-in: checked under the CPU emulation only.
+// train.kernels.rope "fused" | "separate" (SelectedKernels, read at every call). Opt-in: checked
+// under the CPU emulation only.
 bool FlashRopeFused();
 
 // True when FlashAttentionForward / Backward<T> take a FlashRope of rot_dim for a: fp32 inputs

@@ -6,7 +6,7 @@
 
 namespace moelab::cuda {
 
-bool GatedFfnWanted() { return ImplementationSwitch("MOELAB_FFN", {"split", "fused"}) == 1; }
+bool GatedFfnWanted() { return SelectedKernels().ffn_fused; }
 
 void GatedFfnForwardBf16(const bf16* xb, int n, int d, int hidden, const bf16* w1, const bf16* w3,
                          const bf16* w2, bf16* h13, bf16* act, float* y, bool accumulate,

@@ -164,8 +164,8 @@ int RowThreads(int d) { return d >= 512 ? 256 : (d >= 128 ? 128 : 32); }
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls launch(width, threads) for rows of d elements, width a std::integral_constant: 8, the
-// 16-byte form, with MOELAB_MOE_DISPATCH=sort when d is a multiple of 8 and every base given is
-// 16-byte aligned (cudaMalloc's are; rows of a multiple of 8 elements then are too), else 1, the
+// 16-byte form, with train.kernels.dispatch "sort" when d is a multiple of 8 and every base given
+// is 16-byte aligned (cudaMalloc's are; rows of a multiple of 8 elements then are too), else 1, the
 // element-per-thread form that ran on the GPU.
 template <typename Launch>
 void LaunchRows(int d, std::initializer_list<const void*> rows, Launch launch) {
@@ -235,8 +235,7 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
 }
 
 MoeDispatch MoeDispatchInUse() {
-  return ImplementationSwitch("MOELAB_MOE_DISPATCH", {"scan", "sort"}) == 1 ? MoeDispatch::kSort
-                                                                            : MoeDispatch::kScan;
+  return SelectedKernels().dispatch_sort ? MoeDispatch::kSort : MoeDispatch::kScan;
 }
 
 void MoeDispatchPlan(const int* topk, int n, int experts, int k, int64_t* offsets, int* row_token,

@@ -1,6 +1,6 @@
 // Device code of the MoE dispatch plan (kernels/cuda/moe_routing.h, MoeDispatchPlan): the stable
 // counting sort of the (token, slot) assignments by expert, in two implementations that give the
-// same bits (cpu::MoeDispatchPlan's order), chosen by MOELAB_MOE_DISPATCH (MoeDispatchInUse):
+// same bits (cpu::MoeDispatchPlan's order), chosen by train.kernels.dispatch (MoeDispatchInUse):
 //   scan  (the default, the one that has run on a GPU): one block per expert walks every
 //         assignment, so the work is E·n·k;
 //   sort  three passes over chunks of kPlanChunk assignments: per-chunk expert counts, one scan
@@ -64,7 +64,7 @@ inline int PlanChunks(int n, int experts, int k) {
 inline void CheckSortExperts(int experts) {
   if (experts > kMaxSortExperts) {
     throw std::invalid_argument(
-        "cuda::MoeDispatchPlan (MOELAB_MOE_DISPATCH=sort): " + std::to_string(experts) +
+        "cuda::MoeDispatchPlan (train.kernels.dispatch \"sort\"): " + std::to_string(experts) +
         " experts exceed the " + std::to_string(kMaxSortExperts) +
         " its blocks count in 48 KiB of shared memory");
   }

@@ -1,7 +1,7 @@
 // The routed experts' forward in bf16 with its grouped products on cuDNN's MoE grouped matmul
 // (kernels/cuda/cudnn_grouped_matmul.h): h1, h3 and the output read each expert's first row from
 // the device, so a layer's forward needs none of the routing's row counts on the host
-// (MOELAB_MOE_EXPERTS=cudnn; issue 25, item 2). The backward is MoeExpertsBackward<bf16>'s
+// (train.kernels.experts "cudnn"; issue 25, item 2). The backward is MoeExpertsBackward<bf16>'s
 // (kernels/cuda/moe_experts.h) on cuBLAS's grouped GEMMs with host offsets: cuDNN 9.19 has no
 // engine for the input gradients' products (their weights have n contiguous) nor a weight-gradient
 // operation. The layer copies the offsets to pinned memory after its forward's dispatch plan and

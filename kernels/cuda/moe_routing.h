@@ -41,8 +41,8 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
 // same bits. kScan, the default and the one that has run on a GPU: one block per expert walks
 // every assignment (E·n·k work). kSort: a chunked counting sort (per-chunk counts, one scan, one
 // warp per chunk placing its assignments), n·k work; checked under the CPU emulation only so far.
-// Opt in with MOELAB_MOE_DISPATCH=sort (read at every call; any value other than scan or sort
-// throws std::invalid_argument naming it). With sort the row moves below (gather, chunked layout,
+// Opt in with train.kernels.dispatch "sort" (SelectedKernels, kernels/cuda/device.h, read at every
+// call). With sort the row moves below (gather, chunked layout,
 // combine and their backward passes) also move 16 bytes a thread access where rows allow
 // (kernels/cuda/moe_rows_kernels.cuh: the same bits, dgates aside).
 enum class MoeDispatch { kScan, kSort };

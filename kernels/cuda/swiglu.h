@@ -52,9 +52,9 @@ void GatedFfnBackwardBf16(const bf16* xb, const bf16* dyb, int n, int d, int hid
                           bf16* dh13, float* dx, bool accumulate_dx, float* dw1, float* dw3,
                           float* dw2, cudaStream_t stream = nullptr);
 
-// MOELAB_FFN: "split" (the default: the bf16 mode's dense FFN as three Linear ops on fp32
-// intermediates, the shared experts as six GEMMs; the paths that ran on a GPU) or "fused" (both
-// on GatedFfn*Bf16; not yet run on a GPU). Anything else throws std::invalid_argument, naming it.
+// train.kernels.ffn (SelectedKernels): "split" (the default: the bf16 mode's dense FFN as three
+// Linear ops on fp32 intermediates, the shared experts as six GEMMs; the paths that ran on a GPU)
+// or "fused" (both on GatedFfn*Bf16; not yet run on a GPU).
 bool GatedFfnWanted();
 
 }  // namespace moelab::cuda

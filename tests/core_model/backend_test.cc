@@ -398,7 +398,7 @@ TEST(BackendSeam, ModelTouchesOnlyBackendMemoryAndMatchesTheCpuBackend) {
 }
 
 // A backend that applies RoPE inside its attention (AttentionAppliesRope; the CUDA backend with
-// MOELAB_FLASH_ROPE=fused): the model skips its own RopeQk calls, hands the attention q and k
+// train.kernels.rope "fused"): the model skips its own RopeQk calls, hands the attention q and k
 // un-rotated (after QK-norm) in forward and backward, and gets the CPU backend's bits: GQA with
 // QK-norm and soft-cap, dense and MoE layers. MLA keeps its own RoPE (a partial rotation).
 TEST(BackendSeam, AttentionThatAppliesRopeGivesTheSameBits) {

@@ -25,9 +25,9 @@ using testing::Random;
 using testing::ToBf16;
 using testing::ToDevice;
 
-#define MOELAB_REQUIRE_CUDNN_BUILD()                                                    \
-  do {                                                                                  \
-    if (CudnnVersion() == 0) GTEST_SKIP() << "cuDNN test skipped: built without cuDNN"; \
+#define MOELAB_REQUIRE_CUDNN_BUILD()                                                  \
+  do {                                                                                \
+    if (CudnnVersion() == 0) GTEST_SKIP() << "cuDNN test skipped: no cuDNN loadable"; \
   } while (0)
 
 // The version gate: 9.18 is the first cuDNN whose support matrix lists the operation (9.15 to 9.17

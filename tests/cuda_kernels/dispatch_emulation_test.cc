@@ -142,7 +142,9 @@ TEST(DispatchEmulation, PlanBoundsAreCheckedBeforeAnyLaunch) {
   EXPECT_NE(message([] { PlanChunks(10, 0, 2); }).find("experts >= 1"), std::string::npos);
   EXPECT_NE(message([] { PlanChunks(-1, 4, 2); }).find("n >= 0"), std::string::npos);
   EXPECT_NO_THROW(CheckSortExperts(kMaxSortExperts));
-  EXPECT_NE(message([] { CheckSortExperts(kMaxSortExperts + 1); }).find("MOELAB_MOE_DISPATCH=sort"),
+  EXPECT_NE(message([] {
+              CheckSortExperts(kMaxSortExperts + 1);
+            }).find("train.kernels.dispatch \"sort\""),
             std::string::npos);
 }
 

@@ -3,12 +3,12 @@
 // multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
 // strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
 // reproducible; and a micro-benchmark of both implementations (mma, wmma) against the reference
-// path. The shapes run the implementation MOELAB_FLASH_KERNEL selects (the GPU check runs the
-// binary without it, wmma, and again with mma), one always the wmma one (the mma kernels'
-// fallback). RoPE fused into the mma kernels (FlashRope) bit for bit against RopeApplyQk around
-// the plain kernels. The same kernels also run on the CPU emulation (flash_emulation_test.cc,
-// flash_forward_mma_emulation_test.cc, flash_backward_mma_emulation_test.cc,
-// flash_rope_emulation_test.cc).
+// path. Every shape runs on both implementations (FlashShapes, instantiated as Wmma/ and Mma/:
+// the GPU check runs the Mma/ tests in their own process, so that a faulting opt-in kernel cannot
+// fail the default ones). RoPE fused into the mma kernels (FlashRope) bit for bit against
+// RopeApplyQk around the plain kernels. The same kernels also run on the CPU emulation
+// (flash_emulation_test.cc, flash_forward_mma_emulation_test.cc,
+// flash_backward_mma_emulation_test.cc, flash_rope_emulation_test.cc).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -61,6 +61,13 @@ std::vector<float> Download(const DeviceBuffer<bf16>& d) {
 template <typename T>
 void Poison(DeviceBuffer<T>& d) {
   d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
+}
+
+// The kernels' selection with the mma implementation on or off.
+KernelSelection FlashKernels(bool mma) {
+  KernelSelection k;
+  k.attention_mma = mma;
+  return k;
 }
 
 template <typename T>
@@ -129,7 +136,7 @@ TEST(CudaFlashAttention, UnsupportedShapesAreRefusedWithTheReason) {
 TEST(CudaFlashAttention, MmaForwardRefusesAMisalignedOut) {
   // Runs without a GPU: the check comes before any device work. The mma forward writes out in
   // 8-byte pairs, so an out off by one float would fault on the device.
-  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+  const ScopedKernelSelection use(FlashKernels(true));
   AttentionDims a;
   a.batch = 1, a.seq = 8, a.heads = 2, a.kv_heads = 2, a.qk_dim = a.v_dim = 64;
   a.ldq = a.ldk = a.ldv = a.ldo = 128;
@@ -143,41 +150,45 @@ TEST(CudaFlashAttention, MmaForwardRefusesAMisalignedOut) {
   }
 }
 
-TEST(CudaFlashAttention, Mha64OddLength) {
+// The shapes on each implementation: Wmma/ (the default) and Mma/ (opt-in: attention_kernel "mma").
+class FlashShapes : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FlashShapes, Mha64OddLength) {
   MOELAB_REQUIRE_GPU();
+  const ScopedKernelSelection use(FlashKernels(GetParam()));
   RunCase<bf16>({"mha 64, S=100", 2, 100, 3, 3, 64, 64, 0.0, false});
 }
 
-TEST(CudaFlashAttention, WmmaImplementationStillMatches) {
+TEST_P(FlashShapes, Gqa128FusedQkvFp32Inputs) {
   MOELAB_REQUIRE_GPU();
-  const test::ScopedEnv use("MOELAB_FLASH_KERNEL",
-                            "wmma");  // the fallback for shapes the mma kernels do not cover
-  RunCase<bf16>({"wmma: mqa softcap 3, S=100", 2, 100, 4, 1, 64, 64, 3.0, false});
-}
-
-TEST(CudaFlashAttention, Gqa128FusedQkvFp32Inputs) {
-  MOELAB_REQUIRE_GPU();
+  const ScopedKernelSelection use(FlashKernels(GetParam()));
   RunCase<float>({"gqa 128 fused fp32, S=130", 1, 130, 4, 2, 128, 128, 0.0, true});
 }
 
-TEST(CudaFlashAttention, MqaSoftCapKeepsRawSmax) {
+TEST_P(FlashShapes, MqaSoftCapKeepsRawSmax) {
   MOELAB_REQUIRE_GPU();
+  const ScopedKernelSelection use(FlashKernels(GetParam()));
   // Logits up to ~8 against a cap of 3: the raw S_max lies well above what the softmax saw.
   RunCase<bf16>({"mqa softcap 3, S=77", 2, 77, 4, 1, 64, 64, 3.0, false});
 }
 
-TEST(CudaFlashAttention, MlaUnequalHeadDims) {
+TEST_P(FlashShapes, MlaUnequalHeadDims) {
   MOELAB_REQUIRE_GPU();
+  const ScopedKernelSelection use(FlashKernels(GetParam()));
   RunCase<bf16>({"mla 48/32, S=65", 2, 65, 2, 2, 48, 32, 0.0, false});
   RunCase<float>({"mla 192/128 softcap, S=70", 1, 70, 2, 2, 192, 128, 5.0, false});
   RunCase<bf16>({"96/64 gqa, S=64", 1, 64, 4, 2, 96, 64, 0.0, true});
 }
 
-TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
+TEST_P(FlashShapes, TinyAndSingleTokenSequences) {
   MOELAB_REQUIRE_GPU();
+  const ScopedKernelSelection use(FlashKernels(GetParam()));
   RunCase<bf16>({"32/32, S=1", 3, 1, 2, 1, 32, 32, 0.0, false});
   RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
 }
+
+INSTANTIATE_TEST_SUITE_P(Wmma, FlashShapes, ::testing::Values(false));
+INSTANTIATE_TEST_SUITE_P(Mma, FlashShapes, ::testing::Values(true));
 
 // RoPE given to the mma kernels (FlashRope, on un-rotated fp32 q and k) against the model's
 // unfused sequence on the same inputs: RopeApplyQk on q and k, the plain kernels, RopeApplyQk⁻¹
@@ -187,7 +198,7 @@ TEST(CudaFlashAttention, TinyAndSingleTokenSequences) {
 void RunRopeCase(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   ASSERT_TRUE(c.fused && c.qk_dim == c.v_dim);
-  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+  const ScopedKernelSelection use(FlashKernels(true));
   const FlashReference ref(c);
   const AttentionDims& a = ref.a;
   std::string why;
@@ -255,7 +266,7 @@ TEST(CudaFlashAttention, FusedRopeRefusedWhereTheKernelsCannotApplyIt) {
   a.ldq = a.ldk = a.ldv = a.ldo = 128;
   std::string why;
   {
-    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+    const ScopedKernelSelection use(FlashKernels(true));
     EXPECT_TRUE(FlashRopeSupported(a, 4, 64, &why)) << why;
     EXPECT_FALSE(FlashRopeSupported(a, 2, 64, &why));
     EXPECT_NE(why.find("fp32"), std::string::npos) << why;
@@ -275,7 +286,7 @@ TEST(CudaFlashAttention, FusedRopeRefusedWhereTheKernelsCannotApplyIt) {
     EXPECT_NE(why.find("qk_dim = v_dim"), std::string::npos) << why;
     a.qk_dim = a.v_dim = 64;
   }
-  const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "wmma");
+  const ScopedKernelSelection use(FlashKernels(false));
   EXPECT_FALSE(FlashRopeSupported(a, 4, 64, &why));
   EXPECT_NE(why.find("wmma"), std::string::npos) << why;
   const float* none = nullptr;
@@ -285,24 +296,19 @@ TEST(CudaFlashAttention, FusedRopeRefusedWhereTheKernelsCannotApplyIt) {
                std::invalid_argument);
 }
 
-TEST(CudaFlashAttention, FlashRopeSwitchParsesAndRefusesOtherValues) {
-  test::ScopedEnv rope("MOELAB_FLASH_ROPE", nullptr);
-  EXPECT_FALSE(FlashRopeFused());
-  rope.Set("separate");
-  EXPECT_FALSE(FlashRopeFused());
-  rope.Set("fused");
-  EXPECT_TRUE(FlashRopeFused());
-  rope.Set("sideways");
-  try {
-    FlashRopeFused();
-    ADD_FAILURE() << "accepted MOELAB_FLASH_ROPE=sideways";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("MOELAB_FLASH_ROPE=sideways"), std::string::npos);
+TEST(CudaFlashAttention, FlashRopeFollowsTheSelection) {
+  EXPECT_FALSE(FlashRopeFused());  // the default, with no selection installed
+  KernelSelection k;
+  k.rope_fused = true;
+  {
+    const ScopedKernelSelection use(k);
+    EXPECT_TRUE(FlashRopeFused());
   }
+  EXPECT_FALSE(FlashRopeFused());  // the defaults again once the last selection is gone
 }
 
 // Micro-benchmark (prints; asserts nothing about speed): B=32, H=16, S=1024, D=64, bf16, both
-// implementations of the fused kernels (MOELAB_FLASH_KERNEL=mma and =wmma) against the reference
+// implementations of the fused kernels (attention_kernel "mma" and "wmma") against the reference
 // path (cuBLAS over the full square, probabilities stored), and the mma kernels as the model calls
 // them (fp32 QKV column slices, with and without RoPE fused). FLOPs counted as FlashAttention does:
 // forward 4·B·H·S²·D / 2 (causal), backward 2.5× the forward.
@@ -333,7 +339,7 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
   const char* kernels[] = {"mma", "wmma"};
   double f_fwd[2], f_bwd[2];
   for (int i = 0; i < 2; ++i) {
-    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", kernels[i]);
+    const ScopedKernelSelection use(FlashKernels(i == 0));
     f_fwd[i] = time_ms([&] {
       FlashAttentionForward(a, x.data(), x.data(), x.data(), out.data(), lse.data(), pmax.data());
     });
@@ -349,9 +355,9 @@ TEST(CudaFlashAttention, BenchmarkAgainstReferencePath) {
   }
   // The model's case for the mma kernels: fp32 q, k, v as column slices of the fused QKV
   // activation [B·S, 3·1024], fp32 out and gradients (rounded to bf16 as tiles load, so no
-  // cp.async), with RoPE in the tile loads (MOELAB_FLASH_ROPE=fused) and without.
+  // cp.async), with RoPE in the tile loads (rope "fused") and without.
   {
-    const test::ScopedEnv use("MOELAB_FLASH_KERNEL", "mma");
+    const ScopedKernelSelection use(FlashKernels(true));
     AttentionDims m = a;
     m.ldq = m.ldk = m.ldv = 3 * a.ldq;
     const size_t rows = size_t(a.batch) * a.seq;

@@ -3,8 +3,8 @@
 // form each lane's registers from the documented fragment layouts: out, LSE and S_max against
 // the CPU attention in double (flash_reference.h, the GPU test's tolerances) on every
 // instantiated head-dim pair, and against the wmma forward (flash_emulation_test.cc) on one
-// shape. The GPU twin is flash_attention_test.cc under MOELAB_FLASH_KERNEL=mma (the GPU check
-// runs it so).
+// shape. The GPU twin is flash_attention_test.cc under attention_kernel "mma" (its Mma/ tests,
+// which the GPU check runs in their own process).
 // clang-format off
 // The emulation first: it replaces the CUDA primitives the kernel headers use.
 #include "tests/cuda_kernels/emulation/cuda_emulation.h"

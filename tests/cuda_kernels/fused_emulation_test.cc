@@ -141,10 +141,10 @@ TEST(CudaFusedEmulation, RopeQkOneLaunchMatchesCpu) {
   CheckRopeQk(n, seq, 8, 20, {nullptr, 20, 2, 10, 1}, 1, {}, false);
 }
 
-// The bf16 heads of a bf16 q | k | v activation (MOELAB_ATTENTION_ACTS=bf16): each pair widened,
-// rotated with the fp32 kernel's arithmetic and rounded once, so the bf16 kernel gives the bits
-// of the fp32 kernel run on the widened values, rounded to bf16 — forward and inverse, on GQA's
-// q | k | v rows (the v columns untouched).
+// The bf16 heads of a bf16 q | k | v activation (train.kernels.attention_acts "bf16"): each pair
+// widened, rotated with the fp32 kernel's arithmetic and rounded once, so the bf16 kernel gives the
+// bits of the fp32 kernel run on the widened values, rounded to bf16 — forward and inverse, on
+// GQA's q | k | v rows (the v columns untouched).
 TEST(CudaFusedEmulation, RopeQkOnBf16HeadsIsTheFp32KernelRounded) {
   const int seq = 5, n = 2 * seq, rot = 16, ld = 128;
   std::vector<float> cs(size_t(seq) * rot / 2), sn(cs.size());

@@ -143,7 +143,7 @@ TEST(CudaMoeDispatch, PlanGatherCombineMatchCpu) {
   ExpectNear(gdgates.Download(), dgates, 1e-6, 1e-6, "dgates");
 }
 
-// Both plans (MOELAB_MOE_DISPATCH's scan and sort, chosen here by argument) against the CPU's
+// Both plans (train.kernels.dispatch's scan and sort, chosen here by argument) against the CPU's
 // stable order over more experts than a warp has lanes, experts with no rows, many sort chunks
 // (1024 assignments each) with a partial last one, exactly full chunks, and the degenerate layouts:
 // one token, one expert, every assignment on one expert. The sort plan's kernels are checked under
@@ -229,23 +229,20 @@ TEST(CudaMoeDispatchBench, BothPlansAtGpuMoeShape) {
   }
 }
 
-// The switch is read at every call (no GPU needed): unset or empty is scan, the default.
-TEST(CudaMoeDispatch, SwitchReadsMoelabMoeDispatch) {
-  test::ScopedEnv env("MOELAB_MOE_DISPATCH", nullptr);
+// The plan follows the installed selection at every call (no GPU needed): scan by default.
+TEST(CudaMoeDispatch, PlanFollowsTheSelection) {
   EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
-  for (const char* scan : {"", "scan"}) {
-    env.Set(scan);
-    EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan) << scan;
+  KernelSelection k;
+  k.dispatch_sort = true;
+  {
+    const ScopedKernelSelection use(k);
+    EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
+    // A second selection alive at once must agree (a second model's launches would run these).
+    EXPECT_THROW(ScopedKernelSelection(KernelSelection{}), std::logic_error);
+    const ScopedKernelSelection same(k);
+    EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
   }
-  env.Set("sort");
-  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kSort);
-  env.Set("Sort");
-  try {
-    MoeDispatchInUse();
-    ADD_FAILURE() << "accepted MOELAB_MOE_DISPATCH=Sort";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_DISPATCH=Sort"), std::string::npos);
-  }
+  EXPECT_EQ(MoeDispatchInUse(), MoeDispatch::kScan);
 }
 
 // What the plan cannot hold is refused before anything touches the device (so no GPU is needed,
@@ -331,7 +328,7 @@ struct ExpertsCase {
   }
 };
 
-// The row moves with MOELAB_MOE_DISPATCH=sort move 16 bytes a thread access
+// The row moves with dispatch "sort" move 16 bytes a thread access
 // (moe_rows_kernels.cuh, kVec = 8): on the device the same bits as the element-per-thread
 // kernels (scan), bf16 and fp32 expert rows, at the gpu-moe width and an odd multiple of 8;
 // dgates (a double dot product split differently) within 1e-6.
@@ -358,7 +355,9 @@ TEST(CudaMoeDispatch, SixteenByteRowMovesGiveTheElementKernelsBits) {
       std::vector<bf16> bxe, by_rows, bdye;
     };
     auto run = [&](const char* kind) {
-      test::ScopedEnv env("MOELAB_MOE_DISPATCH", kind);
+      KernelSelection selection;
+      selection.dispatch_sort = std::string(kind) == "sort";
+      const ScopedKernelSelection use(selection);
       Out o;
       DeviceBuffer<float> fxe(rows * d), y(size_t(n) * d), dx(size_t(n) * d), dg(rows),
           fdye(rows * d);
@@ -527,7 +526,7 @@ TEST(CudaMoeExperts, ChunkedLayoutMatchesCpuIncludingAnEmptyExpert) {
   }
 }
 
-// The experts' forward with its grouped products on cuDNN (MOELAB_MOE_EXPERTS=cudnn; the backward
+// The experts' forward with its grouped products on cuDNN (experts "cudnn"; the backward
 // is MoeExpertsBackward<bf16>'s): the CPU twin within bf16 rounding, the expert offsets on the
 // device, one expert without rows.
 TEST(CudaMoeExperts, CudnnGroupedProductsMatchCpuIncludingAnEmptyExpert) {

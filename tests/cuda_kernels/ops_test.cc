@@ -230,9 +230,9 @@ TEST(CudaSwiglu, ForwardBackwardMatchCpu) {
   ExpectNear(gdw2.Download(), dw2, 1e-5, 1e-4, "swiglu dw2");
 }
 
-// The bf16 mode's gated FFN (MOELAB_FFN=fused): one gate-and-up GEMM when W3 follows W1 (and
-// dW3 follows dW1), two otherwise; bf16 intermediates, fp32 y, dx and weight gradients, with the
-// accumulating forms. Against the fp32 CPU SwiGLU on bf16-representable inputs.
+// The bf16 mode's gated FFN (train.kernels.ffn "fused"): one gate-and-up GEMM when W3 follows W1
+// (and dW3 follows dW1), two otherwise; bf16 intermediates, fp32 y, dx and weight gradients, with
+// the accumulating forms. Against the fp32 CPU SwiGLU on bf16-representable inputs.
 TEST(CudaGatedFfn, Bf16FusedGateAndUpMatchCpu) {
   MOELAB_REQUIRE_GPU();
   const int n = 37, d = 48, hidden = 40;

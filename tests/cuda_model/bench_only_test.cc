@@ -9,6 +9,8 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cli/bench_cuda.h"
@@ -51,20 +53,56 @@ TEST(BenchOnly, UnknownNameIsRefusedWithTheValidOnes) {
 }
 
 // The binary refuses the name before it looks for a GPU: exit 2 here and on a GPU machine.
-TEST(BenchOnly, CommandExitsWithConfigErrorOnAnUnknownName) {
+// `moelab <args>`: its exit status (-1 when it did not exit) and its output.
+std::pair<int, std::string> RunMoelab(const std::string& args) {
   const char* dir = std::getenv("MOELAB_BIN_DIR");
   const std::string bin = std::string(dir ? dir : MOELAB_BIN_DIR_DEFAULT) + "/moelab";
   const fs::path log =
       fs::temp_directory_path() / ("moelab_bench_only_" + std::to_string(getpid()) + ".txt");
-  const int status = std::system(
-      (bin + " bench --device cuda --only gpu-dens > " + log.string() + " 2>&1").c_str());
+  const int status = std::system((bin + " " + args + " > " + log.string() + " 2>&1").c_str());
   std::ifstream in(log);
   const std::string out((std::istreambuf_iterator<char>(in)), {});
   fs::remove(log);
-  ASSERT_TRUE(WIFEXITED(status)) << out;
-  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(BenchOnly, CommandExitsWithConfigErrorOnAnUnknownName) {
+  const auto [rc, out] = RunMoelab("bench --device cuda --only gpu-dens");
+  EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("no config named \"gpu-dens\""), std::string::npos) << out;
   EXPECT_EQ(out.find("TFLOP/s"), std::string::npos) << out;
+}
+
+// --kernels takes train.kernels' choices (core/kernel_choices.h): a bad key or value is refused
+// naming the flag before any GPU is looked for, the flag needs --device cuda, and the choices
+// reach the cases (no GPU needed: the memory plan of gpu-moe with the chunked experts, which keep
+// the gathered inputs once, is not the default's).
+TEST(BenchKernels, ChoicesAreParsedCheckedAndReachTheCases) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the bench's GPU cases and their plans)";
+#else
+  auto [rc, out] = RunMoelab("bench --device cuda --kernels ffn=sideways");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--kernels: ffn: 'sideways' is not one of: split, fused"), std::string::npos)
+      << out;
+  std::tie(rc, out) = RunMoelab("bench --device cuda --kernels expert=chunked --plan");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("did you mean 'experts'"), std::string::npos) << out;
+  std::tie(rc, out) = RunMoelab("bench --kernels ffn=fused --only dense");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("need --device cuda"), std::string::npos) << out;
+  const auto plan_line = [](const std::string& text) {
+    const size_t at = text.find("gpu-moe ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+  };
+  const auto [rc_default, grouped] = RunMoelab("bench --device cuda --plan --only gpu-moe");
+  const auto [rc_chunked, chunked] =
+      RunMoelab("bench --device cuda --plan --only gpu-moe --kernels experts=chunked,dispatch=sort");
+  EXPECT_EQ(rc_default, 0) << grouped;
+  EXPECT_EQ(rc_chunked, 0) << chunked;
+  ASSERT_FALSE(plan_line(grouped).empty()) << grouped;
+  EXPECT_NE(plan_line(chunked), plan_line(grouped)) << "the choices did not reach the case";
+#endif
 }
 
 }  // namespace

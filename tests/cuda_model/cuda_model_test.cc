@@ -264,40 +264,35 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
   }
 }
 
-// bf16 experts over the chunked layout (MOELAB_MOE_EXPERTS=chunked) against the grouped GEMMs (the
-// default) on the same 20-step runs: every loss within 0.02 nats (the same products, cuBLAS's
+// bf16 experts over the chunked layout (train.kernels.experts "chunked") against the grouped GEMMs
+// (the default) on the same 20-step runs: every loss within 0.02 nats (the same products, cuBLAS's
 // summation orders differ), and the profiler shows which path ran ("moe/experts" chunked,
 // "moe/experts grouped" otherwise).
 TEST_F(CudaModelTest, ChunkedExpertsTrackGroupedExperts) {
   const RunConfig c = SmallMoeBf16();
+  RunConfig cc = c;
+  cc.train.kernels.experts = "chunked";
   // Which path one forward and backward takes, from the profiler's sub-classes.
-  auto paths = [&] {
-    const auto t = OneStepProfile(c);
+  auto paths = [&](const RunConfig& run) {
+    const auto t = OneStepProfile(run);
     return std::make_pair(t.count("moe/experts") > 0, t.count("moe/experts grouped") > 0);
   };
-  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "chunked");
-  const auto chunked_paths = paths();
+  const auto chunked_paths = paths(cc);
   EXPECT_TRUE(chunked_paths.first) << "the chunked layout never ran";
   EXPECT_FALSE(chunked_paths.second) << "a layer ran the grouped GEMMs";
-  const Recorder chunked = RunOn(c, "cuda", "bf16");
-  experts.Set(nullptr);  // the default
-  const auto grouped_paths = paths();
+  const Recorder chunked = RunOn(cc, "cuda", "bf16");
+  const auto grouped_paths = paths(c);  // the default
   const Recorder grouped = RunOn(c, "cuda", "bf16");
-  experts.Set("sideways");
-  const Recorder refused = RunOn(c, "cuda", "bf16");
-  experts.Set(nullptr);
   EXPECT_FALSE(grouped_paths.first);
   EXPECT_TRUE(grouped_paths.second);
-  EXPECT_NE(refused.status, RunStatus::kDone);
-  EXPECT_NE(refused.error.find("MOELAB_MOE_EXPERTS=sideways"), std::string::npos) << refused.error;
   ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(chunked, grouped, 0.02));
 }
 
-// The experts on cuDNN's grouped matmul (MOELAB_MOE_EXPERTS=cudnn: device-side expert offsets, no
-// host sync in the layer's forward; the counts reach the recorder through a host function) against
-// the grouped GEMMs on the same 20-step runs: every loss within 0.02 nats, the first layer's
-// expert counts of the first step recorded alike (its input is the same bits on both paths), and
-// the profiler shows "moe/experts cudnn".
+// The experts on cuDNN's grouped matmul (train.kernels.experts "cudnn": device-side expert offsets,
+// no host sync in the layer's forward; the counts reach the recorder through a host function)
+// against the grouped GEMMs on the same 20-step runs: every loss within 0.02 nats, the first
+// layer's expert counts of the first step recorded alike (its input is the same bits on both
+// paths), and the profiler shows "moe/experts cudnn".
 TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
   std::string why;
 #if MOELAB_HAVE_CUDA
@@ -307,12 +302,12 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
 #endif
   RunConfig c = SmallMoeBf16();
   c.moe.balance = "aux_free";
-  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "cudnn");
-  const auto t = OneStepProfile(c);
+  RunConfig on = c;
+  on.train.kernels.experts = "cudnn";
+  const auto t = OneStepProfile(on);
   EXPECT_GT(t.count("moe/experts cudnn"), 0u) << "the cuDNN experts never ran";
   EXPECT_EQ(t.count("moe/experts grouped"), 0u) << "a layer ran the grouped GEMMs";
-  const Recorder cudnn = RunOn(c, "cuda", "bf16");
-  experts.Set(nullptr);
+  const Recorder cudnn = RunOn(on, "cuda", "bf16");
   const Recorder grouped = RunOn(c, "cuda", "bf16");
   ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(cudnn, grouped, 0.02));
   ASSERT_FALSE(cudnn.expert_counts.empty());
@@ -329,10 +324,10 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
   EXPECT_EQ(routed, 8 * 64 * 2) << "every token's two choices counted";
 }
 
-// bf16 attention activations (MOELAB_ATTENTION_ACTS=bf16: qkv, att and datt held in bf16, RoPE on
-// bf16 heads) against fp32 ones on the same 20-step bf16 runs, with GQA: every loss within 0.02
-// nats and the first step's S_max within 2e-2 relative, and not the same bits (the narrower path
-// ran: its q, k, v are rounded before RoPE); with QK-norm, which keeps the fp32 path, the same
+// bf16 attention activations (train.kernels.attention_acts "bf16": qkv, att and datt held in bf16,
+// RoPE on bf16 heads) against fp32 ones on the same 20-step bf16 runs, with GQA: every loss within
+// 0.02 nats and the first step's S_max within 2e-2 relative, and not the same bits (the narrower
+// path ran: its q, k, v are rounded before RoPE); with QK-norm, which keeps the fp32 path, the same
 // bits.
 TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
   RunConfig c = Small();
@@ -340,9 +335,9 @@ TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
   c.model.kv_heads = 2;
   c.train.precision = "bf16";
   c.train.device = "cuda";
-  test::ScopedEnv acts("MOELAB_ATTENTION_ACTS", "bf16");
-  const Recorder narrow = RunOn(c, "cuda", "bf16");
-  acts.Set(nullptr);
+  RunConfig bf16_acts = c;
+  bf16_acts.train.kernels.attention_acts = "bf16";
+  const Recorder narrow = RunOn(bf16_acts, "cuda", "bf16");
   const Recorder wide = RunOn(c, "cuda", "bf16");
   ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(narrow, wide, 0.02));
   EXPECT_NE(narrow.loss, wide.loss) << "the bf16 activations never ran";
@@ -353,19 +348,18 @@ TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
         << "head " << h;
   }
   c.model.qk_norm = true;
-  acts.Set("bf16");
-  const Recorder normed_narrow = RunOn(c, "cuda", "bf16");
-  acts.Set(nullptr);
+  bf16_acts.model.qk_norm = true;
+  const Recorder normed_narrow = RunOn(bf16_acts, "cuda", "bf16");
   const Recorder normed = RunOn(c, "cuda", "bf16");
   ASSERT_EQ(normed_narrow.status, RunStatus::kDone) << normed_narrow.error;
   EXPECT_EQ(normed_narrow.loss, normed.loss) << "QK-norm keeps the fp32 activations";
 }
 
-// The bf16 mode's gated FFN (MOELAB_FFN=fused: gate and up in one GEMM, bf16 intermediates) for
-// the dense FFN and the shared expert, against the split FFN (the default) on the same 20-step run
-// of a model with both: every loss within 0.02 nats (h1, h3 and dact now rounded to bf16), and
-// the profiler shows which path ran (the fused dense FFN is one "ffn" bracket; split, its GEMMs
-// are "gemm").
+// The bf16 mode's gated FFN (train.kernels.ffn "fused": gate and up in one GEMM, bf16
+// intermediates) for the dense FFN and the shared expert, against the split FFN (the default) on
+// the same 20-step run of a model with both: every loss within 0.02 nats (h1, h3 and dact now
+// rounded to bf16), and the profiler shows which path ran (the fused dense FFN is one "ffn"
+// bracket; split, its GEMMs are "gemm").
 TEST_F(CudaModelTest, FusedGatedFfnTracksSplitFfn) {
   RunConfig c = Small();
   c.moe.experts_total = 4;
@@ -375,26 +369,21 @@ TEST_F(CudaModelTest, FusedGatedFfnTracksSplitFfn) {
   c.moe.dense_layers = 1;
   c.train.precision = "bf16";
   c.train.device = "cuda";
-  auto ffn_bracket = [&] { return OneStepProfile(c).count("ffn") > 0; };
-  test::ScopedEnv ffn("MOELAB_FFN", "fused");
-  const bool fused_bracket = ffn_bracket();
-  const Recorder fused = RunOn(c, "cuda", "bf16");
-  ffn.Set("split");
-  const bool split_bracket = ffn_bracket();
+  auto ffn_bracket = [&](const RunConfig& run) { return OneStepProfile(run).count("ffn") > 0; };
+  RunConfig fused_ffn = c;
+  fused_ffn.train.kernels.ffn = "fused";
+  const bool fused_bracket = ffn_bracket(fused_ffn);
+  const Recorder fused = RunOn(fused_ffn, "cuda", "bf16");
+  const bool split_bracket = ffn_bracket(c);
   const Recorder split = RunOn(c, "cuda", "bf16");
-  ffn.Set("sideways");
-  const Recorder refused = RunOn(c, "cuda", "bf16");
-  ffn.Set(nullptr);
   EXPECT_TRUE(fused_bracket) << "the fused FFN never ran";
   EXPECT_FALSE(split_bracket);
-  EXPECT_NE(refused.status, RunStatus::kDone);
-  EXPECT_NE(refused.error.find("MOELAB_FFN=sideways"), std::string::npos) << refused.error;
   ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(fused, split, 0.02));
 }
 
 // bf16 mode's fused attention (kernels/cuda/flash_attention.h) against the reference path on
-// the same run (MOELAB_ATTENTION forces each): per-step loss within 0.05 nats over 20 steps and
-// the first step's S_max within 2e-2 relative (the fused kernels attend with bf16 q, k, v and
+// the same run (train.kernels.attention forces each): per-step loss within 0.05 nats over 20 steps
+// and the first step's S_max within 2e-2 relative (the fused kernels attend with bf16 q, k, v and
 // round P and dS to bf16; the reference path keeps them fp32). MHA with head dim 16 and 64 with
 // a soft-cap, GQA, and MLA's 48/32.
 TEST_F(CudaModelTest, FusedAttentionTracksReferencePathInBf16) {
@@ -413,11 +402,10 @@ TEST_F(CudaModelTest, FusedAttentionTracksReferencePathInBf16) {
     c.model.kv_heads = shape.kv_heads;
     c.model.logit_softcap = shape.softcap;
     c.model.attention = shape.attention;
-    test::ScopedEnv attention("MOELAB_ATTENTION", "reference");
+    c.train.kernels.attention = "reference";
     const Recorder ref = RunOn(c, "cuda", "bf16");
-    attention.Set("fused");
+    c.train.kernels.attention = "fused";
     const Recorder fused = RunOn(c, "cuda", "bf16");
-    attention.Set(nullptr);
     ASSERT_EQ(ref.status, RunStatus::kDone) << ref.error;
     ASSERT_EQ(fused.status, RunStatus::kDone) << fused.error;
     for (size_t i = 0; i < ref.loss.size(); ++i) {
@@ -431,7 +419,7 @@ TEST_F(CudaModelTest, FusedAttentionTracksReferencePathInBf16) {
   }
 }
 
-// RoPE inside the mma attention kernels (MOELAB_FLASH_ROPE=fused, with MOELAB_FLASH_KERNEL=mma)
+// RoPE inside the mma attention kernels (train.kernels.rope "fused", with attention_kernel "mma")
 // against the separate rope kernels around them: the kernels rotate with the rope kernel's own
 // arithmetic before the same bf16 rounding, so 5 bf16 steps give the same losses to the bit; the
 // profiler shows that the fused run launched no rope op. MHA, and GQA with QK-norm (the norm
@@ -443,9 +431,6 @@ TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
     bool qk_norm;
     double softcap;
   };
-  test::ScopedEnv kernel("MOELAB_FLASH_KERNEL", "mma");
-  // Fused RoPE acts on fp32 q and k (bf16 attention activations rotate their own heads).
-  test::ScopedEnv acts("MOELAB_ATTENTION_ACTS", "fp32");
   for (const Shape& shape :
        {Shape{"mha 16", 4, 0, false, 0.0}, Shape{"gqa 16 qk-norm cap", 4, 2, true, 5.0}}) {
     SCOPED_TRACE(shape.name);
@@ -457,12 +442,15 @@ TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
     c.model.logit_softcap = shape.softcap;
     c.train.precision = "bf16";
     c.train.device = "cuda";
+    c.train.kernels.attention_kernel = "mma";
+    // Fused RoPE acts on fp32 q and k (bf16 attention activations rotate their own heads).
+    c.train.kernels.attention_acts = "fp32";
     // rope launches in one forward and backward
     auto rope_ops = [&] { return OneStepProfile(c).count("rope"); };
-    test::ScopedEnv rope("MOELAB_FLASH_ROPE", "separate");
+    c.train.kernels.rope = "separate";
     const Recorder separate = RunOn(c, "cuda", "bf16");
     const size_t separate_ops = rope_ops();
-    rope.Set("fused");
+    c.train.kernels.rope = "fused";
     const Recorder fused = RunOn(c, "cuda", "bf16");
     const size_t fused_ops = rope_ops();
     EXPECT_GT(separate_ops, 0u);

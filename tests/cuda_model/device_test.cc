@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "core/config.h"
@@ -204,11 +205,13 @@ TEST_F(NoGpu, BenchCommandExitsWithConfigError) {
 // or micro-batches; ZeRO-1 and plain data parallelism pass; a CPU config is never refused.
 // Expert parallelism, ZeRO-1 and every balance mode run on CUDA (issue 22): what is left to
 // refuse is an odd d_model with bf16 expert parallelism (rows travel as 4-byte words).
-// A bad value of an implementation switch in the environment stops the run before anything runs,
-// naming the variable (no GPU needed).
-TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
+// The kernel choices are the config's (train.kernels), checked before the run: every opt-in
+// choice passes on a shape they cover, attention "fused" on a shape the fused kernels cannot run
+// is refused naming train.kernels.attention, and the MOELAB_* variables that used to choose the
+// kernels are no longer read (no GPU needed).
+TEST(CudaSupports, KernelChoicesComeFromTheConfigNotTheEnvironment) {
 #if !MOELAB_HAVE_CUDA
-  GTEST_SKIP() << "built without CUDA (the switches are part of the CUDA backend)";
+  GTEST_SKIP() << "built without CUDA (the kernel choices are part of the CUDA backend)";
 #else
   RunConfig c;
   c.train.device = "cuda";
@@ -217,24 +220,31 @@ TEST(CudaSupports, RefusesUnknownImplementationSwitches) {
         "MOELAB_MOE_EXPERTS", "MOELAB_MOE_DISPATCH", "MOELAB_FFN"}) {
     SCOPED_TRACE(var);
     test::ScopedEnv env(var, "sideways");
-    try {
-      RequireCudaSupports(c, 1, 1);
-      ADD_FAILURE() << "accepted " << var << "=sideways";
-    } catch (const ConfigError& e) {
-      EXPECT_EQ(e.path(), "train.device");
-      EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
-    }
+    EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1)) << "the environment still chooses kernels";
   }
-  test::ScopedEnv flash("MOELAB_FLASH_KERNEL", "mma"), rope("MOELAB_FLASH_ROPE", "fused"),
-      experts("MOELAB_MOE_EXPERTS", "chunked"), dispatch("MOELAB_MOE_DISPATCH", "sort"),
-      ffn("MOELAB_FFN", "fused"), acts("MOELAB_ATTENTION_ACTS", "bf16");
+  c.train.kernels.attention_kernel = "mma";
+  c.train.kernels.rope = "fused";
+  c.train.kernels.experts = "chunked";
+  c.train.kernels.dispatch = "sort";
+  c.train.kernels.ffn = "fused";
+  c.train.kernels.attention_acts = "bf16";
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  c.train.kernels.attention = "fused";
+  c.model.head_dim = 24;  // not an instantiated head dim of the fused kernels
+  c.model.heads = 4;
+  try {
+    RequireCudaSupports(c, 1, 1);
+    ADD_FAILURE() << "accepted attention \"fused\" at head dim 24";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.kernels.attention");
+    EXPECT_NE(std::string(e.what()).find("head dims qk 24"), std::string::npos) << e.what();
+  }
 #endif
 }
 
-// MOELAB_MOE_EXPERTS=cudnn where it would run (bf16, an MoE model, one expert-parallel rank) needs
-// cuDNN's MoE grouped matmul, then 16-byte rows: refused before anything runs, naming why (here,
-// without a GPU, the missing device); nothing is asked of a dense, fp32 or expert-parallel run.
+// train.kernels.experts "cudnn" needs cuDNN's MoE grouped matmul (refused naming the choice, with
+// why: here, without a GPU, the missing device), and where it would run (bf16, an MoE model, one
+// expert-parallel rank) 16-byte rows; a dense, fp32 or expert-parallel run asks nothing more.
 TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
 #if !MOELAB_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA (cuDNN's grouped matmul is part of the CUDA backend)";
@@ -245,7 +255,7 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
   c.moe.experts_total = 8;
   c.moe.experts_active = 2;
   c.moe.expert_hidden = 36;
-  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "cudnn");
+  c.train.kernels.experts = "cudnn";
   std::string why;
   const bool available = cuda::CudnnGroupedMatmulAvailable(&why);
   try {
@@ -256,17 +266,20 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
       EXPECT_EQ(e.path(), "moe.expert_hidden");
       EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
     } else {
-      EXPECT_EQ(e.path(), "train.device");
-      EXPECT_NE(std::string(e.what()).find("MOELAB_MOE_EXPERTS=cudnn, but " + why),
+      EXPECT_EQ(e.path(), "train.kernels.experts");
+      EXPECT_NE(std::string(e.what()).find("needs cuDNN's MoE grouped matmul, but " + why),
                 std::string::npos)
           << e.what();
     }
   }
   c.train.precision = "fp32";
-  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  if (available)
+    EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  else
+    EXPECT_THROW(RequireCudaSupports(c, 1, 1), ConfigError) << "cuDNN is missing";
   c.train.precision = "bf16";
   c.moe.experts_total = 0;
-  EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
+  if (available) EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   c.moe.experts_total = 8;
   c.moe.expert_hidden = 32;
   if (available) {
@@ -362,11 +375,20 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
     return layers * double(cudamodel::DeviceMoe::Bytes(c.moe, 256, n, true, shared_xe)) +
            double(cudamodel::MoeScratch::Bytes(c.moe, 256, n, true, shared_xe));
   };
-  test::ScopedEnv experts("MOELAB_MOE_EXPERTS", "grouped");
+  // The layers read the experts path from the backend's selection, the plan from c.
+  std::optional<cuda::ScopedKernelSelection> selection;
+  auto use = [&](const char* experts) {
+    c.train.kernels.experts = experts;
+    cuda::KernelSelection k;
+    k.experts = std::string(experts) == "chunked" ? 1 : std::string(experts) == "cudnn" ? 2 : 0;
+    selection.reset();
+    selection.emplace(k);
+  };
+  use("grouped");
   EXPECT_FALSE(cudamodel::SharedExpertInputs(true, false));
   const DeviceMemoryPlan grouped = PlanCudaMemory(c, 8, 8);
   const double grouped_moe = moe_bytes(false);
-  experts.Set("chunked");
+  use("chunked");
   EXPECT_TRUE(cudamodel::SharedExpertInputs(true, false));
   EXPECT_FALSE(cudamodel::SharedExpertInputs(false, false)) << "fp32 keeps its own";
   EXPECT_FALSE(cudamodel::SharedExpertInputs(true, true)) << "expert parallelism keeps its own";
@@ -386,7 +408,7 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
   EXPECT_GT(ep.activations, chunked.activations) << "under expert parallelism xe is kept a layer";
   // The cuDNN experts share xe too, over the compact rows (no chunk padding).
   c.dist.expert_parallel = 1;
-  experts.Set("cudnn");
+  use("cudnn");
   EXPECT_TRUE(cudamodel::SharedExpertInputs(true, false));
   EXPECT_EQ(cudamodel::MoePaddedRows(n * 2, 16), n * 2);
   const DeviceMemoryPlan cudnn = PlanCudaMemory(c, 8, 8);
@@ -395,9 +417,9 @@ TEST(CudaMemoryPlan, ChunkedExpertsKeepTheGatheredInputsOnce) {
 #endif
 }
 
-// MOELAB_MOE_DISPATCH=sort tallies every expert in one block's shared memory: more experts than
-// it holds are refused before anything runs, naming moe.experts_total (no GPU needed); the scan
-// plan, the default, takes them.
+// train.kernels.dispatch "sort" tallies every expert in one block's shared memory: more experts
+// than it holds are refused before anything runs, naming moe.experts_total (no GPU needed); the
+// scan plan, the default, takes them.
 TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
 #if !MOELAB_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA (the dispatch plans are part of the CUDA backend)";
@@ -406,7 +428,7 @@ TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
   c.train.device = "cuda";
   c.moe.experts_total = cuda::kMoeSortMaxExperts + 1;
   c.moe.experts_active = 2;
-  test::ScopedEnv dispatch("MOELAB_MOE_DISPATCH", "sort");
+  c.train.kernels.dispatch = "sort";
   try {
     RequireCudaSupports(c, 1, 1);
     ADD_FAILURE() << "accepted " << c.moe.experts_total << " experts";
@@ -418,7 +440,7 @@ TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
   }
   c.moe.experts_total = cuda::kMoeSortMaxExperts;
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
-  dispatch.Set("scan");
+  c.train.kernels.dispatch = "scan";
   c.moe.experts_total = cuda::kMoeSortMaxExperts + 1;
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
 #endif

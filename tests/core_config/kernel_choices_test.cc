@@ -1,0 +1,165 @@
+// train.kernels (core/kernel_choices.h): parsed and checked by JSON path, carried by the full
+// config JSON, left out of the hash, settable with --set, and the bench flag's parser.
+#include "core/kernel_choices.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "core/config.h"
+
+namespace moelab {
+namespace {
+
+using nlohmann::json;
+
+// The ConfigError of parsing j, or a failure when it parses.
+ConfigError ErrorOf(const json& j) {
+  try {
+    ConfigFromJson(j);
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted " << j.dump();
+  return ConfigError("", "");
+}
+
+json CudaWith(const json& kernels) {
+  return {{"train", {{"device", "cuda"}, {"kernels", kernels}}}};
+}
+
+TEST(KernelChoices, ParsedOnACudaRunAndCarriedByTheConfigJson) {
+  const RunConfig c = ConfigFromJson(CudaWith({{"attention_kernel", "mma"},
+                                               {"rope", "fused"},
+                                               {"attention_acts", "bf16"},
+                                               {"ffn", "fused"},
+                                               {"experts", "cudnn"},
+                                               {"dispatch", "sort"},
+                                               {"attention", "reference"}}));
+  EXPECT_EQ(c.train.kernels.attention_kernel, "mma");
+  EXPECT_EQ(c.train.kernels.experts, "cudnn");
+  const json j = ConfigToJson(c);
+  ASSERT_TRUE(j["train"].contains("kernels"));
+  EXPECT_EQ(j["train"]["kernels"]["dispatch"], "sort");
+  EXPECT_EQ(j["train"]["kernels"]["attention"], "reference");
+  EXPECT_EQ(ConfigFromJson(j).train.kernels, c.train.kernels) << "the stored config round-trips";
+  // Missing keys keep their defaults; the defaults' block is written whole.
+  const json defaults = ConfigToJson(RunConfig{});
+  EXPECT_EQ(defaults["train"]["kernels"], json({{"attention", "auto"},
+                                                {"attention_kernel", "wmma"},
+                                                {"rope", "separate"},
+                                                {"attention_acts", "fp32"},
+                                                {"ffn", "split"},
+                                                {"experts", "grouped"},
+                                                {"dispatch", "scan"}}));
+}
+
+TEST(KernelChoices, BadKeysAndValuesNameTheirPath) {
+  ConfigError e = ErrorOf(CudaWith({{"ffn", "sideways"}}));
+  EXPECT_EQ(e.path(), "train.kernels.ffn");
+  EXPECT_NE(e.reason().find("'sideways' is not one of: split, fused"), std::string::npos)
+      << e.what();
+  e = ErrorOf(CudaWith({{"expert", "chunked"}}));
+  EXPECT_EQ(e.path(), "train.kernels.expert");
+  EXPECT_NE(e.reason().find("did you mean 'experts'"), std::string::npos) << e.what();
+  e = ErrorOf(CudaWith({{"dispatch", 1}}));
+  EXPECT_EQ(e.path(), "train.kernels.dispatch");
+  EXPECT_NE(e.reason().find("expected a string"), std::string::npos) << e.what();
+  e = ErrorOf(CudaWith("mma"));
+  EXPECT_EQ(e.path(), "train.kernels");
+  e = ErrorOf(CudaWith({{"ffn", "fussed"}}));
+  EXPECT_NE(e.reason().find("did you mean 'fused'"), std::string::npos) << e.what();
+}
+
+// The CPU backend has one implementation of each op: a CUDA choice on a cpu run is refused by
+// path; the defaults, written out, are accepted (a stored config always carries them).
+TEST(KernelChoices, ACudaChoiceOnACpuRunIsRefused) {
+  const ConfigError e = ErrorOf({{"train", {{"kernels", {{"experts", "chunked"}}}}}});
+  EXPECT_EQ(e.path(), "train.kernels.experts");
+  EXPECT_NE(e.reason().find("train.device is \"cpu\""), std::string::npos) << e.what();
+  EXPECT_NO_THROW(ConfigFromJson({{"train", {{"kernels", {{"experts", "grouped"}}}}}}));
+  EXPECT_NO_THROW(ConfigFromJson(ConfigToJson(RunConfig{})));
+}
+
+// What the build can run is checked before a cuda run (RequireCudaSupports hands it the build):
+// without CUDA every choice but the defaults is refused by path; cudnn needs cuDNN, with why.
+TEST(KernelChoices, AChoiceTheBuildCannotRunIsRefusedByPath) {
+  KernelChoices k;
+  KernelBuild none;
+  EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, none)) << "the defaults need nothing";
+  k.dispatch = "sort";
+  try {
+    RequireKernelChoicesBuildable(k, none);
+    ADD_FAILURE() << "a build without CUDA accepted dispatch sort";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.kernels.dispatch");
+    EXPECT_NE(e.reason().find("built without CUDA"), std::string::npos) << e.what();
+  }
+  KernelBuild cuda;
+  cuda.cuda = true;
+  cuda.cudnn_why = "cannot load libcudnn.so.9";
+  EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, cuda));
+  k.experts = "cudnn";
+  try {
+    RequireKernelChoicesBuildable(k, cuda);
+    ADD_FAILURE() << "accepted cudnn without cuDNN";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.kernels.experts");
+    EXPECT_NE(e.reason().find("cannot load libcudnn.so.9"), std::string::npos) << e.what();
+  }
+  cuda.cudnn = true;
+  EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, cuda));
+}
+
+// Kernel choices compute the same model: the hash (checkpoint folders, sweep dedupe) is the same
+// with and without the block, whatever it holds.
+TEST(KernelChoices, TheHashLeavesThemOut) {
+  const json plain = {{"train", {{"device", "cuda"}}}};
+  const std::string hash = ConfigHash(ConfigFromJson(plain));
+  EXPECT_EQ(ConfigHash(ConfigFromJson(CudaWith({{"ffn", "fused"}, {"experts", "chunked"}}))), hash);
+  EXPECT_EQ(ConfigHash(ConfigFromJson(CudaWith(json::object()))), hash);
+  EXPECT_EQ(BranchHash(ConfigFromJson(CudaWith({{"attention_kernel", "mma"}}))),
+            BranchHash(ConfigFromJson(plain)));
+}
+
+TEST(KernelChoices, SetOverridesReachTheBlock) {
+  json j = {{"train", {{"device", "cuda"}}}};
+  ApplyOverride(j, "train.kernels.attention_acts=bf16");
+  EXPECT_EQ(ConfigFromJson(j).train.kernels.attention_acts, "bf16");
+  try {
+    ApplyOverride(j, "train.kernels.warp_size=64");
+    ADD_FAILURE() << "accepted an unknown kernel key";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.path(), "train.kernels.warp_size");
+  }
+}
+
+TEST(KernelChoices, BenchFlagParsesTheSameChoices) {
+  const KernelChoices k = ParseKernelAssignments("attention_kernel=mma,ffn=fused", "--kernels");
+  EXPECT_EQ(k.attention_kernel, "mma");
+  EXPECT_EQ(k.ffn, "fused");
+  EXPECT_EQ(k.experts, "grouped");
+  EXPECT_EQ(DescribeKernelChoices(k), "attention_kernel=mma ffn=fused");
+  EXPECT_EQ(DescribeKernelChoices(KernelChoices{}), "defaults");
+  EXPECT_EQ(ParseKernelAssignments("", "--kernels"), KernelChoices{});
+  for (const char* bad : {"ffn=sideways", "fnn=fused", "ffn", "ffn=fused,"}) {
+    SCOPED_TRACE(bad);
+    try {
+      ParseKernelAssignments(bad, "--kernels");
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--kernels: ", 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST(KernelChoices, DocumentedInTheConfigReference) {
+  const std::string docs = ConfigDocsMarkdown();
+  for (const KernelChoiceInfo& c : KernelChoiceTable()) {
+    EXPECT_NE(docs.find("`train.kernels." + c.key + "`"), std::string::npos) << c.key;
+  }
+}
+
+}  // namespace
+}  // namespace moelab
