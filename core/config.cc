@@ -767,7 +767,8 @@ RunConfig LoadConfigFile(const std::string& path, const std::vector<std::string>
   try {
     j = json::parse(in, nullptr, true, /*ignore_comments=*/true);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e999
-    throw ConfigError(path, fmt::format("not valid JSON: {}", e.what()));
+    // nlohmann quotes the raw bytes it last read (a DEL, invalid UTF-8: found by fuzzing).
+    throw ConfigError(path, fmt::format("not valid JSON: {}", PrintableText(e.what())));
   }
   for (const std::string& o : overrides) ApplyOverride(j, o);
   return ConfigFromJson(j);

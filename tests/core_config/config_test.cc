@@ -207,6 +207,10 @@ TEST(ConfigFuzzRegression, NumberOutOfRange) {
   EXPECT_EQ(f.path(), path);
   EXPECT_THAT(f.reason(), HasSubstr("not valid JSON"));
   EXPECT_THAT(f.reason(), HasSubstr("number overflow"));
+  // nlohmann's message quotes the raw bytes it last read: a DEL reached the terminal.
+  std::ofstream(path) << "{\"model\": {\"heads\": 32}\x7f";
+  const ConfigError g = ErrorOf([&] { LoadConfigFile(path); });
+  EXPECT_THAT(std::string(g.what()), HasSubstr("32}\\u007f"));
 }
 
 TEST(ConfigFuzzRegression, EmptyKeyAndEmptyOverrideNameWhereTheyAre) {
