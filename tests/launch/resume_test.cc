@@ -207,7 +207,7 @@ TEST_F(ResumeTest, AMovedCheckpointFolderIsFoundWithCheckpointDir) {
   EXPECT_EQ(Losses(ref, 1, 30), resumed);
 }
 
-// Rewrites a checkpoint in format 1, as moelab wrote it before runs had UUIDs.
+// Rewrites a checkpoint (format 2 or 3) in format 1, as moelab wrote it before runs had UUIDs.
 void ToFormat1(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
   std::string b((std::istreambuf_iterator<char>(in)), {});
@@ -219,6 +219,7 @@ void ToFormat1(const fs::path& from, const fs::path& to) {
   }
   std::memcpy(&n, b.data() + pos, 8);
   b.erase(pos, 8 + n);  // the run's UUID
+  if (b[7] == '3') b.erase(pos + 24, 8);  // format 3's header checksum, after step, tokens, flops
   b[7] = '1';
   b.resize(b.size() - 8);
   uint64_t h = 1469598103934665603ull;
