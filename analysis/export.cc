@@ -280,6 +280,25 @@ std::string CsvValue(double v) {
   return fmt::format("{}", v);
 }
 
+// Run variables `moelab train` records about the run itself (cli/train_command.cc), as opposed
+// to the sweep variables (sparsity, head_ratio, a grid's config paths) the step export carries.
+bool IsTrainerVar(const std::string& key) {
+  return key == "build.commit" || key == "data.entropy_rate" || key.rfind("dist.", 0) == 0;
+}
+
+std::map<std::string, std::string> SweepVars(db::Reader& reader, int64_t run_id) {
+  std::map<std::string, std::string> vars;
+  for (const auto& [k, v] : reader.RunVars(run_id))
+    if (!IsTrainerVar(k)) vars[k] = v;
+  return vars;
+}
+
+// A variable's text as JSON: a number or a boolean when it reads as one, else the text.
+nlohmann::ordered_json VarValue(const std::string& text) {
+  nlohmann::ordered_json v = nlohmann::ordered_json::parse(text, nullptr, false);
+  return v.is_number() || v.is_boolean() ? v : nlohmann::ordered_json(text);
+}
+
 }  // namespace
 
 int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id, StepsFormat format,
@@ -289,9 +308,15 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
   for (const db::RunRow& run : reader.ListRuns()) {
     if (!sweep_id || run.sweep_id == sweep_id) runs.push_back(run);
   }
-  // CSV needs every column up front: the widest recorded shape among the runs.
+  // CSV needs every column up front: the sweep variables of every run (so nobody parses them
+  // out of run_name) and the widest recorded shape among the runs.
   std::vector<std::string> header = FixedNames();
+  std::vector<std::string> var_names;
   if (format == StepsFormat::kCsv) {
+    std::set<std::string> names;
+    for (const db::RunRow& run : runs)
+      for (const auto& [k, v] : SweepVars(reader, run.id)) names.insert(k);
+    var_names.assign(names.begin(), names.end());
     int layers = 0, heads = 0, moe_layers = 0, experts = 0;
     for (const db::RunRow& run : runs) {
       layers = std::max(layers, run.shape.layers);
@@ -300,7 +325,9 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
       experts = std::max(experts, run.shape.experts);
     }
     for (auto& n : WideNames(layers, heads, moe_layers, experts)) header.push_back(n);
-    out << "run_id,run_name,step";
+    out << "run_id,run_name";
+    for (const auto& n : var_names) out << ',' << CsvField(n);
+    out << ",step";
     for (const auto& n : header) out << ',' << n;
     out << '\n';
   }
@@ -310,6 +337,7 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
   std::vector<std::string> wide;
   for (const db::RunRow& run : runs) {
     RunRows(reader, run.id, &steps, &rows, &wide);
+    const std::map<std::string, std::string> vars = SweepVars(reader, run.id);
     std::vector<std::string> names = FixedNames();
     names.insert(names.end(), wide.begin(), wide.end());
     if (format == StepsFormat::kCsv) {
@@ -318,7 +346,11 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
         col_of[c] =
             static_cast<int>(std::find(header.begin(), header.end(), names[c]) - header.begin());
       }
-      const std::string prefix = fmt::format("{},{},", run.id, CsvField(run.name));
+      std::string prefix = fmt::format("{},{},", run.id, CsvField(run.name));
+      for (const std::string& n : var_names) {
+        const auto it = vars.find(n);
+        prefix += (it == vars.end() ? "" : CsvField(it->second)) + ",";
+      }
       std::vector<std::string> cells(header.size());
       for (size_t i = 0; i < steps.size(); ++i) {
         std::fill(cells.begin(), cells.end(), std::string());
@@ -333,8 +365,9 @@ int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id,
     } else {
       for (size_t i = 0; i < steps.size(); ++i) {
         // Ordered, so the keys come in the documented column order.
-        nlohmann::ordered_json row = {
-            {"run_id", run.id}, {"run_name", run.name}, {"step", steps[i]}};
+        nlohmann::ordered_json row = {{"run_id", run.id}, {"run_name", run.name}};
+        for (const auto& [k, v] : vars) row[k] = VarValue(v);
+        row["step"] = steps[i];
         for (size_t c = 0; c < names.size(); ++c) {
           const double v = rows[i][c];
           row[names[c]] = std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr;

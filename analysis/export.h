@@ -30,12 +30,14 @@ ObservationSet ObservationsFromExport(const nlohmann::json& exported,
 std::string ExportCsv(const nlohmann::json& exported);
 
 // Per-step metrics (`moelab db export --steps`): one row per (run, recorded step) with run_id,
-// run_name, step, tokens, flops, loss, aux_loss, lr, grad_norm, val_loss (empty off evaluation
-// steps), max_logit (over all heads), smax_l<L>_h<H> for every layer and head, and
-// load_l<L>_e<E> (the expert's share of its MoE layer's routed assignments at that step). CSV
-// has the union of the runs' columns (blank where a run has none); JSON Lines has one flat
-// object per row with the keys of its run (null for a missing value). Streams run by run, so a
-// large database never sits in memory. Returns the number of rows. See docs/database.md.
+// run_name, the run's sweep variables (one column each, e.g. sparsity, moe.experts_total;
+// blank for a run without it; not the trainer's own build.*, data.*, dist.* records), step, tokens,
+// flops, loss, aux_loss, lr, grad_norm, val_loss (empty off evaluation steps), max_logit (over all
+// heads), smax_l<L>_h<H> for every layer and head, and load_l<L>_e<E> (the expert's share of its
+// MoE layer's routed assignments at that step). CSV has the union of the runs' columns (blank where
+// a run has none); JSON Lines has one flat object per row with the keys of its run (null for a
+// missing value). Streams run by run, so a large database never sits in memory. Returns the number
+// of rows. See docs/database.md.
 enum class StepsFormat { kCsv, kJsonLines };
 int64_t ExportSteps(const std::string& db_path, std::optional<int64_t> sweep_id, StepsFormat format,
                     std::ostream& out);

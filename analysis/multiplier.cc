@@ -25,9 +25,9 @@ Multiplier ComputeMultiplier(const PowerLawFit& f, const PowerLawFit& ref, doubl
   for (const PowerLawFit* p : {&f, &ref}) {
     if (!(target > p->E() * (1 + opt.loss_margin))) {
       m.refusal = fmt::format(
-          "L* = {:.4g} is not above family '{}''s fitted irreducible loss E = {:.4g} by the "
+          "L* = {:.4g} is not above the fitted irreducible loss E = {:.4g} of family '{}' by the "
           "{:.0f}% margin; the law would be extrapolated to (or past) its asymptote",
-          target, p->family, p->E(), 100 * opt.loss_margin);
+          target, p->E(), p->family, 100 * opt.loss_margin);
       return m;
     }
     double c = p->ComputeAtLoss(target);
@@ -45,7 +45,8 @@ Multiplier ComputeMultiplier(const PowerLawFit& f, const PowerLawFit& ref, doubl
     if (p->misfit.rejected) {
       // A rejected form is reported as rejected, never as an unidentified asymptote.
       const std::string what = fmt::format(
-          "family '{}''s power law is rejected ({}): C(L*) is read off the nearest member of a "
+          "the power law of family '{}' is rejected ({}): C(L*) is read off the nearest member of "
+          "a "
           "form that does not describe the data; the model-free estimate is the reading",
           p->family, p->misfit.reason);
       if (!opt.allow_e_at_bound) {
@@ -55,9 +56,10 @@ Multiplier ComputeMultiplier(const PowerLawFit& f, const PowerLawFit& ref, doubl
       m.flags.push_back(what);
     } else if (e.at_bound) {
       const std::string what = fmt::format(
-          "family '{}''s fitted E = {:.4g} sits on its bound [{:.4g}, {:.4g}]: the asymptote is "
+          "the fitted E = {:.4g} of family '{}' sits on its bound [{:.4g}, {:.4g}]: the asymptote "
+          "is "
           "not identified by the data, and C(L*) depends on where the bound was put",
-          p->family, e.value.estimate, e.lower_bound, e.upper_bound);
+          e.value.estimate, p->family, e.lower_bound, e.upper_bound);
       if (!opt.allow_e_at_bound) {
         m.refusal = what + " (allow with --allow-e-at-bound)";
         return m;

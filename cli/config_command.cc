@@ -5,8 +5,9 @@
 
 #include "cli/commands.h"
 #include "core/config.h"
-#include "core/device.h"
+#include "core/dist/layout.h"
 #include "core/flops.h"
+#include "core/train/preflight.h"
 #include "core/train/trainer.h"
 
 namespace moelab::cli {
@@ -19,18 +20,23 @@ void AddConfigCommand(CLI::App& app) {
   });
   auto file = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
-  CLI::App* check =
-      cmd->add_subcommand("check", "Validate a config and print it fully defaulted with its hash");
+  auto ranks = std::make_shared<int>(1);
+  CLI::App* check = cmd->add_subcommand(
+      "check",
+      "Validate a config as `moelab train` does before training (data, tokenizer, device, "
+      "memory plan) and print it fully defaulted with its hash; exit 2 on the same errors");
   check->add_option("config", *file)->required()->check(CLI::ExistingFile);
   check->add_option("--set", *sets, "Override a config field: path.to.key=value");
-  check->callback([file, sets]() {
+  check->add_option("--ranks", *ranks, "Check the layout of this many ranks (mpirun -np N)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  check->callback([file, sets, ranks]() {
     try {
       const RunConfig c = LoadConfigFile(*file, *sets);
-      try {
-        RequireDevice(c.train);  // as `moelab train` would refuse it: before any run is planned
-      } catch (const DeviceError& e) {
-        throw ConfigError("train.device", e.what());
-      }
+      // The very checks `moelab train` runs before it records anything (core/train/preflight.h).
+      PreflightOptions preflight;
+      preflight.print_memory_plan = true;
+      PreflightRun(c, MakeDistLayout(c, *ranks, 0), preflight);
       const ParamCounts p = CountParams(c);
       fmt::print("{}\n", ConfigToJson(c).dump(2));
       fmt::print(

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/db_option.h"
+#include "cli/train_resume.h"
 #include "db/merge.h"
 #include "db/reader.h"
 #include "db/schema.h"
@@ -50,11 +52,11 @@ std::string Opt(const std::optional<double>& v, const char* fmt_spec = "{:.4f}")
 void AddDbCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("db", "Look into a moelab database");
   cmd->require_subcommand(1);
-  auto path = std::make_shared<std::string>("moelab.db");
+  auto path = std::make_shared<std::string>(kDefaultDb);
   auto as_json = std::make_shared<bool>(false);
 
   CLI::App* runs = cmd->add_subcommand("runs", "List runs with their status and summary");
-  runs->add_option("--db", *path, "Database file")->capture_default_str();
+  AddDbOption(runs, path.get(), DbAccess::kRead);
   runs->add_flag("--json", *as_json, "JSON output");
   runs->callback([path, as_json]() {
     db::Reader reader(*path);
@@ -110,21 +112,36 @@ void AddDbCommand(CLI::App& app) {
     }
   });
 
-  auto run_id = std::make_shared<int64_t>(0);
+  auto run_key = std::make_shared<std::string>();
   CLI::App* show = cmd->add_subcommand("show", "Show one run: config, curve and max logits");
-  show->add_option("run", *run_id, "Run id")->required();
-  show->add_option("--db", *path, "Database file")->capture_default_str();
-  show->callback([path, run_id]() {
+  show->add_option("run", *run_key, "Run id or name (as `moelab train --resume RUN` takes it)")
+      ->required();
+  AddDbOption(show, path.get(), DbAccess::kRead);
+  show->callback([path, run_key]() {
     db::Reader reader(*path);
-    const auto run = reader.GetRun(*run_id);
-    if (!run) throw std::runtime_error(fmt::format("no run {} in {}", *run_id, *path));
+    const std::vector<db::RunRow> rows = reader.ListRuns();
+    const db::RunRow* run = nullptr;
+    try {
+      run = FindRun(rows, *run_key, *path);
+    } catch (const TrainRefused& e) {
+      fmt::print(stderr, "moelab db show: {}\n", e.what());
+      throw CLI::RuntimeError(e.code());
+    }
+    if (!run) {
+      std::string list;
+      for (const db::RunRow& r : rows) list += "\n" + DescribeRun(r);
+      throw std::runtime_error(
+          fmt::format("no run '{}' in {}{}", *run_key, *path,
+                      rows.empty() ? " (it has no runs)" : "; its runs:" + list));
+    }
+    const int64_t run_id = run->id;
     fmt::print("run {} '{}' status {} step {}/{}\n", run->id, run->name,
                ToString(run->effective_status), run->last_step, run->shape.total_steps);
     fmt::print("params {} total, {} active; {:.3g} training FLOPs/token\n", run->shape.params_total,
                run->shape.params_active, run->shape.flops_per_token);
-    fmt::print("{}\n", DeviceAndKernelsLine(reader.RunConfigJson(*run_id)));
-    const db::Series loss = reader.GetSeries(*run_id, "loss");
-    const db::Series val = reader.GetSeries(*run_id, "val_loss");
+    fmt::print("{}\n", DeviceAndKernelsLine(reader.RunConfigJson(run_id)));
+    const db::Series loss = reader.GetSeries(run_id, "loss");
+    const db::Series val = reader.GetSeries(run_id, "val_loss");
     const size_t every = std::max<size_t>(1, loss.steps.size() / 10);
     fmt::print("\n{:>8} {:>10}\n", "step", "loss");
     for (size_t i = 0; i < loss.steps.size(); i += every)
@@ -132,7 +149,7 @@ void AddDbCommand(CLI::App& app) {
     fmt::print("\n{:>8} {:>10}\n", "step", "val loss");
     for (size_t i = 0; i < val.steps.size(); ++i)
       fmt::print("{:>8} {:>10.4f}\n", val.steps[i], val.values[i]);
-    if (auto m = reader.GetMaxLogitMatrix(*run_id)) {
+    if (auto m = reader.GetMaxLogitMatrix(run_id)) {
       fmt::print("\nmax logit S_max (layer x head) at step {}\n", m->step);
       for (int l = 0; l < m->layers; ++l) {
         fmt::print("  L{:<3}", l);
@@ -146,9 +163,7 @@ void AddDbCommand(CLI::App& app) {
   // columns; this applies the pending migrations, as any writer does when it opens the file.
   CLI::App* migrate = cmd->add_subcommand(
       "migrate", "Upgrade a database written by an older moelab to this build's schema");
-  migrate->add_option("--db", *path, "Database file")
-      ->capture_default_str()
-      ->check(CLI::ExistingFile);
+  AddDbOption(migrate, path.get(), DbAccess::kRead)->check(CLI::ExistingFile);
   migrate->callback([path]() {
     const int before = [&] {
       db::Connection raw(*path, SQLITE_OPEN_READONLY);
@@ -160,7 +175,7 @@ void AddDbCommand(CLI::App& app) {
   });
 
   CLI::App* integrity = cmd->add_subcommand("integrity", "Run PRAGMA integrity_check");
-  integrity->add_option("--db", *path, "Database file")->capture_default_str();
+  AddDbOption(integrity, path.get(), DbAccess::kRead);
   integrity->callback([path]() {
     const std::string r = db::IntegrityCheck(*path);
     fmt::print("{}\n", r);
@@ -173,7 +188,7 @@ void AddDbCommand(CLI::App& app) {
   merge->add_option("source", *source, "Database to import from")
       ->required()
       ->check(CLI::ExistingFile);
-  merge->add_option("--db", *path, "Destination database")->capture_default_str();
+  AddDbOption(merge, path.get(), DbAccess::kWrite);
   merge->callback([path, source]() {
     const db::MergeResult r = db::MergeDatabase(*path, *source);
     fmt::print("imported {} run(s), skipped {} already present\n", r.imported, r.skipped);
@@ -191,7 +206,7 @@ void AddDbCommand(CLI::App& app) {
   auto max_age = std::make_shared<double>(30.0);
   CLI::App* stale =
       cmd->add_subcommand("mark-stale", "Mark running runs with a stale heartbeat as failed");
-  stale->add_option("--db", *path, "Database file")->capture_default_str();
+  AddDbOption(stale, path.get(), DbAccess::kRead)->check(CLI::ExistingFile);
   stale->add_option("--max-age", *max_age, "Heartbeat age in seconds")->capture_default_str();
   stale->callback([path, max_age]() {
     fmt::print("{} run(s) marked failed\n", db::MarkStaleRunsFailed(*path, *max_age));

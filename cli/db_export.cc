@@ -14,13 +14,14 @@
 
 #include "analysis/export.h"
 #include "cli/commands.h"
+#include "cli/db_option.h"
 #include "db/fits.h"
 
 namespace moelab::cli {
 
 void AddDbExportCommand(CLI::App& db) {
   struct Args {
-    std::string db = "moelab.db", sweep, format, out;
+    std::string db, sweep, format, out;
     bool steps = false;
   };
   auto a = std::make_shared<Args>();
@@ -28,7 +29,7 @@ void AddDbExportCommand(CLI::App& db) {
       "export",
       "Export a sweep's runs and evaluation points (JSON for `fit --inputs`, or CSV), or with "
       "--steps every step's metrics (CSV or JSON Lines)");
-  cmd->add_option("--db", a->db, "Database file")->capture_default_str();
+  AddDbOption(cmd, &a->db, DbAccess::kRead);
   cmd->add_option("--sweep", a->sweep, "Sweep name (default: every run)");
   cmd->add_flag("--steps", a->steps,
                 "Per-step metrics: loss, LR, grad norm, S_max per head, expert load "

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/db_option.h"
 #include "promote/db.h"
 #include "sweeps/plan.h"
 
@@ -19,12 +20,11 @@ void AddPromoteCommand(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   promote::PromoteRequest& r = a->req;
-  r.db_path = "moelab.db";
   CLI::App* cmd = app.add_subcommand(
       "promote",
       "Scale a sweep's configuration to a full run from its fitted laws: plan (shape, tokens, "
       "layout, memory, time, predicted loss band and curve), config, launch scripts, record");
-  cmd->add_option("--db", r.db_path, "Database file")->capture_default_str();
+  AddDbOption(cmd, &r.db_path, DbAccess::kWrite);
   cmd->add_option("--sweep", r.sweep, "Sweep whose stored fits to use")->required();
   auto* fam = cmd->add_option("--family", r.family, "KEY=VALUE: the family to promote");
   auto* run = cmd->add_option("--run", r.run_id, "Run id whose configuration to promote");

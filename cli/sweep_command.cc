@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/db_option.h"
 #include "core/train/trainer.h"
 #include "sweeps/launch.h"
 #include "sweeps/plan.h"
@@ -36,7 +37,7 @@ void Guard(const char* what, F&& f) {
 }
 
 struct RunArgs {
-  std::string spec, db = "moelab.db";
+  std::string spec, db;
   int parallel = 1, threads = 0, max_retries = 1;
   int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
   bool rerun = false, live = false, no_live = false;
@@ -44,7 +45,7 @@ struct RunArgs {
 };
 
 void AddRunOptions(CLI::App* cmd, RunArgs* a) {
-  cmd->add_option("--db", a->db, "SQLite database file (created if missing)");
+  AddDbOption(cmd, &a->db, DbAccess::kWrite);
   cmd->add_option("--parallel,-j", a->parallel, "Runs trained at once")->check(CLI::PositiveNumber);
   cmd->add_option("--threads-per-run,-t", a->threads,
                   "CPU threads per run (default: cores / parallel)")
@@ -115,7 +116,7 @@ void AddSweepCommand(CLI::App& app) {
     CLI::App* cmd = sweep->add_subcommand(
         "plan", "Validate every run of a spec and print the table with sizes, FLOPs and time");
     cmd->add_option("spec", a->spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
-    cmd->add_option("--db", a->db, "Mark runs already done in this database");
+    AddDbOption(cmd, &a->db, DbAccess::kReadIfPresent);  // marks the runs already done
     cmd->add_option("--parallel,-j", a->parallel, "Runs at once (for the wall-time estimate)")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--threads-per-run,-t", a->threads, "Threads per run (default cores/parallel)")
@@ -182,19 +183,19 @@ void AddSweepCommand(CLI::App& app) {
   }
   {
     struct Args {
-      std::string name, db = "moelab.db";
+      std::string name, db;
     };
     auto a = std::make_shared<Args>();
     CLI::App* cmd = sweep->add_subcommand("status", "Sweeps in a database, or one sweep's runs");
     cmd->add_option("sweep", a->name, "Spec file or sweep name (default: list every sweep)");
-    cmd->add_option("--db", a->db, "SQLite database file")->check(CLI::ExistingFile);
+    AddDbOption(cmd, &a->db, DbAccess::kRead)->check(CLI::ExistingFile);
     cmd->callback([a] { Guard("status", [&] { sweeps::PrintStatus(a->db, a->name, stdout); }); });
   }
   {
     auto a = std::make_shared<sweeps::SlurmOptions>();
     auto spec = std::make_shared<std::string>();
     auto submit = std::make_shared<bool>(false);
-    auto local_db = std::make_shared<std::string>("moelab.db");
+    auto local_db = std::make_shared<std::string>(kDefaultDb);
     CLI::App* cmd = sweep->add_subcommand(
         "slurm",
         "Write Slurm array scripts (one task per run, each an `srun --ntasks=<ranks> moelab "

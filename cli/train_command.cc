@@ -11,6 +11,7 @@
 
 #include "cli/build_info.h"
 #include "cli/commands.h"
+#include "cli/db_option.h"
 #include "cli/train_resume.h"
 #include "core/config.h"
 #include "core/data/data.h"
@@ -24,6 +25,8 @@
 #include "core/run_shape.h"
 #include "core/train/checkpoint.h"
 #include "core/train/micro_batch.h"
+#include "core/train/preflight.h"
+#include "core/train/progress.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
@@ -80,13 +83,34 @@ RunConfig ContinuedConfig(const TrainTarget& t, const std::optional<RunConfig>& 
   return given;
 }
 
+// How a continued run's layout (CPU threads, ranks, data- and expert-parallel sizes) differs
+// from the one it last trained with, e.g. "trained with 2 threads, 1 rank; this resume has 1
+// thread, 1 rank"; "" when it is the same (the trajectory continues bit for bit).
+std::string LayoutChange(const TrainTarget& t, const RunConfig& config, const DistLayout& now) {
+  const db::RunRow& r = *t.run;
+  const int threads =
+      r.threads.value_or(ConfigFromJson(nlohmann::json::parse(t.stored_config_json)).train.threads);
+  if (threads == config.train.threads && r.ranks == now.world && r.dp_size == now.dp &&
+      r.ep_size == now.ep) {
+    return "";
+  }
+  const auto describe = [](int threads, int ranks, int dp, int ep) {
+    return fmt::format("{} thread{}, {} rank{}{}", threads, threads == 1 ? "" : "s", ranks,
+                       ranks == 1 ? "" : "s",
+                       ranks == 1 ? "" : fmt::format(" (dp {}, ep {})", dp, ep));
+  };
+  return fmt::format("trained with {}; this resume has {}",
+                     describe(threads, r.ranks, r.dp_size, r.ep_size),
+                     describe(config.train.threads, now.world, now.dp, now.ep));
+}
+
 }  // namespace
 
 void AddTrainCommand(CLI::App& app) {
   struct Args {
-    std::string config, db = "moelab.db", name, ckpt_dir, resume_run;
+    std::string config, db, name, ckpt_dir, resume_run;
     std::vector<std::string> set;
-    bool no_progress = false;
+    bool no_progress = false, allow_nondeterministic_resume = false;
     int64_t stop_at = -1, run_id = -1;
     std::string init_from;
     std::vector<int64_t> branch_steps;
@@ -96,7 +120,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("config", args->config,
                   "Run config JSON (see docs/config.md); optional with --resume")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--db", args->db, "SQLite database file (created if missing)");
+  AddDbOption(cmd, &args->db, DbAccess::kWrite);
   cmd->add_option("--name", args->name, "Run name (default: the config file's name)");
   cmd->add_option("--set", args->set, "Override a config field: path.to.key=value")
       ->allow_extra_args(false);
@@ -111,6 +135,9 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--stop-at-step", args->stop_at,
                   "Stop with a checkpoint after this step (status stopped, resumable)");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_flag("--allow-nondeterministic-resume", args->allow_nondeterministic_resume,
+                "Continue a run from its checkpoint with another train.threads or rank layout "
+                "(its losses then leave the recorded trajectory; the run records the step)");
   cmd->add_option("--run-id", args->run_id,
                   "Record into this existing run row, continuing it when it has a checkpoint "
                   "(queued by the sweep engine or moelab promote)");
@@ -204,37 +231,22 @@ void AddTrainCommand(CLI::App& app) {
     try {
       config = ConfigFromJson(nlohmann::json::parse(config_json));
       layout = MakeDistLayout(config, world, comm->rank());
-      // Data problems (missing corpus, vocabulary too small) are config errors too: report
-      // them before a run row or checkpoint exists.
-      if (config.data.source == "corpus") {
-        try {
-          CheckVocabFits(ReadDataMeta(config.data.path), config.model.vocab_size);
-        } catch (const std::exception& e) {
-          throw ConfigError("data.path", e.what());
-        }
-      }
-      try {
-        RequireDevice(config.train);  // train.device "cuda" without a GPU: exit 2, no run row
-      } catch (const DeviceError& e) {
-        throw ConfigError("train.device", e.what());
-      }
-      if (config.train.device == "cuda") {
-        RequireCudaSupports(config, layout.world, layout.ep);
-        if (world > 1) {
-          // Each rank's own GPU before the memory check's cudaMemGetInfo makes a CUDA context
-          // on the current device (GPU 0 until set; every rank would keep one there).
+      // Data, device and memory problems are config errors too (`moelab config check` runs
+      // the same checks): reported before a run row or checkpoint exists.
+      PreflightOptions preflight;
+      preflight.print_memory_plan = leader;
+      if (world > 1) {
+        // Each rank's own GPU before the memory check's cudaMemGetInfo makes a CUDA context on
+        // the current device (GPU 0 until set; every rank would keep one there).
+        preflight.before_memory_check = [] {
           try {
             NcclCommunicator::UseNodeLocalDevice();
           } catch (const std::exception& e) {
             throw ConfigError("train.device", e.what());
           }
-        }
-        try {  // prints the device memory estimate; exit 2 with the micro-batch that fits
-          RequireCudaMemory(config, layout.local_batch, leader);
-        } catch (const DeviceError& e) {
-          throw ConfigError("train.micro_batch", e.what());
-        }
+        };
       }
+      PreflightRun(config, layout, preflight);
     } catch (const ConfigError& e) {
       config_error(e.what());
     }
@@ -246,6 +258,7 @@ void AddTrainCommand(CLI::App& app) {
     // ranks whether to train (0) or to exit with a code.
     std::unique_ptr<db::RunWriter> writer;
     std::string name, uuid, ckpt_dir;
+    bool layout_changed = false;  // resumed with other threads or ranks (allowed by the flag)
     ResumeFolder folder;
     // The step training starts from: the resumed checkpoint's, else the WSD branch point's
     // (whose rows the sweep engine copied into the run), else 0. Rows after it are dropped.
@@ -271,16 +284,26 @@ void AddTrainCommand(CLI::App& app) {
           if (!folder.warning.empty()) {
             fmt::print(stderr, "moelab train: warning: run {}: {}\n", r.id, folder.warning);
           }
-          if (!folder.from.empty()) start_step = folder.start_step;
+          if (!folder.from.empty()) {
+            start_step = folder.start_step;
+            layout_changed = !LayoutChange(target, config, layout).empty();
+            if (layout_changed && !args->allow_nondeterministic_resume) {
+              throw TrainRefused(
+                  kExitConfig,
+                  fmt::format("config error: run {} '{}' {}: resumed so, its losses would leave "
+                              "the recorded trajectory (same seed and threads give the same "
+                              "losses bit for bit).\n  resume with the recorded layout, or pass "
+                              "--allow-nondeterministic-resume to continue anyway (the run then "
+                              "records the step, runs.nondeterministic_from_step)",
+                              r.id, r.name, LayoutChange(target, config, layout)));
+            }
+          }
           writer = db::RunWriter::Attach(args->db, r.id, start_step, shape);
           if (folder.from.empty()) {
             fmt::print(stderr, "moelab train: resuming run {} '{}' from step {}: it has no {}\n",
                        r.id, r.name, start_step,
                        r.last_step > start_step ? "checkpoint to continue from" : "checkpoint yet");
-          } else {
-            fmt::print(stderr, "moelab train: resuming run {} '{}' from step {} ({})\n", r.id,
-                       r.name, folder.start_step, folder.from);
-          }
+          }  // else announced by on_start once Train has read and verified the checkpoint
         } else {
           name =
               args->name.empty() ? std::filesystem::path(args->config).stem().string() : args->name;
@@ -304,7 +327,7 @@ void AddTrainCommand(CLI::App& app) {
         }
         if (writer) {
           db::RunWriter::SetRunLayout(args->db, writer->run_id(), layout.world, layout.dp,
-                                      layout.ep);
+                                      layout.ep, config.train.threads);
           // Builds need not reproduce each other's losses bit for bit (one build does): every
           // (re)start records the build it ran, the last one winning.
           db::RunWriter::SetRunVar(args->db, writer->run_id(), "build.commit", BuildCommit());
@@ -352,7 +375,20 @@ void AddTrainCommand(CLI::App& app) {
     if (writer) {
       // Resume fell back past a corrupt checkpoint: drop the rows after the step it restarts
       // from so nothing is recorded twice.
-      options.on_start = [&writer, start_step](int64_t s) {
+      options.on_start = [&writer, &target, &args, layout_changed, start_step](
+                             int64_t s, const std::string& from) {
+        if (!from.empty() && target.run) {
+          fmt::print(stderr, "moelab train: {} run {} '{}' from step {} ({})\n",
+                     from == args->init_from ? "starting" : "resuming", target.run->id,
+                     target.run->name, s, from);
+          if (layout_changed) {
+            db::RunWriter::MarkNondeterministicFrom(args->db, target.run->id, s);
+            fmt::print(stderr,
+                       "moelab train: warning: another thread count or layout from step {} "
+                       "on (--allow-nondeterministic-resume): recorded on the run\n",
+                       s);
+          }
+        }
         if (s < start_step) writer->TruncateAfter(s);
       };
     }
@@ -394,8 +430,15 @@ void AddTrainCommand(CLI::App& app) {
     switch (result.status) {
       case RunStatus::kDone:
         if (result.steps_done > result.start_step) {
-          fmt::print(stderr, "moelab train: done: {} steps, loss {:.4f}, val loss {:.4f}\n",
-                     result.steps_done, result.last_loss, result.last_val_loss);
+          // The summary names what it averages: the last batch's loss alone is noise.
+          fmt::print(stderr,
+                     "moelab train: done: {} steps ({} trained in {}, {} tok/s); train loss "
+                     "{:.4f} (mean of the last {} step{}; last batch {:.4f}), val loss {:.4f}\n",
+                     result.steps_done, result.steps_done - result.start_step,
+                     ProgressBar::FormatDuration(result.train_seconds),
+                     ProgressBar::FormatCount(result.tokens_per_s), result.recent_loss,
+                     result.recent_loss_steps, result.recent_loss_steps == 1 ? "" : "s",
+                     result.last_loss, result.last_val_loss);
         } else {
           // Resumed from the final checkpoint: nothing ran, the recorded losses are the result.
           fmt::print(stderr, "moelab train: done: {} steps (nothing left to train), {}\n",

@@ -69,6 +69,32 @@ std::map<std::string, json> Leaves(const json& j) {
 
 }  // namespace
 
+const db::RunRow* RunNamed(const std::vector<db::RunRow>& rows, const std::string& name,
+                           const std::string& db) {
+  std::vector<const db::RunRow*> all, open;
+  for (const db::RunRow& r : rows) {
+    if (r.name != name) continue;
+    all.push_back(&r);
+    if (Unfinished(r)) open.push_back(&r);
+  }
+  if (open.size() > 1) {
+    throw TrainRefused(kExitConfig,
+                       fmt::format("several unfinished runs are named '{}' in {}: name one by its "
+                                   "id:{}",
+                                   name, db, List(open)));
+  }
+  return open.empty() ? (all.empty() ? nullptr : all.back()) : open.front();
+}
+
+const db::RunRow* FindRun(const std::vector<db::RunRow>& rows, const std::string& run,
+                          const std::string& db) {
+  if (AllDigits(run)) {
+    for (const db::RunRow& r : rows)
+      if (std::to_string(r.id) == run) return &r;
+  }
+  return RunNamed(rows, run, db);
+}
+
 std::string DescribeRun(const db::RunRow& r) {
   return fmt::format("  {} '{}' {} at step {} of {} (config {})", r.id, r.name,
                      ToString(r.effective_status), r.last_step, r.shape.total_steps,
@@ -98,21 +124,7 @@ TrainTarget ChooseRun(const TrainRequest& q) {
     t.note = why;
     return t;
   };
-  const auto by_name = [&](const std::string& name) {
-    std::vector<const db::RunRow*> all, open;
-    for (const db::RunRow& r : rows) {
-      if (r.name != name) continue;
-      all.push_back(&r);
-      if (Unfinished(r)) open.push_back(&r);
-    }
-    if (open.size() > 1) {
-      throw TrainRefused(kExitConfig,
-                         fmt::format("several unfinished runs are named '{}' in {}: resume one "
-                                     "by its id (--resume ID):{}",
-                                     name, q.db, List(open)));
-    }
-    return open.empty() ? (all.empty() ? nullptr : all.back()) : open.front();
-  };
+  const auto by_name = [&](const std::string& name) { return RunNamed(rows, name, q.db); };
 
   if (q.run_id >= 0) {
     for (const db::RunRow& r : rows)
@@ -120,11 +132,7 @@ TrainTarget ChooseRun(const TrainRequest& q) {
     throw TrainRefused(kExitFailed, fmt::format("run {} not found in '{}'", q.run_id, q.db));
   }
   if (!q.resume_run.empty()) {
-    if (AllDigits(q.resume_run)) {
-      for (const db::RunRow& r : rows)
-        if (std::to_string(r.id) == q.resume_run) return pick(r, "");
-    }
-    if (const db::RunRow* r = by_name(q.resume_run)) return pick(*r, "");
+    if (const db::RunRow* r = FindRun(rows, q.resume_run, q.db)) return pick(*r, "");
     std::vector<const db::RunRow*> all;
     for (const db::RunRow& r : rows) all.push_back(&r);
     throw TrainRefused(kExitConfig,

@@ -67,6 +67,15 @@ struct ResumeFolder {
 ResumeFolder FindResumeFolder(const db::RunRow& run, const RunConfig& config,
                               const std::string& explicit_dir);
 
+// The run RUN names, as `--resume RUN` and `moelab db show RUN` read it: a run id, else a name
+// (several runs of that name: its unfinished one, else the newest). nullptr when none; throws
+// TrainRefused (exit 2) when several unfinished runs share the name (give the id).
+const db::RunRow* FindRun(const std::vector<db::RunRow>& rows, const std::string& run,
+                          const std::string& db);
+// The same for a name only (train-or-continue by --name).
+const db::RunRow* RunNamed(const std::vector<db::RunRow>& rows, const std::string& name,
+                           const std::string& db);
+
 // One line per run for messages: "  3 'try1' stopped at step 12 (config 1a2b3c4d5e6f)".
 std::string DescribeRun(const db::RunRow& run);
 

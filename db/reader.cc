@@ -42,7 +42,7 @@ SELECT r.id, r.name, r.sweep_id, r.config_hash, r.status, r.pid, r.host, r.creat
        r.checkpoint_step, r.layers, r.heads, r.moe_layers, r.experts, r.params_total,
        r.params_active, r.flops_per_token, s.total_steps, s.last_step, s.last_loss,
        s.best_val_loss, s.last_val_loss, s.tokens, s.flops, s.tokens_per_s, s.updated_at,
-       r.ranks, r.dp_size, r.ep_size, r.uuid
+       r.ranks, r.dp_size, r.ep_size, r.uuid, r.threads, r.nondeterministic_from_step
 FROM runs r LEFT JOIN run_summary s ON s.run_id = r.id)sql";
 
 RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
@@ -82,6 +82,8 @@ RunRow ReadRun(const Statement& st, double now, double stale_after_s) {
   r.dp_size = static_cast<int>(st.Int(32));
   r.ep_size = static_cast<int>(st.Int(33));
   r.uuid = st.Text(34);
+  if (const auto t = st.OptInt(35)) r.threads = static_cast<int>(*t);
+  r.nondeterministic_from_step = st.OptInt(36);
   r.effective_status = r.status;
   if (r.status == RunStatus::kRunning) {
     const double alive_at = r.heartbeat_at.value_or(r.started_at.value_or(r.created_at));

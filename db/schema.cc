@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iterator>
 #include <thread>
 
@@ -203,6 +204,14 @@ UPDATE runs SET uuid = lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || 
   substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)));
 CREATE UNIQUE INDEX runs_uuid ON runs(uuid);
 )sql",
+    // 8: determinism across resumes (issue 37): the CPU thread count a run last trained with
+    // (NULL before: the stored config's train.threads), and the first step trained after a
+    // resume that changed the thread count or the rank layout (--allow-nondeterministic-resume);
+    // NULL while one layout produced the whole trajectory (bit-for-bit reproducible).
+    R"sql(
+ALTER TABLE runs ADD COLUMN threads INTEGER;
+ALTER TABLE runs ADD COLUMN nondeterministic_from_step INTEGER;
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
@@ -238,6 +247,16 @@ int Migrate(Connection& db) {
 }
 
 Connection OpenForWrite(const std::string& path, double busy_timeout_s) {
+  // Every writer (train, sweep run, fit, promote, merge, migrate) creates the file's folder as
+  // it creates the file: `--db runs/my.db` works in a fresh checkout (docs/database.md).
+  if (const std::filesystem::path dir = std::filesystem::path(path).parent_path(); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec && !std::filesystem::is_directory(dir)) {
+      throw std::runtime_error(fmt::format("cannot create the folder '{}' of database '{}': {}",
+                                           dir.string(), path, ec.message()));
+    }
+  }
   Connection db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
   Configure(db, busy_timeout_s);
   const int64_t version = db.QueryInt("PRAGMA user_version");

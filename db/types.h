@@ -49,6 +49,11 @@ struct RunRow {
   int ranks = 1;
   int dp_size = 1;
   int ep_size = 1;
+  // Migration 8: the CPU thread count the run last trained with (nullopt: recorded before, read
+  // the stored config's train.threads), and the first step trained after a resume that changed
+  // the thread count or the layout (nullopt: one layout made the whole trajectory).
+  std::optional<int> threads;
+  std::optional<int64_t> nondeterministic_from_step;
 };
 
 // A metric against step. Missing values (NULL, e.g. a NaN loss) read as NaN.

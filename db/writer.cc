@@ -621,15 +621,30 @@ void RunWriter::SetRunVar(const std::string& path, int64_t run_id, const std::st
   });
 }
 
-void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep) {
+void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep,
+                             int threads) {
   Connection db = OpenForWrite(path);
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     CheckRunExists(db, run_id);
-    db.Prepare("UPDATE runs SET ranks = ?2, dp_size = ?3, ep_size = ?4 WHERE id = ?1")
+    db.Prepare("UPDATE runs SET ranks = ?2, dp_size = ?3, ep_size = ?4, threads = ?5 WHERE id = ?1")
         .Bind(1, run_id)
         .Bind(2, int64_t{ranks})
         .Bind(3, int64_t{dp})
         .Bind(4, int64_t{ep})
+        .Bind(5, int64_t{threads})
+        .Run();
+  });
+}
+
+void RunWriter::MarkNondeterministicFrom(const std::string& path, int64_t run_id, int64_t step) {
+  Connection db = OpenForWrite(path);
+  WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
+    CheckRunExists(db, run_id);
+    db.Prepare(
+          "UPDATE runs SET nondeterministic_from_step = min(coalesce(nondeterministic_from_step, "
+          "?2), ?2) WHERE id = ?1")
+        .Bind(1, run_id)
+        .Bind(2, step)
         .Run();
   });
 }

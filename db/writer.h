@@ -89,8 +89,13 @@ class RunWriter : public moelab::MetricsSink {
                            const std::string& error = "");
   static void SetRunVar(const std::string& path, int64_t run_id, const std::string& key,
                         const std::string& value);
-  // Records the layout a run trains with (ranks = dp × ep); rank 0 calls it for the whole run.
-  static void SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep);
+  // Records the layout a run trains with (ranks = dp × ep, CPU threads per rank); rank 0 calls
+  // it for the whole run.
+  static void SetRunLayout(const std::string& path, int64_t run_id, int ranks, int dp, int ep,
+                           int threads);
+  // Records that the run's trajectory from `step` on was trained after a resume that changed the
+  // thread count or the layout (runs.nondeterministic_from_step; the earliest such step stays).
+  static void MarkNondeterministicFrom(const std::string& path, int64_t run_id, int64_t step);
   // Deletes a run and (by cascade) all its rows.
   static void DeleteRun(const std::string& path, int64_t run_id);
 

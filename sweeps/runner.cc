@@ -389,7 +389,15 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
   void Launch(Job& job, const std::string& init_from) {
     const RunConfig& c = job.run->config;
     json config = ConfigToJson(c);
-    config["train"]["threads"] = threads_;  // not hashed: the run's identity is unchanged
+    // Not hashed: the run's identity is unchanged. A run continuing from a checkpoint keeps the
+    // thread count it trained with: another would leave its recorded trajectory, which `moelab
+    // train` refuses (--allow-nondeterministic-resume).
+    int run_threads = threads_;
+    if (const std::optional<RunRow> row = db::Reader(opt_.db_path).GetRun(job.run_id);
+        row && row->threads && row->checkpoint_step.value_or(0) > 0) {
+      run_threads = *row->threads;
+    }
+    config["train"]["threads"] = run_threads;
     const std::string cfg_path = fmt::format("{}/{}.json", dir_, job.run->hash.substr(0, 16));
     {
       const std::string tmp = cfg_path + ".tmp" + std::to_string(getpid());
@@ -415,7 +423,7 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
     const auto mpi_env = job.run->ranks > 1 ? MpirunEnvironment(as_root)
                                             : std::vector<std::pair<std::string, std::string>>{};
     const pid_t parent_pid = getpid();
-    const std::string threads = std::to_string(threads_);
+    const std::string threads = std::to_string(run_threads);
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {

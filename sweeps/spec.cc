@@ -741,10 +741,13 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   }
   for (const std::string& v : assigned) {
     if (!IsConfigPath(v) && !used_in_exprs.count(v) && !IsLaunchKey(v)) {
+      const std::string near = NearestConfigPath(v);
       sweep.warnings.push_back(fmt::format(
           "sweep variable '{}' is not used by any derived field: it is recorded but changes "
-          "nothing (did you mean a config path such as 'section.{}'?)",
-          v, v));
+          "nothing ({})",
+          v,
+          near.empty() ? "to set a config field, name it by its path, section.field"
+                       : fmt::format("did you mean the config path '{}'?", near)));
     }
   }
 

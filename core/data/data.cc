@@ -211,6 +211,13 @@ DataMeta ReadDataMeta(const std::string& dir) {
 }
 
 void CheckVocabFits(const DataMeta& meta, int vocab_size) {
+  if (vocab_size < meta.vocab_size && meta.tokenizer.empty()) {
+    // Imported token shards (llm.c): no tokenizer of ours, the vocabulary is the import's.
+    throw std::runtime_error(fmt::format(
+        "model.vocab_size {} is smaller than the vocabulary {} of the imported token shards "
+        "({}/meta.json, `moelab data import --vocab`): set model.vocab_size to at least {}",
+        vocab_size, meta.vocab_size, meta.dir, meta.vocab_size));
+  }
   if (vocab_size < meta.vocab_size) {
     throw std::runtime_error(fmt::format(
         "model.vocab_size {} is smaller than the tokenizer's vocabulary {} ({}/meta.json): set "

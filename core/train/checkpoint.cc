@@ -19,10 +19,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Format 2 adds the run's UUID after the branch hash; format 1 (no UUID) is still read.
+// Format 2 adds the run's UUID after the branch hash; format 3 adds a checksum of the header
+// (magic to flops) right after it, so choosing and pruning, which read only the header, never
+// trust a damaged one. Formats 1 (no UUID) and 2 are still read.
 constexpr char kMagic1[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '1'};
 constexpr char kMagic2[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '2'};
-constexpr size_t kMagicSize = sizeof kMagic2;
+constexpr char kMagic3[8] = {'M', 'O', 'E', 'C', 'K', 'P', 'T', '3'};
+constexpr size_t kMagicSize = sizeof kMagic3;
 
 // FNV-1a over the payload: detects truncation and bit rot (not an adversary).
 uint64_t Fnv1a(const char* data, size_t n, uint64_t h = 1469598103934665603ull) {
@@ -75,6 +78,7 @@ class Reader {
     Raw(s.data(), n);
     return s;
   }
+  size_t pos() const { return pos_; }
   void Floats(std::span<float> out, const std::string& what) {
     const uint64_t n = Pod<uint64_t>();
     if (n != out.size()) {
@@ -140,24 +144,41 @@ std::vector<char> ReadPrefix(const std::string& path, size_t n) {
   return buf;
 }
 
-// Checks the magic and returns the format (1 or 2).
+// Checks the magic and returns the format (1, 2 or 3).
 int FormatOf(const std::vector<char>& buf, const std::string& path) {
+  if (buf.size() >= kMagicSize && std::memcmp(buf.data(), kMagic3, kMagicSize) == 0) return 3;
   if (buf.size() >= kMagicSize && std::memcmp(buf.data(), kMagic2, kMagicSize) == 0) return 2;
   if (buf.size() >= kMagicSize && std::memcmp(buf.data(), kMagic1, kMagicSize) == 0) return 1;
-  throw std::runtime_error(path + ": not a moelab checkpoint");
+  throw std::runtime_error(path + ": not a moelab checkpoint (corrupt, or another kind of file)");
 }
 
-// Everything up to the payload; leaves r at the parameters.
-CheckpointHeader ParseHeader(Reader& r, int format) {
-  char magic[kMagicSize];
-  r.Raw(magic, sizeof magic);
+// Everything up to the payload; leaves r at the parameters. Throws "corrupt" when the header
+// fails its checksum (format 3) or, in older formats, names a step other than its file name's.
+CheckpointHeader ParseHeader(Reader& r, const std::vector<char>& buf, int format,
+                             const std::string& path) {
+  const auto corrupt = [&](const std::string& why) {
+    return std::runtime_error(fmt::format("{}: checkpoint header is corrupt ({})", path, why));
+  };
   CheckpointHeader h;
-  h.config_hash = r.Str();
-  h.branch_hash = r.Str();
-  if (format >= 2) h.run_uuid = r.Str();
-  h.step = r.Pod<int64_t>();
-  h.tokens = r.Pod<int64_t>();
-  h.flops = r.Pod<double>();
+  try {
+    char magic[kMagicSize];
+    r.Raw(magic, sizeof magic);
+    h.config_hash = r.Str();
+    h.branch_hash = r.Str();
+    if (format >= 2) h.run_uuid = r.Str();
+    h.step = r.Pod<int64_t>();
+    h.tokens = r.Pod<int64_t>();
+    h.flops = r.Pod<double>();
+  } catch (const std::runtime_error&) {
+    // A damaged string length runs past the end of what was read.
+    throw corrupt("a field runs past the end of the header");
+  }
+  if (format >= 3) {
+    const size_t header_end = r.pos();
+    if (r.Pod<uint64_t>() != Fnv1a(buf.data(), header_end)) throw corrupt("checksum mismatch");
+  } else if (const int64_t named = StepOf(fs::path(path)); named >= 0 && named != h.step) {
+    throw corrupt(fmt::format("step {} in a file named for step {}", h.step, named));
+  }
   return h;
 }
 
@@ -173,13 +194,14 @@ std::string WriteCheckpoint(const std::string& dir, const CheckpointHeader& head
                             const std::vector<StateBuffer>& optimizer_state, int keep) {
   fs::create_directories(dir);
   Writer w;
-  w.Raw(kMagic2, sizeof kMagic2);
+  w.Raw(kMagic3, sizeof kMagic3);
   w.Str(header.config_hash);
   w.Str(header.branch_hash);
   w.Str(header.run_uuid);
   w.Pod(header.step);
   w.Pod(header.tokens);
   w.Pod(header.flops);
+  w.Pod(Fnv1a(w.buf().data(), w.buf().size()));  // the header's own checksum (format 3)
   w.Floats(params);
   w.Floats(router_bias);
   w.Pod<uint64_t>(optimizer_state.size());
@@ -255,7 +277,7 @@ CheckpointHeader ReadCheckpoint(const std::string& path, const std::string& expe
     throw std::runtime_error(path + ": checkpoint checksum mismatch (corrupt or truncated)");
   }
   Reader r(buf, path);
-  CheckpointHeader h = ParseHeader(r, format);
+  CheckpointHeader h = ParseHeader(r, buf, format, path);
   const std::string& got = match_branch ? h.branch_hash : h.config_hash;
   if (!expected_hash.empty() && got != expected_hash) {
     throw std::runtime_error(
@@ -296,7 +318,7 @@ std::vector<std::string> CheckpointsNewestFirst(const std::string& dir) {
 CheckpointHeader ReadCheckpointHeader(const std::string& path) {
   const std::vector<char> buf = ReadPrefix(path, 4096);
   Reader r(buf, path);
-  return ParseHeader(r, FormatOf(buf, path));
+  return ParseHeader(r, buf, FormatOf(buf, path), path);
 }
 
 std::vector<std::string> ResumeCandidates(const std::string& dir, const ResumeIdentity& id,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <vector>
 
@@ -374,7 +375,7 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       comm->ResetStats();
     }
     result.start_step = step;
-    if (options.on_start) options.on_start(step);
+    if (options.on_start) options.on_start(step, from);
 
     // Collective with ZeRO-1 (the state is gathered over the DP ranks) and with sharded expert
     // parallelism (the whole model is gathered inside rank 0's EP group); only rank 0 writes.
@@ -441,6 +442,9 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
     int64_t step_comm_bytes = 0;  // collectives inside the timed steps (not eval, checkpoints)
     double step_comm_seconds = 0;
     int64_t step_ep_bytes = 0;  // of which inside the EP group (token all-to-all, expert gather)
+    // The last losses, for the summary (TrainResult::recent_loss): one batch's loss is noisy.
+    const int64_t recent_window = std::clamp<int64_t>((end - step) / 10, 1, 100);
+    std::deque<double> recent_losses;
 
     while (step < end) {
       bool stop = options.stop_flag && options.stop_flag->load();
@@ -571,6 +575,8 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
       r.norm_gain_rms = AttentionNormGainRms(model);
       sink->OnStep(r, stats);
       result.last_loss = stats.loss;
+      recent_losses.push_back(stats.loss);
+      if (static_cast<int64_t>(recent_losses.size()) > recent_window) recent_losses.pop_front();
 
       if ((c.eval.every > 0 && step % c.eval.every == 0) || step == total) {
         result.last_val_loss = Evaluate(model, *data, c, tokens, *comm, layout);
@@ -594,6 +600,13 @@ TrainResult Train(const RunConfig& c, MetricsSink* sink, const TrainOptions& opt
                                    ProgressBar::FormatCount(result.tokens_per_s)));
     }
     result.steps_done = step;
+    result.train_seconds = time_in_steps;
+    if (!recent_losses.empty()) {
+      double sum = 0;
+      for (const double l : recent_losses) sum += l;
+      result.recent_loss = sum / static_cast<double>(recent_losses.size());
+      result.recent_loss_steps = static_cast<int64_t>(recent_losses.size());
+    }
     if (layout.world > 1 && steps_timed > 0) {
       result.comm_bytes_per_step = static_cast<double>(step_comm_bytes) / steps_timed;
       result.comm_time_share = time_in_steps > 0 ? step_comm_seconds / time_in_steps : 0;

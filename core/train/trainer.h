@@ -41,18 +41,24 @@ struct TrainOptions {
   std::string init_from;
   bool progress = true;  // progress bar on stderr
   Communicator* comm = nullptr;  // null: single process
-  // Called once with the step the run starts from (0, or the resumed checkpoint's step).
-  std::function<void(int64_t)> on_start;
+  // Called once with the step the run starts from (0, or the resumed checkpoint's step) and the
+  // checkpoint it was read from ("" for none), after that checkpoint passed every check.
+  std::function<void(int64_t step, const std::string& from)> on_start;
 };
 
 struct TrainResult {
   RunStatus status = RunStatus::kRunning;
-  int64_t steps_done = 0;       // total optimizer steps completed (including resumed ones)
-  int64_t start_step = 0;       // step the run (re)started from
-  double last_loss = 0;
-  double last_val_loss = 0;     // NaN when no evaluation ran
-  std::string error;            // for failed and diverged runs
-  std::string checkpoint;       // last checkpoint written
+  int64_t steps_done = 0;  // total optimizer steps completed (including resumed ones)
+  int64_t start_step = 0;  // step the run (re)started from
+  double last_loss = 0;    // the last batch's (noisy) loss
+  // The mean training loss over the last steps of this session (the last 10 %, 1 to 100
+  // steps): the summary a log ends with; recent_loss_steps says how many (0: none trained).
+  double recent_loss = 0;
+  int64_t recent_loss_steps = 0;
+  double train_seconds = 0;  // wall time of the steps trained in this session
+  double last_val_loss = 0;  // NaN when no evaluation ran
+  std::string error;         // for failed and diverged runs
+  std::string checkpoint;    // last checkpoint written
   double tokens_per_s = 0;
   // Distributed runs (issue 9): what this rank's communicator sent per step and the share of
   // step time spent inside collectives; optimizer-state bytes held by this rank.

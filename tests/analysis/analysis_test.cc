@@ -19,6 +19,7 @@ namespace moelab::analysis {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Law {
   double E, A, alpha;  // L(C) = E + A·(C/1e15)^(−alpha) on the frontier
@@ -358,6 +359,9 @@ TEST(Bootstrap, MultiplierRefusedWhenEIsAtItsBound) {
   auto m = ComputeMultiplier(a, fits.Get("b"), 1.5);
   EXPECT_FALSE(m.ok);
   EXPECT_THAT(m.refusal, HasSubstr("sits on its bound"));
+  // The family is quoted once (it read "family 'a''s fitted E").
+  EXPECT_THAT(m.refusal, HasSubstr("of family 'a' sits on its bound"));
+  EXPECT_THAT(m.refusal, Not(HasSubstr("''")));
   MultiplierOptions allow;
   allow.allow_e_at_bound = true;
   auto m2 = ComputeMultiplier(a, fits.Get("b"), 1.5, allow);

@@ -147,6 +147,54 @@ TEST_F(CheckpointTest, PruningAndResumeArePerRun) {
   EXPECT_EQ(ReadCheckpointHeader(got).run_uuid, b);
 }
 
+// Bytes overwritten in a checkpoint's header (the step field) make it corrupt, named so, and
+// resume passes it over for the run's newest valid one. Before the header had its own checksum
+// the garbage step read as a step beyond the database ("recorded this run only up to step 25").
+TEST_F(CheckpointTest, ADamagedHeaderIsReportedCorrupt) {
+  const std::string a = "aaaaaaaa-0000-4000-8000-000000000001";
+  std::vector<float> params = {1, 2}, bias;
+  WriteCheckpoint(dir_.string(), {"abc", "fam", 10, 0, 0, a}, params, bias, {}, 5);
+  const std::string newest =
+      WriteCheckpoint(dir_.string(), {"abc", "fam", 20, 0, 0, a}, params, bias, {}, 5);
+  {
+    // magic (8), then three length-prefixed strings ("abc", "fam", the UUID), then the step.
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8 + (8 + 3) + (8 + 3) + (8 + 36));
+    f.write("XXXXXXXX", 8);
+  }
+  try {
+    ReadCheckpointHeader(newest);
+    FAIL() << "a damaged header was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("header is corrupt"), std::string::npos) << e.what();
+  }
+  std::vector<std::string> warnings;
+  const auto warn = [&](const std::string& w) { warnings.push_back(w); };
+  EXPECT_EQ(Steps(ResumeCandidates(dir_.string(), {a, "abc", "", 25}, warn)),
+            (std::vector<int64_t>{10}));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(newest), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("corrupt"), std::string::npos) << warnings[0];
+  EXPECT_EQ(warnings[0].find("recorded this run only"), std::string::npos) << warnings[0];
+  std::vector<float> out(2);
+  EXPECT_THROW(ReadCheckpoint(newest, "abc", out, bias, {}), std::runtime_error);
+
+  // A legacy file (no header checksum) whose step disagrees with its name is corrupt too.
+  const std::string legacy = (dir_ / "step_000000012.ckpt").string();
+  WriteFormat1(legacy, "abc", 12, {1, 2, 3}, {0.5f});
+  {
+    std::fstream f(legacy, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8 + (8 + 3) + (8 + 3));
+    f.write("XXXXXXXX", 8);
+  }
+  try {
+    ReadCheckpointHeader(legacy);
+    FAIL() << "a damaged legacy header was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("header is corrupt"), std::string::npos) << e.what();
+  }
+}
+
 // A legacy checkpoint (format 1, no UUID) is read as before, and adopted by a run with a UUID
 // only when it is the checkpoint that run recorded; an anonymous caller adopts it.
 TEST_F(CheckpointTest, LegacyCheckpointIsAdoptedOnlyByTheRunThatRecordedIt) {

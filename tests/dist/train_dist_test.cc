@@ -177,7 +177,8 @@ TEST_F(DistTrainTest, DenseMuonClipSameLossesAtOneTwoFourRanks) { SameLossesAtOn
 
 TEST_F(DistTrainTest, MoeMuonClipSameLossesAtOneTwoFourRanks) { SameLossesAtOneTwoFour(true); }
 
-// A checkpoint written at one rank count resumes at another on the same trajectory.
+// A checkpoint written at one rank count resumes at another on the same trajectory (within the
+// reduction-order tolerance, so only when asked: --allow-nondeterministic-resume, recorded).
 TEST_F(DistTrainTest, ResumeAtOtherRankCounts) {
   const std::string cfg = Config("run", true);
   ASSERT_EQ(Train(2, cfg, "ref"), 0) << Slurp(Log("ref"));
@@ -186,10 +187,16 @@ TEST_F(DistTrainTest, ResumeAtOtherRankCounts) {
     const std::string tag = "r" + std::to_string(first) + std::to_string(second);
     ASSERT_EQ(Train(first, cfg, tag, "--stop-at-step 20"), 4) << Slurp(Log(tag));
     EXPECT_EQ(OnlyRun(tag).status, RunStatus::kStopped);
-    ASSERT_EQ(Train(second, cfg, tag, "--resume"), 0) << Slurp(Log(tag));
+    ASSERT_EQ(Train(second, cfg, tag, "--resume"), 2) << Slurp(Log(tag));
+    EXPECT_NE(Slurp(Log(tag)).find("--allow-nondeterministic-resume"), std::string::npos)
+        << Slurp(Log(tag));
+    EXPECT_EQ(OnlyRun(tag).status, RunStatus::kStopped);
+    ASSERT_EQ(Train(second, cfg, tag, "--resume --allow-nondeterministic-resume"), 0)
+        << Slurp(Log(tag));
     const db::RunRow r = OnlyRun(tag);
     EXPECT_EQ(r.status, RunStatus::kDone);
     EXPECT_EQ(r.ranks, second);
+    EXPECT_EQ(r.nondeterministic_from_step, 20);
     const db::Series s = Series(tag, "loss");
     const double d = MaxDiff(ref, s);
     std::printf("resume np=%d -> np=%d: max |loss diff| vs uninterrupted np=2 %.3g\n", first,
@@ -204,7 +211,7 @@ TEST_F(DistTrainTest, Zero1CheckpointResumesWithoutZero1) {
   const std::string cfg = Config("moe", true);
   ASSERT_EQ(Train(2, cfg, "ref", "--set dist.zero1=true"), 0) << Slurp(Log("ref"));
   ASSERT_EQ(Train(2, cfg, "z", "--set dist.zero1=true --stop-at-step 20"), 4) << Slurp(Log("z"));
-  ASSERT_EQ(Train(1, cfg, "z", "--resume"), 0) << Slurp(Log("z"));
+  ASSERT_EQ(Train(1, cfg, "z", "--resume --allow-nondeterministic-resume"), 0) << Slurp(Log("z"));
   const double d = MaxDiff(Series("ref", "loss"), Series("z", "loss"));
   std::printf("ZeRO-1 np=2 -> np=1 without ZeRO-1: max |loss diff| %.3g\n", d);
   EXPECT_LT(d, kLossTolerance);
@@ -370,13 +377,16 @@ TEST_F(DistTrainTest, ExpertParallelSameLossesAsOneProcess) {
   // written by one process, resumed at DP 2 × EP 2 with ZeRO-1.
   ASSERT_EQ(Train(2, cfg, "r", "--set dist.expert_parallel=2 --stop-at-step 20"), 4)
       << Slurp(Log("r"));
-  ASSERT_EQ(Train(1, cfg, "r", "--resume"), 0) << Slurp(Log("r"));
+  ASSERT_EQ(Train(1, cfg, "r", "--resume --allow-nondeterministic-resume"), 0) << Slurp(Log("r"));
   EXPECT_EQ(OnlyRun("r").status, RunStatus::kDone);
   const double d = MaxDiff(ref, Series("r", "loss"));
   std::printf("EP 2 np=2 -> np=1 resume: max |loss diff| vs np=1 %.3g\n", d);
   EXPECT_LT(d, kLossTolerance);
   ASSERT_EQ(Train(1, cfg, "s", "--stop-at-step 20"), 4) << Slurp(Log("s"));
-  ASSERT_EQ(Train(4, cfg, "s", "--resume --set dist.expert_parallel=2 --set dist.zero1=true"), 0)
+  ASSERT_EQ(Train(4, cfg, "s",
+                  "--resume --allow-nondeterministic-resume --set dist.expert_parallel=2 --set "
+                  "dist.zero1=true"),
+            0)
       << Slurp(Log("s"));
   EXPECT_EQ(OnlyRun("s").status, RunStatus::kDone);
   const double e = MaxDiff(ref, Series("s", "loss"));

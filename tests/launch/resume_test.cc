@@ -139,19 +139,31 @@ TEST_F(ResumeTest, ResumeContinuesTheStoredConfigAndRefusesADifferentOne) {
   EXPECT_HAS(log, "optimizer.qk_clip_tau");
   EXPECT_HAS(log, "moelab train --db " + db_ + " --resume 1");
   EXPECT_EQ(db::Reader(db_).ListRuns().size(), 1u);
-  // A --set that disagrees is refused the same way; one that changes only threads is not.
+  // A --set that disagrees is refused the same way.
   ASSERT_EQ(Train({"--resume", "--set", "optimizer.lr=0.5"}, db_), 2) << Slurp(Log());
   EXPECT_HAS(Slurp(Log()), "optimizer.lr");
   // An unknown run is named.
   ASSERT_EQ(Train({"--resume", "nope"}, db_), 2) << Slurp(Log());
   EXPECT_HAS(Slurp(Log()), "no run 'nope'");
-  ASSERT_EQ(Train({"--resume", "--set", "train.threads=1"}, db_), 0) << Slurp(Log());
+  // Another thread count (unhashed, but the losses would leave the recorded trajectory) is
+  // refused unless asked for, and then recorded on the run (issue 37).
+  ASSERT_EQ(Train({"--resume", "--set", "train.threads=2"}, db_), 2) << Slurp(Log());
+  log = Slurp(Log());
+  EXPECT_HAS(log, "trained with 1 thread, 1 rank; this resume has 2 threads, 1 rank");
+  EXPECT_HAS(log, "--allow-nondeterministic-resume");
+  EXPECT_EQ(db::Reader(db_).ListRuns().at(0).status, RunStatus::kStopped);
+  EXPECT_FALSE(db::Reader(db_).ListRuns().at(0).nondeterministic_from_step.has_value());
+  ASSERT_EQ(Train({"--resume", "--set", "train.threads=2", "--allow-nondeterministic-resume"}, db_),
+            0)
+      << Slurp(Log());
   log = Slurp(Log());
   EXPECT_HAS(log, "resuming run 1 'try1' from step 8");
   EXPECT_HAS(log, "run 1 'try1'");
   const auto runs = db::Reader(db_).ListRuns();
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].status, RunStatus::kDone);
+  EXPECT_EQ(runs[0].threads, 2);
+  EXPECT_EQ(runs[0].nondeterministic_from_step, 8);
   EXPECT_HAS(db::Reader(db_).RunConfigJson(1), "muonclip");
   Losses(db_, 1, 30);
 }
@@ -195,7 +207,7 @@ TEST_F(ResumeTest, AMovedCheckpointFolderIsFoundWithCheckpointDir) {
   EXPECT_EQ(Losses(ref, 1, 30), resumed);
 }
 
-// Rewrites a checkpoint in format 1, as moelab wrote it before runs had UUIDs.
+// Rewrites a checkpoint (format 2 or 3) in format 1, as moelab wrote it before runs had UUIDs.
 void ToFormat1(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
   std::string b((std::istreambuf_iterator<char>(in)), {});
@@ -207,6 +219,7 @@ void ToFormat1(const fs::path& from, const fs::path& to) {
   }
   std::memcpy(&n, b.data() + pos, 8);
   b.erase(pos, 8 + n);  // the run's UUID
+  if (b[7] == '3') b.erase(pos + 24, 8);  // format 3's header checksum, after step, tokens, flops
   b[7] = '1';
   b.resize(b.size() - 8);
   uint64_t h = 1469598103934665603ull;

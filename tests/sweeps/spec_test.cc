@@ -117,6 +117,11 @@ TEST(SpecTest, DuplicateConfigsAreTrainedOnceAndUnusedVariablesWarn) {
   EXPECT_EQ(s.Unique().size(), 1u);
   ASSERT_FALSE(s.warnings.empty());
   EXPECT_HAS(s.warnings[0], "'layer' is not used");
+  // It names the real path (before: "a config path such as 'section.layer'").
+  EXPECT_HAS(s.warnings[0], "did you mean the config path 'model.layers'?");
+  const Sweep h = ExpandSpec(Spec(R"({"grid": {"n_heads": [2, 4]}})"));
+  ASSERT_FALSE(h.warnings.empty());
+  EXPECT_HAS(h.warnings[0], "did you mean the config path 'model.heads'?");
 }
 
 TEST(SpecTest, BaseFromPathRelativeToSpec) {
