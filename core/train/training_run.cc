@@ -7,15 +7,14 @@
 #include <limits>
 #include <stdexcept>
 
-#include "core/device.h"
 #include "core/dist/batch_stats.h"
 #include "core/dist/expert_parallel.h"
 #include "core/model/backend.h"
-#include "core/model/cuda_backend.h"
 #include "core/model/moe.h"
 #include "core/model/norm_gain_rms.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
+#include "core/train/device_check.h"
 
 namespace moelab {
 
@@ -104,14 +103,8 @@ void TrainingRun::Run() {
 }
 
 void TrainingRun::SetUpDevice() {
-  on_cuda_ = c_.train.device == "cuda";
-  if (on_cuda_) {
-    try {
-      RequireDevice(c_.train);
-    } catch (const DeviceError& e) {
-      throw DeviceError(std::string("train.device: ") + e.what());
-    }
-  }
+  on_cuda_ = TrainsOnCuda(c_);
+  RequireTrainDevice(c_);
   layout_ = MakeDistLayout(c_, comm_->world_size(), comm_->rank());
   local_batch_ = layout_.local_batch;
   // Gradient accumulation over train.micro_batch sequences (one buffer, only when it splits).
@@ -119,9 +112,7 @@ void TrainingRun::SetUpDevice() {
   // Several ranks on GPUs reduce their device gradients through NCCL, bootstrapped over the
   // job's MPI world; host-side collectives (statistics, checkpoints, stop) stay on `comm`.
   grad_comm_ = comm_;
-  if (on_cuda_) {
-    RequireCudaSupports(c_, layout_.world, layout_.ep);
-  }
+  CheckDevice(c_, layout_);
   if (on_cuda_ && layout_.world > 1) {
     if (comm_->kind() != "nccl") {
       nccl_ = NcclCommunicator::Create();
@@ -157,7 +148,7 @@ void TrainingRun::SetUpExpertParallel() {
 
 void TrainingRun::SetUpModel() {
   data_ = OpenTokenSource(c_.data, c_.model.vocab_size);
-  if (on_cuda_) RequireCudaMemory(c_, local_batch_, false);  // the CLI printed the plan
+  CheckDeviceMemory(c_, layout_);
   const int held = c_.moe.experts_total / layout_.ep;
   model_ = std::make_unique<Model<float>>(
       c_, sharded_ep_ ? ExpertShard{(layout_.rank % layout_.ep) * held, held} : ExpertShard{});
