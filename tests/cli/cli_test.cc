@@ -75,6 +75,8 @@ TEST_F(CliTest, OlderSchemaIsRefusedByReadersAndMigratedOnRequest) {
     c.Exec("ALTER TABLE steps DROP COLUMN norm_gain_rms");
     c.Exec("DROP INDEX runs_uuid");
     c.Exec("ALTER TABLE runs DROP COLUMN uuid");
+    c.Exec("ALTER TABLE runs DROP COLUMN threads");  // schema 8
+    c.Exec("ALTER TABLE runs DROP COLUMN nondeterministic_from_step");
     c.Exec("PRAGMA user_version = 5");
   }
   EXPECT_NE(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0);

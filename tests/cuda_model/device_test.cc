@@ -66,7 +66,9 @@ TEST(DeviceConfig, HashOfExistingConfigsUnchanged) {
   EXPECT_EQ(ConfigHash(defaults), kPreDeviceDefaultHash);
   // The canonical form without the new fields is what ConfigHash hashed before they existed.
   json j = ConfigToJson(defaults);
-  for (const char* k : {"threads", "device", "precision", "micro_batch"}) j["train"].erase(k);
+  for (const char* k : {"threads", "device", "precision", "micro_batch", "kernels"}) {
+    j["train"].erase(k);  // kernels: recorded, never hashed (core/kernel_choices.h)
+  }
   j["checkpoint"] = json::object();        // every checkpoint field is unhashed
   j.erase("dist");                         // as are the dist fields (ConfigHash drops the section)
   j["optimizer"].erase("adamw_lr");        // unset adamw_lr is left out of the hash (issue 13)

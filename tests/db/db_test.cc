@@ -120,6 +120,8 @@ TEST_F(DbTest, EveryRunHasItsOwnUuidAfterMigrationSeven) {
     Connection c(path_, SQLITE_OPEN_READWRITE);
     c.Exec("DROP INDEX runs_uuid");
     c.Exec("ALTER TABLE runs DROP COLUMN uuid");
+    c.Exec("ALTER TABLE runs DROP COLUMN threads");  // schema 8
+    c.Exec("ALTER TABLE runs DROP COLUMN nondeterministic_from_step");
     c.Exec("PRAGMA user_version = 6");
   }
   const int64_t fresh = RunWriter::CreateRun(path_, TestRun("new"));  // migrates first
