@@ -19,7 +19,8 @@ echo "$counts" | awk '{ n = split($2, p, "/"); d = (n > 1 ? p[1] : "."); if (n >
   END { for (d in lines) printf "%7d  %4d files  %s\n", lines[d], files[d], d | "sort -rn";
         close("sort -rn"); printf "%7d  total\n", total }'
 echo "== largest files =="
-echo "$counts" | head -n "$top" | awk '{ printf "%7d  %s\n", $1, $2 }'
+# awk reads all of its input: `echo | head` could end echo with SIGPIPE, which pipefail reports.
+awk -v top="$top" 'NR <= top { printf "%7d  %s\n", $1, $2 }' <<< "$counts"
 over=$(echo "$counts" | awk -v cap="$cap" '$1 > cap { printf "%d %s\n", $1, $2 }')
 if [ -n "$over" ]; then
   echo "== warning: over the soft cap of $cap lines per file (split by concept when touched) =="
