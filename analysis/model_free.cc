@@ -177,4 +177,14 @@ void to_json(nlohmann::json& j, const ModelFreeTable& v) {
        "(exact enumeration when small) labelled 'seed range' below 8 seeds"}};
 }
 
+ModelFreeOptions ModelFreeOptionsOf(const FitOptions& fit) {
+  ModelFreeOptions o;
+  o.resamples = fit.bootstrap_resamples;
+  o.seed = fit.seed;
+  o.level = fit.level;
+  o.min_seeds = fit.min_units;
+  o.final_only = fit.final_only;
+  return o;
+}
+
 }  // namespace moelab::analysis

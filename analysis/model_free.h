@@ -23,6 +23,10 @@ struct ModelFreeOptions {
   int default_targets = 3;  // targets spread inside the range every (family, seed) covers
 };
 
+// The model-free options a fit's own options imply (resamples, seed, level, min seeds, final
+// points only): `moelab fit` (RunFit) and the GUI read the model-free table with the fit's options.
+ModelFreeOptions ModelFreeOptionsOf(const FitOptions& fit);
+
 // One family against the reference at one target loss.
 struct ModelFreeRow {
   std::string family;

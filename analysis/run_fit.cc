@@ -37,14 +37,9 @@ PowerFormResult FitPowerForm(const RunFitOptions& o, const ObservationSet& obs,
   r.reference = o.reference.empty() ? r.families.back() : o.reference;
 
   // The primary reading: FLOPs/tokens to target losses, interpolated per seed.
-  ModelFreeOptions mfo;
-  mfo.resamples = fo.bootstrap_resamples;
-  mfo.seed = fo.seed;
-  mfo.level = fo.level;
-  mfo.min_seeds = fo.min_units;
-  mfo.final_only = fo.final_only;
   try {
-    r.model_free = ModelFreeMultipliers(obs.points, r.reference, o.target_losses, mfo);
+    r.model_free =
+        ModelFreeMultipliers(obs.points, r.reference, o.target_losses, ModelFreeOptionsOf(fo));
   } catch (const AnalysisError& e) {
     r.model_free_error = e.what();
   }

@@ -57,14 +57,9 @@ FitResult ComputeFits(const FitRequest& request) {
       }
     }
     try {
-      analysis::ModelFreeOptions mo;
-      mo.resamples = out.options.bootstrap_resamples;
-      mo.seed = out.options.seed;
-      mo.level = out.options.level;
-      mo.min_seeds = out.options.min_units;
-      mo.final_only = out.options.final_only;
-      out.model_free = analysis::ModelFreeMultipliers(out.observations.points, reference,
-                                                      request.target_losses, mo);
+      out.model_free =
+          analysis::ModelFreeMultipliers(out.observations.points, reference, request.target_losses,
+                                         analysis::ModelFreeOptionsOf(out.options));
     } catch (const std::exception& e) {
       out.model_free_error = e.what();
     }
