@@ -1,5 +1,6 @@
 // The CUDA backend (core/model/cuda_backend.h): the ops of core/model/backend.h over device
-// memory, with kernels/cuda in place of kernels/cpu, and the device memory plan.
+// memory, with kernels/cuda in place of kernels/cpu. The memory plan is cuda_memory_plan.cc, the
+// supports-checks cuda_supports.cc, the kernel-choice reading cuda_backend_choices.cc.
 #include "core/model/cuda_backend.h"
 
 #include <fmt/format.h>
@@ -21,6 +22,7 @@
 
 #if MOELAB_HAVE_CUDA
 #include "core/cuda_profiler.h"
+#include "core/model/cuda_backend_choices.h"
 #include "core/model/cuda_backend_kernels.h"
 #include "core/model/cuda_moe.h"
 #include "core/optim/cuda_optimizer.h"
@@ -45,75 +47,7 @@ namespace {
 
 using cuda::bf16;
 
-// The fused attention kernels (LSE kept, no [B,H,S,S] probabilities) in bf16 mode wherever they
-// cover the shape; fp32 mode keeps the reference path, the one its CPU twin checks compare.
-// train.kernels.attention "reference" forces the reference path (for comparisons), "fused" the
-// fused one.
-bool ChooseFlash(const RunConfig& c) {
-  const std::string& mode = c.train.kernels.attention;
-  if (mode == "reference") return false;
-  const ModelConfig& m = c.model;
-  // q, k and v are column slices of 64-byte aligned arena buffers: 16-byte aligned when their
-  // column offsets are multiples of 4 floats.
-  const bool aligned = m.attention == "mla"
-                           ? (m.heads * m.qk_nope_head_dim) % 4 == 0
-                           : (m.heads * m.head_dim_effective()) % 4 == 0 &&
-                                 (m.kv_heads_effective() * m.head_dim_effective()) % 4 == 0;
-  std::string why = "q/k/v column offsets not 16-byte aligned";
-  const bool ok =
-      aligned && cuda::FlashAttentionSupported(cuda::AttentionDims(AttentionDimsOf(m)), 4, &why);
-  if (mode == "fused" && !ok) {
-    throw ConfigError("train.kernels.attention",
-                      "'fused': the fused kernels cannot run this model: " + why);
-  }
-  return ok && (c.train.effective_precision() == "bf16" || mode == "fused");
-}
-
-// train.kernels.attention_acts: "fp32" (the default: qkv and att fp32 in bf16 mode, the path
-// that ran on a GPU) or "bf16" (AttentionCoreForward below).
-bool AttentionActsBf16(const RunConfig& c) { return c.train.kernels.attention_acts == "bf16"; }
-
-// train.kernels as the launchers' process-wide selection (kernels/cuda/device.h).
-cuda::KernelSelection KernelSelectionOf(const KernelChoices& k) {
-  cuda::KernelSelection s;
-  s.attention_mma = k.attention_kernel == "mma";
-  s.rope_fused = k.rope == "fused";
-  s.ffn_fused = k.ffn == "fused";
-  s.experts = k.experts == "chunked" ? 1 : k.experts == "cudnn" ? 2 : 0;
-  s.dispatch_sort = k.dispatch == "sort";
-  return s;
-}
-
-size_t AttentionSaved(bool flash, const cpu::AttentionDims& a) {
-  if (flash) return static_cast<size_t>(a.batch) * a.heads * a.seq;  // log-sum-exp rows
-  return ProbabilitiesSaved(a);
-}
-
-size_t AttentionScratch(bool flash, const cpu::AttentionDims& a) {
-  return flash ? cuda::FlashAttentionScratchSize(cuda::AttentionDims(a))
-               : cuda::AttentionScratchSize(cuda::AttentionDims(a));
-}
-
-// Elements of the bf16 cast buffers at `rows` tokens (memory plan): the widest GEMM input and
-// the widest output gradient. The LM head casts neither its logits nor its dlogits (bf16 from
-// its GEMM and its cross-entropy kernel, LmHeadLossChunk), only its input x [rows, d].
-size_t CastElements(const ModelConfig& m, size_t rows) {
-  const bool mla = m.attention == "mla";
-  const size_t H = m.heads;
-  const size_t qkv =
-      mla ? 0 : H * m.head_dim_effective() + 2 * m.kv_heads_effective() * m.head_dim_effective();
-  const size_t dqk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-  const size_t in =
-      std::max<size_t>({static_cast<size_t>(m.d_model), static_cast<size_t>(m.ffn_hidden),
-                        H * m.head_dim_effective(), H * m.v_head_dim,
-                        static_cast<size_t>(m.q_lora_rank), static_cast<size_t>(m.kv_lora_rank)});
-  const size_t out =
-      std::max<size_t>({static_cast<size_t>(m.d_model), static_cast<size_t>(m.ffn_hidden), qkv,
-                        static_cast<size_t>(m.q_lora_rank), H * dqk,
-                        static_cast<size_t>(m.kv_lora_rank + m.qk_rope_head_dim),
-                        H * (m.qk_nope_head_dim + m.v_head_dim)});
-  return rows * (in + out);
-}
+// (ChooseFlash, KernelSelectionOf and the attention sizes: core/model/cuda_backend_choices.cc)
 
 class CudaBackend;
 
@@ -621,166 +555,13 @@ std::unique_ptr<Backend<float>> MakeCudaBackend(const RunConfig& config) {
   return std::make_unique<CudaBackend>(config);
 }
 
-DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_batch) {
-  DeviceMemoryPlan plan;
-  plan.micro_batch = micro_batch;
-  const bool use_bf16 = c.train.effective_precision() == "bf16";
-  // Expert parallelism: a rank holds 1/EP of the routed experts (their weights, gradients and
-  // optimizer state; Muon or AdamW alike keep at most two state elements and one Newton–Schulz
-  // element per expert weight).
-  const int ep = c.moe.enabled() ? std::max(1, c.dist.expert_parallel) : 1;
-  const ParamCounts counts = CountParams(c);
-  const double not_held = static_cast<double>(counts.routed) * (ep - 1) / ep;
-  const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
-  const double np = static_cast<double>(counts.total) - not_held;
-  plan.params = 4 * np + (use_bf16 ? 2 * np : 0);
-  plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);
-  // Muon's Newton–Schulz: the same-shape bank plus one ping buffer of the largest bank (bounded
-  // here by the bank itself), in the compute precision.
-  const double ns_elem = use_bf16 ? 2 : 4;
-  plan.optimizer =
-      4.0 * (static_cast<double>(OptimizerStateElements(c)) - (muon ? 1 : 2) * not_held) +
-      2 * ns_elem * (static_cast<double>(OptimizerWorkspaceElements(c)) - (muon ? not_held : 0));
-  // The run's experts path sizes the MoE buffers below (the same selection its backend installs).
-  const cuda::ScopedKernelSelection kernels(KernelSelectionOf(c.train.kernels));
-  // The model's own activation layout with this backend's attention needs.
-  const bool flash = ChooseFlash(c);
-  cpu::AttentionDims dims = AttentionDimsOf(c.model);
-  dims.batch = micro_batch;
-  const size_t n = static_cast<size_t>(micro_batch) * c.model.seq_len;
-  double act =
-      4.0 * static_cast<double>(Model<float>::ActivationElements(
-                c, micro_batch, AttentionSaved(flash, dims), AttentionScratch(flash, dims)));
-  // Token ids, the cross-entropy rows, and the embedding backward's radix-sort scratch: cub sizes
-  // it through a device query, so the plan (which needs no GPU) takes a bound: double-buffered
-  // int32 keys and values, plus 1 MiB.
-  act += 8.0 * n + 8.0 * (2 * n + 2) + 16.0 * n + (1 << 20);
-  if (use_bf16) act += 2.0 * static_cast<double>(CastElements(c.model, n));
-  if (c.moe.enabled()) {
-    const bool shared_xe = cudamodel::SharedExpertInputs(use_bf16, ep > 1);
-    act += static_cast<double>(MoeLayers(c.model, c.moe)) *
-           static_cast<double>(
-               cudamodel::DeviceMoe::Bytes(c.moe, c.model.d_model, n, use_bf16, shared_xe));
-    act += static_cast<double>(
-        cudamodel::MoeScratch::Bytes(c.moe, c.model.d_model, n, use_bf16, shared_xe));
-    if (ep > 1) {  // the owned rows per layer and the exchange buffer, for balanced routing
-      const double rows = static_cast<double>(n) * c.moe.experts_active;
-      act += static_cast<double>(MoeLayers(c.model, c.moe)) *
-             cudamodel::DeviceMoe::OwnedBytes(c.moe, c.model.d_model, rows, use_bf16);
-    }
-  }
-  plan.activations = act;
-  plan.runtime = 1.0 * (1 << 30);
-  return plan;
-}
-
-int LargestFittingMicroBatch(const RunConfig& c, int local_batch, double budget_bytes) {
-  for (int m = local_batch; m >= 1; --m) {
-    if (PlanCudaMemory(c, m, local_batch).total() <= budget_bytes) return m;
-  }
-  return 0;
-}
-
-void RequireCudaMemory(const RunConfig& c, int local_batch, bool print) {
-  const int micro = c.train.micro_batch > 0 && c.train.micro_batch < local_batch
-                        ? c.train.micro_batch
-                        : local_batch;
-  const DeviceMemoryPlan plan = PlanCudaMemory(c, micro, local_batch);
-  size_t free_bytes = 0, total_bytes = 0;
-  MOELAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  constexpr double kGiB = 1024.0 * 1024 * 1024;
-  if (print) {
-    fmt::print(stderr, "moelab train: device memory estimate: {} ({:.1f} GiB free of {:.1f})\n",
-               plan.Describe(), free_bytes / kGiB, total_bytes / kGiB);
-  }
-  if (plan.total() <= static_cast<double>(free_bytes)) return;
-  const int fits = LargestFittingMicroBatch(c, local_batch, static_cast<double>(free_bytes));
-  throw DeviceError(fmt::format(
-      "the run needs about {:.1f} GiB of device memory ({}) but {:.1f} GiB are free; {}",
-      plan.total() / kGiB, plan.Describe(), free_bytes / kGiB,
-      fits > 0 ? fmt::format("set train.micro_batch to {} or less (the largest that fits)", fits)
-               : std::string("no micro-batch fits: use a smaller model or more GPUs")));
-}
-
 #else  // no CUDA in this build: every entry point says so.
 
 std::unique_ptr<Backend<float>> MakeCudaBackend(const RunConfig& config) {
   RequireDevice(config.train);
   throw DeviceError("this moelab was built without CUDA");
 }
-DeviceMemoryPlan PlanCudaMemory(const RunConfig&, int, int) {
-  throw std::runtime_error("this moelab was built without CUDA");
-}
-int LargestFittingMicroBatch(const RunConfig&, int, double) {
-  throw std::runtime_error("this moelab was built without CUDA");
-}
-void RequireCudaMemory(const RunConfig&, int, bool) {
-  throw DeviceError("this moelab was built without CUDA");
-}
 
 #endif
-
-void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
-  if (c.train.device != "cuda") return;
-  const KernelChoices& k = c.train.kernels;
-  std::string why;
-  // A kernel choice this build cannot run (core/kernel_choices.h) stops the run here.
-  KernelBuild build;
-  build.cuda = CudaCompiledIn();
-#if MOELAB_HAVE_CUDA
-  if (k.experts == "cudnn") build.cudnn = cuda::CudnnGroupedMatmulAvailable(&build.cudnn_why);
-#endif
-  RequireKernelChoicesBuildable(k, build);
-#if MOELAB_HAVE_CUDA
-  ChooseFlash(c);  // attention "fused" where the kernels cannot run the shape: a ConfigError
-  // experts "cudnn" runs where it can (bf16, an MoE model, no expert parallelism; the grouped
-  // GEMMs elsewhere), and there it needs 16-byte rows.
-  if (k.experts == "cudnn" && c.train.effective_precision() == "bf16" && c.moe.experts_total > 0 &&
-      expert_parallel <= 1) {
-    for (auto [path, width] : {std::pair{"model.d_model", c.model.d_model},
-                               std::pair{"moe.expert_hidden", c.moe.expert_hidden}}) {
-      if (width % 8 != 0) {
-        throw ConfigError(path,
-                          "train.kernels.experts \"cudnn\" needs a multiple of 8 (16-byte "
-                          "rows), got " +
-                              std::to_string(width));
-      }
-    }
-  }
-  // The sort plan tallies every expert in one block's shared memory: more would stop the run
-  // at its first MoE layer.
-  if (k.dispatch == "sort" && c.moe.experts_total > cuda::kMoeSortMaxExperts) {
-    throw ConfigError("moe.experts_total",
-                      "train.kernels.dispatch \"sort\" counts at most " +
-                          std::to_string(cuda::kMoeSortMaxExperts) + " experts, got " +
-                          std::to_string(c.moe.experts_total) + " (the scan plan has no limit)");
-  }
-#endif
-  if (world > 1) {
-    if (!NcclCommunicator::Available(&why)) {
-      throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
-    }
-    try {  // the NCCL collectives' time-out (core/dist/collective_wait.h)
-      CollectiveTimeoutSeconds();
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError("train.device", e.what());
-    }
-  }
-  // The expert exchange moves rows as 4-byte words (core/model/expert_exchange.h).
-  if (expert_parallel > 1 && c.train.effective_precision() == "bf16" && c.model.d_model % 2 != 0) {
-    throw ConfigError("model.d_model",
-                      "expert parallelism in bf16 needs an even d_model (rows travel as 4-byte "
-                      "words)");
-  }
-}
-
-std::string DeviceMemoryPlan::Describe() const {
-  constexpr double kGiB = 1024.0 * 1024 * 1024;
-  return fmt::format(
-      "params {:.2f} GiB, grads {:.2f} GiB, optimizer {:.2f} GiB, activations {:.2f} GiB "
-      "(micro-batch {}), runtime {:.2f} GiB: total {:.2f} GiB",
-      params / kGiB, grads / kGiB, optimizer / kGiB, activations / kGiB, micro_batch,
-      runtime / kGiB, total() / kGiB);
-}
 
 }  // namespace moelab
