@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/flops.h"
+#include "core/model/optimizer_traits.h"
 
 namespace moelab::analysis {
 
@@ -24,7 +25,7 @@ CommShape CommShapeOf(const RunConfig& c) {
   s.heads = c.model.heads;
   s.d_model = c.model.d_model;
   s.tokens_per_step = TokensPerStep(c);
-  s.muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
+  s.muon = TraitsOf(c.optimizer).muon;
   if (c.moe.enabled()) {
     s.moe_layers = MoeLayers(c.model, c.moe);
     s.experts = c.moe.experts_total;

@@ -18,7 +18,7 @@
 #include "core/model/backend.h"
 #include "core/model/cuda_backend.h"
 #include "core/model/model.h"
-#include "core/optim/cuda_optimizer.h"
+#include "core/optim/optimizer.h"
 #include "core/train/micro_batch.h"
 #include "core/train/trainer.h"
 
@@ -165,7 +165,9 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   r.planned_gib = PlanCudaMemory(c, r.micro_batch, B).total() / 1073741824.0;
   Model<float> model(cm);  // on the CUDA backend: the one model the trainer runs
   model.Init(c.train.seed);
-  std::unique_ptr<Optimizer> opt = MakeCudaOptimizer(c.optimizer, model.param_infos(), true);
+  // The trainer's optimizer: Newton–Schulz in the run's precision.
+  std::unique_ptr<Optimizer> opt =
+      MakeOptimizer(c.optimizer, model.param_infos(), model.backend().optimizer_ops());
   opt->WriteWeightCopy(model.backend().weight_copy());
   const MicroBatchPlan micro = PlanMicroBatches(cm, B);
   GradAccumulator accumulator(model.backend(), model.num_params());

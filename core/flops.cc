@@ -1,5 +1,7 @@
 #include "core/flops.h"
 
+#include "core/model/optimizer_traits.h"
+
 namespace moelab {
 
 AttentionMacs AttentionMacsPerToken(const ModelConfig& m, double keys) {
@@ -94,14 +96,15 @@ size_t NonHiddenParams(const RunConfig& c) {
 
 size_t OptimizerStateElements(const RunConfig& c) {
   const size_t total = static_cast<size_t>(CountParams(c).total);
-  if (c.optimizer.name == "adamw") return 2 * total;
+  const OptimizerTraits traits = TraitsOf(c.optimizer);
+  if (!traits.muon) return traits.other_state * total;
   const size_t rest = NonHiddenParams(c);
   const size_t hidden = total > rest ? total - rest : 0;
-  return hidden + 2 * rest;  // Muon momentum; AdamW m, v for the rest
+  return traits.hidden_state * hidden + traits.other_state * rest;  // Muon momentum; AdamW m, v
 }
 
 size_t OptimizerWorkspaceElements(const RunConfig& c) {
-  if (c.optimizer.name == "adamw") return 0;
+  if (!TraitsOf(c.optimizer).owns_bank) return 0;
   const size_t total = static_cast<size_t>(CountParams(c).total);
   const size_t rest = NonHiddenParams(c);
   return total > rest ? total - rest : 0;  // Muon's same-shape bank for batched Newton-Schulz

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/model/optimizer_traits.h"
 #include "kernels/cpu/sum_squares.h"
 
 namespace moelab {
@@ -103,16 +104,15 @@ ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<Param
                                    size_t num_params, Communicator& comm, Backend<float>& backend)
     : comm_(comm), be_(backend) {
   const OptimizerConfig& config = run.optimizer;
-  const bool muon = config.name == "muon" || config.name == "muonclip";
+  const OptimizerTraits traits = TraitsOf(config);
+  const bool muon = traits.muon;
   ranges_ = PartitionArena(params, num_params, comm.world_size(), muon);
   const std::vector<ParamInfo> sorted = SortedByOffset(params);
-  local_ = MakeOptimizer(run, RestrictParams(sorted, mine(), muon));
+  local_ = MakeOptimizer(config, RestrictParams(sorted, mine(), muon), backend.optimizer_ops());
   // It writes the weight copy of its shard; the backend casts the all-gathered rest.
   local_->WriteWeightCopy(backend.weight_copy());
   // The unsharded layout: every rank's size of every buffer name.
-  std::vector<std::string> names =
-      muon ? std::vector<std::string>{"muon.momentum", "adamw.m", "adamw.v"}
-           : std::vector<std::string>{"adamw.m", "adamw.v"};
+  const std::vector<std::string>& names = traits.state_names;
   const int w = comm.world_size();
   std::vector<int64_t> sizes(names.size() * w, 0);
   for (const StateBuffer& s : local_->state()) {
@@ -125,9 +125,9 @@ ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<Param
     std::vector<size_t> c(w);
     size_t total = 0;
     for (int r = 0; r < w; ++r) total += c[r] = static_cast<size_t>(sizes[i * w + r]);
-    // The unsharded Muon always has its momentum buffer; AdamW buffers exist when some tensor
-    // is AdamW's.
-    if (total == 0 && names[i] != "muon.momentum") continue;
+    // The unsharded Muon always has its momentum buffer (the first); AdamW buffers exist when
+    // some tensor is AdamW's.
+    if (total == 0 && !(muon && i == 0)) continue;
     layout_.push_back({names[i], total});
     counts_.push_back(c);
   }

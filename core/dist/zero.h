@@ -55,8 +55,8 @@ double RangeSquares(const float* g, ArenaRange r);
 
 class ShardedOptimizer {
  public:
-  // The local optimizer is MakeOptimizer(run, ...) for this rank's range (the device one on
-  // train.device "cuda"); grads and params of the calls below are backend memory.
+  // The local optimizer is MakeOptimizer(run.optimizer, ..., backend.optimizer_ops()) for this
+  // rank's range; grads and params of the calls below are backend memory.
   ShardedOptimizer(const RunConfig& run, const std::vector<ParamInfo>& params, size_t num_params,
                    Communicator& comm, Backend<float>& backend);
 

@@ -20,14 +20,13 @@
 #include "core/config.h"
 #include "core/model/backend_memory.h"
 #include "core/model/moe.h"
+#include "core/model/optimizer_ops.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"
 
 namespace moelab {
 
 class CudaOpProfiler;
-struct RowScale;
-class WeightCopy;  // core/optim/optimizer.h
 
 // One MoE layer on a backend (core/model/moe.h's MoeLayer on the CPU, the device layer of
 // core/model/cuda_moe.h on CUDA): the same contract as MoeLayer<T>::Forward / Backward.
@@ -165,8 +164,11 @@ class Backend : public BackendMemory {
   // copy (CUDA in bf16) refreshes it in WeightsChanged(), called after every update.
   virtual void SetWeights(const T* params, size_t n) = 0;
   virtual void WeightsChanged() = 0;
-  // That copy, for an optimizer to write in its update (core/optim/optimizer.h); null: none.
+  // That copy, for an optimizer to write in its update (core/model/optimizer_ops.h); null: none.
   virtual WeightCopy* weight_copy() { return nullptr; }
+  // The ops the optimizers (core/optim) run over this backend's arenas. Default: the host table,
+  // right for every backend whose memory is host memory.
+  virtual OptimizerOps& optimizer_ops() { return CpuOptimizerOps(); }
 
   // --- Dense algebra. y = x·Wᵀ (+ y); W [out, in] row-major, inside the weight arena.
   virtual void Linear(const T* x, const T* w, int n, int in, int out, T* y, bool accumulate) = 0;
@@ -280,7 +282,8 @@ class Backend : public BackendMemory {
   // then writes g = acc + w·g (the last micro-batch joins without another pass).
   virtual void ScaledSum(const T* g, double w, bool first, T* acc, size_t n) = 0;
   virtual void FinishScaledSum(const T* acc, double w, T* g, size_t n) = 0;
-  // QK-Clip's row scalings (core/optim/qk_clip_plan.h) on the parameter arena.
+  // QK-Clip's row scalings (core/optim/qk_clip_plan.h) on the parameter arena (in T; a float
+  // backend passes them to its OptimizerOps::ScaleRows).
   virtual void ScaleRows(const std::vector<RowScale>& rows, T* arena) = 0;
 
   // Per-op-class timing (CUDA events); null: off. A no-op on the CPU.

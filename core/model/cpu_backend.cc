@@ -10,9 +10,9 @@
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <type_traits>
 
 #include "core/model/backend.h"
-#include "core/optim/qk_clip_plan.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
@@ -219,9 +219,13 @@ class CpuBackend final : public Backend<T> {
     for (long i = 0; i < n; ++i) g[i] = acc[i] + wt * g[i];
   }
   void ScaleRows(const std::vector<RowScale>& rows, T* arena) override {
-    for (const RowScale& r : rows) {
-      T* p = arena + r.offset;
-      for (size_t i = 0; i < r.count; ++i) p[i] *= r.factor;
+    if constexpr (std::is_same_v<T, float>) {
+      CpuOptimizerOps().ScaleRows(rows, arena, nullptr);
+    } else {
+      for (const RowScale& r : rows) {
+        T* p = arena + r.offset;
+        for (size_t i = 0; i < r.count; ++i) p[i] *= static_cast<T>(r.factor);
+      }
     }
   }
 };

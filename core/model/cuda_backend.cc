@@ -18,14 +18,14 @@
 #include "core/model/attention_dims.h"
 #include "core/model/backend.h"
 #include "core/model/model.h"
-#include "core/optim/qk_clip_plan.h"
+#include "core/model/optimizer_traits.h"
 
 #if MOELAB_HAVE_CUDA
 #include "core/cuda_profiler.h"
 #include "core/model/cuda_backend_choices.h"
 #include "core/model/cuda_backend_kernels.h"
 #include "core/model/cuda_moe.h"
-#include "core/optim/cuda_optimizer.h"
+#include "core/model/cuda_optimizer_ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cudnn_grouped_matmul.h"
@@ -80,7 +80,8 @@ class CudaBackend final : public Backend<float> {
         use_bf16_(c.train.effective_precision() == "bf16"),
         flash_(ChooseFlash(c)),
         ffn_fused_(use_bf16_ && c.train.kernels.ffn == "fused"),
-        attention_acts_bf16_(use_bf16_ && AttentionActsBf16(c)) {}
+        attention_acts_bf16_(use_bf16_ && AttentionActsBf16(c)),
+        optimizer_ops_(this, use_bf16_) {}
 
   std::string name() const override { return "cuda"; }
   bool is_host() const override { return false; }
@@ -122,6 +123,8 @@ class CudaBackend final : public Backend<float> {
     if (use_bf16_) weights_bf16_.Refresh(weights_);
   }
   WeightCopy* weight_copy() override { return use_bf16_ ? &weights_bf16_ : nullptr; }
+  // Newton–Schulz in the run's precision.
+  OptimizerOps& optimizer_ops() override { return optimizer_ops_; }
   // The bf16 copy of a weight inside the arena (bf16 mode).
   const bf16* Bf16Of(const float* w) const {
     if (!w) return nullptr;
@@ -461,8 +464,8 @@ class CudaBackend final : public Backend<float> {
     return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_, first, count);
   }
 
-  double SumSquares(const float* x, size_t n) override { return DeviceSumSquares(x, n); }
-  void Scale(float* x, size_t n, float s) override { DeviceScale(x, n, s); }
+  double SumSquares(const float* x, size_t n) override { return optimizer_ops_.SumSquares(x, n); }
+  void Scale(float* x, size_t n, float s) override { optimizer_ops_.Scale(x, n, s); }
   void ScaledSum(const float* g, double w, bool first, float* acc, size_t n) override {
     cudamodel::Axpy(g, static_cast<float>(w), first, acc, n);
     MOELAB_CUDA_CHECK(cudaGetLastError());
@@ -472,10 +475,7 @@ class CudaBackend final : public Backend<float> {
     MOELAB_CUDA_CHECK(cudaGetLastError());
   }
   void ScaleRows(const std::vector<RowScale>& rows, float* arena) override {
-    QkClipPlan plan;
-    plan.scales = rows;
-    ApplyQkClipPlanOnDevice(plan, arena,
-                            use_bf16_ && arena == weights_ ? weights_bf16_.data() : nullptr);
+    optimizer_ops_.ScaleRows(rows, arena, arena == weights_ ? weight_copy() : nullptr);
   }
 
   void set_profiler(CudaOpProfiler* profiler) override { profiler_ = profiler; }
@@ -504,6 +504,7 @@ class CudaBackend final : public Backend<float> {
   const float* weights_ = nullptr;
   size_t num_weights_ = 0;
   Bf16WeightCopy weights_bf16_;
+  CudaOptimizerOps optimizer_ops_;
   cuda::DeviceBuffer<bf16> xb_, dyb_;
   cuda::DeviceBuffer<unsigned char> emb_scratch_;
   cuda::DeviceBuffer<double> loss_sum_;  // LmHeadLoss in bf16: the chunks' summed terms

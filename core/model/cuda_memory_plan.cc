@@ -11,6 +11,7 @@
 #include "core/flops.h"
 #include "core/model/cuda_backend.h"
 #include "core/model/model.h"
+#include "core/model/optimizer_traits.h"
 
 #if MOELAB_HAVE_CUDA
 #include "core/model/attention_dims.h"
@@ -33,7 +34,7 @@ DeviceMemoryPlan PlanCudaMemory(const RunConfig& c, int micro_batch, int local_b
   const int ep = c.moe.enabled() ? std::max(1, c.dist.expert_parallel) : 1;
   const ParamCounts counts = CountParams(c);
   const double not_held = static_cast<double>(counts.routed) * (ep - 1) / ep;
-  const bool muon = c.optimizer.name == "muon" || c.optimizer.name == "muonclip";
+  const bool muon = TraitsOf(c.optimizer).muon;
   const double np = static_cast<double>(counts.total) - not_held;
   plan.params = 4 * np + (use_bf16 ? 2 * np : 0);
   plan.grads = 4 * np + (micro_batch < local_batch ? 4 * np : 0);

@@ -5,7 +5,8 @@
 // AdamW's η and λ carry over) or √max(1, rows/cols) ("shape", Keller's original).
 // Stacked expert tensors are `batch` separate matrices. Same-shape matrices of all tensors are
 // gathered into one bank so Newton–Schulz runs them as one batch (all experts of a layer, and
-// the q/k/v/o of every layer).
+// the q/k/v/o of every layer). Written once over a backend's optimizer ops: the bank lives in
+// the backend (CUDA in bf16 iterates in bf16).
 #pragma once
 
 #include <memory>
@@ -15,7 +16,7 @@
 
 #include "core/optim/adamw.h"
 #include "core/optim/optimizer.h"
-#include "kernels/cpu/newton_schulz.h"
+#include "core/optim/state_array.h"
 
 namespace moelab {
 
@@ -25,48 +26,41 @@ double MuonUpdateScale(const std::string& mode, int rows, int cols);
 
 class Muon : public Optimizer {
  public:
-  Muon(const OptimizerConfig& config, const std::vector<ParamInfo>& params);
+  Muon(const OptimizerConfig& config, const std::vector<ParamInfo>& params,
+       OptimizerOps& ops = CpuOptimizerOps());
   void Step(float* params, const float* grads, double lr, int64_t step) override;
   // "muon.momentum" (hidden matrices in parameter order) followed by the AdamW buffers.
   std::vector<StateBuffer> state() override;
   // Every tensor in parameter order: "muon", "adamw" or "adamw_no_decay".
   std::vector<std::pair<std::string, std::string>> groups() const override;
+  void SyncToHost() override;
+  void SyncToDevice() override;
+  void WriteWeightCopy(WeightCopy* copy) override;
 
-  // Newton–Schulz kernel/threading/steps (steps default to config.muon_ns_steps). E.g.
+  // Newton–Schulz kernel/threading/steps (steps default to config.muon_ns_steps; a device
+  // backend reads the steps only). E.g.
   // NsKernel::kGram halves the NS cost of 1:4 matrices at ~1e-4 more rounding; not the default
   // until a config field selects it.
   void set_ns_options(const cpu::NewtonSchulzOptions& options) { ns_options_ = options; }
   const cpu::NewtonSchulzOptions& ns_options() const { return ns_options_; }
 
   // Newton–Schulz scratch in bytes (steady state: no allocation after the first step).
-  size_t workspace_bytes() const { return ws_.bytes(); }
+  size_t workspace_bytes() const { return bank_->workspace_bytes(); }
 
  private:
-  struct Tensor {
-    std::string name;
-    size_t offset;  // into the parameter / gradient arenas
-    size_t size;
-    size_t momentum_offset;  // into momentum_
-    size_t bank_offset;      // into bank_ (where its NS input/output lives)
-    float scale;             // s
-  };
-  struct Bank {  // every matrix of one shape, contiguous in bank_
-    int rows, cols;
-    int batch = 0;
-    size_t offset = 0;
-  };
   OptimizerConfig config_;
-  std::vector<Tensor> tensors_;
-  std::vector<Bank> banks_;
-  std::vector<float> momentum_;
-  std::vector<float> bank_;
+  OptimizerOps& ops_;
+  std::unique_ptr<OptimizerOps::MuonBank> bank_;
+  std::pair<size_t, size_t> span_;  // the arena elements of its hidden matrices
+  std::unique_ptr<StateArray> momentum_;
   std::unique_ptr<AdamW> adamw_;  // null when every tensor is a hidden matrix
   std::vector<std::pair<std::string, std::string>> groups_;
   cpu::NewtonSchulzOptions ns_options_;
-  cpu::NewtonSchulzWorkspace<float> ws_;
+  WeightCopy* copy_ = nullptr;
 };
 
 std::unique_ptr<Optimizer> MakeMuon(const OptimizerConfig& config,
-                                    const std::vector<ParamInfo>& params);
+                                    const std::vector<ParamInfo>& params,
+                                    OptimizerOps& ops = CpuOptimizerOps());
 
 }  // namespace moelab

@@ -2,29 +2,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <stdexcept>
 
+#include "core/model/optimizer_traits.h"
 #include "core/optim/adamw.h"
-#include "core/optim/cuda_optimizer.h"
 #include "core/optim/muon.h"
 
 namespace moelab {
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
-                                         const std::vector<ParamInfo>& params) {
-  if (config.name == "adamw") return std::make_unique<AdamW>(config, params);
-  // MuonClip is Muon plus QK-Clip; the clip itself runs in the trainer after every step.
-  if (config.name == "muon" || config.name == "muonclip") return MakeMuon(config, params);
-  throw std::runtime_error("optimizer '" + config.name + "' is not available in this build");
+                                         const std::vector<ParamInfo>& params, OptimizerOps& ops) {
+  // MuonClip is Muon plus QK-Clip; the clip itself runs in the training loop after every step.
+  if (TraitsOf(config).muon) return std::make_unique<Muon>(config, params, ops);
+  return std::make_unique<AdamW>(config, params, ops);
 }
 
-std::unique_ptr<Optimizer> MakeOptimizer(const RunConfig& run,
-                                         const std::vector<ParamInfo>& params) {
-  if (run.train.device == "cuda") {
-    return MakeCudaOptimizer(run.optimizer, params, run.train.effective_precision() == "bf16");
+std::pair<size_t, size_t> ArenaSpanOf(const std::vector<ParamInfo>& params) {
+  size_t begin = SIZE_MAX, end = 0;
+  for (const ParamInfo& p : params) {
+    begin = std::min(begin, p.offset);
+    end = std::max(end, p.offset + p.size());
   }
-  return MakeOptimizer(run.optimizer, params);
+  return begin < end ? std::make_pair(begin, end) : std::make_pair(size_t{0}, size_t{0});
 }
 
 double ScheduledLr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps) {

@@ -1,14 +1,17 @@
-// Optimizers update the whole flat parameter arena from the gradient arena. AdamW lives here;
-// Muon/MuonClip implement the same interface.
+// Optimizers update the whole flat parameter arena from the gradient arena, written once over a
+// backend's optimizer ops (core/model/optimizer_ops.h): AdamW (adamw.h), Muon and MuonClip
+// (muon.h; the clip itself is core/optim/qk_clip_plan.h, run by the training loop).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
 #include "core/model/model.h"
+#include "core/model/optimizer_ops.h"
 
 namespace moelab {
 
@@ -16,21 +19,6 @@ namespace moelab {
 struct StateBuffer {
   std::string name;
   std::vector<float>* data;
-};
-
-// The copy of the weights a backend computes with (CUDA's bf16 GEMM operands; element i is the
-// copy of parameter i). An optimizer that can writes it in the same pass as its update and marks
-// the span it wrote, so the backend's next WeightsChanged() refreshes only the rest (what else
-// changed the weights: another rank's ZeRO-1 shard, a checkpoint load) instead of re-reading
-// the whole arena. Backend-specific data behind a device-agnostic hand-over.
-class WeightCopy {
- public:
-  virtual ~WeightCopy() = default;
-  // The copy: bf16 elements in the backend's memory, parallel to the parameter arena.
-  virtual void* data() = 0;
-  // The copy of every parameter inside arena elements [begin, end) is current, until the next
-  // WeightsChanged().
-  virtual void MarkWritten(size_t begin, size_t end) = 0;
 };
 
 class Optimizer {
@@ -41,8 +29,9 @@ class Optimizer {
   virtual std::vector<StateBuffer> state() = 0;
   // Human-readable parameter-group mapping, e.g. {"layers.0.attn.wq": "muon"}.
   virtual std::vector<std::pair<std::string, std::string>> groups() const = 0;
-  // An optimizer on a device keeps its state there; state() are host mirrors: SyncToHost()
-  // before a checkpoint is written from them, SyncToDevice() after one was read into them.
+  // An optimizer on a device keeps its state there; state() are host mirrors (StateArray):
+  // SyncToHost() before a checkpoint is written from them, SyncToDevice() after one was read
+  // into them.
   virtual void SyncToHost() {}
   virtual void SyncToDevice() {}
   // Hands over the backend's weight copy (Backend::weight_copy(); null: none) for Step to write
@@ -51,12 +40,19 @@ class Optimizer {
   virtual void WriteWeightCopy(WeightCopy* copy) { (void)copy; }
 };
 
+// The optimizer config.name names (TraitsOf, core/model/optimizer_traits.h), over the arenas of
+// the backend whose ops are given (Backend::optimizer_ops(); default: host memory). Throws
+// std::runtime_error for a name this build lacks.
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
-                                         const std::vector<ParamInfo>& params);
-// The optimizer for a run's device: the CPU one above, or on train.device "cuda" the device
-// optimizer of core/optim/cuda_optimizer.h (Newton–Schulz in the run's precision).
-std::unique_ptr<Optimizer> MakeOptimizer(const RunConfig& run,
-                                         const std::vector<ParamInfo>& params);
+                                         const std::vector<ParamInfo>& params,
+                                         OptimizerOps& ops = CpuOptimizerOps());
+
+// The span of arena elements covering `params`: [first offset, last end); {0, 0} when empty.
+std::pair<size_t, size_t> ArenaSpanOf(const std::vector<ParamInfo>& params);
+// After an update that wrote the copy (null: none) of every parameter in span: marks it.
+inline void MarkWritten(WeightCopy* copy, std::pair<size_t, size_t> span) {
+  if (copy && span.second > span.first) copy->MarkWritten(span.first, span.second);
+}
 
 // Learning rate at 1-based step of total_steps for the schedule, peak lr.
 double ScheduledLr(const ScheduleConfig& s, double peak_lr, int64_t step, int64_t total_steps);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace moelab {
 namespace {
@@ -19,7 +20,16 @@ const ParamInfo* FindLayerParam(const std::vector<ParamInfo>& params, int layer,
 
 void AddRows(QkClipPlan* plan, const ParamInfo& p, int first, int count, double factor) {
   plan->scales.push_back({p.offset + static_cast<size_t>(first) * p.cols,
-                          static_cast<size_t>(count) * p.cols, static_cast<float>(factor)});
+                          static_cast<size_t>(count) * p.cols, factor});
+}
+
+// Throws unless the tensor has `rows` rows of one matrix (the per-head row layout the plan
+// scales).
+void RequireRows(const ParamInfo& p, int rows, int layer) {
+  if (p.rows != rows || p.batch != 1) {
+    throw std::invalid_argument("PlanQkClip: layer " + std::to_string(layer) + " " + p.name +
+                                " does not have the per-head row layout");
+  }
 }
 
 }  // namespace
@@ -51,6 +61,9 @@ QkClipPlan PlanQkClip(const RunConfig& cfg, const std::vector<ParamInfo>& params
       const ParamInfo* qc = FindLayerParam(params, l, "attn.q_b_nope");
       const ParamInfo* kc = FindLayerParam(params, l, "attn.kv_b_k");
       const ParamInfo* qr = FindLayerParam(params, l, "attn.q_b_rope");
+      RequireRows(*qc, heads * dn, l);
+      RequireRows(*kc, heads * dn, l);
+      RequireRows(*qr, heads * dr, l);
       for (int h = 0; h < heads; ++h) {
         const double s_max = global ? layer_max : s[h];
         if (!(s_max > tau)) continue;
@@ -73,6 +86,8 @@ QkClipPlan PlanQkClip(const RunConfig& cfg, const std::vector<ParamInfo>& params
       throw std::invalid_argument("PlanQkClip: layer " + std::to_string(l) +
                                   " has no attn_q/attn_k parameter");
     }
+    RequireRows(*wq, heads * hd, l);
+    RequireRows(*wk, kv_heads * hd, l);
     if (global) {
       if (!(layer_max > tau)) continue;
       const double gamma = tau / layer_max;
@@ -96,11 +111,19 @@ QkClipPlan PlanQkClip(const RunConfig& cfg, const std::vector<ParamInfo>& params
   return plan;
 }
 
-void ApplyQkClipPlan(const QkClipPlan& plan, float* arena) {
-  for (const RowScale& r : plan.scales) {
-    float* p = arena + r.offset;
-    for (size_t i = 0; i < r.count; ++i) p[i] *= r.factor;
+template <typename T>
+void ApplyQkClipPlan(const QkClipPlan& plan, T* arena) {
+  if constexpr (std::is_same_v<T, float>) {
+    CpuOptimizerOps().ScaleRows(plan.scales, arena, nullptr);
+  } else {
+    for (const RowScale& r : plan.scales) {
+      T* p = arena + r.offset;
+      for (size_t i = 0; i < r.count; ++i) p[i] *= static_cast<T>(r.factor);
+    }
   }
 }
+
+template void ApplyQkClipPlan<float>(const QkClipPlan&, float*);
+template void ApplyQkClipPlan<double>(const QkClipPlan&, double*);
 
 }  // namespace moelab

@@ -13,6 +13,7 @@
 #include "core/model/backend.h"
 #include "core/model/moe.h"
 #include "core/model/norm_gain_rms.h"
+#include "core/model/optimizer_traits.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
 #include "core/train/device_check.h"
@@ -169,12 +170,12 @@ void TrainingRun::SetUpOptimizer() {
   Model<float>& model = *model_;
   // ZeRO-1 (with distributed Muon): a sharded optimizer; otherwise every rank steps all.
   zero_ = c_.dist.zero1 && layout_.world > 1;
-  muon_ = c_.optimizer.name == "muon" || c_.optimizer.name == "muonclip";
+  muon_ = TraitsOf(c_.optimizer).muon;
   if (zero_) {  // over the ranks holding the same parameters
     sharded_ = std::make_unique<ShardedOptimizer>(c_, model.param_infos(), model.num_params(),
                                                   sharded_ep_ ? *dp_grad_ : *grad_comm_, *be_);
   } else {
-    optimizer_ = MakeOptimizer(c_, model.param_infos());
+    optimizer_ = MakeOptimizer(c_.optimizer, model.param_infos(), be_->optimizer_ops());
     optimizer_->WriteWeightCopy(be_->weight_copy());  // CUDA bf16: written in the update pass
   }
   // The grad norm is summed over the same ranges with and without ZeRO-1 (identical bits).

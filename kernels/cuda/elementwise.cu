@@ -428,6 +428,17 @@ __global__ void ScaleRowsKernel(const RowScale* spans, int count) {
   MOELAB_GRID_STRIDE(i, n) p[i] *= s.factor;
 }
 
+// blockIdx.y: the range.
+__global__ void ScaleRangesKernel(const ScaleRange* ranges, float* arena, bf16* copy) {
+  const ScaleRange r = ranges[blockIdx.y];
+  float* p = arena + r.offset;
+  bf16* c = copy ? copy + r.offset : nullptr;
+  MOELAB_GRID_STRIDE(i, r.count) {
+    p[i] *= r.factor;
+    if (c) c[i] = __float2bfloat16(p[i]);
+  }
+}
+
 constexpr int kSumBlocks = 256;
 __global__ void SumSquaresPartialKernel(const float* x, size_t n, double* partial) {
   __shared__ double shared[32];
@@ -544,6 +555,20 @@ void ScaleRows(const std::vector<RowScale>& spans, cudaStream_t stream) {
   ScaleRowsKernel<<<grid, kThreads, 0, stream>>>(static_cast<const RowScale*>(dev),
                                                  static_cast<int>(spans.size()));
   CheckLaunch("ScaleRows");
+}
+
+void ScaleRanges(const std::vector<ScaleRange>& ranges, float* arena, bf16* copy,
+                 cudaStream_t stream) {
+  uint64_t widest = 0;
+  for (const ScaleRange& r : ranges) widest = std::max(widest, r.count);
+  if (!widest) return;
+  const size_t bytes = ranges.size() * sizeof(ScaleRange);
+  void* dev = ThreadScratch(bytes);
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(dev, ranges.data(), bytes, cudaMemcpyHostToDevice, stream));
+  const dim3 grid(std::min(Blocks(widest, kThreads), 256), static_cast<unsigned>(ranges.size()));
+  ScaleRangesKernel<<<grid, kThreads, 0, stream>>>(static_cast<const ScaleRange*>(dev), arena,
+                                                   copy);
+  CheckLaunch("ScaleRanges");
 }
 
 void SumSquares(const float* x, size_t n, double* out_device, cudaStream_t stream) {

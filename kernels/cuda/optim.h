@@ -85,6 +85,17 @@ struct RowScale {
 // All spans in one launch (the list is copied to the device; spans must not overlap).
 void ScaleRows(const std::vector<RowScale>& spans, cudaStream_t stream = nullptr);
 
+// QK-Clip on a whole arena: arena[offset .. offset + count) ×factor for each range, and copy
+// (null: none), the arena's bf16 copy, re-rounded there from the new fp32 values. One launch; the
+// table travels in the thread's stream-ordered scratch, so no host synchronisation.
+struct ScaleRange {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  float factor = 1;
+};
+void ScaleRanges(const std::vector<ScaleRange>& ranges, float* arena, bf16* copy,
+                 cudaStream_t stream = nullptr);
+
 // Sum of squares of x (n floats) into *out_device (double), for gradient-norm clipping.
 void SumSquares(const float* x, size_t n, double* out_device, cudaStream_t stream = nullptr);
 // x[i] *= factor.

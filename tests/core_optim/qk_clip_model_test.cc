@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "core/model/model.h"
-#include "core/optim/qk_clip.h"
+#include "core/optim/qk_clip_plan.h"
+#include "tests/core_optim/clip_by_plan.h"
 
 namespace moelab {
 namespace {
@@ -88,7 +89,7 @@ TEST_P(QkClipModelTest, RecomputedMaxLogitEqualsTau) {
       for (int l = 0; l < L; ++l)
         if (l != target) std::fill(s.begin() + l * H, s.begin() + (l + 1) * H, 0.0f);
     }
-    const auto events = ApplyQkClip<double>(c, model.param_infos(), model.params(), s, 1);
+    const auto events = testing::ClipByPlan<double>(c, model.param_infos(), model.params(), s, 1);
     const std::vector<float> s1 = MaxLogits(model, tokens, batch);
     const int last = target >= 0 ? target : 0;  // layers whose input is unchanged
     for (int l = 0; l <= last; ++l) {
@@ -123,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Attention, QkClipModelTest,
                                            Case{0, "global"}, Case{2, "global"},
                                            Case{0, "per_head", true}, Case{0, "global", true}),
                          [](const auto& info) {
-                           return std::string(info.param.mla            ? "mla_"
+                           return std::string(info.param.mla             ? "mla_"
                                               : info.param.kv_heads == 0 ? "mha_"
                                                                          : "gqa_") +
                                   info.param.mode;

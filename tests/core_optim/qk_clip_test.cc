@@ -1,13 +1,15 @@
-// QK-Clip on a parameter arena: clipped heads' rows scaled by exactly γ^α / γ^(1−α) (MHA) or γ
-// (GQA, shared keys untouched), everything else bit-identical, one event per clipped head.
-#include "core/optim/qk_clip.h"
-
+// QK-Clip's plan applied to a parameter arena: clipped heads' rows scaled by exactly γ^α / γ^(1−α)
+// (MHA) or γ (GQA, shared keys untouched), everything else bit-identical, one event per clipped
+// head.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "core/optim/qk_clip_plan.h"
+#include "tests/core_optim/clip_by_plan.h"
 
 namespace moelab {
 namespace {
@@ -90,7 +92,7 @@ TYPED_TEST(QkClipTest, MhaPerHeadScalesClippedHeadsOnly) {
   std::vector<T> expected = arena;
   // Layer 0: head 1 over τ; head 2 exactly at τ (not clipped). Layer 1: heads 0 and 3.
   const std::vector<float> s = {5, 40, 10, 9.99f, 12.5f, 1, 2, 1000};
-  const auto events = ApplyQkClip<T>(c, ps, arena.data(), s, 7);
+  const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 7);
   ASSERT_EQ(events.size(), 3u);
   const int clipped[3][2] = {{0, 1}, {1, 0}, {1, 3}};
   for (int e = 0; e < 3; ++e) {
@@ -116,7 +118,7 @@ TYPED_TEST(QkClipTest, GqaScalesQueryHeadByGammaAndLeavesKeysAlone) {
   std::vector<T> arena = RandomArena<T>(ps);
   std::vector<T> expected = arena;
   const std::vector<float> s = {20, 1, 1, 1, 1, 1, 11, 30};
-  const auto events = ApplyQkClip<T>(c, ps, arena.data(), s, 3);
+  const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 3);
   ASSERT_EQ(events.size(), 3u);
   ScaleHead(expected, Find(ps, "layers.0.attn.wq"), 0, 10.0 / 20.0);
   ScaleHead(expected, Find(ps, "layers.1.attn.wq"), 2, 10.0 / 11.0);
@@ -133,7 +135,7 @@ TYPED_TEST(QkClipTest, GlobalModeUsesOneGammaPerLayer) {
     std::vector<T> expected = arena;
     // Layer 0 max 25 > τ: every head gets γ = 0.4. Layer 1 max 9 ≤ τ: untouched.
     const std::vector<float> s = {5, 25, 10, 1, 9, 1, 2, 3};
-    const auto events = ApplyQkClip<T>(c, ps, arena.data(), s, 1);
+    const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 1);
     ASSERT_EQ(events.size(), static_cast<size_t>(kHeads));
     for (int h = 0; h < kHeads; ++h) {
       EXPECT_EQ(events[h].layer, 0);
@@ -156,7 +158,7 @@ TYPED_TEST(QkClipTest, OffWhenTauIsZeroAndNothingOverTau) {
     const auto ps = Params(c);
     std::vector<T> arena = RandomArena<T>(ps);
     const std::vector<T> before = arena;
-    EXPECT_TRUE(ApplyQkClip<T>(c, ps, arena.data(), s, 1).empty());
+    EXPECT_TRUE(testing::ClipByPlan<T>(c, ps, arena.data(), s, 1).empty());
     EXPECT_EQ(std::memcmp(arena.data(), before.data(), arena.size() * sizeof(T)), 0);
   }
 }
@@ -166,14 +168,14 @@ TEST(QkClip, RejectsBadInputs) {
   const auto ps = Params(c);
   std::vector<float> arena = RandomArena<float>(ps);
   const std::vector<float> s(kLayers * kHeads, 50.0f);
-  EXPECT_THROW(ApplyQkClip<float>(c, ps, arena.data(), {1.0f}, 1), std::invalid_argument);
+  EXPECT_THROW(testing::ClipByPlan<float>(c, ps, arena.data(), {1.0f}, 1), std::invalid_argument);
   c.optimizer.qk_clip_mode = "per_layer";
-  EXPECT_THROW(ApplyQkClip<float>(c, ps, arena.data(), s, 1), std::invalid_argument);
+  EXPECT_THROW(testing::ClipByPlan<float>(c, ps, arena.data(), s, 1), std::invalid_argument);
   c.optimizer.qk_clip_mode = "per_head";
   // An MLA config over parameters without the MLA projections names what is missing.
   c.model.attention = "mla";
   try {
-    ApplyQkClip<float>(c, ps, arena.data(), s, 1);
+    testing::ClipByPlan<float>(c, ps, arena.data(), s, 1);
     FAIL() << "no error for MLA without MLA parameters";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("attn.q_b_nope"), std::string::npos) << e.what();

@@ -1,11 +1,11 @@
-// The weight-copy hand-over's bookkeeping (core/optim/cuda_optimizer.h UnwrittenSpans): what a
+// The weight-copy hand-over's bookkeeping (core/model/optimizer_ops.h UnwrittenSpans): what a
 // backend still casts after the optimizer marked the spans it wrote. Needs no GPU.
 #include <gtest/gtest.h>
 
 #include <utility>
 #include <vector>
 
-#include "core/optim/cuda_optimizer.h"
+#include "core/model/optimizer_ops.h"
 
 namespace moelab {
 namespace {

@@ -13,7 +13,7 @@
 #include "core/model/model.h"
 #include "core/optim/adamw.h"
 #include "core/optim/muon.h"
-#include "core/optim/qk_clip.h"
+#include "core/optim/qk_clip_plan.h"
 #include "kernels/cpu/newton_schulz.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/gemm.h"
@@ -202,7 +202,9 @@ TEST(CudaQkClip, ScaleRowsEqualsCpuClipExactly) {
   auto arena = Random(2 * size_t(heads) * hd * d, 50);
   auto garena = ToDevice(arena);
   const std::vector<float> s_max = {3.0f, 7.5f, 5.0f, 12.0f};  // heads 1 and 3 exceed τ
-  const auto events = ApplyQkClip(cfg, params, arena.data(), s_max, 1);
+  const QkClipPlan plan = PlanQkClip(cfg, params, s_max, 1);
+  ApplyQkClipPlan(plan, arena.data());
+  const std::vector<ClipEvent>& events = plan.events;
   ASSERT_EQ(events.size(), 2u);
   std::vector<RowScale> spans;
   for (int h = 0; h < heads; ++h) {

@@ -1,8 +1,7 @@
-// GPU twins of the optimizers (skip with the reason where no GPU is usable): device AdamW and
-// Muon (fp32 Newton–Schulz) against the CPU optimizers over several steps on a real model's
-// parameter layout, the device QK-Clip against ApplyQkClip, the device gradient norm.
-#include "core/optim/cuda_optimizer.h"
-
+// GPU twins of the optimizer ops (skip with the reason where no GPU is usable): the one AdamW and
+// Muon over the CUDA ops (fp32 Newton–Schulz) against the same optimizers over the CPU ops for
+// several steps on a real model's parameter layout, the QK-Clip plan on the device against the
+// plan on the host, the device gradient norm.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,13 +14,13 @@
 #include "core/model/backend.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
-#include "core/optim/qk_clip.h"
 #include "core/optim/qk_clip_plan.h"
 
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
 
 #include "core/cuda_util.h"
+#include "core/model/cuda_optimizer_ops.h"
 #endif
 
 namespace moelab {
@@ -53,6 +52,13 @@ RunConfig SmallMoe() {
 }
 
 #if MOELAB_HAVE_CUDA
+// A CUDA backend: the device memory the optimizer state lives in.
+std::unique_ptr<Backend<float>> DeviceBackend() {
+  RunConfig c = SmallMoe();
+  c.train.device = "cuda";
+  return MakeCudaBackend(c);
+}
+
 // Max |a-b| / (max |b| + tiny) over the arena.
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, scale = 1e-30;
@@ -75,8 +81,9 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
   cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
   dparams.Upload(cpu.data(), n);
   std::unique_ptr<Optimizer> ref = MakeOptimizer(c.optimizer, model.param_infos());
-  std::unique_ptr<Optimizer> dev =
-      MakeCudaOptimizer(c.optimizer, model.param_infos(), /*ns_bf16=*/false);
+  const std::unique_ptr<Backend<float>> be = DeviceBackend();
+  CudaOptimizerOps ops(be.get(), /*ns_bf16=*/false);
+  std::unique_ptr<Optimizer> dev = MakeOptimizer(c.optimizer, model.param_infos(), ops);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.01f);
   std::vector<float> g(n);
@@ -152,8 +159,9 @@ void CheckWeightCopy(const std::string& name) {
   dparams.Upload(host.data(), n);
   Bf16WeightCopy copy;
   copy.Resize(n);
-  std::unique_ptr<Optimizer> dev =
-      MakeCudaOptimizer(c.optimizer, model.param_infos(), /*ns_bf16=*/true);
+  const std::unique_ptr<Backend<float>> be = DeviceBackend();
+  CudaOptimizerOps ops(be.get(), /*ns_bf16=*/true);
+  std::unique_ptr<Optimizer> dev = MakeOptimizer(c.optimizer, model.param_infos(), ops);
   dev->WriteWeightCopy(&copy);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.01f);
@@ -165,15 +173,14 @@ void CheckWeightCopy(const std::string& name) {
     ExpectCopyIsTheCast(model, dparams, copy, name + " step");
     // QK-Clip after the update re-rounds the rows it scaled.
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
-    ApplyQkClipPlanOnDevice(PlanQkClip(c, model.param_infos(), s, step), dparams.data(),
-                            copy.data());
+    ops.ScaleRows(PlanQkClip(c, model.param_infos(), s, step).scales, dparams.data(), &copy);
     ExpectCopyIsTheCast(model, dparams, copy, name + " clip");
     copy.Refresh(dparams.data());
   }
   // A shard: the first half of the tensors. The others change behind its back (all-gather).
   std::vector<ParamInfo> shard(model.param_infos().begin(),
                                model.param_infos().begin() + model.param_infos().size() / 2);
-  std::unique_ptr<Optimizer> part = MakeCudaOptimizer(c.optimizer, shard, true);
+  std::unique_ptr<Optimizer> part = MakeOptimizer(c.optimizer, shard, ops);
   part->WriteWeightCopy(&copy);
   part->Step(dparams.data(), dgrads.data(), 1e-2, 1);
   std::vector<float> w = dparams.ToHost();
@@ -210,7 +217,8 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
   Backend<float>& be = model.backend();
   ASSERT_NE(be.weight_copy(), nullptr);
   const auto* copy = static_cast<const Bf16WeightCopy*>(be.weight_copy());
-  std::unique_ptr<Optimizer> opt = MakeOptimizer(c, model.param_infos());
+  std::unique_ptr<Optimizer> opt =
+      MakeOptimizer(c.optimizer, model.param_infos(), be.optimizer_ops());
   opt->WriteWeightCopy(be.weight_copy());
   const size_t n = model.num_params();
   std::mt19937 rng(9);
@@ -253,8 +261,10 @@ TEST_F(CudaOptimizerTest, QkClipPlanOnDeviceIsExact) {
     cudautil::DeviceBuffer<float> d(n);
     d.Upload(cpu.data(), n);
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
-    ApplyQkClip(c, model.param_infos(), cpu.data(), s, 1);
-    ApplyQkClipPlanOnDevice(PlanQkClip(c, model.param_infos(), s, 1), d.data());
+    const QkClipPlan plan = PlanQkClip(c, model.param_infos(), s, 1);
+    ApplyQkClipPlan(plan, cpu.data());
+    const std::unique_ptr<Backend<float>> be = DeviceBackend();
+    be->optimizer_ops().ScaleRows(plan.scales, d.data(), nullptr);
     const std::vector<float> out = d.ToHost();
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], cpu[i]) << attention << " at " << i;
   }
@@ -272,10 +282,13 @@ TEST_F(CudaOptimizerTest, GradNormAndScale) {
   }
   cudautil::DeviceBuffer<float> d(n);
   d.Upload(x.data(), n);
-  EXPECT_NEAR(DeviceL2Norm(d.data(), n), std::sqrt(ref), 1e-9 * std::sqrt(ref));
-  EXPECT_EQ(DeviceL2Norm(d.data(), n), DeviceL2Norm(d.data(), n));  // deterministic
-  DeviceScale(d.data(), n, 0.5f);
-  EXPECT_NEAR(DeviceL2Norm(d.data(), n), 0.5 * std::sqrt(ref), 1e-9 * std::sqrt(ref));
+  const std::unique_ptr<Backend<float>> be = DeviceBackend();
+  OptimizerOps& ops = be->optimizer_ops();
+  auto norm = [&] { return std::sqrt(ops.SumSquares(d.data(), n)); };
+  EXPECT_NEAR(norm(), std::sqrt(ref), 1e-9 * std::sqrt(ref));
+  EXPECT_EQ(norm(), norm());  // deterministic
+  ops.Scale(d.data(), n, 0.5f);
+  EXPECT_NEAR(norm(), 0.5 * std::sqrt(ref), 1e-9 * std::sqrt(ref));
 #endif
 }
 
