@@ -1,7 +1,7 @@
 // The seam between the one model (core/model/model.cc), the one training loop
 // (core/train/trainer.cc) and a device: memory (arrays, copies to and from the host) and coarse
-// ops (a GEMM, an attention, a fused norm, an MoE layer), one virtual call each. The CPU backend
-// (core/model/cpu_backend.cc) runs kernels/cpu on host memory; the CUDA backend
+// ops (a GEMM, an attention, a fused norm, an MoE layer's steps), one virtual call each. The CPU
+// backend (core/model/cpu_backend.cc) runs kernels/cpu on host memory; the CUDA backend
 // (core/model/cuda_backend.cc) runs kernels/cuda on device memory. docs/model.md says why the
 // seam is a small virtual op table rather than a template parameter.
 //
@@ -19,7 +19,7 @@
 
 #include "core/config.h"
 #include "core/model/backend_memory.h"
-#include "core/model/moe.h"
+#include "core/model/moe_experts.h"
 #include "core/model/optimizer_ops.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"
@@ -27,24 +27,6 @@
 namespace moelab {
 
 class CudaOpProfiler;
-
-// One MoE layer on a backend (core/model/moe.h's MoeLayer on the CPU, the device layer of
-// core/model/cuda_moe.h on CUDA): the same contract as MoeLayer<T>::Forward / Backward.
-template <typename T>
-class MoeOp {
- public:
-  virtual ~MoeOp() = default;
-  // x [n,d] → y [n,d] (overwritten); bias [E] the selection bias; counts (host, may be null)
-  // the top-k assignment counts. Returns the aux loss.
-  virtual double Forward(const MoeWeights<T>& w, const T* bias, const T* x, int n, T* y,
-                         int64_t* counts) = 0;
-  // After Forward with the same x and n: dy → dx (overwritten); gradients overwritten.
-  virtual void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
-                        int n, T* dx) = 0;
-  // Global-batch aux-loss statistics (core/model/moe.h); throws where the backend has none.
-  virtual void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) = 0;
-  virtual size_t workspace_bytes() const = 0;
-};
 
 // Attention that keeps its probabilities (the CPU kernel, CUDA's reference path) saves them
 // [B,H,S,S], then, when soft-capping, the capped logits of the same size: what it saves, and
@@ -267,9 +249,12 @@ class Backend : public BackendMemory {
   // out[i] = a[i] + b[i] (out may alias a or b).
   virtual void Add(const T* a, const T* b, T* out, size_t n) = 0;
 
-  // --- MoE. expert_first / expert_count: the routed experts this process holds (all: 0, E).
-  virtual std::unique_ptr<MoeOp<T>> MakeMoe(const ModelConfig& model, const MoEConfig& moe,
-                                            int expert_first, int expert_count) = 0;
+  // --- MoE. One MoE layer's ops (core/model/moe_experts.h), which the one layer
+  // (core/model/moe_layer.h) runs. expert_first / expert_count: the routed experts this process
+  // holds (all: 0, E).
+  virtual std::unique_ptr<MoeExperts<T>> MakeMoeExperts(const ModelConfig& model,
+                                                        const MoEConfig& moe, int expert_first,
+                                                        int expert_count) = 0;
 
   // --- What the training loop does with whole arenas (core/train/trainer.cc).
   // Σ x² in double, summed in a fixed order (chunks of 2^16 from x, then the chunks in order):

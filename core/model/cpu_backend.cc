@@ -1,5 +1,5 @@
 // The CPU backend of core/model/backend.h: host memory, kernels/cpu (OpenBLAS GEMMs, OpenMP
-// loops), the CPU MoE layer of core/model/moe.h. float for training, double for the
+// loops), the CPU MoE ops of core/model/cpu_moe.h. float for training, double for the
 // finite-difference checks.
 #include <omp.h>
 
@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "core/model/backend.h"
+#include "core/model/cpu_moe.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
@@ -25,30 +26,6 @@
 namespace moelab {
 
 namespace {
-
-// The CPU MoE layer behind the op interface.
-template <typename T>
-class CpuMoe final : public MoeOp<T> {
- public:
-  CpuMoe(const ModelConfig& m, const MoEConfig& e, int first, int count) : layer_(m, e) {
-    if (count != e.experts_total) layer_.SetExpertShard(first, count);
-  }
-  double Forward(const MoeWeights<T>& w, const T* bias, const T* x, int n, T* y,
-                 int64_t* counts) override {
-    return layer_.Forward(w, bias, x, n, y, counts);
-  }
-  void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy, int n,
-                T* dx) override {
-    layer_.Backward(w, g, x, dy, n, dx);
-  }
-  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) override {
-    layer_.SetBatchStatsHook(std::move(hook), moe_layer);
-  }
-  size_t workspace_bytes() const override { return layer_.workspace_bytes(); }
-
- private:
-  MoeLayer<T> layer_;
-};
 
 template <typename T>
 class CpuBackend final : public Backend<T> {
@@ -191,9 +168,9 @@ class CpuBackend final : public Backend<T> {
     for (long i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
 
-  std::unique_ptr<MoeOp<T>> MakeMoe(const ModelConfig& m, const MoEConfig& e, int first,
-                                    int count) override {
-    return std::make_unique<CpuMoe<T>>(m, e, first, count);
+  std::unique_ptr<MoeExperts<T>> MakeMoeExperts(const ModelConfig& m, const MoEConfig& e, int,
+                                                int) override {
+    return std::make_unique<CpuMoeExperts<T>>(m, e);
   }
 
   double SumSquares(const T* x, size_t n) override { return cpu::SumSquares(x, n); }

@@ -49,31 +49,8 @@ using cuda::bf16;
 
 // (ChooseFlash, KernelSelectionOf and the attention sizes: core/model/cuda_backend_choices.cc)
 
-class CudaBackend;
-
-// The device MoE layer behind the op interface: fp32 weights from the model's arenas, their bf16
-// copies from the backend.
-class CudaMoe final : public MoeOp<float> {
- public:
-  CudaMoe(CudaBackend* be, const ModelConfig& m, const MoEConfig& e, bool use_bf16,
-          cudamodel::MoeScratch* scratch, int first, int count);
-  double Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n, float* y,
-                 int64_t* counts) override;
-  void Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
-                const float* dy, int n, float* dx) override;
-  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) override {
-    layer_.SetBatchStatsHook(std::move(hook), moe_layer);
-  }
-  size_t workspace_bytes() const override { return 0; }  // in the memory plan (DeviceMoe::Bytes)
-
- private:
-  cudamodel::MoeLayerParams Params(const MoeWeights<float>& w, const float* bias) const;
-  CudaBackend* be_;
-  bool shared_;
-  cudamodel::DeviceMoe layer_;
-};
-
-class CudaBackend final : public Backend<float> {
+// Also the MoE ops' host (core/model/cuda_moe.h): their bf16 weights and profiler.
+class CudaBackend final : public Backend<float>, public cudamodel::CudaMoeHost {
  public:
   explicit CudaBackend(const RunConfig& c)
       : kernels_(KernelSelectionOf(c.train.kernels)),
@@ -126,7 +103,7 @@ class CudaBackend final : public Backend<float> {
   // Newton–Schulz in the run's precision.
   OptimizerOps& optimizer_ops() override { return optimizer_ops_; }
   // The bf16 copy of a weight inside the arena (bf16 mode).
-  const bf16* Bf16Of(const float* w) const {
+  const bf16* Bf16Of(const float* w) const override {
     if (!w) return nullptr;
     if (w < weights_ || w >= weights_ + num_weights_) {
       throw std::logic_error("cuda backend: a GEMM weight outside the parameter arena");
@@ -459,9 +436,10 @@ class CudaBackend final : public Backend<float> {
     cudamodel::Add(a, b, out, n);
   }
 
-  std::unique_ptr<MoeOp<float>> MakeMoe(const ModelConfig& m, const MoEConfig& e, int first,
-                                        int count) override {
-    return std::make_unique<CudaMoe>(this, m, e, use_bf16_, &moe_scratch_, first, count);
+  std::unique_ptr<MoeExperts<float>> MakeMoeExperts(const ModelConfig& m, const MoEConfig& e,
+                                                    int first, int count) override {
+    return std::make_unique<cudamodel::DeviceMoe>(m, e, use_bf16_, &moe_scratch_, this, first,
+                                                  count);
   }
 
   double SumSquares(const float* x, size_t n) override { return optimizer_ops_.SumSquares(x, n); }
@@ -479,7 +457,7 @@ class CudaBackend final : public Backend<float> {
   }
 
   void set_profiler(CudaOpProfiler* profiler) override { profiler_ = profiler; }
-  CudaOpProfiler* profiler() const { return profiler_; }
+  CudaOpProfiler* profiler() const override { return profiler_; }
 
  private:
   // x cast to bf16 in *buf (grown to the widest GEMM operand seen). Its own profile class,
@@ -511,43 +489,6 @@ class CudaBackend final : public Backend<float> {
   cudamodel::MoeScratch moe_scratch_;
   CudaOpProfiler* profiler_ = nullptr;
 };
-
-CudaMoe::CudaMoe(CudaBackend* be, const ModelConfig& m, const MoEConfig& e, bool use_bf16,
-                 cudamodel::MoeScratch* scratch, int first, int count)
-    : be_(be), shared_(e.shared_experts > 0), layer_(m, e, use_bf16, scratch, be, first, count) {}
-
-cudamodel::MoeLayerParams CudaMoe::Params(const MoeWeights<float>& w, const float* bias) const {
-  cudamodel::MoeLayerParams p;
-  p.router = w.router;
-  p.w1 = w.w1, p.w3 = w.w3, p.w2 = w.w2;
-  p.bias = bias;
-  if (shared_) p.s1 = w.shared_w1, p.s3 = w.shared_w3, p.s2 = w.shared_w2;
-  if (be_->uses_bf16()) {
-    p.w1b = be_->Bf16Of(w.w1), p.w3b = be_->Bf16Of(w.w3), p.w2b = be_->Bf16Of(w.w2);
-    if (shared_) {
-      p.s1b = be_->Bf16Of(w.shared_w1), p.s3b = be_->Bf16Of(w.shared_w3);
-      p.s2b = be_->Bf16Of(w.shared_w2);
-    }
-  }
-  return p;
-}
-
-double CudaMoe::Forward(const MoeWeights<float>& w, const float* bias, const float* x, int n,
-                        float* y, int64_t* counts) {
-  ProfileScope ps(be_->profiler(), "moe");
-  layer_.set_profiler(be_->profiler());
-  return layer_.Forward(Params(w, bias), x, n, y, counts);
-}
-
-void CudaMoe::Backward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
-                       const float* dy, int, float* dx) {
-  ProfileScope ps(be_->profiler(), "moe");
-  layer_.set_profiler(be_->profiler());
-  cudamodel::MoeLayerGrads grads{g.router, g.w1, g.w3, g.w2};
-  if (shared_) grads.s1 = g.shared_w1, grads.s3 = g.shared_w3, grads.s2 = g.shared_w2;
-  // The selection bias only steers the forward's choice; the backward reads what it saved.
-  layer_.Backward(Params(w, nullptr), grads, x, dy, dx);
-}
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // The CUDA backend of core/model/backend.h (train.device "cuda", docs/cuda.md): device memory,
-// kernels/cuda ops, the device MoE layer (core/model/cuda_moe.h); fp32 master parameters and
+// kernels/cuda ops, the device MoE ops (core/model/cuda_moe.h); fp32 master parameters and
 // gradients, a bf16 copy of the weights for compute when train.precision is bf16 (fp32
 // accumulation, losses and S_max in fp32); the fused attention (LSE kept, S_max from its running
 // row max) wherever it covers the shape. Built in every build; without CUDA, MakeCudaBackend and

@@ -1,5 +1,5 @@
-// The device MoE layer (core/model/cuda_moe.h): core/model/moe.cc's Forward/Backward over device
-// buffers, fp32 or with bf16 experts. See docs/cuda.md (Precision).
+// The CUDA MoE ops (core/model/cuda_moe.h): core/model/moe_layer.h's steps over device buffers,
+// fp32 or with bf16 experts. See docs/cuda.md (Precision).
 #if MOELAB_HAVE_CUDA
 
 #include "core/model/cuda_moe.h"
@@ -10,7 +10,6 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "core/dist/communicator.h"
 #include "core/model/cuda_backend_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_experts.h"
@@ -22,7 +21,24 @@ namespace moelab::cudamodel {
 using cuda::bf16;
 
 namespace {
+
 int ExpertsPathWanted() { return cuda::SelectedKernels().experts; }
+
+// Every op brackets itself as "moe" and its phases (route, dispatch, experts, shared, combine)
+// as sub-classes of it.
+class MoePhases {
+ public:
+  MoePhases(CudaOpProfiler* profiler, const char* first)
+      : scope_(profiler, "moe"), phases_(profiler) {
+    phases_.Next(first);
+  }
+  void Next(const char* phase) { phases_.Next(phase); }
+
+ private:
+  ProfileScope scope_;
+  ProfilePhases phases_;  // ends before scope_
+};
+
 }  // namespace
 
 bool ChunkedExpertsWanted() { return ExpertsPathWanted() == 1; }
@@ -99,17 +115,15 @@ void MoeOwnedRows<T>::Reserve(size_t rows, int d, int hidden) {
 }
 
 DeviceMoe::DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch,
-                     BackendMemory* memory, int expert_first, int expert_count)
+                     const CudaMoeHost* host, int expert_first, int expert_count)
     : shape_(m, e),
       bf16_(bf16),
-      first_(expert_first),
-      count_(expert_count),
-      exchange_(memory, e.experts_total),
+      host_(host),
       gated_shared_(bf16 && cuda::GatedFfnWanted()),
       cfg_(e),
       tmp_(scratch) {
   if (shape_.top_k > 32) throw std::invalid_argument("cuda: moe.experts_active must be <= 32");
-  if (first_ < 0 || count_ < 1 || first_ + count_ > shape_.experts) {
+  if (expert_first < 0 || expert_count < 1 || expert_first + expert_count > shape_.experts) {
     throw std::invalid_argument("cuda: expert shard outside the layer's experts");
   }
   counts_.Resize(shape_.experts);
@@ -171,8 +185,32 @@ double DeviceMoe::OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16)
   return 1.25 * owned * elem * (4.0 * d + 5.0 * H) - 3.0 * owned * elem * H;
 }
 
-void DeviceMoe::Reserve(int rows) {
-  const bool routed_acts = MoeExpertParallel() == nullptr;  // else the owned rows hold them
+MoeLayerParams DeviceMoe::Params(const MoeWeights<float>& w) const {
+  MoeLayerParams p;
+  p.router = w.router;
+  p.w1 = w.w1, p.w3 = w.w3, p.w2 = w.w2;
+  const bool shared = shape_.shared > 0;
+  if (shared) p.s1 = w.shared_w1, p.s3 = w.shared_w3, p.s2 = w.shared_w2;
+  if (bf16_) {
+    p.w1b = host_->Bf16Of(w.w1), p.w3b = host_->Bf16Of(w.w3), p.w2b = host_->Bf16Of(w.w2);
+    if (shared) {
+      p.s1b = host_->Bf16Of(w.shared_w1), p.s3b = host_->Bf16Of(w.shared_w3);
+      p.s2b = host_->Bf16Of(w.shared_w2);
+    }
+  }
+  return p;
+}
+
+MoeLayerGrads DeviceMoe::Grads(const MoeWeights<float>& g) const {
+  MoeLayerGrads grads{g.router, g.w1, g.w3, g.w2};
+  if (shape_.shared > 0) grads.s1 = g.shared_w1, grads.s3 = g.shared_w3, grads.s2 = g.shared_w2;
+  return grads;
+}
+
+void DeviceMoe::Reserve(int rows, bool expert_parallel) {
+  ep_ = expert_parallel;
+  n_ = rows;
+  const bool routed_acts = !expert_parallel;  // else the owned rows hold them
   if (cap_ == 0) shared_xe_ = SharedExpertInputs(bf16_, !routed_acts);
   tmp_->Reserve(cfg_, shape_.d, rows, bf16_, shared_xe_);
   if (rows <= cap_) return;
@@ -192,26 +230,15 @@ void DeviceMoe::Reserve(int rows) {
   chunk_room_ = bf16_ && ChunkedExpertsWanted();
 }
 
-double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, float* y,
-                          int64_t* counts_out) {
-  Reserve(rows);
-  n_ = rows;
-  const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
-            S = shape_.shared;
-  const size_t nd = static_cast<size_t>(n) * d;
-  const int64_t nk = static_cast<int64_t>(n) * k;
-  ProfilePhases phase(profiler_);
-  phase.Next("route");
+void DeviceMoe::Route(const float* router, const float* bias, const float* x, int n,
+                      int64_t* counts_out) {
+  MoePhases phase(host_->profiler(), "route");
+  const int d = shape_.d, E = shape_.experts;
   // Routing stays fp32 in both modes (the expert choice is discrete: bf16 logits would flip it).
-  cuda::Gemm(false, true, n, E, d, 1.0f, x, d, p.router, d, 0.0f, tmp_->logits.data(), E);
-  cuda::MoeRoute(tmp_->logits.data(), n, E, k, shape_.sigmoid, p.bias, shape_.route_scale,
+  cuda::Gemm(false, true, n, E, d, 1.0f, x, d, router, d, 0.0f, tmp_->logits.data(), E);
+  cuda::MoeRoute(tmp_->logits.data(), n, E, shape_.top_k, shape_.sigmoid, bias, shape_.route_scale,
                  scores_.data(), topk_.data(), gates_.data(), counts_.data());
-  double aux = 0.0;
-  if (shape_.aux_loss) {
-    aux = batch_hook_ ? BatchAuxLoss(n)
-                      : cuda::MoeAuxLoss(scores_.data(), counts_.data(), n, E, k, shape_.sigmoid,
-                                         shape_.aux_coef);
-  }
+  batch_counts_ = false;
   cudnn_ = UseCudnn();
   if (counts_out && cudnn_) {
     StageCounts(counts_out);
@@ -219,51 +246,99 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
     MOELAB_CUDA_CHECK(
         cudaMemcpy(counts_out, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
   }
-  phase.Next("dispatch");
-  cuda::MoeDispatchPlan(topk_.data(), n, E, k, offsets_.data(), row_token_.data(),
+}
+
+void DeviceMoe::AuxStatistics(int64_t* counts, double* score_sums) {
+  const int E = shape_.experts;
+  MOELAB_CUDA_CHECK(
+      cudaMemcpy(counts, counts_.data(), sizeof(int64_t) * E, cudaMemcpyDeviceToHost));
+  cuda::MoeScoreSums(scores_.data(), n_, E, shape_.sigmoid, score_sums);
+}
+
+double DeviceMoe::LocalAuxLoss(const MoeShape& shape, int n) {
+  return cuda::MoeAuxLoss(scores_.data(), counts_.data(), n, shape.experts, shape.top_k,
+                          shape.sigmoid, shape.aux_coef);
+}
+
+void DeviceMoe::SetAuxCounts(const int64_t* batch_counts) {
+  batch_counts_ = batch_counts != nullptr;
+  if (batch_counts_) {
+    batch_counts_dev_.Upload(std::vector<int64_t>(batch_counts, batch_counts + shape_.experts));
+  }
+}
+
+const int64_t* DeviceMoe::Dispatch(const float* x) {
+  MoePhases phase(host_->profiler(), "dispatch");
+  const int n = n_, d = shape_.d, E = shape_.experts;
+  const int64_t nk = static_cast<int64_t>(n) * shape_.top_k;
+  cuda::MoeDispatchPlan(topk_.data(), n, E, shape_.top_k, offsets_.data(), row_token_.data(),
                         slot_row_.data());
   if (cudnn_) {
     StageOffsets();
   } else {
     cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
   }
+  if (!bf16_) {
+    cuda::MoeGather(x, d, row_token_.data(), nk, f32_.xe.data());
+    return host_offsets_.data();
+  }
+  bf16* xb = tmp_->xb16.data();  // also the shared experts' input (ExpertsForward)
+  cuda::CastToBf16(x, xb, static_cast<size_t>(n) * d);
+  chunked_ = !cudnn_ && UseChunks();
+  if (chunked_) {
+    chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
+    // Grow-only: the chunk count follows the routing, so it changes nearly every forward, and
+    // a reallocation (cudaFree) would synchronise the device each time.
+    if (chunk_table_.size() < chunks_.table.size()) chunk_table_.Resize(2 * chunks_.table.size());
+    MOELAB_CUDA_CHECK(cudaMemcpy(chunk_table_.data(), chunks_.table.data(),
+                                 sizeof(int64_t) * chunks_.table.size(), cudaMemcpyHostToDevice));
+    cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
+                           chunks_.rows, XeBf16());
+  } else {
+    cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
+  }
+  return cudnn_ ? nullptr : host_offsets_.data();
+}
+
+MoeRowBuffers DeviceMoe::LocalRows() {
+  if (bf16_) return {XeBf16(), b16_.ye.data(), tmp_->dxe16.data(), sizeof(bf16) * shape_.d};
+  return {f32_.xe.data(), f32_.ye.data(), tmp_->dxe.data(), sizeof(float) * shape_.d};
+}
+
+MoeRowBuffers DeviceMoe::OwnedRows(int64_t rows) {
+  const int d = shape_.d, H = shape_.hidden;
   if (bf16_) {
-    MoeExpertActs<bf16>& a = b16_;
-    bf16* xb = tmp_->xb16.data();
-    cuda::CastToBf16(x, xb, nd);
-    chunked_ = !cudnn_ && UseChunks();
+    b16_owned_.Reserve(static_cast<size_t>(rows), d, H);
+    return {b16_owned_.x.data(), b16_owned_.y.data(), b16_owned_.dx.data(), sizeof(bf16) * d};
+  }
+  f32_owned_.Reserve(static_cast<size_t>(rows), d, H);
+  return {f32_owned_.x.data(), f32_owned_.y.data(), f32_owned_.dx.data(), sizeof(float) * d};
+}
+
+void DeviceMoe::ExpertsForward(const MoeWeights<float>& w, const float* x,
+                               const MoeRoutedRows& rows, float* y) {
+  const bool grouped = bf16_ && !chunked_ && !cudnn_;
+  MoePhases phase(host_->profiler(), grouped  ? "experts grouped"
+                                     : cudnn_ ? "experts cudnn"
+                                              : "experts");
+  const MoeLayerParams p = Params(w);
+  const int n = n_, d = shape_.d, H = shape_.hidden, S = shape_.shared;
+  const size_t nd = static_cast<size_t>(n) * d;
+  if (bf16_) {
     if (chunked_) {
-      chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
-      // Grow-only: the chunk count follows the routing, so it changes nearly every forward, and
-      // a reallocation (cudaFree) would synchronise the device each time.
-      if (chunk_table_.size() < chunks_.table.size()) chunk_table_.Resize(2 * chunks_.table.size());
-      MOELAB_CUDA_CHECK(cudaMemcpy(chunk_table_.data(), chunks_.table.data(),
-                                   sizeof(int64_t) * chunks_.table.size(), cudaMemcpyHostToDevice));
-      cuda::MoeGatherChunked(xb, d, row_token_.data(), chunk_table_.data(), chunks_.count(),
-                             chunks_.rows, XeBf16());
-      phase.Next("experts");
       ChunkedForward(p);
+    } else if (cudnn_) {
+      CudnnForward(p);
     } else {
-      cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
-      if (cudnn_) {
-        phase.Next("experts cudnn");
-        CudnnForward(p);
-      } else {
-        phase.Next("experts grouped");
-        RoutedForward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b);
-      }
+      RoutedForward(b16_, b16_owned_, rows, XeBf16(), p.w1b, p.w3b, p.w2b);
     }
     phase.Next("shared");
-    SharedForwardBf16(p, xb, y);
-    phase.Next("combine");
-    cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
-    return aux;
+    SharedForwardBf16(p, tmp_->xb16.data(), y);  // the cast of x that Dispatch made
+    return;
   }
   MoeExpertActs<float>& a = f32_;
   const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
-  cuda::MoeGather(x, d, row_token_.data(), nk, a.xe.data());
-  phase.Next("experts");
-  RoutedForward(a, f32_owned_, a.xe.data(), p.w1, p.w3, p.w2);
+  RoutedForward(a, f32_owned_, rows, a.xe.data(), p.w1, p.w3, p.w2);
   phase.Next("shared");
   for (int s = 0; s < S; ++s) {
     float* out = s == 0 ? y : tmp_->sy.data() + (s - 1) * nd;
@@ -272,47 +347,127 @@ double DeviceMoe::Forward(const MoeLayerParams& p, const float* x, int rows, flo
                         out);
   }
   for (int s = 1; s < S; ++s) Add(y, tmp_->sy.data() + (s - 1) * nd, y, nd);
-  phase.Next("combine");
-  cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, y, S > 0);
-  return aux;
 }
 
-double DeviceMoe::BatchAuxLoss(int n) {
-  const int E = shape_.experts;
-  batch_counts_.resize(E);
-  score_sums_.resize(E);
-  MOELAB_CUDA_CHECK(cudaMemcpy(batch_counts_.data(), counts_.data(), sizeof(int64_t) * E,
-                               cudaMemcpyDeviceToHost));
-  cuda::MoeScoreSums(scores_.data(), n, E, shape_.sigmoid, score_sums_.data());
-  batch_tokens_ = n;
-  MoeBatchStats stats{E, batch_counts_.data(), score_sums_.data(), &batch_tokens_};
-  batch_hook_(moe_layer_, stats);
-  batch_counts_dev_.Upload(batch_counts_);
-  return SwitchAuxLoss(shape_, batch_counts_.data(), score_sums_.data(), batch_tokens_);
+void DeviceMoe::Combine(float* y) {
+  MoePhases phase(host_->profiler(), "combine");
+  const int k = shape_.top_k, d = shape_.d, S = shape_.shared;
+  if (bf16_) {
+    cuda::MoeCombine(b16_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d, y, S > 0);
+  } else {
+    cuda::MoeCombine(f32_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d, y, S > 0);
+  }
 }
 
-const int64_t* DeviceMoe::AuxCounts() const {
-  return batch_hook_ && shape_.aux_loss ? batch_counts_dev_.data() : counts_.data();
+void DeviceMoe::CombineBackward(const float* dy) {
+  MoePhases phase(host_->profiler(), "combine");
+  const int k = shape_.top_k, d = shape_.d;
+  // dye overwrites ye, which the gate gradients have read first.
+  if (bf16_) {
+    cuda::MoeCombineBackward(dy, b16_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d,
+                             b16_.ye.data(), tmp_->dgates.data());
+  } else {
+    cuda::MoeCombineBackward(dy, f32_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d,
+                             f32_.ye.data(), tmp_->dgates.data());
+  }
 }
 
-double DeviceMoe::AuxCoef(int n) const {
-  if (!shape_.aux_loss) return 0.0;
-  return batch_hook_ ? PieceAuxCoef(shape_, n, batch_tokens_) : shape_.aux_coef;
+void DeviceMoe::RouteBackward(double aux_coef) {
+  MoePhases phase(host_->profiler(), "route");
+  cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(),
+                         batch_counts_ ? batch_counts_dev_.data() : counts_.data(), n_,
+                         shape_.experts, shape_.top_k, shape_.sigmoid, shape_.route_scale, aux_coef,
+                         tmp_->logits.data());
+}
+
+void DeviceMoe::ExpertsBackward(const MoeWeights<float>& w, const MoeWeights<float>& g,
+                                const float* x, const float* dy, const MoeRoutedRows& rows,
+                                float* dx) {
+  const MoeLayerParams p = Params(w);
+  const MoeLayerGrads grads = Grads(g);
+  if (bf16_) return ExpertsBackwardBf16(p, grads, x, dy, rows, dx);
+  MoePhases phase(host_->profiler(), "experts");
+  const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, S = shape_.shared;
+  const size_t nd = static_cast<size_t>(n) * d;
+  MoeExpertActs<float>& a = f32_;
+  const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
+  RoutedBackward(a, f32_owned_, rows, a.xe.data(), p.w1, p.w3, p.w2, grads, tmp_->dxe.data(),
+                 tmp_->scratch.data());
+  phase.Next("shared");
+  for (int s = 0; s < S; ++s) {
+    cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
+                         a.sh1.data() + s * snh, a.sh3.data() + s * snh, a.sact.data() + s * snh,
+                         dy, s == 0 ? dx : tmp_->sy.data() + (s - 1) * nd, g.shared_w1 + s * wsize,
+                         g.shared_w3 + s * wsize, g.shared_w2 + s * wsize, tmp_->scratch.data());
+  }
+  for (int s = 1; s < S; ++s) Add(dx, tmp_->sy.data() + (s - 1) * nd, dx, nd);
+  phase.Next("route");
+  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+}
+
+void DeviceMoe::ExpertsBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x,
+                                    const float* dy, const MoeRoutedRows& rows, float* dx) {
+  MoePhases phase(host_->profiler(), "route");  // the casts, as before the ops were split
+  const int n = n_, d = shape_.d, E = shape_.experts, k = shape_.top_k, S = shape_.shared;
+  const size_t nd = static_cast<size_t>(n) * d;
+  // The forward's bf16 cast of x was scratch (another layer has used it since): cast again,
+  // for the shared experts and, when the layer did not keep its gathered inputs, to gather
+  // them again into the shared scratch (the forward's bits: the same x, rows and table).
+  const bool regather = shared_xe_ && !rows.owned;
+  if (regather || S > 0) cuda::CastToBf16(x, tmp_->xb16.data(), nd);
+  if (regather) {
+    phase.Next("dispatch");
+    if (chunked_) {
+      cuda::MoeGatherChunked(tmp_->xb16.data(), d, row_token_.data(), chunk_table_.data(),
+                             chunks_.count(), chunks_.rows, XeBf16());
+    } else {
+      cuda::MoeGather(tmp_->xb16.data(), d, row_token_.data(), static_cast<int64_t>(n) * k,
+                      XeBf16());
+    }
+  }
+  if (chunked_) {
+    phase.Next("experts");
+    ChunkedBackward(p, g);
+  } else {
+    // The cuDNN experts' backward is the grouped GEMMs' (cuDNN 9.19 has no engine for the input
+    // gradients' products and no weight-gradient operation: kernels/cuda/moe_experts_cudnn.h),
+    // on the offsets the forward staged.
+    if (cudnn_) ReadStagedOffsets();
+    phase.Next(cudnn_ ? "experts cudnn" : "experts grouped");
+    RoutedBackward(b16_, b16_owned_, rows, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
+                   tmp_->scratch16.data());
+  }
+  phase.Next("shared");
+  if (S > 0) {
+    cuda::CastToBf16(dy, tmp_->dyb16.data(), nd);
+    SharedBackwardBf16(p, g, tmp_->xb16.data(), tmp_->dyb16.data(), dx);
+  }
+  phase.Next("route");
+  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
+}
+
+void DeviceMoe::DispatchBackward(const float* router, float* dx) {
+  MoePhases phase(host_->profiler(), "dispatch");
+  const int n = n_, d = shape_.d, E = shape_.experts, k = shape_.top_k, S = shape_.shared;
+  if (bf16_) {
+    cuda::MoeGatherBackward(tmp_->dxe16.data(), slot_row_.data(), n, k, d, dx, S > 0);
+  } else {
+    cuda::MoeGatherBackward(tmp_->dxe.data(), slot_row_.data(), n, k, d, dx, S > 0);
+  }
+  phase.Next("route");
+  cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, router, d, 1.0f, dx, d);
 }
 
 bool DeviceMoe::UseChunks() const {
-  // ExpertGroup() also refuses a shard of the experts held without an EP group.
-  // Only on buffers reserved for the layout (the setting may have changed since).
-  // And only on 16-byte rows: the pointer-batched GEMMs take every chunk's pointers as they fall,
-  // and cuBLAS's bf16 kernels for k a multiple of 8 want them 16-byte aligned (the grouped GEMMs
-  // serve other widths, as without the setting).
-  return bf16_ && chunk_room_ && tmp_->chunked && ExpertGroup() == nullptr && shape_.d % 8 == 0 &&
+  // Only without expert parallelism, and on buffers reserved for the layout (the setting may
+  // have changed since). And only on 16-byte rows: the pointer-batched GEMMs take every chunk's
+  // pointers as they fall, and cuBLAS's bf16 kernels for k a multiple of 8 want them 16-byte
+  // aligned (the grouped GEMMs serve other widths, as without the setting).
+  return bf16_ && chunk_room_ && tmp_->chunked && !ep_ && shape_.d % 8 == 0 &&
          shape_.hidden % 8 == 0 && ChunkedExpertsWanted();
 }
 
-bool DeviceMoe::UseCudnn() const {
-  return bf16_ && ExpertGroup() == nullptr && CudnnExpertsWanted();
-}
+bool DeviceMoe::UseCudnn() const { return bf16_ && !ep_ && CudnnExpertsWanted(); }
 
 DeviceMoe::Staging& DeviceMoe::Staged() {
   if (!staging_) staging_ = std::make_unique<Staging>(shape_.experts);
@@ -344,7 +499,6 @@ void DeviceMoe::CudnnForward(const MoeLayerParams& p) {
   const int64_t nk = static_cast<int64_t>(n_) * shape_.top_k;
   std::shared_ptr<cuda::MoeExpertsCudnn>& experts = staging_->experts[nk];
   if (!experts) experts = SharedCudnnExperts(shape_.experts, nk, shape_.d, shape_.hidden);
-  ep_active_ = false;  // RoutedBackward then runs the local rows (this path has no EP)
   experts->Forward(XeBf16(), staging_->first_row.data(), p.w1b, p.w3b, p.w2b, a.h1.data(),
                    a.h3.data(), a.act.data(), a.ye.data());
 }
@@ -385,62 +539,36 @@ void DeviceMoe::ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g)
                        tmp_->dxe16.data());
 }
 
-Communicator* DeviceMoe::ExpertGroup() const {
-  Communicator* ep = MoeExpertParallel();
-  if (ep == nullptr && count_ != shape_.experts) {
-    throw std::logic_error("cuda: the layer holds a shard of its experts but no EP group is set");
-  }
-  if (ep != nullptr &&
-      (count_ != shape_.experts / ep->world_size() || first_ != ep->rank() * count_)) {
-    throw std::logic_error("cuda: the held experts are not this rank's expert-parallel block");
-  }
-  return ep;
-}
-
 template <typename T>
-void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
-                              const T* w3, const T* w2) {
+void DeviceMoe::RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const MoeRoutedRows& rows,
+                              const T* xe, const T* w1, const T* w3, const T* w2) {
   const int d = shape_.d, H = shape_.hidden;
-  Communicator* ep = ExpertGroup();
-  ep_active_ = ep != nullptr;
-  if (!ep) {
+  if (!rows.owned) {
     cuda::MoeExpertsForward<T>(xe, host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
                                a.h1.data(), a.h3.data(), a.act.data(), a.ye.data());
     return;
   }
-  // The held experts' offsets within the owned rows: first_ … first_ + count_ (the others own
-  // no rows here).
-  exchange_.Plan(*ep, host_offsets_.data());
-  o.Reserve(static_cast<size_t>(exchange_.owned_rows()), d, H);
-  exchange_.ToOwners(*ep, xe, o.x.data(), sizeof(T) * d);
-  cuda::MoeExpertsForward<T>(o.x.data(), exchange_.owned_offsets().data() + first_, count_, d, H,
-                             w1, w3, w2, o.h1.data(), o.h3.data(), o.act.data(), o.y.data());
-  exchange_.FromOwners(*ep, o.y.data(), a.ye.data(), sizeof(T) * d);
+  // The held experts' offsets within the owned rows (the others own no rows here).
+  cuda::MoeExpertsForward<T>(o.x.data(), rows.offsets, rows.count, d, H, w1, w3, w2, o.h1.data(),
+                             o.h3.data(), o.act.data(), o.y.data());
 }
 
 template <typename T>
-void DeviceMoe::RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
-                               const T* w3, const T* w2, const MoeLayerGrads& g, T* dxe,
-                               T* scratch) {
+void DeviceMoe::RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const MoeRoutedRows& rows,
+                               const T* xe, const T* w1, const T* w3, const T* w2,
+                               const MoeLayerGrads& g, T* dxe, T* scratch) {
   const int d = shape_.d, H = shape_.hidden;
-  if (!ep_active_) {
+  if (!rows.owned) {
     cuda::MoeExpertsBackward<T>(xe, host_offsets_.data(), shape_.experts, d, H, w1, w3, w2,
                                 a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(), dxe, g.w1,
                                 g.w3, g.w2, scratch);
     return;
   }
-  Communicator* ep = ExpertGroup();
-  if (ep == nullptr) {
-    throw std::logic_error(
-        "cuda: expert parallelism was switched off between Forward and Backward");
-  }
-  // The output gradients (over a.ye) go to the owners, the input gradients come back: the
-  // reverse of the forward's exchanges, with its plan.
-  exchange_.ToOwners(*ep, a.ye.data(), o.y.data(), sizeof(T) * d);
-  cuda::MoeExpertsBackward<T>(o.x.data(), exchange_.owned_offsets().data() + first_, count_, d, H,
-                              w1, w3, w2, o.h1.data(), o.h3.data(), o.act.data(), o.y.data(),
-                              o.dx.data(), g.w1, g.w3, g.w2, o.scratch.data());
-  exchange_.FromOwners(*ep, o.dx.data(), dxe, sizeof(T) * d);
+  // The output gradients arrived in o.y; the input gradients go back from o.dx (the layer's
+  // exchanges).
+  cuda::MoeExpertsBackward<T>(o.x.data(), rows.offsets, rows.count, d, H, w1, w3, w2, o.h1.data(),
+                              o.h3.data(), o.act.data(), o.y.data(), o.dx.data(), g.w1, g.w3, g.w2,
+                              o.scratch.data());
 }
 
 // Shared expert s in bf16: h1, h3 = xb·W1ᵀ, xb·W3ᵀ (bf16), act = silu(h1)·h3 (bf16), and
@@ -466,87 +594,6 @@ void DeviceMoe::SharedForwardBf16(const MoeLayerParams& p, const bf16* xb, float
     cuda::SwigluActivation(h1, h3, snh, act);
     cuda::Gemm(false, true, n, d, H, 1.0f, act, H, p.s2b + s * wsize, H, s > 0 ? 1.0f : 0.0f, y, d);
   }
-}
-
-void DeviceMoe::Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x,
-                         const float* dy, float* dx) {
-  const int n = n_, d = shape_.d, H = shape_.hidden, E = shape_.experts, k = shape_.top_k,
-            S = shape_.shared;
-  const size_t nd = static_cast<size_t>(n) * d;
-  ProfilePhases phase(profiler_);
-  phase.Next("combine");
-  if (bf16_) {
-    MoeExpertActs<bf16>& a = b16_;
-    // dye (bf16) overwrites ye, which the gate gradients have read first.
-    cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
-                             tmp_->dgates.data());
-    phase.Next("route");
-    cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
-                           shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
-    // The forward's bf16 cast of x was scratch (another layer has used it since): cast again,
-    // for the shared experts and, when the layer did not keep its gathered inputs, to gather
-    // them again into the shared scratch (the forward's bits: the same x, rows and table).
-    const bool regather = shared_xe_ && !ep_active_;
-    if (regather || S > 0) cuda::CastToBf16(x, tmp_->xb16.data(), nd);
-    if (regather) {
-      phase.Next("dispatch");
-      if (chunked_) {
-        cuda::MoeGatherChunked(tmp_->xb16.data(), d, row_token_.data(), chunk_table_.data(),
-                               chunks_.count(), chunks_.rows, XeBf16());
-      } else {
-        cuda::MoeGather(tmp_->xb16.data(), d, row_token_.data(), static_cast<int64_t>(n) * k,
-                        XeBf16());
-      }
-    }
-    if (chunked_) {
-      phase.Next("experts");
-      ChunkedBackward(p, g);
-    } else {
-      // The cuDNN experts' backward is the grouped GEMMs' (cuDNN 9.19 has no engine for the input
-      // gradients' products and no weight-gradient operation: kernels/cuda/moe_experts_cudnn.h),
-      // on the offsets the forward staged.
-      if (cudnn_) ReadStagedOffsets();
-      phase.Next(cudnn_ ? "experts cudnn" : "experts grouped");
-      RoutedBackward(a, b16_owned_, XeBf16(), p.w1b, p.w3b, p.w2b, g, tmp_->dxe16.data(),
-                     tmp_->scratch16.data());
-    }
-    phase.Next("shared");
-    if (S > 0) {
-      cuda::CastToBf16(dy, tmp_->dyb16.data(), nd);
-      SharedBackwardBf16(p, g, tmp_->xb16.data(), tmp_->dyb16.data(), dx);
-    }
-    phase.Next("route");
-    cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
-    phase.Next("dispatch");
-    cuda::MoeGatherBackward(tmp_->dxe16.data(), slot_row_.data(), n, k, d, dx, S > 0);
-    phase.Next("route");
-    cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
-    return;
-  }
-  MoeExpertActs<float>& a = f32_;
-  const size_t wsize = static_cast<size_t>(H) * d, snh = static_cast<size_t>(n) * H;
-  cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n, k, d, a.ye.data(),
-                           tmp_->dgates.data());
-  phase.Next("route");
-  cuda::MoeRouteBackward(scores_.data(), topk_.data(), tmp_->dgates.data(), AuxCounts(), n, E, k,
-                         shape_.sigmoid, shape_.route_scale, AuxCoef(n), tmp_->logits.data());
-  phase.Next("experts");
-  RoutedBackward(a, f32_owned_, a.xe.data(), p.w1, p.w3, p.w2, g, tmp_->dxe.data(),
-                 tmp_->scratch.data());
-  phase.Next("shared");
-  for (int s = 0; s < S; ++s) {
-    cuda::SwigluBackward(x, n, d, H, p.s1 + s * wsize, p.s3 + s * wsize, p.s2 + s * wsize,
-                         a.sh1.data() + s * snh, a.sh3.data() + s * snh, a.sact.data() + s * snh,
-                         dy, s == 0 ? dx : tmp_->sy.data() + (s - 1) * nd, g.s1 + s * wsize,
-                         g.s3 + s * wsize, g.s2 + s * wsize, tmp_->scratch.data());
-  }
-  for (int s = 1; s < S; ++s) Add(dx, tmp_->sy.data() + (s - 1) * nd, dx, nd);
-  phase.Next("route");
-  cuda::Gemm(true, false, E, d, n, 1.0f, tmp_->logits.data(), E, x, d, 0.0f, g.router, d);
-  phase.Next("dispatch");
-  cuda::MoeGatherBackward(tmp_->dxe.data(), slot_row_.data(), n, k, d, dx, S > 0);
-  phase.Next("route");
-  cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, p.router, d, 1.0f, dx, d);
 }
 
 // The twin of cuda::SwigluBackward with bf16 operands: dact = dy·W2 and dh1, dh3 in bf16 (the

@@ -1,9 +1,9 @@
-// The device MoE layer of the CUDA backend (core/model/cuda_backend.cc): core/model/moe.cc's Route
-// → Dispatch → experts → Combine and back over device buffers. fp32 mode runs every op in fp32 (the
-// twin of the CPU layer); bf16 mode runs the routed and shared experts as bf16 GEMMs with fp32
-// accumulation on the model's bf16 weight copy, with bf16 expert activations, and writes the weight
-// gradients straight into the fp32 master gradients (router, routing, gates and the layer's output
-// stay fp32). Only included by CUDA builds.
+// The CUDA backend's MoE ops (core/model/moe_experts.h) over kernels/cuda, which the one MoE layer
+// (core/model/moe_layer.h) runs: route, dispatch, experts, combine and back over device buffers.
+// fp32 mode runs every op in fp32 (the twin of the CPU ops); bf16 mode runs the routed and shared
+// experts as bf16 GEMMs with fp32 accumulation on the model's bf16 weight copy, with bf16 expert
+// activations, and writes the weight gradients straight into the fp32 master gradients (router,
+// routing, gates and the layer's output stay fp32). Only included by CUDA builds.
 #pragma once
 
 #include <cstddef>
@@ -16,24 +16,31 @@
 #include "core/config.h"
 #include "core/cuda_profiler.h"
 #include "core/model/backend_memory.h"
-#include "core/model/expert_exchange.h"
 #include "core/model/moe.h"
+#include "core/model/moe_experts.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_experts_cudnn.h"
 
-namespace moelab {
-class Communicator;
-}  // namespace moelab
-
 namespace moelab::cudamodel {
+
+// What the MoE ops need of the CUDA backend (core/model/cuda_backend.cc): the bf16 compute copy
+// of a weight (bf16 mode) and the op profiler (null: off).
+class CudaMoeHost {
+ public:
+  virtual const cuda::bf16* Bf16Of(const float* w) const = 0;
+  virtual CudaOpProfiler* profiler() const = 0;
+
+ protected:
+  ~CudaMoeHost() = default;
+};
 
 // One MoE layer's weights (device pointers into the model's arenas). The *b pointers are the same
 // offsets in the bf16 compute copy (bf16 mode only, else null); s* are null without shared
 // experts.
 struct MoeLayerParams {
   const float *router = nullptr, *w1 = nullptr, *w3 = nullptr, *w2 = nullptr;
-  const float *s1 = nullptr, *s3 = nullptr, *s2 = nullptr, *bias = nullptr;
+  const float *s1 = nullptr, *s3 = nullptr, *s2 = nullptr;
   const cuda::bf16 *w1b = nullptr, *w3b = nullptr, *w2b = nullptr;
   const cuda::bf16 *s1b = nullptr, *s3b = nullptr, *s2b = nullptr;
 };
@@ -112,14 +119,17 @@ struct MoeOwnedRows {
 std::shared_ptr<cuda::MoeExpertsCudnn> SharedCudnnExperts(int experts, int64_t rows, int d,
                                                           int hidden);
 
-class DeviceMoe {
+// The MoE ops of one layer on the device (core/model/moe_experts.h): its routing, dispatch plan,
+// expert activations and the experts-path choice (train.kernels.experts: grouped, chunked or
+// cuDNN).
+class DeviceMoe final : public MoeExperts<float> {
  public:
-  ~DeviceMoe();
-  // memory: the CUDA backend's (the expert exchange's buffers). expert_first / expert_count: the
-  // routed experts whose weights this rank holds (all: 0, E); fewer only under expert
-  // parallelism (SetMoeExpertParallel), as this rank's block of the EP group.
+  ~DeviceMoe() override;
+  // host: the CUDA backend (bf16 weights, profiler). memory: its memory (the exchange's
+  // buffers). expert_first / expert_count: the routed experts whose weights this rank holds
+  // (all: 0, E); fewer only under expert parallelism, as this rank's block of the EP group.
   DeviceMoe(const ModelConfig& m, const MoEConfig& e, bool bf16, MoeScratch* scratch,
-            BackendMemory* memory, int expert_first, int expert_count);
+            const CudaMoeHost* host, int expert_first, int expert_count);
 
   // Bytes one layer keeps for `rows` tokens (Reserve and the memory plan agree); shared_xe:
   // SharedExpertInputs.
@@ -129,41 +139,44 @@ class DeviceMoe {
   // the layer then does not keep. The plan takes owned = n·k (balanced routing).
   static double OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16);
 
-  // x [rows,d] → y [rows,d] (fp32); counts_out (host, may be null: no copy, no sync). Returns the
-  // aux loss. Under expert parallelism the dispatched rows travel to their experts' owners and
-  // back (core/model/expert_exchange.h): collective over the EP group.
-  double Forward(const MoeLayerParams& p, const float* x, int rows, float* y, int64_t* counts_out);
-  // Global-batch statistics for moe.balance "aux_loss" (core/model/moe.h, MoeBatchStatsHook):
-  // the hook gets this layer's counts and score sums on the host, and the backward uses what it
-  // returns. Costs two small device-to-host copies per layer and forward.
-  void SetBatchStatsHook(MoeBatchStatsHook hook, int moe_layer) {
-    batch_hook_ = std::move(hook);
-    moe_layer_ = moe_layer;
-  }
-  // Brackets the layer's phases (route, dispatch, experts, shared, combine) as sub-classes of
-  // the caller's "moe" bracket; null: none.
-  void set_profiler(CudaOpProfiler* profiler) { profiler_ = profiler; }
-  // After Forward with the same x: dy → dx (overwritten), gradients overwritten.
-  void Backward(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x, const float* dy,
-                float* dx);
+  void Reserve(int rows, bool expert_parallel) override;
+  void Route(const float* router, const float* bias, const float* x, int n,
+             int64_t* counts_out) override;
+  // Two small device-to-host copies (counts, score sums).
+  void AuxStatistics(int64_t* counts, double* score_sums) override;
+  double LocalAuxLoss(const MoeShape& shape, int n) override;
+  void SetAuxCounts(const int64_t* batch_counts) override;
+  const int64_t* Dispatch(const float* x) override;
+  MoeRowBuffers LocalRows() override;
+  MoeRowBuffers OwnedRows(int64_t rows) override;
+  void ExpertsForward(const MoeWeights<float>& w, const float* x, const MoeRoutedRows& rows,
+                      float* y) override;
+  void Combine(float* y) override;
+  void CombineBackward(const float* dy) override;
+  void RouteBackward(double aux_coef) override;
+  void ExpertsBackward(const MoeWeights<float>& w, const MoeWeights<float>& g, const float* x,
+                       const float* dy, const MoeRoutedRows& rows, float* dx) override;
+  void DispatchBackward(const float* router, float* dx) override;
+  size_t workspace_bytes() const override { return 0; }  // in the memory plan (Bytes)
 
  private:
-  void Reserve(int rows);
+  // The weights' device pointers, with their bf16 copies in bf16 mode.
+  MoeLayerParams Params(const MoeWeights<float>& w) const;
+  MoeLayerGrads Grads(const MoeWeights<float>& g) const;
   void SharedForwardBf16(const MoeLayerParams& p, const cuda::bf16* xb, float* y);
   // The routed experts on this rank's dispatched rows, or under expert parallelism on the rows
-  // received for its experts (sent there and back around the expert GEMMs).
+  // received for its experts (rows.owned).
   template <typename T>
-  void RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1, const T* w3,
-                     const T* w2);
-  // dye (in a.ye) → dxe; the held experts' weight gradients (fp32) overwritten.
+  void RoutedForward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const MoeRoutedRows& rows,
+                     const T* xe, const T* w1, const T* w3, const T* w2);
+  // dye (in a.ye, or the owned rows' y) → dxe; the held experts' weight gradients (fp32)
+  // overwritten.
   template <typename T>
-  void RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const T* xe, const T* w1,
-                      const T* w3, const T* w2, const MoeLayerGrads& g, T* dxe, T* scratch);
-  // The aux loss from the batch's statistics (through the hook); keeps them for the backward.
-  double BatchAuxLoss(int n);
-  // The route backward's counts and aux coefficient: the batch's (hook) or this layer's.
-  const int64_t* AuxCounts() const;
-  double AuxCoef(int n) const;
+  void RoutedBackward(MoeExpertActs<T>& a, MoeOwnedRows<T>& o, const MoeRoutedRows& rows,
+                      const T* xe, const T* w1, const T* w3, const T* w2, const MoeLayerGrads& g,
+                      T* dxe, T* scratch);
+  void ExpertsBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const float* x,
+                           const float* dy, const MoeRoutedRows& rows, float* dx);
   // Whether this forward's routed experts run over the chunked layout (bf16 mode, no EP,
   // train.kernels.experts "chunked"), or on cuDNN (bf16 mode, no EP, "cudnn"); else
   // the grouped GEMMs.
@@ -181,17 +194,13 @@ class DeviceMoe {
   // unchunked into a.ye; the backward chunks dye and unchunks dxe into dxe16.
   void ChunkedForward(const MoeLayerParams& p);
   void ChunkedBackward(const MoeLayerParams& p, const MoeLayerGrads& g);
-  // The expert-parallel group of this call (null: none), checked against the held experts.
-  Communicator* ExpertGroup() const;
   void SharedBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads& g, const cuda::bf16* xb,
                           const cuda::bf16* dyb, float* dx);
 
   MoeShape shape_;
   bool bf16_;
-  CudaOpProfiler* profiler_ = nullptr;
-  int first_, count_;  // the routed experts held
-  ExpertExchange exchange_;
-  bool ep_active_ = false;   // the last Forward exchanged rows
+  const CudaMoeHost* host_;
+  bool ep_ = false;          // the routed experts run on owned rows (Reserve's expert_parallel)
   bool chunked_ = false;     // the last Forward ran the chunked layout
   bool chunk_room_ = false;  // the buffers were reserved for it (train.kernels.experts then)
   bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
@@ -204,12 +213,8 @@ class DeviceMoe {
   cuda::bf16* XeBf16();
   cuda::MoeChunks chunks_;  // its plan (host), and its table on the device
   cuda::DeviceBuffer<int64_t> chunk_table_;
-  MoeBatchStatsHook batch_hook_;
-  int moe_layer_ = 0;
-  std::vector<int64_t> batch_counts_;  // [E] the batch's (after the hook), host
-  std::vector<double> score_sums_;     // [E]
-  int64_t batch_tokens_ = 0;
-  cuda::DeviceBuffer<int64_t> batch_counts_dev_;  // [E] the same on the device
+  bool batch_counts_ = false;                     // the route backward reads batch_counts_dev_
+  cuda::DeviceBuffer<int64_t> batch_counts_dev_;  // [E] the batch's counts (SetAuxCounts)
   int n_ = 0, cap_ = 0;
   MoEConfig cfg_;
   MoeScratch* tmp_;

@@ -9,6 +9,7 @@
 
 #include "core/model/backend.h"
 #include "core/model/model.h"
+#include "core/model/moe_layer.h"
 
 namespace moelab {
 
@@ -117,7 +118,7 @@ struct Model<T>::Impl {
   BackendArray<T> params, grads;
   std::vector<T> router_bias;  // host copy (checkpointed); uploaded into bias by every Run
   BackendArray<T> bias;
-  std::vector<std::unique_ptr<MoeOp<T>>> moe_layers;
+  std::vector<std::unique_ptr<MoeLayer<T>>> moe_layers;
   BackendArray<T> rope_cos, rope_sin;
 
   // Activation arena, sized for cap_batch sequences and cap_scratch attention scratch.

@@ -188,7 +188,9 @@ Model<T>::Impl::Impl(const RunConfig& config, ExpertShard shard,
   router_bias.assign(static_cast<size_t>(num_moe) * E, T(0));
   bias.Resize(router_bias.size());
   for (int i = 0; i < num_moe; ++i) {
-    moe_layers.push_back(be->MakeMoe(m, moe, expert_first, expert_count));
+    moe_layers.push_back(std::make_unique<MoeLayer<T>>(
+        m, moe, be->MakeMoeExperts(m, moe, expert_first, expert_count), be.get(), expert_first,
+        expert_count));
   }
   // RoPE tables on the host (the same values on every backend), then uploaded.
   std::vector<T> cs(static_cast<size_t>(S) * rot_dim / 2), sn(cs.size());

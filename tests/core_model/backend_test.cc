@@ -213,9 +213,9 @@ class CheckingBackend final : public Backend<T> {
     All("Add", {a, b, out});
     cpu_->Add(a, b, out, n);
   }
-  std::unique_ptr<MoeOp<T>> MakeMoe(const ModelConfig& m, const MoEConfig& e, int first,
-                                    int count) override {
-    return std::make_unique<CheckingMoe>(this, cpu_->MakeMoe(m, e, first, count));
+  std::unique_ptr<MoeExperts<T>> MakeMoeExperts(const ModelConfig& m, const MoEConfig& e, int first,
+                                                int count) override {
+    return std::make_unique<CheckingMoe>(this, cpu_->MakeMoeExperts(m, e, first, count));
   }
   double SumSquares(const T* x, size_t n) override {
     All("SumSquares", {x});
@@ -239,29 +239,57 @@ class CheckingBackend final : public Backend<T> {
   }
 
  private:
-  // The MoE layer's weights, input, output and bias must be backend memory too.
-  class CheckingMoe final : public MoeOp<T> {
+  // The MoE ops' weights, inputs, outputs and bias must be backend memory too.
+  class CheckingMoe final : public MoeExperts<T> {
    public:
-    CheckingMoe(CheckingBackend* be, std::unique_ptr<MoeOp<T>> inner)
+    CheckingMoe(CheckingBackend* be, std::unique_ptr<MoeExperts<T>> inner)
         : be_(be), inner_(std::move(inner)) {}
-    double Forward(const MoeWeights<T>& w, const T* bias, const T* x, int n, T* y,
-                   int64_t* counts) override {
-      be_->All("MoeForward", {w.router, w.w1, w.w3, w.w2, w.shared_w1, bias, x, y});
-      return inner_->Forward(w, bias, x, n, y, counts);
+    void Reserve(int n, bool ep) override { inner_->Reserve(n, ep); }
+    void Route(const T* router, const T* bias, const T* x, int n, int64_t* counts) override {
+      be_->All("MoeRoute", {router, bias, x});
+      inner_->Route(router, bias, x, n, counts);
     }
-    void Backward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy, int n,
-                  T* dx) override {
-      be_->All("MoeBackward", {w.router, w.w1, g.router, g.w1, g.w2, x, dy, dx});
-      inner_->Backward(w, g, x, dy, n, dx);
+    void AuxStatistics(int64_t* counts, double* sums) override {
+      inner_->AuxStatistics(counts, sums);
     }
-    void SetBatchStatsHook(MoeBatchStatsHook hook, int layer) override {
-      inner_->SetBatchStatsHook(std::move(hook), layer);
+    double LocalAuxLoss(const MoeShape& shape, int n) override {
+      return inner_->LocalAuxLoss(shape, n);
+    }
+    void SetAuxCounts(const int64_t* counts) override { inner_->SetAuxCounts(counts); }
+    const int64_t* Dispatch(const T* x) override {
+      be_->All("MoeDispatch", {x});
+      return inner_->Dispatch(x);
+    }
+    MoeRowBuffers LocalRows() override { return inner_->LocalRows(); }
+    MoeRowBuffers OwnedRows(int64_t rows) override { return inner_->OwnedRows(rows); }
+    void ExpertsForward(const MoeWeights<T>& w, const T* x, const MoeRoutedRows& rows,
+                        T* y) override {
+      be_->All("MoeExpertsForward", {w.router, w.w1, w.w3, w.w2, w.shared_w1, x, y});
+      inner_->ExpertsForward(w, x, rows, y);
+    }
+    void Combine(T* y) override {
+      be_->All("MoeCombine", {y});
+      inner_->Combine(y);
+    }
+    void CombineBackward(const T* dy) override {
+      be_->All("MoeCombineBackward", {dy});
+      inner_->CombineBackward(dy);
+    }
+    void RouteBackward(double coef) override { inner_->RouteBackward(coef); }
+    void ExpertsBackward(const MoeWeights<T>& w, const MoeWeights<T>& g, const T* x, const T* dy,
+                         const MoeRoutedRows& rows, T* dx) override {
+      be_->All("MoeExpertsBackward", {w.router, w.w1, g.router, g.w1, g.w2, x, dy, dx});
+      inner_->ExpertsBackward(w, g, x, dy, rows, dx);
+    }
+    void DispatchBackward(const T* router, T* dx) override {
+      be_->All("MoeDispatchBackward", {router, dx});
+      inner_->DispatchBackward(router, dx);
     }
     size_t workspace_bytes() const override { return inner_->workspace_bytes(); }
 
    private:
     CheckingBackend* be_;
-    std::unique_ptr<MoeOp<T>> inner_;
+    std::unique_ptr<MoeExperts<T>> inner_;
   };
 
   void Check(const void* p, const char* op) {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/moe.h"
+#include "core/model/cpu_moe.h"
 
 namespace moelab {
 namespace {
@@ -75,7 +75,7 @@ struct Result {
 };
 
 // Forward + backward of `tokens` tokens starting at token `first`, objective scale·Σ y·R + aux.
-Result Run(const Setup& s, MoeLayer<double>& layer, int first, int tokens, double scale) {
+Result Run(const Setup& s, CpuMoeLayer<double>& layer, int first, int tokens, double scale) {
   Result res;
   const size_t off = static_cast<size_t>(first) * kD, nd = static_cast<size_t>(tokens) * kD;
   std::vector<double> w = s.params;
@@ -109,7 +109,7 @@ double RouterGradDiff(const Setup& s, const std::vector<double>& a, const std::v
 void CheckPiecesMatchBatch(const Case& c) {
   const Setup s(c);
   const int P = c.pieces, n = P * kTokensPerPiece;
-  MoeLayer<double> whole(s.model, s.moe);
+  CpuMoeLayer<double> whole(s.model, s.moe);
   const Result ref = Run(s, whole, 0, n, 1.0);
   ASSERT_GT(ref.aux, 0);
 
@@ -118,7 +118,7 @@ void CheckPiecesMatchBatch(const Case& c) {
   std::vector<int64_t> counts(s.E, 0);
   std::vector<double> sums(s.E, 0.0);
   int64_t tokens = 0;
-  std::vector<MoeLayer<double>> layers;
+  std::vector<CpuMoeLayer<double>> layers;
   for (int p = 0; p < P; ++p) layers.emplace_back(s.model, s.moe);
   for (int p = 0; p < P; ++p) {
     layers[p].SetBatchStatsHook(
@@ -162,7 +162,7 @@ void CheckPiecesMatchBatch(const Case& c) {
   Result local;
   local.grads.assign(s.size(), 0.0);
   for (int p = 0; p < P; ++p) {
-    MoeLayer<double> alone(s.model, s.moe);
+    CpuMoeLayer<double> alone(s.model, s.moe);
     const Result r = Run(s, alone, p * kTokensPerPiece, kTokensPerPiece, P);
     for (size_t i = 0; i < local.grads.size(); ++i) local.grads[i] += r.grads[i] / P;
   }

@@ -1,4 +1,4 @@
-// Times MoeLayer<float> Forward+Backward at the "Speed" shapes for both expert-loop
+// Times CpuMoeLayer<float> Forward+Backward at the "Speed" shapes for both expert-loop
 // schedules, next to the SGEMM rate of this machine, so utilisation can be read off directly.
 // Usage: core_moe_bench [iters] [both|expert|blas] (threads from OMP_NUM_THREADS).
 #include <omp.h>
@@ -13,15 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "core/model/moe.h"
+#include "core/model/cpu_moe.h"
 #include "kernels/cpu/gemm.h"
 
 namespace moelab {
-
-class MoeLayerTestPeer {
- public:
-  static void SetExpertParallel(MoeLayer<float>& layer, bool on) { layer.expert_parallel_ = on; }
-};
 
 namespace {
 
@@ -95,8 +90,8 @@ void Bench(int experts, bool expert_parallel, int iters, Rate sgemm) {
   std::vector<float> y(x.size()), dx(x.size()), bias(E, 0.f);
   std::vector<int64_t> counts(E);
 
-  MoeLayer<float> layer(model, moe);
-  MoeLayerTestPeer::SetExpertParallel(layer, expert_parallel);
+  CpuMoeLayer<float> layer(model, moe);
+  layer.cpu_experts().set_task_parallel(expert_parallel);
   std::vector<double> tf, tb, tc;
   for (int i = 0; i < iters + 2; ++i) {
     const double c0 = CpuMs();

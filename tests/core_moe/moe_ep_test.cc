@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/dist/communicator.h"
-#include "core/model/moe.h"
+#include "core/model/cpu_moe.h"
 #include "tests/core_moe/thread_communicator.h"
 
 namespace moelab {
@@ -71,7 +71,7 @@ TEST(MoeExpertParallel, RanksAsThreadsMatchOneLayer) {
     for (float& v : dy) v = nd(rng);
 
     // One layer on all P·kN tokens.
-    MoeLayer<float> one(model, Moe());
+    CpuMoeLayer<float> one(model, Moe());
     std::vector<float> y_ref(x.size()), dx_ref(x.size());
     std::vector<int64_t> counts_ref(kE);
     Params g_ref(false);
@@ -88,7 +88,7 @@ TEST(MoeExpertParallel, RanksAsThreadsMatchOneLayer) {
       ranks.emplace_back([&, r] {
         ThreadCommunicator comm(world, r);
         SetMoeExpertParallel(&comm);
-        MoeLayer<float> layer(model, Moe());
+        CpuMoeLayer<float> layer(model, Moe());
         const float* xr = x.data() + static_cast<size_t>(r) * kN * kD;
         for (int rep = 0; rep < 2; ++rep) {  // a second step reuses the buffers
           layer.Forward(w.view(), nullptr, xr, kN, y[r].data(), counts[r].data());

@@ -1,8 +1,6 @@
 // MoE layer: central finite differences in double for dx and every weight under every routing
 // option, plus routing invariants, the bias rule, Dispatch/Combine, float/double agreement and
 // determinism.
-#include "core/model/moe.h"
-
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -16,24 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "core/model/cpu_moe.h"
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/swiglu.h"
 
 namespace moelab {
-
-class MoeLayerTestPeer {
- public:
-  template <typename T>
-  static void SetExpertParallel(MoeLayer<T>& layer, bool on) {
-    layer.expert_parallel_ = on;
-  }
-  template <typename T>
-  static std::vector<int> Topk(const MoeLayer<T>& layer) {
-    return {layer.topk_.begin(),
-            layer.topk_.begin() + static_cast<long>(layer.n_) * layer.shape_.top_k};
-  }
-};
 
 namespace {
 
@@ -132,13 +118,13 @@ struct Problem {
   }
 };
 
-double Objective(MoeLayer<double>& layer, const Problem& p, Arena<double>& a,
+double Objective(CpuMoeLayer<double>& layer, const Problem& p, Arena<double>& a,
                  const std::vector<double>& x, std::vector<int>* topk) {
   std::vector<double> y(x.size());
   std::vector<int64_t> counts(p.s.experts);
   const double aux = layer.Forward(a.view(), p.s.bias ? p.bias.data() : nullptr, x.data(), p.s.n,
                                    y.data(), counts.data());
-  if (topk) *topk = MoeLayerTestPeer::Topk(layer);
+  if (topk) *topk = layer.cpu_experts().topk();
   double j = aux;
   for (size_t i = 0; i < y.size(); ++i) j += y[i] * p.r[i];
   return j;
@@ -183,7 +169,7 @@ void GradCheck(const Shape& s, uint64_t seed = 7) {
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
   Problem p(s, seed);
-  MoeLayer<double> layer(MakeModel(s), MakeMoe(s));
+  CpuMoeLayer<double> layer(MakeModel(s), MakeMoe(s));
   Arena<double> a(s), g(s);
   a.data = p.params;
 
@@ -193,7 +179,7 @@ void GradCheck(const Shape& s, uint64_t seed = 7) {
     // The bias must actually matter for the case to test anything.
     Problem unbiased = p;
     unbiased.s.bias = false;
-    MoeLayer<double> plain(MakeModel(s), MakeMoe(s));
+    CpuMoeLayer<double> plain(MakeModel(s), MakeMoe(s));
     std::vector<int> topk_plain;
     Objective(plain, unbiased, a, p.x, &topk_plain);
     EXPECT_NE(topk_plain, topk_ref) << "the selection bias changes no routing decision";
@@ -350,7 +336,7 @@ TEST(MoeRouting, BiasChangesSelectionOnly) {
   Problem p(s);
   Arena<double> a(s);
   a.data = p.params;
-  MoeLayer<double> layer(MakeModel(s), MakeMoe(s));
+  CpuMoeLayer<double> layer(MakeModel(s), MakeMoe(s));
   std::vector<double> y(p.x.size());
   std::vector<int64_t> counts(s.experts);
   layer.Forward(a.view(), nullptr, p.x.data(), s.n, y.data(), counts.data());
@@ -537,8 +523,8 @@ struct RunResult {
 
 template <typename T>
 RunResult<T> RunLayer(const Shape& s, const Problem& p, bool expert_parallel) {
-  MoeLayer<T> layer(MakeModel(s), MakeMoe(s));
-  MoeLayerTestPeer::SetExpertParallel(layer, expert_parallel);
+  CpuMoeLayer<T> layer(MakeModel(s), MakeMoe(s));
+  layer.cpu_experts().set_task_parallel(expert_parallel);
   Arena<T> a(s), g(s);
   a.data = Cast<T>(p.params);
   const std::vector<T> x = Cast<T>(p.x), r = Cast<T>(p.r), bias = Cast<T>(p.bias);
@@ -654,7 +640,7 @@ TEST(MoeLayer, GrowingAndShrinkingN) {
   Shape small = s;
   small.n = 9;
   Problem p9(small, 11);
-  MoeLayer<double> layer(MakeModel(s), MakeMoe(s));
+  CpuMoeLayer<double> layer(MakeModel(s), MakeMoe(s));
   Arena<double> a(s), g(s);
   a.data = big.params;
   std::vector<double> y(big.x.size()), dx(big.x.size());
@@ -664,7 +650,7 @@ TEST(MoeLayer, GrowingAndShrinkingN) {
   layer.Forward(a.view(), nullptr, p9.x.data(), small.n, y.data(), counts.data());
   layer.Backward(a.view(), g.view(), p9.x.data(), p9.r.data(), small.n, dx.data());
   // A fresh layer on the small problem gives identical results.
-  MoeLayer<double> fresh(MakeModel(s), MakeMoe(s));
+  CpuMoeLayer<double> fresh(MakeModel(s), MakeMoe(s));
   Arena<double> g2(s);
   std::vector<double> y2(y.size()), dx2(dx.size());
   fresh.Forward(a.view(), nullptr, p9.x.data(), small.n, y2.data(), counts.data());
@@ -681,7 +667,7 @@ TEST(MoeLayer, OverwritesGradientsAndZeroesIdleExperts) {
   // Expert 0 never chosen: a large negative bias.
   p.bias.assign(s.experts, 0.0);
   p.bias[0] = -100;
-  MoeLayer<double> layer(MakeModel(s), MakeMoe(s));
+  CpuMoeLayer<double> layer(MakeModel(s), MakeMoe(s));
   Arena<double> a(s), g(s);
   a.data = p.params;
   std::fill(g.data.begin(), g.data.end(), 123.0);  // garbage that must be overwritten
