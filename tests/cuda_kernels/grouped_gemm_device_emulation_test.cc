@@ -40,9 +40,8 @@ void Shape(Op op, const ExpertTensors& t, std::vector<Problem>* problems,
            std::vector<int>* tile_begin) {
   problems->assign(t.experts, Problem{});
   tile_begin->assign(t.experts + 1, -1);
-  emu::Launch(dim3(1), ggemm::kShapeThreads, 0, [&] {
-    ggemm::ShapeKernel(op, t, problems->data(), tile_begin->data());
-  });
+  emu::Launch(dim3(1), ggemm::kShapeThreads, 0,
+              [&] { ggemm::ShapeKernel(op, t, problems->data(), tile_begin->data()); });
 }
 
 // The shape kernel, then the persistent GEMM on `blocks` blocks.
@@ -208,8 +207,8 @@ Experts Reference(const Experts& in) {
       bf16* dh = r.dh.data() + (row - in.offsets[0]) * 2 * H;
       for (int j = 0; j < H; ++j) {
         const bf16 dact = __float2bfloat16(Dot(dy, 1, w2 + j, H, d));
-        swiglu::ActBackwardAt(r.h1.data() + row * H + j, r.h3.data() + row * H + j, &dact,
-                              dh + j, dh + H + j, 0, 0);
+        swiglu::ActBackwardAt(r.h1.data() + row * H + j, r.h3.data() + row * H + j, &dact, dh + j,
+                              dh + H + j, 0, 0);
       }
     }
     for (int64_t row = in.offsets[e]; row < in.offsets[e + 1]; ++row) {
@@ -304,8 +303,8 @@ TEST(DeviceGroupedGemmEmulation, WeightGradientBitsDoNotDependOnTheGrid) {
     const int64_t r0 = x.offsets[e], m = x.offsets[e + 1] - r0;
     for (int i = 0; i < x.H; ++i)
       for (int c = 0; c < x.d; ++c) {
-        const float want = Dot(x.dh.data() + r0 * 2 * x.H + x.H + i, 2 * x.H,
-                               x.xe.data() + r0 * x.d + c, x.d, m);
+        const float want =
+            Dot(x.dh.data() + r0 * 2 * x.H + x.H + i, 2 * x.H, x.xe.data() + r0 * x.d + c, x.d, m);
         ASSERT_EQ(x.dw3[e * w + i * x.d + c], want) << e << " " << i << " " << c;
       }
   }
