@@ -70,10 +70,12 @@ const std::vector<KernelChoiceInfo>& KernelChoiceTable() {
        "or gate and up as one GEMM with bf16 intermediates.",
        &KernelChoices::ffn},
       {"experts",
-       {"grouped", "chunked", "cudnn"},
+       {"grouped", "chunked", "cudnn", "device"},
        "bf16 mode's routed experts without expert parallelism: cuBLAS's grouped GEMMs, batched "
-       "GEMMs over the chunked layout, or cuDNN's MoE grouped matmul (forward; needs cuDNN 9.18+ "
-       "and d_model, moe.expert_hidden multiples of 8).",
+       "GEMMs over the chunked layout, cuDNN's MoE grouped matmul (forward; needs cuDNN 9.18+ "
+       "and d_model, moe.expert_hidden multiples of 8), or our grouped GEMM whose shapes are "
+       "written on the device (forward and backward, no host sync; bf16 mode only, no expert "
+       "parallelism, d_model and moe.expert_hidden multiples of 8; not yet run on a GPU).",
        &KernelChoices::experts},
       {"dispatch",
        {"scan", "sort"},
@@ -139,6 +141,31 @@ void RequireKernelChoicesBuildable(const KernelChoices& k, const KernelBuild& bu
   if (k.experts == "cudnn" && !build.cudnn) {
     throw ConfigError(fmt::format("{}.experts", kPrefix),
                       "'cudnn' needs cuDNN's MoE grouped matmul, but " + build.cudnn_why);
+  }
+}
+
+void RequireDeviceExpertsRunnable(const KernelChoices& k, const std::string& precision,
+                                  int experts_total, int expert_parallel, int d_model,
+                                  int expert_hidden) {
+  if (k.experts != "device" || experts_total <= 0) return;
+  const std::string at = fmt::format("{}.experts", kPrefix);
+  if (precision != "bf16") {
+    throw ConfigError(at, fmt::format("'device' runs the bf16 experts (bf16 operands, fp32 "
+                                      "accumulation), but train.precision is \"{}\"",
+                                      precision));
+  }
+  if (expert_parallel > 1) {
+    throw ConfigError(at, fmt::format("'device' has no expert parallelism (dist.expert_parallel "
+                                      "is {}): its products read every expert's rows locally",
+                                      expert_parallel));
+  }
+  for (auto [path, width] :
+       {std::pair{"model.d_model", d_model}, std::pair{"moe.expert_hidden", expert_hidden}}) {
+    if (width % 8 != 0) {
+      throw ConfigError(path, fmt::format("train.kernels.experts \"device\" needs a multiple of "
+                                          "8 (16-byte rows for cp.async), got {}",
+                                          width));
+    }
   }
 }
 

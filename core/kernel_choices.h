@@ -23,7 +23,7 @@ struct KernelChoices {
   std::string rope = "separate";          // "separate" | "fused" (in the mma kernels' tile loads)
   std::string attention_acts = "fp32";    // q|k|v, att, datt in bf16 mode: "fp32" | "bf16"
   std::string ffn = "split";              // bf16 gated FFN: "split" | "fused" (gate+up one GEMM)
-  std::string experts = "grouped";        // routed experts: "grouped" | "chunked" | "cudnn"
+  std::string experts = "grouped";        // routed experts: "grouped"|"chunked"|"cudnn"|"device"
   std::string dispatch = "scan";          // MoE dispatch plan: "scan" | "sort"
 
   bool operator==(const KernelChoices&) const = default;
@@ -62,6 +62,15 @@ struct KernelBuild {
   std::string cudnn_why;
 };
 void RequireKernelChoicesBuildable(const KernelChoices& k, const KernelBuild& build);
+
+// train.kernels.experts "device" (the device-shaped grouped GEMM) where an MoE run cannot use it:
+// fp32 mode or expert parallelism (ConfigError at "train.kernels.experts"), or a width that is not
+// a multiple of 8 (its 16-byte rows: at "model.d_model" or "moe.expert_hidden"). A dense model
+// (experts_total 0) has nothing to refuse. Checked before a "cuda" run starts
+// (RequireCudaSupports).
+void RequireDeviceExpertsRunnable(const KernelChoices& k, const std::string& precision,
+                                  int experts_total, int expert_parallel, int d_model,
+                                  int expert_hidden);
 
 // `moelab bench --kernels key=value[,key=value...]`: the assignments over the defaults; a bad key
 // or value throws std::invalid_argument naming `flag` and the valid keys or values.

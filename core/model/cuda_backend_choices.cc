@@ -49,7 +49,7 @@ cuda::KernelSelection KernelSelectionOf(const KernelChoices& k) {
   s.attention_mma = k.attention_kernel == "mma";
   s.rope_fused = k.rope == "fused";
   s.ffn_fused = k.ffn == "fused";
-  s.experts = k.experts == "chunked" ? 1 : k.experts == "cudnn" ? 2 : 0;
+  s.experts = k.experts == "chunked" ? 1 : k.experts == "cudnn" ? 2 : k.experts == "device" ? 3 : 0;
   s.dispatch_sort = k.dispatch == "sort";
   return s;
 }

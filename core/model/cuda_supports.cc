@@ -46,6 +46,8 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
       }
     }
   }
+  RequireDeviceExpertsRunnable(k, c.train.effective_precision(), c.moe.experts_total,
+                               expert_parallel, c.model.d_model, c.moe.expert_hidden);
   // The sort plan tallies every expert in one block's shared memory: more would stop the run
   // at its first MoE layer.
   if (k.dispatch == "sort" && c.moe.experts_total > cuda::kMoeSortMaxExperts) {

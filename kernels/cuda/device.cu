@@ -60,6 +60,7 @@ std::string Describe(const KernelSelection& k) {
          ", experts " +
          (k.experts == 1   ? "chunked"
           : k.experts == 2 ? "cudnn"
+          : k.experts == 3 ? "device"
                            : "grouped") +
          ", dispatch " + (k.dispatch_sort ? "sort" : "scan");
 }

@@ -31,7 +31,7 @@ struct KernelSelection {
   bool attention_mma = false;  // the mma.sync fused attention kernels (else wmma)
   bool rope_fused = false;     // RoPE inside the mma kernels' tile loads (else its own kernel)
   bool ffn_fused = false;      // bf16 gated FFN with gate and up as one GEMM
-  int experts = 0;             // 0 grouped, 1 chunked, 2 cudnn
+  int experts = 0;             // 0 grouped, 1 chunked, 2 cudnn, 3 device
   bool dispatch_sort = false;  // the chunked counting-sort dispatch plan (else the scan)
   // Spelt out: the .cu files are C++17 (no defaulted comparisons).
   bool operator==(const KernelSelection& o) const {

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/moe_dispatch_kernels.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
@@ -435,10 +436,41 @@ template void SwigluBackward<float>(const float*, int, int, int, const float*, c
 
 // ---------------------------------------------------------------- experts
 
+namespace {
+// train.kernels.experts "device" (KernelSelection::experts 3) behind the host-offset entry points:
+// the offsets go back to the device for the device-shaped grouped GEMM (grouped_gemm_device.h).
+// A caller holding the dispatch plan's device offsets calls MoeExpertsForwardDevice /
+// MoeExpertsBackwardDevice directly and needs no host copy at all. Stream-ordered reuse, as
+// ThreadScratch: one stream per thread.
+struct DeviceExpertsStaging {
+  DeviceBuffer<int64_t> offsets;
+  DeviceBuffer<unsigned char> workspace;
+};
+bool DeviceExpertsSelected() { return SelectedKernels().experts == 3; }
+DeviceExpertsStaging& StageDeviceOffsets(const int64_t* host_offsets, int experts,
+                                         cudaStream_t stream) {
+  thread_local DeviceExpertsStaging s;
+  if (s.offsets.size() < size_t(experts) + 1) s.offsets.Resize(experts + 1);
+  const size_t bytes = DeviceGroupedGemmWorkspaceBytes(experts);
+  if (s.workspace.size() < bytes) s.workspace.Resize(bytes);
+  MOELAB_CUDA_CHECK(cudaMemcpyAsync(s.offsets.data(), host_offsets, sizeof(int64_t) * (experts + 1),
+                                    cudaMemcpyHostToDevice, stream));
+  return s;
+}
+}  // namespace
+
 template <typename T>
 void MoeExpertsForward(const T* xe, const int64_t* host_offsets, int experts, int d, int hidden,
                        const T* w1, const T* w3, const T* w2, T* h1, T* h3, T* act, T* ye,
                        cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (DeviceExpertsSelected()) {
+      DeviceExpertsStaging& s = StageDeviceOffsets(host_offsets, experts, stream);
+      MoeExpertsForwardDevice(xe, s.offsets.data(), experts, d, hidden, w1, w3, w2, h1, h3, act, ye,
+                              s.workspace.data(), stream);
+      return;
+    }
+  }
   const long wsize = static_cast<long>(hidden) * d;
   std::vector<GemmGroup<T, T>> g1, g3, g2;
   for (int e = 0; e < experts; ++e) {
@@ -464,6 +496,14 @@ void MoeExpertsBackward(const T* xe, const int64_t* host_offsets, int experts, i
                         const T* w1, const T* w3, const T* w2, const T* h1, const T* h3,
                         const T* act, const T* dye, T* dxe, float* dw1, float* dw3, float* dw2,
                         T* scratch, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (DeviceExpertsSelected()) {  // scratch then holds dh1|dh3 side by side in each row
+      DeviceExpertsStaging& s = StageDeviceOffsets(host_offsets, experts, stream);
+      MoeExpertsBackwardDevice(xe, s.offsets.data(), experts, d, hidden, w1, w3, w2, h1, h3, act,
+                               dye, dxe, dw1, dw3, dw2, scratch, s.workspace.data(), stream);
+      return;
+    }
+  }
   const long wsize = static_cast<long>(hidden) * d;
   const int64_t rows = host_offsets[experts] - host_offsets[0];
   T* dact = scratch;  // [rows, H], becomes dh1

@@ -4,7 +4,11 @@
 // strided-batched), or over a chunked layout as batched GEMMs of equal shapes (below).
 //
 // offsets is a HOST array [E+1] (DownloadOffsets): cuBLAS needs every group's row count on the
-// host. Everything else is on the device.
+// host. Everything else is on the device. With train.kernels.experts "device" (selection 3) the
+// bf16 forward and backward run on the device-shaped grouped GEMM instead
+// (grouped_gemm_device.h; the offsets are copied back to the device, and the backward's scratch
+// holds dh1|dh3 side by side in each row); its entry points that take the dispatch plan's device
+// offsets need no host copy.
 #pragma once
 
 #include <cstdint>

@@ -112,6 +112,36 @@ TEST(KernelChoices, AChoiceTheBuildCannotRunIsRefusedByPath) {
   EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, cuda));
 }
 
+// experts "device" runs the bf16 experts without expert parallelism on 16-byte rows: anything
+// else is refused before the run, by the path to change; the defaults and dense models pass.
+TEST(KernelChoices, DeviceExpertsAreRefusedWhereTheyCannotRun) {
+  KernelChoices k;
+  EXPECT_NO_THROW(RequireDeviceExpertsRunnable(k, "fp32", 8, 2, 12, 12)) << "grouped: nothing";
+  k.experts = "device";
+  EXPECT_NO_THROW(RequireDeviceExpertsRunnable(k, "bf16", 64, 1, 1024, 512));
+  EXPECT_NO_THROW(RequireDeviceExpertsRunnable(k, "fp32", 0, 2, 12, 12)) << "a dense model";
+  const auto refused = [&](const std::string& precision, int ep, int d, int hidden) {
+    try {
+      RequireDeviceExpertsRunnable(k, precision, 64, ep, d, hidden);
+    } catch (const ConfigError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "accepted " << precision << " ep " << ep << " d " << d << " H " << hidden;
+    return ConfigError("", "");
+  };
+  ConfigError e = refused("fp32", 1, 1024, 512);
+  EXPECT_EQ(e.path(), "train.kernels.experts");
+  EXPECT_NE(e.reason().find("train.precision is \"fp32\""), std::string::npos) << e.what();
+  e = refused("bf16", 2, 1024, 512);
+  EXPECT_EQ(e.path(), "train.kernels.experts");
+  EXPECT_NE(e.reason().find("dist.expert_parallel is 2"), std::string::npos) << e.what();
+  e = refused("bf16", 1, 1020, 512);
+  EXPECT_EQ(e.path(), "model.d_model");
+  EXPECT_NE(e.reason().find("multiple of 8"), std::string::npos) << e.what();
+  e = refused("bf16", 1, 1024, 500);
+  EXPECT_EQ(e.path(), "moe.expert_hidden");
+}
+
 // Kernel choices compute the same model: the hash (checkpoint folders, sweep dedupe) is the same
 // with and without the block, whatever it holds.
 TEST(KernelChoices, TheHashLeavesThemOut) {
