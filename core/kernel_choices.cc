@@ -50,9 +50,10 @@ const std::vector<KernelChoiceInfo>& KernelChoiceTable() {
        "kernels (refused where they cannot run the shape); reference forces the reference path.",
        &KernelChoices::attention},
       {"attention_kernel",
-       {"wmma", "mma"},
+       {"wmma", "mma", "mma64"},
        "The fused attention kernels' implementation: wmma fragments, or mma.sync fragments kept "
-       "in registers (opt-in: docs/cuda.md).",
+       "in registers (opt-in: docs/cuda.md); mma64 is the first mma version (64-key tiles, "
+       "synchronous backward loads), kept to compare.",
        &KernelChoices::attention_kernel},
       {"rope",
        {"separate", "fused"},

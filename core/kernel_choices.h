@@ -19,7 +19,7 @@ struct KernelChoices {
   // reference path (probabilities materialised) elsewhere; "fused" forces the fused kernels (fp32
   // mode too; refused where they cannot run the shape); "reference" forces the reference path.
   std::string attention = "auto";
-  std::string attention_kernel = "wmma";  // the fused kernels' implementation: "wmma" | "mma"
+  std::string attention_kernel = "wmma";  // fused kernels: "wmma" | "mma" | "mma64"
   std::string rope = "separate";          // "separate" | "fused" (in the mma kernels' tile loads)
   std::string attention_acts = "fp32";    // q|k|v, att, datt in bf16 mode: "fp32" | "bf16"
   std::string ffn = "split";              // bf16 gated FFN: "split" | "fused" (gate+up one GEMM)

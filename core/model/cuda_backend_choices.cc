@@ -46,7 +46,8 @@ bool AttentionActsBf16(const RunConfig& c) { return c.train.kernels.attention_ac
 // train.kernels as the launchers' process-wide selection (kernels/cuda/device.h).
 cuda::KernelSelection KernelSelectionOf(const KernelChoices& k) {
   cuda::KernelSelection s;
-  s.attention_mma = k.attention_kernel == "mma";
+  s.attention_mma = k.attention_kernel == "mma" || k.attention_kernel == "mma64";
+  s.attention_mma64 = k.attention_kernel == "mma64";
   s.rope_fused = k.rope == "fused";
   s.ffn_fused = k.ffn == "fused";
   s.experts = k.experts == "chunked" ? 1 : k.experts == "cudnn" ? 2 : k.experts == "device" ? 3 : 0;

@@ -55,7 +55,8 @@ KernelSelection selection;  // guarded by selection_mutex
 int selection_holders = 0;  // live ScopedKernelSelection objects
 
 std::string Describe(const KernelSelection& k) {
-  return std::string("attention ") + (k.attention_mma ? "mma" : "wmma") + ", rope " +
+  return std::string("attention ") +
+         (k.attention_mma ? (k.attention_mma64 ? "mma64" : "mma") : "wmma") + ", rope " +
          (k.rope_fused ? "fused" : "separate") + ", ffn " + (k.ffn_fused ? "fused" : "split") +
          ", experts " +
          (k.experts == 1   ? "chunked"

@@ -33,10 +33,13 @@ struct KernelSelection {
   bool ffn_fused = false;      // bf16 gated FFN with gate and up as one GEMM
   int experts = 0;             // 0 grouped, 1 chunked, 2 cudnn, 3 device
   bool dispatch_sort = false;  // the chunked counting-sort dispatch plan (else the scan)
+  // With attention_mma: the first mma kernels (attention_kernel "mma64", 64-key tiles).
+  bool attention_mma64 = false;
   // Spelt out: the .cu files are C++17 (no defaulted comparisons).
   bool operator==(const KernelSelection& o) const {
     return attention_mma == o.attention_mma && rope_fused == o.rope_fused &&
-           ffn_fused == o.ffn_fused && experts == o.experts && dispatch_sort == o.dispatch_sort;
+           ffn_fused == o.ffn_fused && experts == o.experts && dispatch_sort == o.dispatch_sort &&
+           attention_mma64 == o.attention_mma64;
   }
 };
 // The selection in force (the defaults when none is installed).

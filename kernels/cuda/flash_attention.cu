@@ -63,12 +63,14 @@ void AllowSmem(Kernel kernel, size_t bytes) {
 
 int Tiles(int seq) { return (seq + kTile - 1) / kTile; }
 
-// Shared memory per block of the kernels of a shape (the larger of forward and backward).
+// Shared memory per block of the kernels of a shape (the largest of the forward and backward
+// kernels: the wmma ones, except the tuned mma forward's 128-key tiles at head dims ≤ 64).
 struct SmemQuery {
   size_t* bytes;
   template <int DQK, int DV>
   void Run() const {
-    *bytes = std::max(FwdSmem<DQK, DV>::kBytes, BwdSmem<DQK, DV>::kBytes);
+    *bytes = std::max({FwdSmem<DQK, DV>::kBytes, BwdSmem<DQK, DV>::kBytes,
+                       FwdMmaSmemOf<DQK, DV, /*kTuned=*/true>::kBytes});
   }
 };
 
@@ -95,8 +97,8 @@ struct ForwardLaunch {
   const T *q, *k, *v;
   T* out;
   float *lse, *pair_max;
-  bool mma;       // FlashKernelInUse() == FlashKernel::kMma
-  RopeArgs rope;  // null tables: none
+  FlashKernel kernel;  // FlashKernelInUse()
+  RopeArgs rope;       // null tables: none
   template <int DQK, int DV>
   void Run() const {
     if (rope.cos != nullptr) {
@@ -104,7 +106,7 @@ struct ForwardLaunch {
       NoRopeKernel("cuda::FlashAttentionForward");
     }
     if constexpr (MmaForwardCovers(DQK, DV)) {
-      if (mma) return Mma<DQK, DV, false>();
+      if (kernel != FlashKernel::kWmma) return Mma<DQK, DV, false>();
     }
     auto kernel = FlashForwardKernel<T, DQK, DV>;
     const size_t smem = FwdSmem<DQK, DV>::kBytes;
@@ -113,12 +115,17 @@ struct ForwardLaunch {
   }
   template <int DQK, int DV, bool kRope>
   void Mma() const {
-    auto kernel = FlashForwardMmaKernel<T, DQK, DV, kRope>;
-    const size_t smem = FwdMmaSmem<DQK, DV>::kBytes;
+    if (kernel == FlashKernel::kMma) return Mma<DQK, DV, kRope, true>();
+    Mma<DQK, DV, kRope, false>();
+  }
+  template <int DQK, int DV, bool kRope, bool kTuned>
+  void Mma() const {
+    auto mma = FlashForwardMmaKernel<T, DQK, DV, kRope, kTuned>;
+    const size_t smem = FwdMmaSmemOf<DQK, DV, kTuned>::kBytes;
     constexpr int tile = kTile * MmaRowBlocks(DQK, DV);  // query rows per block
-    AllowSmem(kernel, smem);
-    kernel<<<dim3(grid.x, (p.seq + tile - 1) / tile), kThreads, smem, stream>>>(
-        p, q, k, v, out, lse, pair_max, rope);
+    AllowSmem(mma, smem);
+    mma<<<dim3(grid.x, (p.seq + tile - 1) / tile), kThreads, smem, stream>>>(p, q, k, v, out, lse,
+                                                                             pair_max, rope);
   }
 };
 
@@ -139,7 +146,7 @@ struct BackwardLaunch {
       NoRopeKernel("cuda::FlashAttentionBackward");
     }
     if constexpr (MmaBackwardCovers<DQK, DV>()) {
-      if (FlashKernelInUse() == FlashKernel::kMma) return Mma<DQK, DV, false>();
+      if (FlashKernelInUse() != FlashKernel::kWmma) return Mma<DQK, DV, false>();
     }
     const dim3 kv_grid(a.batch * a.kv_heads, Tiles(a.seq)), q_grid(a.batch * a.heads, Tiles(a.seq));
     const size_t smem = BwdSmem<DQK, DV>::kBytes;
@@ -152,15 +159,22 @@ struct BackwardLaunch {
   }
   template <int DQK, int DV, bool kRope>
   void Mma() const {
-    auto kv = FlashBackwardKvMmaKernel<T, DQK, DV, kRope>;
-    AllowSmem(kv, BwdMmaKvSmem<DQK, DV>::kBytes);
-    kv<<<dim3(a.batch * a.kv_heads, Tiles(a.seq)), kThreads, BwdMmaKvSmem<DQK, DV>::kBytes,
-         stream>>>(p, q, k, v, lse, dvec, dout, dk, dv, rope);
-    auto qk = FlashBackwardQMmaKernel<T, DQK, DV, kRope>;
-    AllowSmem(qk, BwdMmaQSmem<DQK, DV>::kBytes);
+    if (FlashKernelInUse() == FlashKernel::kMma) return Mma<DQK, DV, kRope, true>();
+    Mma<DQK, DV, kRope, false>();
+  }
+  template <int DQK, int DV, bool kRope, bool kTuned>
+  void Mma() const {
+    auto kv = FlashBackwardKvMmaKernel<T, DQK, DV, kRope, kTuned>;
+    constexpr size_t kv_smem = BwdMmaKvSmemBytes<DQK, DV, kTuned>();
+    AllowSmem(kv, kv_smem);
+    kv<<<dim3(a.batch * a.kv_heads, Tiles(a.seq)), kThreads, kv_smem, stream>>>(
+        p, q, k, v, lse, dvec, dout, dk, dv, rope);
+    auto qk = FlashBackwardQMmaKernel<T, DQK, DV, kRope, kTuned>;
+    constexpr size_t q_smem = BwdMmaQSmem<DQK, DV, kTuned>::kBytes;
+    AllowSmem(qk, q_smem);
     constexpr int kRows = kDqQueryTile<DQK, DV>;  // its query tile: 64 or 128 rows
-    qk<<<dim3(a.batch * a.heads, (a.seq + kRows - 1) / kRows), kThreads,
-         BwdMmaQSmem<DQK, DV>::kBytes, stream>>>(p, q, k, v, lse, dvec, dout, dq, rope);
+    qk<<<dim3(a.batch * a.heads, (a.seq + kRows - 1) / kRows), kThreads, q_smem, stream>>>(
+        p, q, k, v, lse, dvec, dout, dq, rope);
   }
 };
 
@@ -183,7 +197,9 @@ RopeArgs CheckedRope(const AttentionDims& a, size_t elem_bytes, const FlashRope*
 }  // namespace
 
 FlashKernel FlashKernelInUse() {
-  return SelectedKernels().attention_mma ? FlashKernel::kMma : FlashKernel::kWmma;
+  const KernelSelection k = SelectedKernels();
+  if (!k.attention_mma) return FlashKernel::kWmma;
+  return k.attention_mma64 ? FlashKernel::kMma64 : FlashKernel::kMma;
 }
 
 bool FlashRopeFused() { return SelectedKernels().rope_fused; }
@@ -196,7 +212,7 @@ bool FlashRopeSupported(const AttentionDims& a, size_t elem_bytes, int rot_dim, 
   if (elem_bytes != 4) {
     return no("q and k are not fp32 (bf16 tiles are copied by cp.async, never through registers)");
   }
-  if (FlashKernelInUse() != FlashKernel::kMma) {
+  if (FlashKernelInUse() == FlashKernel::kWmma) {
     return no("the wmma kernels do not fuse RoPE (train.kernels.attention_kernel \"mma\" does)");
   }
   if (rot_dim != a.qk_dim || a.qk_dim != a.v_dim) {
@@ -253,14 +269,15 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
   const RopeArgs rope_args = CheckedRope(a, sizeof(T), rope, who);
   if (a.batch == 0 || a.seq == 0) return;
   CheckAligned(q, "q", who), CheckAligned(k, "k", who), CheckAligned(v, "v", who);
-  const bool mma = FlashKernelInUse() == FlashKernel::kMma;
+  const FlashKernel kernel = FlashKernelInUse();
+  const bool mma = kernel != FlashKernel::kWmma;
   // The mma forward stores out in pairs (8 bytes for fp32): a misaligned out would fault on the
   // device instead of throwing here. (The wmma forward stores single elements.)
   if (mma || rope_args.cos != nullptr) CheckAligned(out, "out", who);
   const long pairs = long(a.batch) * a.heads;
   FillKernel<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs, -INFINITY);
   WithShape(a, ForwardLaunch<T>{MakeParams(a), dim3(pairs, Tiles(a.seq)), stream, q, k, v, out, lse,
-                                pair_max, mma, rope_args});
+                                pair_max, kernel, rope_args});
   CheckLaunch(who);
 }
 

@@ -63,10 +63,14 @@ void FlashAttentionForward(const AttentionDims& a, const T* q, const T* k, const
 
 // Which implementation of the fused kernels runs. kWmma: the first version (nvcuda::wmma, every
 // elementwise step through shared memory), the default: it is the one that has run on a GPU.
-// kMma: `mma.sync` fragments kept in registers (kernels/cuda/mma.cuh), checked under the CPU
-// emulation only so far; opt in with train.kernels.attention_kernel "mma" (SelectedKernels,
+// kMma: `mma.sync` fragments kept in registers (kernels/cuda/mma.cuh), tuned: 128-key tiles at
+// head dims ≤ 64, the softmax scale folded into exp2's multiplier, cp.async double buffering of
+// the K/V (forward, dQ) and Q/dO (dK/dV) tiles, ldmatrix.trans instead of transposed tile copies
+// in the backward. kMma64: the first mma version (64-key tiles, scale then exp2, synchronous
+// backward loads with transposed copies), kept to compare. Both checked under the CPU emulation
+// only so far; opt in with train.kernels.attention_kernel "mma" or "mma64" (SelectedKernels,
 // kernels/cuda/device.h, read at every launch).
-enum class FlashKernel { kMma, kWmma };
+enum class FlashKernel { kMma, kMma64, kWmma };
 FlashKernel FlashKernelInUse();
 
 // Whether the model hands RoPE to these kernels (FlashRope) or runs RopeApplyQk around them:

@@ -32,6 +32,7 @@
 
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/cuda/flash_rope.cuh"
+#include "kernels/cuda/flash_tile_copy.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moelab::cuda::flash {
@@ -93,6 +94,16 @@ __device__ __forceinline__ void LoadBt(uint32_t b[2], const bf16* y, int ld, int
   const bf16* x = y + (n0 + g) * ld + kk + 2 * t;
   b[0] = Ld32(x);
   b[1] = Ld32(x + 8);
+}
+
+// The B fragments of B[k][n] = Y[k0 + k][n0 + n] (B = Y, k over 16 rows, n over two n-tiles
+// n0.., n0 + 8..) of a row-major tile Y (stride ld) by one ldmatrix.x4.trans: b[0..1] n-tile n0,
+// b[2..3] n-tile n0 + 8; matrices (rows 0–7 | 8–15) × (columns n0.. | n0 + 8..). What the tuned
+// kernels read instead of a transposed copy of the tile (LoadBt on dst_t below).
+__device__ __forceinline__ void LoadBPairTrans(uint32_t b[4], const bf16* y, int ld, int k0,
+                                               int n0) {
+  const int lane = threadIdx.x & 31, mrow = lane & 7, mat = lane >> 3;
+  LdMatrixX4<true>(b, y + (k0 + (mat & 1) * 8 + mrow) * ld + n0 + (mat >> 1) * 8);
 }
 
 // Columns c..c+7 of rows r (x0) and r + 1 (x1), 8 bf16 each, into the row-major tile dst
@@ -200,7 +211,7 @@ __device__ __forceinline__ float ProbGrad(const Params& p, bool valid, float s, 
 }  // namespace mmabwd
 
 // Shared memory of the dK/dV kernel: K and V of the key tile, Q and dO of the query tile (each
-// also transposed), and the query tile's lse and D.
+// also transposed), and the query tile's lse and D. The tuned kernel's: BwdMmaKvSmemTuned.
 template <int DQK, int DV>
 struct BwdMmaKvSmem {
   static constexpr size_t kK = 0;
@@ -217,6 +228,27 @@ struct BwdMmaKvSmem {
   static_assert(kBytes <= BwdSmem<DQK, DV>::kBytes, "no more than the wmma kernel's");
 };
 
+// The tuned dK/dV kernel's: K and V of the key tile, then two buffers (double-buffered by
+// cp.async: the next query tile loads while this one is used) of Q, dO, lse and D, no transposed
+// copies (ldmatrix.trans reads the row-major tiles).
+template <int DQK, int DV>
+struct BwdMmaKvSmemTuned {
+  static constexpr size_t kK = 0;
+  static constexpr size_t kV = kK + size_t(kTile) * Ld16(DQK) * 2;
+  static constexpr size_t kQ = kV + size_t(kTile) * Ld16(DV) * 2;  // buffer i at kQ + i·kBuf
+  static constexpr size_t kDo = kQ + size_t(kTile) * Ld16(DQK) * 2;
+  static constexpr size_t kLse = kDo + size_t(kTile) * Ld16(DV) * 2;
+  static constexpr size_t kD = kLse + kTile * 4;
+  static constexpr size_t kBuf = kD + kTile * 4 - kQ;
+  static constexpr size_t kBytes = kQ + 2 * kBuf;
+  static_assert(kV % 16 == 0 && kQ % 16 == 0 && kDo % 16 == 0 && kLse % 16 == 0 && kBuf % 16 == 0);
+  static_assert(kBytes <= BwdSmem<DQK, DV>::kBytes, "no more than the wmma kernel's");
+};
+template <int DQK, int DV, bool kTuned>
+constexpr size_t BwdMmaKvSmemBytes() {
+  return kTuned ? BwdMmaKvSmemTuned<DQK, DV>::kBytes : BwdMmaKvSmem<DQK, DV>::kBytes;
+}
+
 // Rows (16-row m-tiles) each warp of the dQ kernel owns: two where the second set of
 // accumulators and A fragments fits (every B fragment read from shared memory then feeds two
 // products: half the shared-memory traffic per product), else one. The dQ kernel's query tile is
@@ -227,52 +259,87 @@ template <int DQK, int DV>
 constexpr int kDqQueryTile = kWarps * 16 * kDqMTiles<DQK, DV>;
 
 // Shared memory of the dQ kernel: Q and dO of the query tile, K (also transposed) and V of the
-// key tile.
-template <int DQK, int DV>
+// key tile. kTuned: no transposed K (ldmatrix.trans), and two buffers of K and V (double-buffered
+// by cp.async), buffer i at kK + i·kBuf.
+template <int DQK, int DV, bool kTuned = false>
 struct BwdMmaQSmem {
   static constexpr int kRows = kDqQueryTile<DQK, DV>;
   static constexpr size_t kQ = 0;
   static constexpr size_t kDo = kQ + size_t(kRows) * Ld16(DQK) * 2;
   static constexpr size_t kK = kDo + size_t(kRows) * Ld16(DV) * 2;
   static constexpr size_t kKt = kK + size_t(kTile) * Ld16(DQK) * 2;
-  static constexpr size_t kV = kKt + size_t(DQK) * kLdT * 2;
-  static constexpr size_t kBytes = kV + size_t(kTile) * Ld16(DV) * 2;
-  static_assert(kDo % 16 == 0 && kK % 16 == 0 && kKt % 16 == 0 && kV % 16 == 0);
+  static constexpr size_t kV = kKt + (kTuned ? 0 : size_t(DQK) * kLdT * 2);
+  static constexpr size_t kBuf = kV + size_t(kTile) * Ld16(DV) * 2 - kK;
+  static constexpr size_t kBytes = kK + (kTuned ? 2 : 1) * kBuf;
+  static_assert(kDo % 16 == 0 && kK % 16 == 0 && kKt % 16 == 0 && kV % 16 == 0 && kBuf % 16 == 0);
   static_assert(kBytes <= BwdSmem<DQK, DV>::kBytes, "no more than the wmma kernel's");
 };
+
+// The tuned dK/dV kernel's loads of query tile (head h, rows q0..) into one of its buffers: Q
+// (rotated with kRope) and dO by cp.async where they can be (bf16 without RoPE), lse and D
+// (fp32 rows of any alignment) by plain loads; all visible after the next barrier.
+template <int DQK, int DV, bool kRope, typename T>
+__device__ __forceinline__ void LoadQueryTileTuned(unsigned char* buf, const Params& p, const T* q,
+                                                   const T* dout, const float* lse,
+                                                   const float* dvec, int b, int h, int q0,
+                                                   const RopeArgs& rope) {
+  using L = BwdMmaKvSmemTuned<DQK, DV>;
+  const int S = p.seq;
+  const long pair = long(b) * p.heads + h;
+  LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(buf),
+                         q + (long(b) * S + q0) * p.ldq + long(h) * DQK, p.ldq, S - q0, rope, q0);
+  LoadTileAsync<DV>(reinterpret_cast<bf16*>(buf + L::kDo - L::kQ),
+                    dout + (long(b) * S + q0) * p.ldo + long(h) * DV, p.ldo, S - q0);
+  LoadRowVec(reinterpret_cast<float*>(buf + L::kLse - L::kQ), lse + pair * S + q0, S - q0);
+  LoadRowVec(reinterpret_cast<float*>(buf + L::kD - L::kQ), dvec + pair * S + q0, S - q0);
+}
 
 // dK, dV of one 64-key tile of one kv head: grid (B·kv_heads, key tiles). Warp w owns keys
 // k0 + 16w .. + 15 (the M rows of every product); its accumulators sum over the group's query
 // heads in head order, the query tiles from the diagonal on and the 16-query chunks in order.
 // kRope: q and k arrive un-rotated and are rotated as they load, dk leaves through RoPE⁻¹
-// (flash_rope.cuh).
-template <typename T, int DQK, int DV, bool kRope = false>
+// (flash_rope.cuh). kTuned (attention_kernel "mma"): the query tiles double-buffered by
+// cp.async (the next loads while this one is used: one barrier a tile instead of two, the loads'
+// latency hidden), and the B fragments of ·dO and ·Q read by ldmatrix.trans from the row-major
+// tiles instead of from transposed copies built through registers; the same products in the
+// same order, so the same bits as the first kernel ("mma64").
+template <typename T, int DQK, int DV, bool kRope = false, bool kTuned = false>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKvMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                              const T* __restrict__ v, const float* __restrict__ lse,
                              const float* __restrict__ dvec, const T* __restrict__ dout,
                              float* __restrict__ dk, float* __restrict__ dv, RopeArgs rope = {}) {
   using L = BwdMmaKvSmem<DQK, DV>;
+  using LT = BwdMmaKvSmemTuned<DQK, DV>;
   using namespace mmabwd;  // NOLINT: the fragment helpers
   constexpr bool kKeep = kKeepRowsInRegisters<DQK, DV>;
   constexpr int kLdQ = Ld16(DQK), kLdV = Ld16(DV);
   MOELAB_FLASH_SMEM(smem);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
-  bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
+  bf16* sk = reinterpret_cast<bf16*>(smem + (kTuned ? LT::kK : L::kK));
+  bf16* sv = reinterpret_cast<bf16*>(smem + (kTuned ? LT::kV : L::kV));
+  // The first kernel's single query-tile buffers (the tuned kernel's are chosen per tile below).
   bf16* sqt = reinterpret_cast<bf16*>(smem + L::kQt);
-  bf16* sdo = reinterpret_cast<bf16*>(smem + L::kDo);
   bf16* sdot = reinterpret_cast<bf16*>(smem + L::kDot);
-  float* slse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sd = reinterpret_cast<float*>(smem + L::kD);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
 
   const int S = p.seq, group = p.heads / p.kv_heads;
   const int b = blockIdx.x / p.kv_heads, kvh = blockIdx.x % p.kv_heads;
   const int k0 = blockIdx.y * kTile;  // tile 0 has the most query tiles: scheduled first
-  LoadQkRows<DQK, kRope>(sk, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0, rope,
-                         k0);
-  LoadTile<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
+  // The query tiles in order: head kvh·group + i / per_head, rows k0 + 64·(i % per_head)...
+  const int per_head = (S - k0 + kTile - 1) / kTile, tiles = group * per_head;
+  if constexpr (kTuned) {  // K, V and the first query tile in one group of copies
+    LoadQkTile<DQK, kRope>(sk, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0,
+                           rope, k0);
+    LoadTileAsync<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
+    LoadQueryTileTuned<DQK, DV, kRope>(smem + LT::kQ, p, q, dout, lse, dvec, b, kvh * group, k0,
+                                       rope);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+  } else {
+    LoadQkRows<DQK, kRope>(sk, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0,
+                           rope, k0);
+    LoadTile<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
+  }
   __syncthreads();
 
   const int w0 = k0 + warp * 16;  // the warp's first key
@@ -292,9 +359,27 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < DV / 8; ++n) dv_acc[n][0] = dv_acc[n][1] = dv_acc[n][2] = dv_acc[n][3] = 0;
 
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-    const long pair = long(b) * p.heads + h;
-    for (int q0 = k0; q0 < S; q0 += kTile) {
+  for (int i = 0, buf = 0; i < tiles; ++i, buf ^= 1) {
+    const int h = kvh * group + i / per_head, q0 = k0 + (i % per_head) * kTile;
+    unsigned char* tile_smem = smem + (kTuned ? LT::kQ + buf * LT::kBuf : L::kQ);
+    bf16* sq = reinterpret_cast<bf16*>(tile_smem);
+    bf16* sdo = reinterpret_cast<bf16*>(tile_smem + (kTuned ? LT::kDo - LT::kQ : L::kDo - L::kQ));
+    float* slse =
+        reinterpret_cast<float*>(tile_smem + (kTuned ? LT::kLse - LT::kQ : L::kLse - L::kQ));
+    float* sd = reinterpret_cast<float*>(tile_smem + (kTuned ? LT::kD - LT::kQ : L::kD - L::kQ));
+    if constexpr (kTuned) {
+      CpAsyncWait<0>();  // this thread's copies of tile i (the only group in flight)
+      // After it every copy of tile i has landed and every warp is done with tile i − 1, whose
+      // buffer tile i + 1 then refills while tile i is used.
+      __syncthreads();
+      if (i + 1 < tiles) {
+        const int hn = kvh * group + (i + 1) / per_head, qn = k0 + ((i + 1) % per_head) * kTile;
+        LoadQueryTileTuned<DQK, DV, kRope>(smem + LT::kQ + (buf ^ 1) * LT::kBuf, p, q, dout, lse,
+                                           dvec, b, hn, qn, rope);
+        CpAsyncCommit();
+      }
+    } else {
+      const long pair = long(b) * p.heads + h;
       __syncthreads();  // the previous query tile is no longer read
       LoadQkBoth<DQK, kRope>(sq, sqt, q + (long(b) * S + q0) * p.ldq + long(h) * DQK, p.ldq, S - q0,
                              rope, q0);
@@ -302,63 +387,81 @@ __global__ void __launch_bounds__(kThreads)
       LoadRowVec(slse, lse + pair * S + q0, S - q0);
       LoadRowVec(sd, dvec + pair * S + q0, S - q0);
       __syncthreads();
-      if (!warp_active) continue;
-      for (int qc = 0; qc < kTile; qc += 16) {
-        const int qa = q0 + qc;  // the chunk's first query
-        // Warp-uniform skips: past the sequence, or every query before every key of the warp.
-        if (qa >= S || qa + 15 < w0) continue;
-        // Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ over the chunk: rows the warp's keys, n-tile n the
-        // queries qa + 8n ..
-        float st[2][4] = {}, dpt[2][4] = {};
+    }
+    if (!warp_active) continue;
+    for (int qc = 0; qc < kTile; qc += 16) {
+      const int qa = q0 + qc;  // the chunk's first query
+      // Warp-uniform skips: past the sequence, or every query before every key of the warp.
+      if (qa >= S || qa + 15 < w0) continue;
+      // Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ over the chunk: rows the warp's keys, n-tile n the
+      // queries qa + 8n ..
+      float st[2][4] = {}, dpt[2][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-          uint32_t a[4], bq[2];
-          if constexpr (kKeep) {
-            a[0] = ka[kk][0], a[1] = ka[kk][1], a[2] = ka[kk][2], a[3] = ka[kk][3];
-          } else {
-            LoadA(a, wk, kLdQ, 16 * kk);
-          }
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            LoadBt(bq, sq, kLdQ, qc + 8 * n, 16 * kk);
-            mma::MmaBf16(st[n], a, bq);
-          }
+      for (int kk = 0; kk < DQK / 16; ++kk) {
+        uint32_t a[4], bq[2];
+        if constexpr (kKeep) {
+          a[0] = ka[kk][0], a[1] = ka[kk][1], a[2] = ka[kk][2], a[3] = ka[kk][3];
+        } else {
+          LoadA(a, wk, kLdQ, 16 * kk);
         }
-#pragma unroll
-        for (int kk = 0; kk < DV / 16; ++kk) {
-          uint32_t a[4], bo[2];
-          if constexpr (kKeep) {
-            a[0] = va[kk][0], a[1] = va[kk][1], a[2] = va[kk][2], a[3] = va[kk][3];
-          } else {
-            LoadA(a, wv, kLdV, 16 * kk);
-          }
-#pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            LoadBt(bo, sdo, kLdV, qc + 8 * n, 16 * kk);
-            mma::MmaBf16(dpt[n], a, bo);
-          }
-        }
-        // Pᵀ and dSᵀ where they lie: element e of n-tile n is key w0 + gr + 8·(e ≥ 2), query
-        // qa + 8n + 2t + (e odd); packed pairwise they are the A fragments (k = the 16 queries).
-        uint32_t pa[4], dsa[4];
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          const int ql = qc + 8 * n + 2 * t;  // the lane's first query in the tile
-          const float2 lse2 = *reinterpret_cast<const float2*>(slse + ql);
-          const float2 d2 = *reinterpret_cast<const float2*>(sd + ql);
-          float pr[4], ds[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = w0 + gr + (e >= 2 ? 8 : 0), qi = q0 + ql + (e & 1);
-            pr[e] = ProbGrad(p, key <= qi && qi < S, st[n][e], dpt[n][e], e & 1 ? lse2.y : lse2.x,
-                             e & 1 ? d2.y : d2.x, &ds[e]);
-          }
-          pa[2 * n] = mma::PackBf16x2(pr[0], pr[1]);
-          pa[2 * n + 1] = mma::PackBf16x2(pr[2], pr[3]);
-          dsa[2 * n] = mma::PackBf16x2(ds[0], ds[1]);
-          dsa[2 * n + 1] = mma::PackBf16x2(ds[2], ds[3]);
+          LoadBt(bq, sq, kLdQ, qc + 8 * n, 16 * kk);
+          mma::MmaBf16(st[n], a, bq);
         }
-        // dV += Pᵀ·dO and dK += dSᵀ·Q: B[k = query][n = column] from the transposed tiles.
+      }
+#pragma unroll
+      for (int kk = 0; kk < DV / 16; ++kk) {
+        uint32_t a[4], bo[2];
+        if constexpr (kKeep) {
+          a[0] = va[kk][0], a[1] = va[kk][1], a[2] = va[kk][2], a[3] = va[kk][3];
+        } else {
+          LoadA(a, wv, kLdV, 16 * kk);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          LoadBt(bo, sdo, kLdV, qc + 8 * n, 16 * kk);
+          mma::MmaBf16(dpt[n], a, bo);
+        }
+      }
+      // Pᵀ and dSᵀ where they lie: element e of n-tile n is key w0 + gr + 8·(e ≥ 2), query
+      // qa + 8n + 2t + (e odd); packed pairwise they are the A fragments (k = the 16 queries).
+      uint32_t pa[4], dsa[4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int ql = qc + 8 * n + 2 * t;  // the lane's first query in the tile
+        const float2 lse2 = *reinterpret_cast<const float2*>(slse + ql);
+        const float2 d2 = *reinterpret_cast<const float2*>(sd + ql);
+        float pr[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = w0 + gr + (e >= 2 ? 8 : 0), qi = q0 + ql + (e & 1);
+          pr[e] = ProbGrad(p, key <= qi && qi < S, st[n][e], dpt[n][e], e & 1 ? lse2.y : lse2.x,
+                           e & 1 ? d2.y : d2.x, &ds[e]);
+        }
+        pa[2 * n] = mma::PackBf16x2(pr[0], pr[1]);
+        pa[2 * n + 1] = mma::PackBf16x2(pr[2], pr[3]);
+        dsa[2 * n] = mma::PackBf16x2(ds[0], ds[1]);
+        dsa[2 * n + 1] = mma::PackBf16x2(ds[2], ds[3]);
+      }
+      // dV += Pᵀ·dO and dK += dSᵀ·Q: B[k = query][n = column], from the row-major tiles by
+      // ldmatrix.trans (tuned) or from the transposed copies.
+      if constexpr (kTuned) {
+#pragma unroll
+        for (int n = 0; n < DV / 8; n += 2) {
+          uint32_t bo[4];
+          LoadBPairTrans(bo, sdo, kLdV, qc, 8 * n);
+          mma::MmaBf16(dv_acc[n], pa, bo);
+          mma::MmaBf16(dv_acc[n + 1], pa, bo + 2);
+        }
+#pragma unroll
+        for (int n = 0; n < DQK / 8; n += 2) {
+          uint32_t bq[4];
+          LoadBPairTrans(bq, sq, kLdQ, qc, 8 * n);
+          mma::MmaBf16(dk_acc[n], dsa, bq);
+          mma::MmaBf16(dk_acc[n + 1], dsa, bq + 2);
+        }
+      } else {
 #pragma unroll
         for (int n = 0; n < DV / 8; ++n) {
           uint32_t bo[2];
@@ -394,13 +497,15 @@ __global__ void __launch_bounds__(kThreads)
 // dQ of one query tile (kDqQueryTile rows) of one head: grid (B·H, query tiles), heaviest
 // first. Warp w owns queries q0 + 16·kM·w .. (kM m-tiles of 16); its accumulators sum over the
 // key tiles up to the diagonal and the 16-key chunks in order. kRope: as the dK/dV kernel's.
-template <typename T, int DQK, int DV, bool kRope = false>
+// kTuned: the key tiles double-buffered by cp.async, and dQ's B fragments (·K) read by
+// ldmatrix.trans from the row-major K tile instead of a transposed copy; same bits as the first.
+template <typename T, int DQK, int DV, bool kRope = false, bool kTuned = false>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                             const T* __restrict__ v, const float* __restrict__ lse,
                             const float* __restrict__ dvec, const T* __restrict__ dout,
                             float* __restrict__ dq, RopeArgs rope = {}) {
-  using L = BwdMmaQSmem<DQK, DV>;
+  using L = BwdMmaQSmem<DQK, DV, kTuned>;
   using namespace mmabwd;  // NOLINT: the fragment helpers
   constexpr bool kKeep = kKeepRowsInRegisters<DQK, DV>;
   constexpr int kM = kDqMTiles<DQK, DV>, kRows = kDqQueryTile<DQK, DV>;
@@ -408,20 +513,33 @@ __global__ void __launch_bounds__(kThreads)
   MOELAB_FLASH_SMEM(smem);
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
   bf16* sdo = reinterpret_cast<bf16*>(smem + L::kDo);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* skt = reinterpret_cast<bf16*>(smem + L::kKt);
-  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
+  bf16* skt = reinterpret_cast<bf16*>(smem + L::kKt);  // the first kernel's only
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, t = lane & 3;
 
   const int S = p.seq, pair = blockIdx.x, b = pair / p.heads, h = pair % p.heads;
   const int kvh = h / (p.heads / p.kv_heads);
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
+  const T* K = k + long(b) * S * p.ldk + long(kvh) * DQK;
+  const T* V = v + long(b) * S * p.ldv + long(kvh) * DV;
 #pragma unroll
   for (int r0 = 0; r0 < kRows; r0 += kTile) {
-    LoadQkRows<DQK, kRope>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK,
-                           p.ldq, S - q0 - r0, rope, q0 + r0);
-    LoadTile<DV>(sdo + r0 * kLdV, dout + (long(b) * S + q0 + r0) * p.ldo + long(h) * DV, p.ldo,
-                 S - q0 - r0);
+    if constexpr (kTuned) {
+      LoadQkTile<DQK, kRope>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK,
+                             p.ldq, S - q0 - r0, rope, q0 + r0);
+      LoadTileAsync<DV>(sdo + r0 * kLdV, dout + (long(b) * S + q0 + r0) * p.ldo + long(h) * DV,
+                        p.ldo, S - q0 - r0);
+    } else {
+      LoadQkRows<DQK, kRope>(sq + r0 * kLdQ, q + (long(b) * S + q0 + r0) * p.ldq + long(h) * DQK,
+                             p.ldq, S - q0 - r0, rope, q0 + r0);
+      LoadTile<DV>(sdo + r0 * kLdV, dout + (long(b) * S + q0 + r0) * p.ldo + long(h) * DV, p.ldo,
+                   S - q0 - r0);
+    }
+  }
+  if constexpr (kTuned) {  // Q, dO and the first key tile in one group of copies
+    LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S, rope, 0);
+    LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV), V, p.ldv, S);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
   }
 
   const int w0 = q0 + warp * 16 * kM;  // the warp's first query; m-tile mi: w0 + 16·mi ..
@@ -462,12 +580,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int kv_end = min(q0 + kRows, S);
-  for (int k0 = 0; k0 < kv_end; k0 += kTile) {
-    __syncthreads();  // the previous key tile is no longer read
-    LoadQkBoth<DQK, kRope>(sk, skt, k + (long(b) * S + k0) * p.ldk + long(kvh) * DQK, p.ldk, S - k0,
-                           rope, k0);
-    LoadTile<DV>(sv, v + (long(b) * S + k0) * p.ldv + long(kvh) * DV, p.ldv, S - k0);
-    __syncthreads();
+  for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
+    bf16* sk = reinterpret_cast<bf16*>(smem + L::kK + (kTuned ? buf * L::kBuf : 0));
+    bf16* sv = reinterpret_cast<bf16*>(smem + L::kV + (kTuned ? buf * L::kBuf : 0));
+    if constexpr (kTuned) {
+      CpAsyncWait<0>();  // this thread's copies of this tile (the only group in flight)
+      // After it every copy of this tile has landed and every warp is done with the previous
+      // one, whose buffer the next tile then refills while this one is used.
+      __syncthreads();
+      if (k0 + kTile < kv_end) {
+        const size_t next = (buf ^ 1) * L::kBuf;
+        LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK + next),
+                               K + long(k0 + kTile) * p.ldk, p.ldk, S - k0 - kTile, rope,
+                               k0 + kTile);
+        LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV + next),
+                          V + long(k0 + kTile) * p.ldv, p.ldv, S - k0 - kTile);
+        CpAsyncCommit();
+      }
+    } else {
+      __syncthreads();  // the previous key tile is no longer read
+      LoadQkBoth<DQK, kRope>(sk, skt, K + long(k0) * p.ldk, p.ldk, S - k0, rope, k0);
+      LoadTile<DV>(sv, V + long(k0) * p.ldv, p.ldv, S - k0);
+      __syncthreads();
+    }
     if (!warp_active) continue;
     for (int kc = 0; kc < kTile; kc += 16) {
       const int ka = k0 + kc;  // the chunk's first key
@@ -533,13 +668,27 @@ __global__ void __launch_bounds__(kThreads)
           dsa[mi][2 * n + 1] = mma::PackBf16x2(ds[2], ds[3]);
         }
       }
-      // dQ += dS·K: B[k = key][n = column] from the transposed K tile.
+      // dQ += dS·K: B[k = key][n = column], by ldmatrix.trans from the K tile (tuned) or from
+      // its transposed copy.
+      if constexpr (kTuned) {
 #pragma unroll
-      for (int n = 0; n < DQK / 8; ++n) {
-        uint32_t bk[2];
-        LoadBt(bk, skt, kLdT, 8 * n, kc);
+        for (int n = 0; n < DQK / 8; n += 2) {
+          uint32_t bk[4];
+          LoadBPairTrans(bk, sk, kLdQ, kc, 8 * n);
 #pragma unroll
-        for (int mi = 0; mi < kM; ++mi) mma::MmaBf16(dq_acc[mi][n], dsa[mi], bk);
+          for (int mi = 0; mi < kM; ++mi) {
+            mma::MmaBf16(dq_acc[mi][n], dsa[mi], bk);
+            mma::MmaBf16(dq_acc[mi][n + 1], dsa[mi], bk + 2);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < DQK / 8; ++n) {
+          uint32_t bk[2];
+          LoadBt(bk, skt, kLdT, 8 * n, kc);
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi) mma::MmaBf16(dq_acc[mi][n], dsa[mi], bk);
+        }
       }
     }
   }

@@ -36,158 +36,14 @@
 
 #include <cstdint>
 #include <type_traits>
-#ifdef MOELAB_CUDA_EMULATION
-#include <cstring>
-#include <vector>
-#endif
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/cuda/flash_rope.cuh"
+#include "kernels/cuda/flash_tile_copy.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace moelab::cuda::flash {
-
-// ldmatrix.x4 (b16): lanes 8m..8m+7 give the 16-byte rows of 8×8 matrix m (m = 0..3, row
-// addresses 16-byte aligned, in shared memory); lane l receives in r[m] the pair
-// (row l/4, columns 2(l%4), 2(l%4)+1) of matrix m, or with kTrans the pair (rows 2(l%4),
-// 2(l%4)+1, column l/4), the lower index in the low half either way. The emulation forms the
-// same registers from the same per-lane addresses, so it checks the kernel's address arithmetic.
-template <bool kTrans>
-__device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const bf16* row) {
-#ifndef MOELAB_CUDA_EMULATION
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  }
-#else
-  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
-  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-    std::fprintf(stderr, "ldmatrix: row address %p is not 16-byte aligned\n",
-                 static_cast<const void*>(row));
-    std::abort();
-  }
-  const bf16** rows = reinterpret_cast<const bf16**>(emu::MmaExchange());  // 32 pointers fit
-  rows[lane] = row;
-  __syncwarp();
-  for (int m = 0; m < 4; ++m) {
-    if constexpr (kTrans) {
-      r[m] = mma::PackBf16x2(rows[8 * m + 2 * t][g], rows[8 * m + 2 * t + 1][g]);
-    } else {
-      r[m] = mma::PackBf16x2(rows[8 * m + g][2 * t], rows[8 * m + g][2 * t + 1]);
-    }
-  }
-  __syncwarp();  // every lane has read before the exchange buffer is reused
-#endif
-}
-
-// 16 bytes global → shared without passing through registers (cp.async.cg: cached in L2 only,
-// the tiles are read once per block); zero-filled when !valid (src is then not read, but must
-// still be a mapped address). Copies land once a later CpAsyncWait<n> leaves at most n of the
-// thread's committed groups in flight, and are visible to the other threads after a barrier.
-// The emulation queues each thread's copies by group and performs them at the wait, so a read
-// before the right wait sees the garbage (NaN) shared memory the emulation starts a block with.
-#ifdef MOELAB_CUDA_EMULATION
-struct CpAsyncCopy {
-  void* dst;
-  const void* src;
-  bool valid;
-};
-inline thread_local std::vector<CpAsyncCopy> cp_async_open;
-inline thread_local std::vector<std::vector<CpAsyncCopy>> cp_async_groups;
-#endif
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-#ifndef MOELAB_CUDA_EMULATION
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-               "r"(valid ? 16 : 0));
-#else
-  cp_async_open.push_back({dst, src, valid});
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-#ifndef MOELAB_CUDA_EMULATION
-  asm volatile("cp.async.commit_group;\n" ::);
-#else
-  cp_async_groups.push_back(std::move(cp_async_open));
-  cp_async_open.clear();
-#endif
-}
-template <int kInFlight>
-__device__ __forceinline__ void CpAsyncWait() {
-#ifndef MOELAB_CUDA_EMULATION
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kInFlight));
-#else
-  while (cp_async_groups.size() > size_t(kInFlight)) {
-    for (const CpAsyncCopy& c : cp_async_groups.front()) {
-      if (c.valid) {
-        std::memcpy(c.dst, c.src, 16);
-      } else {
-        std::memset(c.dst, 0, 16);
-      }
-    }
-    cp_async_groups.erase(cp_async_groups.begin());
-  }
-#endif
-}
-
-// The device check of the two helpers above (mma_check.cu on the GPU, mma_emulation_test.cc on
-// the CPU; the expected registers come from the PTX ISA's description, mma_reference.h): one
-// warp copies the 32 rows of 8 bf16 of src (global) into stage (shared, rows 32 bytes apart) by
-// cp.async, rows ≥ valid zero-filled (src-size 0), and lane l hands row l (matrix l / 8, row
-// l % 8) to ldmatrix.x4 and to ldmatrix.x4.trans: out[8l + m] = its plain register m,
-// out[8l + 4 + m] = its transposed one.
-__device__ __forceinline__ void LdMatrixProbe(const bf16* src, int valid, bf16* stage,
-                                              uint32_t* out) {
-  constexpr int kLd = 16;  // elements a staged row: 16-byte aligned and padded, as Ld16's are
-  const int lane = threadIdx.x & 31;
-  CpAsync16(stage + lane * kLd, src + (lane < valid ? lane : 0) * 8, lane < valid);
-  CpAsyncCommit();
-  CpAsyncWait<0>();
-  __syncwarp();  // every lane's copy landed before any lane's ldmatrix reads it
-  uint32_t r[4], rt[4];
-  LdMatrixX4<false>(r, stage + lane * kLd);
-  LdMatrixX4<true>(rt, stage + lane * kLd);
-  for (int m = 0; m < 4; ++m) out[8 * lane + m] = r[m], out[8 * lane + 4 + m] = rt[m];
-}
-
-// LoadTile (rows ≥ valid zero) issued as cp.async for bf16 sources; fp32 sources are rounded to
-// bf16 through registers (LoadTile itself: synchronous, so they gain no overlap).
-template <int D, typename T>
-__device__ void LoadTileAsync(bf16* dst, const T* src, long ld, int valid) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    constexpr int kPerRow = D / 8;
-    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
-      const int r = idx / kPerRow, c = (idx % kPerRow) * 8;
-      if (valid > 0) {  // rows past the end zero-filled from row 0's (mapped) address
-        CpAsync16(dst + r * Ld16(D) + c, src + (r < valid ? r : 0) * ld + c, r < valid);
-      } else {  // the whole tile past the end (the second half of a last 128-query tile)
-        *reinterpret_cast<uint4*>(dst + r * Ld16(D) + c) = make_uint4(0, 0, 0, 0);
-      }
-    }
-  } else {
-    LoadTile<D>(dst, src, ld, valid);
-  }
-}
-
-// A q or k tile: LoadTileAsync, or with kRope (fp32 sources) rotated at positions pos0 + row as
-// it is loaded (flash_rope.cuh; synchronous, like every fp32 load).
-template <int D, bool kRope, typename T>
-__device__ __forceinline__ void LoadQkTile(bf16* dst, const T* src, long ld, int valid,
-                                           const RopeArgs& rope, int pos0) {
-  if constexpr (kRope) {
-    static_assert(std::is_same_v<T, float>, "RoPE is fused for fp32 q and k only");
-    LoadTileRotated<D>(dst, src, ld, valid, rope, pos0);
-  } else {
-    LoadTileAsync<D>(dst, src, ld, valid);
-  }
-}
 
 // 2^x by the special-function unit alone (ex2.approx.ftz: relative error ~2^-22, −∞ → 0, results
 // below 2^-126 flushed to 0 — harmless for probabilities): exp2f without fast-math adds range
@@ -208,21 +64,37 @@ __device__ __forceinline__ float Exp2(float x) {
 // for qk_dim > 64, whose Q fragments and O accumulators would not fit twice in 255 registers.
 constexpr int MmaRowBlocks(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 2 : 1; }
 
-// Shared memory of the mma forward: the Q tile (64·kM rows) and two K and V tiles
-// (double-buffered: the next key tile loads while this one is used), bf16 rows of Ld16(D); never
-// more than the wmma forward's FwdSmem (FlashAttentionSupported checks that size).
-template <int DQK, int DV, int kM = MmaRowBlocks(DQK, DV)>
+// 64-key register passes per shared-memory K/V tile. The first kernel (kTuned false,
+// attention_kernel "mma64"): 1, a 64-key tile. The tuned one ("mma"): 2 at head dims ≤ 64, a
+// 128-key tile (FlashAttention-2's block at d 64) walked as two passes of the first kernel's
+// register footprint (the scores of 128 keys would not fit beside O), which halves the barriers,
+// the cp.async groups and the loop overhead per key; 1 above, whose double-buffered tiles would
+// pass 100 KB a block.
+constexpr int MmaKeyPasses(bool tuned, int dqk, int dv) {
+  return tuned && dqk <= 64 && dv <= 64 ? 2 : 1;
+}
+
+// Shared memory of the mma forward: the Q tile (64·kM rows) and two K and V tiles of 64·kPasses
+// keys (double-buffered: the next key tile loads while this one is used), bf16 rows of Ld16(D).
+// With one pass never more than the wmma forward's FwdSmem; FlashAttentionSupported checks the
+// largest of the kernels' sizes against the device.
+template <int DQK, int DV, int kM = MmaRowBlocks(DQK, DV), int kPasses = 1>
 struct FwdMmaSmem {
   static constexpr size_t kQ = 0;
-  static constexpr size_t kKBytes = size_t(kTile) * Ld16(DQK) * 2;
-  static constexpr size_t kVBytes = size_t(kTile) * Ld16(DV) * 2;
-  static constexpr size_t kK = kQ + kM * kKBytes;  // buffer i at kK + i·kBuf
-  static constexpr size_t kV = kK + kKBytes;       // buffer i at kV + i·kBuf
+  static constexpr size_t kQBytes = size_t(kM) * kTile * Ld16(DQK) * 2;
+  static constexpr size_t kKBytes = size_t(kPasses) * kTile * Ld16(DQK) * 2;
+  static constexpr size_t kVBytes = size_t(kPasses) * kTile * Ld16(DV) * 2;
+  static constexpr size_t kK = kQ + kQBytes;  // buffer i at kK + i·kBuf
+  static constexpr size_t kV = kK + kKBytes;  // buffer i at kV + i·kBuf
   static constexpr size_t kBuf = kKBytes + kVBytes;
   static constexpr size_t kBytes = kK + 2 * kBuf;
-  static_assert(kBytes <= FwdSmem<DQK, DV>::kBytes && kKBytes % 128 == 0 && kVBytes % 128 == 0 &&
-                DQK % 16 == 0 && DV % 16 == 0 && (kM == 1 || kM == 2));
+  static_assert((kPasses > 1 || kBytes <= FwdSmem<DQK, DV>::kBytes) && kKBytes % 128 == 0 &&
+                kVBytes % 128 == 0 && DQK % 16 == 0 && DV % 16 == 0 && (kM == 1 || kM == 2) &&
+                (kPasses == 1 || kPasses == 2));
 };
+// The layout of FlashForwardMmaKernel<T, DQK, DV, kRope, kTuned>.
+template <int DQK, int DV, bool kTuned>
+using FwdMmaSmemOf = FwdMmaSmem<DQK, DV, MmaRowBlocks(DQK, DV), MmaKeyPasses(kTuned, DQK, DV)>;
 
 __device__ __forceinline__ void StorePair(float* p, float x, float y) {
   *reinterpret_cast<float2*>(p) = make_float2(x, y);
@@ -234,18 +106,21 @@ __device__ __forceinline__ void StorePair(bf16* p, float x, float y) {
 // Scale, raw max, mask and soft-cap of a warp's scores in registers, in place: element e of
 // s[m][n] is (row[m][e / 2], key k0 + 8n + 2t + e % 2); masked ones (key after the row, row past
 // the end) become −∞ and stay out of the raw max. Templated so that the common tile (below the
-// diagonal, no cap) carries neither the mask's compares nor the cap's branch.
-template <bool kMasked, bool kCap, int kM>
+// diagonal, no cap) carries neither the mask's compares nor the cap's branch. !kScale (the tuned
+// kernel without a cap): the scores stay unscaled q·k, the scale is folded into exp2's
+// multiplier, and the raw max is of q·k (scaled once at the end: scale > 0 keeps the max).
+template <bool kMasked, bool kCap, bool kScale, int kM>
 __device__ __forceinline__ void Logits(float (&s)[kM][kTile / 8][4], const int (&row)[kM][2],
                                        int k0, int t, const Params& p, float inv_cap,
                                        float& raw_max) {
+  static_assert(kScale || !kCap, "the soft-cap needs the scaled logit");
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[m][n][e] * p.scale;
+        float x = kScale ? s[m][n][e] * p.scale : s[m][n][e];
         bool valid = true;
         if constexpr (kMasked) {
           const int i = row[m][e >> 1], j = k0 + n * 8 + 2 * t + (e & 1);
@@ -259,16 +134,159 @@ __device__ __forceinline__ void Logits(float (&s)[kM][kTile / 8][4], const int (
   }
 }
 
+// The per-lane state a warp carries across key passes: O accumulators, per row (of the lane's
+// 2·kM) the running max in score units and the lane's part of the running sum, and the lane's
+// raw max.
+template <int DV, int kM>
+struct FwdRows {
+  float o[kM][DV / 8][4];
+  float m_run[kM][2], l_run[kM][2];
+  float raw_max;
+};
+
+// One 64-key pass of a warp: S = Q·Kᵀ from the key rows sk (stride Ld16(DQK)) and the warp's Q
+// fragments qa, the logits (masked where the keys k0.. reach past the warp's first row w0 or the
+// warp has rows past the end), the online softmax in base 2 (to_log2: log2(e), or with the scale
+// folded, scale·log2(e)), and O += P·V from the value rows sv.
+template <int DQK, int DV, int kM>
+__device__ __forceinline__ void ForwardKeyPass(FwdRows<DV, kM>& st,
+                                               const uint32_t (&qa)[kM][DQK / 16][4],
+                                               const bf16* sk, const bf16* sv,
+                                               const int (&row)[kM][2], int k0, int w0,
+                                               const Params& p, float inv_cap, bool fold,
+                                               float to_log2) {
+  constexpr int kQSteps = DQK / 16, kKeyTiles = kTile / 8, kVTiles = DV / 8;
+  const int lane = threadIdx.x & 31, t = lane & 3, mrow = lane & 7, mat = lane >> 3;
+  // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a
+  // k-step: matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
+  float s[kM][kKeyTiles][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kQSteps; ++kk) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n += 2) {
+      uint32_t kb[4];
+      LdMatrixX4<false>(kb,
+                        sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma::MmaBf16(s[m][n], qa[m][kk], kb);
+        mma::MmaBf16(s[m][n + 1], qa[m][kk], kb + 2);
+      }
+    }
+  }
+
+  // Logits in registers, masked only where the tile reaches past the warp's first row or the
+  // warp has rows past the end; the branches are uniform across the block.
+  const bool masked = k0 + kTile - 1 > w0 || w0 + 16 * kM - 1 >= p.seq;
+  if (masked) {
+    if (p.cap > 0) {
+      Logits<true, true, true>(s, row, k0, t, p, inv_cap, st.raw_max);
+    } else if (fold) {
+      Logits<true, false, false>(s, row, k0, t, p, inv_cap, st.raw_max);
+    } else {
+      Logits<true, false, true>(s, row, k0, t, p, inv_cap, st.raw_max);
+    }
+  } else {
+    if (p.cap > 0) {
+      Logits<false, true, true>(s, row, k0, t, p, inv_cap, st.raw_max);
+    } else if (fold) {
+      Logits<false, false, false>(s, row, k0, t, p, inv_cap, st.raw_max);
+    } else {
+      Logits<false, false, true>(s, row, k0, t, p, inv_cap, st.raw_max);
+    }
+  }
+  uint32_t pa[kM][kTile / 16][4];  // P's A fragments: C of key tiles 2kk, 2kk + 1, in bf16
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      tile_max[0] = fmaxf(tile_max[0], fmaxf(s[m][n][0], s[m][n][1]));
+      tile_max[1] = fmaxf(tile_max[1], fmaxf(s[m][n][2], s[m][n][3]));
+    }
+    // exp(c·(x − max)) as exp2(x·to_log2 − max·to_log2): one FMA and one ex2 an element.
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(st.m_run[m][r], tile_max[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : m_new * to_log2;     // nothing unmasked yet: 0
+      alpha[r] = Exp2(fmaf(st.m_run[m][r], to_log2, -base[r]));  // 0 on the row's first tile
+      st.m_run[m][r] = m_new;
+      st.l_run[m][r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kVTiles; ++n) {
+      st.o[m][n][0] *= alpha[0], st.o[m][n][1] *= alpha[0];
+      st.o[m][n][2] *= alpha[1], st.o[m][n][3] *= alpha[1];
+    }
+    // P = exp2(x·to_log2 − base), summed in fp32 (per lane until the end) and packed to bf16.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float* c = s[m][2 * kk + half];
+        const float e0 = Exp2(fmaf(c[0], to_log2, -base[0]));
+        const float e1 = Exp2(fmaf(c[1], to_log2, -base[0]));
+        const float e2 = Exp2(fmaf(c[2], to_log2, -base[1]));
+        const float e3 = Exp2(fmaf(c[3], to_log2, -base[1]));
+        st.l_run[m][0] += e0 + e1, st.l_run[m][1] += e2 + e3;
+        pa[m][kk][2 * half] = mma::PackBf16x2(e0, e1);
+        pa[m][kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
+      }
+    }
+  }
+  // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
+  // (keys 0–7 | 8–15 of the k-step) × (dims of n-tile n | n + 1).
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+    for (int n = 0; n < kVTiles; n += 2) {
+      uint32_t vb[4];
+      LdMatrixX4<true>(vb,
+                       sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma::MmaBf16(st.o[m][n], pa[m][kk], vb);
+        mma::MmaBf16(st.o[m][n + 1], pa[m][kk], vb + 2);
+      }
+    }
+  }
+}
+
+// The K and V rows [k0, k0 + 64·kPasses) into a buffer (sk, sv), as kPasses 64-row tiles issued
+// by cp.async where they can be (bf16 without RoPE); rows past the end zero.
+template <int DQK, int DV, int kPasses, bool kRope, typename T>
+__device__ __forceinline__ void LoadKeyTile(bf16* sk, bf16* sv, const T* K, const T* V,
+                                            const Params& p, int k0, const RopeArgs& rope) {
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int r0 = k0 + pass * kTile;
+    LoadQkTile<DQK, kRope>(sk + pass * kTile * Ld16(DQK), K + long(r0) * p.ldk, p.ldk, p.seq - r0,
+                           rope, r0);
+    LoadTileAsync<DV>(sv + pass * kTile * Ld16(DV), V + long(r0) * p.ldv, p.ldv, p.seq - r0);
+  }
+}
+
 // grid (B·H, ⌈S / (64·kM)⌉ query tiles), heaviest (last) first; kThreads threads. kRope: q and
-// k are rotated by RoPE (tables in rope) as their tiles load (flash_rope.cuh).
-template <typename T, int DQK, int DV, bool kRope = false, int kM = MmaRowBlocks(DQK, DV)>
+// k are rotated by RoPE (tables in rope) as their tiles load (flash_rope.cuh). kTuned: the tuned
+// kernel (attention_kernel "mma": 128-key tiles at head dims ≤ 64, the scale folded into exp2's
+// multiplier where there is no soft-cap); false: the first mma kernel ("mma64"), kept to compare.
+template <typename T, int DQK, int DV, bool kRope = false, bool kTuned = false>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardMmaKernel(Params p, const T* __restrict__ q, const T* __restrict__ k,
                           const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
                           float* __restrict__ pair_max, RopeArgs rope = {}) {
-  using L = FwdMmaSmem<DQK, DV, kM>;
-  constexpr int kQTile = kTile * kM, kWarpRows = 16 * kM;
-  constexpr int kQSteps = DQK / 16, kKeyTiles = kTile / 8, kVTiles = DV / 8;
+  constexpr int kM = MmaRowBlocks(DQK, DV), kPasses = MmaKeyPasses(kTuned, DQK, DV);
+  using L = FwdMmaSmem<DQK, DV, kM, kPasses>;
+  constexpr int kQTile = kTile * kM, kWarpRows = 16 * kM, kKeyTile = kTile * kPasses;
+  constexpr int kQSteps = DQK / 16, kVTiles = DV / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   MOELAB_FLASH_SMEM(smem);
   bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
@@ -291,7 +309,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int m = 0; m < kM; ++m) row[m][0] = w0 + 16 * m + g, row[m][1] = w0 + 16 * m + 8 + g;
 
-  // Two groups of copies in flight: Q, then the first K and V tiles.
+  // Two groups of copies in flight: Q, then the first K and V tile.
   const int kv_end = min(q0 + kQTile, S);
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
@@ -299,8 +317,8 @@ __global__ void __launch_bounds__(kThreads)
                            S - q0 - m * kTile, rope, q0 + m * kTile);
   }
   CpAsyncCommit();
-  LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK), K, p.ldk, S, rope, 0);
-  LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV), V, p.ldv, S);
+  LoadKeyTile<DQK, DV, kPasses, kRope>(reinterpret_cast<bf16*>(smem + L::kK),
+                                       reinterpret_cast<bf16*>(smem + L::kV), K, V, p, 0, rope);
   CpAsyncCommit();
   CpAsyncWait<1>();
   __syncthreads();
@@ -316,135 +334,46 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  float o[kM][kVTiles][4];
+  FwdRows<DV, kM> st;
+  st.raw_max = -INFINITY;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int n = 0; n < kVTiles; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+    for (int n = 0; n < kVTiles; ++n) {
+      st.o[m][n][0] = st.o[m][n][1] = st.o[m][n][2] = st.o[m][n][3] = 0.0f;
+    }
+    st.m_run[m][0] = st.m_run[m][1] = -INFINITY;
+    st.l_run[m][0] = st.l_run[m][1] = 0.0f;
   }
-  // Per row (of the lane's 2·kM): running max of the capped logits and the lane's part of the
-  // running sum; per lane the raw (pre-cap) max.
-  float m_run[kM][2], l_run[kM][2], raw_max = -INFINITY;
   const float inv_cap = p.cap > 0 ? 1.0f / p.cap : 0.0f;
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    m_run[m][0] = m_run[m][1] = -INFINITY;
-    l_run[m][0] = l_run[m][1] = 0.0f;
-  }
+  // The tuned kernel without a soft-cap keeps the scores as q·k and folds the scale into the
+  // exponent's multiplier: one FMA an element instead of a multiply and an FMA.
+  const bool fold = kTuned && !(p.cap > 0) && p.scale > 0;
+  const float to_log2 = fold ? p.scale * kLog2e : kLog2e;
 
-  for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
+  for (int k0 = 0, buf = 0; k0 < kv_end; k0 += kKeyTile, buf ^= 1) {
     CpAsyncWait<0>();  // this thread's copies of this tile (the only group in flight)
     // One barrier a tile: after it, every thread's copies of this tile have landed, and every
     // warp is done with the previous tile, whose buffer the next tile's copies then refill while
     // this one is used.
     __syncthreads();
-    if (k0 + kTile < kv_end) {
+    if (k0 + kKeyTile < kv_end) {
       const size_t next = (buf ^ 1) * L::kBuf;
-      LoadQkTile<DQK, kRope>(reinterpret_cast<bf16*>(smem + L::kK + next),
-                             K + long(k0 + kTile) * p.ldk, p.ldk, S - k0 - kTile, rope, k0 + kTile);
-      LoadTileAsync<DV>(reinterpret_cast<bf16*>(smem + L::kV + next), V + long(k0 + kTile) * p.ldv,
-                        p.ldv, S - k0 - kTile);
+      LoadKeyTile<DQK, DV, kPasses, kRope>(reinterpret_cast<bf16*>(smem + L::kK + next),
+                                           reinterpret_cast<bf16*>(smem + L::kV + next), K, V, p,
+                                           k0 + kKeyTile, rope);
       CpAsyncCommit();
     }
     const bf16* sk = reinterpret_cast<const bf16*>(smem + L::kK + buf * L::kBuf);
     const bf16* sv = reinterpret_cast<const bf16*>(smem + L::kV + buf * L::kBuf);
-    if (warp_active && k0 <= warp_last) {  // else every key of the tile is above the warp's rows
-      // S = Q·Kᵀ: B[k][n] = K[key n][dim k]; one ldmatrix gives two n-tiles' fragments for a
-      // k-step: matrices (keys 0–7 | 8–15 of the pair) × (dims 0–7 | 8–15).
-      float s[kM][kKeyTiles][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kQSteps; ++kk) {
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; n += 2) {
-          uint32_t kb[4];
-          LdMatrixX4<false>(
-              kb, sk + (n * 8 + (mat >> 1) * 8 + mrow) * Ld16(DQK) + kk * 16 + (mat & 1) * 8);
-#pragma unroll
-          for (int m = 0; m < kM; ++m) {
-            mma::MmaBf16(s[m][n], qa[m][kk], kb);
-            mma::MmaBf16(s[m][n + 1], qa[m][kk], kb + 2);
-          }
-        }
-      }
-
-      // Logits in registers, masked only where the tile reaches past the warp's first row or the
-      // warp has rows past the end; the two branches are uniform across the block.
-      const bool masked = k0 + kTile - 1 > w0 || w0 + kWarpRows - 1 >= S;
-      if (masked) {
-        if (p.cap > 0) {
-          Logits<true, true>(s, row, k0, t, p, inv_cap, raw_max);
-        } else {
-          Logits<true, false>(s, row, k0, t, p, inv_cap, raw_max);
-        }
-      } else {
-        if (p.cap > 0) {
-          Logits<false, true>(s, row, k0, t, p, inv_cap, raw_max);
-        } else {
-          Logits<false, false>(s, row, k0, t, p, inv_cap, raw_max);
-        }
-      }
-      uint32_t pa[kM][kTile / 16][4];  // P's A fragments: C of key tiles 2kk, 2kk + 1, in bf16
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-          tile_max[0] = fmaxf(tile_max[0], fmaxf(s[m][n][0], s[m][n][1]));
-          tile_max[1] = fmaxf(tile_max[1], fmaxf(s[m][n][2], s[m][n][3]));
-        }
-        // exp(x − base) as exp2(x·log2 e − base·log2 e): one FMA and one ex2 an element.
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-          const float m_new = fmaxf(m_run[m][r], tile_max[r]);
-          base[r] = m_new == -INFINITY ? 0.0f : m_new * kLog2e;  // nothing unmasked yet: 0
-          alpha[r] = Exp2(fmaf(m_run[m][r], kLog2e, -base[r]));  // 0 on the row's first tile
-          m_run[m][r] = m_new;
-          l_run[m][r] *= alpha[r];
-        }
-#pragma unroll
-        for (int n = 0; n < kVTiles; ++n) {
-          o[m][n][0] *= alpha[0], o[m][n][1] *= alpha[0];
-          o[m][n][2] *= alpha[1], o[m][n][3] *= alpha[1];
-        }
-        // P = exp2(x − base), summed in fp32 (per lane until the end) and packed to bf16.
-#pragma unroll
-        for (int kk = 0; kk < kTile / 16; ++kk) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const float* c = s[m][2 * kk + half];
-            const float e0 = Exp2(fmaf(c[0], kLog2e, -base[0]));
-            const float e1 = Exp2(fmaf(c[1], kLog2e, -base[0]));
-            const float e2 = Exp2(fmaf(c[2], kLog2e, -base[1]));
-            const float e3 = Exp2(fmaf(c[3], kLog2e, -base[1]));
-            l_run[m][0] += e0 + e1, l_run[m][1] += e2 + e3;
-            pa[m][kk][2 * half] = mma::PackBf16x2(e0, e1);
-            pa[m][kk][2 * half + 1] = mma::PackBf16x2(e2, e3);
-          }
-        }
-      }
-      // O += P·V: B[k][n] = V[key k][dim n], by ldmatrix.trans from V's rows: matrices
-      // (keys 0–7 | 8–15 of the k-step) × (dims of n-tile n | n + 1).
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-#pragma unroll
-        for (int n = 0; n < kVTiles; n += 2) {
-          uint32_t vb[4];
-          LdMatrixX4<true>(
-              vb, sv + (kk * 16 + (mat & 1) * 8 + mrow) * Ld16(DV) + n * 8 + (mat >> 1) * 8);
-#pragma unroll
-          for (int m = 0; m < kM; ++m) {
-            mma::MmaBf16(o[m][n], pa[m][kk], vb);
-            mma::MmaBf16(o[m][n + 1], pa[m][kk], vb + 2);
-          }
-        }
+#pragma unroll 1
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int kp = k0 + pass * kTile;
+      // Else every key of the pass lies above the warp's rows (or past the end).
+      if (warp_active && kp <= warp_last) {
+        ForwardKeyPass<DQK, DV, kM>(st, qa, sk + pass * kTile * Ld16(DQK),
+                                    sv + pass * kTile * Ld16(DV), row, kp, w0, p, inv_cap, fold,
+                                    to_log2);
       }
     }
   }
@@ -454,7 +383,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int m = 0; m < kM; ++m) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = l_run[m][r];
+      float l = st.l_run[m][r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       if (row[m][r] >= S) continue;
@@ -462,12 +391,15 @@ __global__ void __launch_bounds__(kThreads)
       T* orow = out + (long(b) * S + row[m][r]) * p.ldo + long(h) * DV + 2 * t;
 #pragma unroll
       for (int n = 0; n < kVTiles; ++n) {
-        StorePair(orow + n * 8, o[m][n][2 * r] * inv, o[m][n][2 * r + 1] * inv);
+        StorePair(orow + n * 8, st.o[m][n][2 * r] * inv, st.o[m][n][2 * r + 1] * inv);
       }
-      if (t == 0) lse[long(pair) * S + row[m][r]] = m_run[m][r] + logf(l);
+      // The row max in natural-log units: scale·max(q·k) where the scale was folded.
+      const float m_nat = fold ? st.m_run[m][r] * p.scale : st.m_run[m][r];
+      if (t == 0) lse[long(pair) * S + row[m][r]] = m_nat + logf(l);
     }
   }
-  raw_max = detail::WarpMax(raw_max);
+  float raw_max = detail::WarpMax(st.raw_max);
+  if (fold) raw_max *= p.scale;  // max(scale·x) = scale·max(x) for scale > 0, bit for bit
   if (lane == 0) detail::AtomicMaxFloat(pair_max + pair, raw_max);
 }
 

@@ -3,12 +3,13 @@
 // multiple of the 64-row tile, MHA/GQA/MQA, MLA's unequal head dims, soft-cap, fused-QKV
 // strides, bf16 and fp32 inputs; outputs poisoned with NaN first; the backward bitwise
 // reproducible; and a micro-benchmark of both implementations (mma, wmma) against the reference
-// path. Every shape runs on both implementations (FlashShapes, instantiated as Wmma/ and Mma/:
-// the GPU check runs the Mma/ tests in their own process, so that a faulting opt-in kernel cannot
-// fail the default ones). RoPE fused into the mma kernels (FlashRope) bit for bit against
-// RopeApplyQk around the plain kernels. The same kernels also run on the CPU emulation
-// (flash_emulation_test.cc, flash_forward_mma_emulation_test.cc,
-// flash_backward_mma_emulation_test.cc, flash_rope_emulation_test.cc).
+// path. Every shape runs on every implementation (FlashShapes, instantiated as Wmma/, Mma/ and
+// Mma64/: the GPU check runs the Mma/ and Mma64/ tests in their own processes, so that a faulting
+// opt-in kernel cannot fail the default ones; the full shape: flash_full_shape_test.cc). RoPE fused
+// into the mma kernels (FlashRope) bit for bit against RopeApplyQk around the plain kernels. The
+// same kernels also run on the CPU emulation (flash_emulation_test.cc,
+// flash_forward_mma_emulation_test.cc, flash_backward_mma_emulation_test.cc,
+// flash_rope_emulation_test.cc).
 #include "kernels/cuda/flash_attention.h"
 
 #include <gtest/gtest.h>
@@ -63,11 +64,15 @@ void Poison(DeviceBuffer<T>& d) {
   d.Upload(Convert<T>(std::vector<float>(d.size(), std::numeric_limits<float>::quiet_NaN())));
 }
 
-// The kernels' selection with the mma implementation on or off.
-KernelSelection FlashKernels(bool mma) {
+// The kernels' selection of one implementation, or (bool) with the tuned mma kernels on or off.
+KernelSelection FlashKernels(FlashKernel kernel) {
   KernelSelection k;
-  k.attention_mma = mma;
+  k.attention_mma = kernel != FlashKernel::kWmma;
+  k.attention_mma64 = kernel == FlashKernel::kMma64;
   return k;
+}
+KernelSelection FlashKernels(bool mma) {
+  return FlashKernels(mma ? FlashKernel::kMma : FlashKernel::kWmma);
 }
 
 template <typename T>
@@ -150,8 +155,9 @@ TEST(CudaFlashAttention, MmaForwardRefusesAMisalignedOut) {
   }
 }
 
-// The shapes on each implementation: Wmma/ (the default) and Mma/ (opt-in: attention_kernel "mma").
-class FlashShapes : public ::testing::TestWithParam<bool> {};
+// The shapes on each implementation: Wmma/ (the default), Mma/ and Mma64/ (opt-in:
+// attention_kernel "mma", the tuned mma kernels, and "mma64", the first ones).
+class FlashShapes : public ::testing::TestWithParam<FlashKernel> {};
 
 TEST_P(FlashShapes, Mha64OddLength) {
   MOELAB_REQUIRE_GPU();
@@ -187,8 +193,9 @@ TEST_P(FlashShapes, TinyAndSingleTokenSequences) {
   RunCase<float>({"16/16 softcap, S=17", 2, 17, 2, 2, 16, 16, 2.0, false});
 }
 
-INSTANTIATE_TEST_SUITE_P(Wmma, FlashShapes, ::testing::Values(false));
-INSTANTIATE_TEST_SUITE_P(Mma, FlashShapes, ::testing::Values(true));
+INSTANTIATE_TEST_SUITE_P(Wmma, FlashShapes, ::testing::Values(FlashKernel::kWmma));
+INSTANTIATE_TEST_SUITE_P(Mma, FlashShapes, ::testing::Values(FlashKernel::kMma));
+INSTANTIATE_TEST_SUITE_P(Mma64, FlashShapes, ::testing::Values(FlashKernel::kMma64));
 
 // RoPE given to the mma kernels (FlashRope, on un-rotated fp32 q and k) against the model's
 // unfused sequence on the same inputs: RopeApplyQk on q and k, the plain kernels, RopeApplyQk⁻¹

@@ -95,7 +95,8 @@ struct Results {
 // kernels with (kRope) or without the fused rotation, on fp32 inputs x in ref's layout. The
 // backward takes the CPU's out and LSE (as flash_backward_mma_emulation_test.cc does), so that
 // both variants see the same ones. Outputs poisoned with NaN (untouched entries stay NaN).
-template <int D, bool kRope>
+// kTuned: the tuned kernels (attention_kernel "mma"), else the first ones ("mma64").
+template <int D, bool kRope, bool kTuned>
 Results Run(const FlashReference& ref, const std::vector<float>& x, const Tables<float>& t) {
   const AttentionDims& a = ref.a;
   const Params p = MakeParams(a);
@@ -107,10 +108,10 @@ Results Run(const FlashReference& ref, const std::vector<float>& x, const Tables
   r.out.assign(ref.out.size(), nan), r.lse.assign(ref.lse.size(), nan);
   r.pmax.assign(pairs, -INFINITY), r.dx.assign(ref.total, nan);
   constexpr int kFwdTile = kTile * MmaRowBlocks(D, D);
-  emu::Launch(dim3(pairs, (a.seq + kFwdTile - 1) / kFwdTile), kThreads, FwdMmaSmem<D, D>::kBytes,
-              [&] {
-                FlashForwardMmaKernel<float, D, D, kRope>(p, q, k, v, r.out.data(), r.lse.data(),
-                                                          r.pmax.data(), rope);
+  emu::Launch(dim3(pairs, (a.seq + kFwdTile - 1) / kFwdTile), kThreads,
+              FwdMmaSmemOf<D, D, kTuned>::kBytes, [&] {
+                FlashForwardMmaKernel<float, D, D, kRope, kTuned>(
+                    p, q, k, v, r.out.data(), r.lse.data(), r.pmax.data(), rope);
               });
   const std::vector<float> out(ref.out.begin(), ref.out.end()), lse(ref.lse.begin(), ref.lse.end());
   std::vector<float> dd(ref.lse.size(), nan);
@@ -119,15 +120,15 @@ Results Run(const FlashReference& ref, const std::vector<float>& x, const Tables
               [&] { RowDotKernel<float>(p, D, out.data(), ref.dout.data(), dd.data()); });
   float *dq = r.dx.data() + ref.q_off, *dk = r.dx.data() + ref.k_off, *dv = r.dx.data() + ref.v_off;
   emu::Launch(dim3(a.batch * a.kv_heads, (a.seq + kTile - 1) / kTile), kThreads,
-              BwdMmaKvSmem<D, D>::kBytes, [&] {
-                FlashBackwardKvMmaKernel<float, D, D, kRope>(p, q, k, v, lse.data(), dd.data(),
-                                                             ref.dout.data(), dk, dv, rope);
+              BwdMmaKvSmemBytes<D, D, kTuned>(), [&] {
+                FlashBackwardKvMmaKernel<float, D, D, kRope, kTuned>(
+                    p, q, k, v, lse.data(), dd.data(), ref.dout.data(), dk, dv, rope);
               });
   constexpr int kDqTile = kDqQueryTile<D, D>;
-  emu::Launch(dim3(pairs, (a.seq + kDqTile - 1) / kDqTile), kThreads, BwdMmaQSmem<D, D>::kBytes,
-              [&] {
-                FlashBackwardQMmaKernel<float, D, D, kRope>(p, q, k, v, lse.data(), dd.data(),
-                                                            ref.dout.data(), dq, rope);
+  emu::Launch(dim3(pairs, (a.seq + kDqTile - 1) / kDqTile), kThreads,
+              BwdMmaQSmem<D, D, kTuned>::kBytes, [&] {
+                FlashBackwardQMmaKernel<float, D, D, kRope, kTuned>(
+                    p, q, k, v, lse.data(), dd.data(), ref.dout.data(), dq, rope);
               });
   return r;
 }
@@ -146,8 +147,9 @@ void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& wan
                         << want[first] << ")";
 }
 
-// Both checks of the header on one case (c.qk_dim = c.v_dim = D).
-template <int D>
+// Both checks of the header on one case (c.qk_dim = c.v_dim = D), on the first mma kernels or
+// (kTuned) the tuned ones.
+template <int D, bool kTuned = false>
 void CheckCase(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   const FlashReference ref(c);
@@ -160,9 +162,9 @@ void CheckCase(const FlashCase& c) {
   // Unfused: the rope kernel, the plain kernels, the inverse rope kernel on dq and dk.
   std::vector<float> xr = x0;
   RopeKernel(ref, xr.data(), t, /*inverse=*/false);
-  Results unfused = Run<D, false>(ref, xr, t);
+  Results unfused = Run<D, false, kTuned>(ref, xr, t);
   RopeKernel(ref, unfused.dx.data(), t, /*inverse=*/true);
-  const Results fused = Run<D, true>(ref, x0, t);
+  const Results fused = Run<D, true, kTuned>(ref, x0, t);
   ExpectSameBits(fused.out, unfused.out, "out");
   ExpectSameBits(fused.lse, unfused.lse, "lse");
   ExpectSameBits(fused.pmax, unfused.pmax, "S_max");
@@ -195,6 +197,13 @@ TEST(FlashRopeEmulation, GqaFusedLayoutTwoSequences) {
 TEST(FlashRopeEmulation, WideAndNarrowHeads) {
   CheckCase<128>({"mha 128 softcap 3, S=65", 1, 65, 2, 2, 128, 128, 3.0, true});
   CheckCase<16>({"16/16 separate, B=2, S=17", 2, 17, 2, 2, 16, 16, 0.0, false});
+}
+
+// The tuned kernels (attention_kernel "mma"): the rotation in each 64-row half of the forward's
+// 128-key tiles and in the backward's cp.async-pipelined tiles, bit for bit as unfused.
+TEST(FlashRopeEmulation, TunedKernelsFuseAlike) {
+  CheckCase<64, true>({"tuned gqa 64 fused, B=2, S=70", 2, 70, 2, 1, 64, 64, 0.0, true});
+  CheckCase<128, true>({"tuned mha 128 softcap 3, S=65", 1, 65, 2, 2, 128, 128, 3.0, true});
 }
 
 }  // namespace
