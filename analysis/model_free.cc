@@ -9,6 +9,7 @@
 
 #include "analysis/bootstrap.h"
 #include "analysis/fit_common.h"
+#include "analysis/frontier.h"
 #include "analysis/seed_stats.h"
 
 namespace moelab::analysis {
@@ -21,7 +22,8 @@ struct Reach {
   double flops = kNaN, tokens = kNaN;
 };
 
-// One seed's frontier with tokens: points on the lower envelope of loss over compute.
+// One seed's frontier with tokens: points on the lower envelope of loss over compute (over all
+// the family's model sizes: the compute-optimal frontier when it has several).
 struct SeedCurve {
   std::vector<double> flops, tokens, loss;  // compute order, loss decreasing
 };
@@ -92,6 +94,7 @@ ModelFreeTable ModelFreeMultipliers(const std::vector<Observation>& obs,
                                     const ModelFreeOptions& opt) {
   ModelFreeTable t;
   t.reference = reference;
+  t.estimand = EstimandLabel(EstimandOf(obs));
   const Curves curves = BuildCurves(obs, opt.final_only);
   if (!curves.count(reference)) {
     throw AnalysisError(fmt::format("model-free estimate: no reference family '{}'", reference));
@@ -166,6 +169,7 @@ void to_json(nlohmann::json& j, const ModelFreeRow& v) {
 void to_json(nlohmann::json& j, const ModelFreeTable& v) {
   j = {
       {"reference", v.reference},
+      {"estimand", v.estimand},
       {"targets", v.targets},
       {"loss_range", {v.range_lo, v.range_hi}},
       {"rows", v.rows},

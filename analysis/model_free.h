@@ -45,6 +45,10 @@ struct ModelFreeRow {
 
 struct ModelFreeTable {
   std::string reference;
+  // Which comparison the table is (analysis/frontier.h EstimandLabel): "frontier
+  // (compute-optimal)" when every family pools several model sizes — each seed's curve is then
+  // its lower envelope over them —, "fixed size (training curve)" when each family has one.
+  std::string estimand;
   std::vector<double> targets;
   double range_lo = 0, range_hi = 0;  // the loss range every (family, seed) frontier covers
   std::vector<ModelFreeRow> rows;     // by target, then family

@@ -11,6 +11,7 @@
 
 #include "analysis/compute_optimal.h"
 #include "analysis/export.h"
+#include "analysis/frontier.h"
 #include "analysis/observations.h"
 #include "analysis/run_fit.h"
 #include "analysis/sparsity_slope.h"
@@ -174,7 +175,20 @@ void RunFitCommand(FitArgs* a) {
     if (result.power && result.power->model_free)
       slope = analysis::SparsitySlopeReport(*result.power->model_free, obs.points, obs.sparsity,
                                             a->level, a->min_seeds);
-    PrintFitResult(result, a->by, slope);
+    // Families with several model sizes: which sizes make each envelope, and each size alone
+    // (a training curve) as the contrast.
+    std::optional<analysis::FrontierReport> frontier;
+    if (result.power && result.power->model_free &&
+        analysis::EstimandOf(obs.points) == analysis::Estimand::kFrontier) {
+      try {
+        frontier = analysis::AnalyzeFrontier(obs.points, obs.run_vars, result.power->reference,
+                                             result.power->model_free->targets,
+                                             analysis::ModelFreeOptionsOf(result.options));
+      } catch (const analysis::AnalysisError& e) {
+        fmt::print("  frontier composition unavailable: {}\n", e.what());
+      }
+    }
+    PrintFitResult(result, a->by, slope, frontier ? &*frontier : nullptr);
   }
   if (!a->no_store) StoreFit(*a, sweep_id, obs, result);
   if (a->json) fmt::print("{}\n", json(result).dump(2));

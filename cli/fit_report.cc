@@ -31,7 +31,7 @@ std::string RatioText(const Estimate& e, const std::string& note) {
 }
 
 void PrintPower(const analysis::PowerFormResult& p, const std::string& by,
-                const std::string& after_model_free) {
+                const std::string& after_model_free, const analysis::FrontierReport* frontier) {
   if (p.model_free) {
     PrintModelFree(*p.model_free, by);
     fmt::print("{}", after_model_free);
@@ -42,8 +42,12 @@ void PrintPower(const analysis::PowerFormResult& p, const std::string& by,
   const std::string& note = p.fits.Get(p.reference).interval_note;
   if (!note.empty()) fmt::print("intervals: {}\n", note);
   PrintFittedMultipliers(p, by);
-  fmt::print("\nverdict rests on: {}\n", p.verdict_basis);
+  fmt::print("\nverdict rests on: {}{}\n", p.verdict_basis,
+             p.model_free && !p.model_free->estimand.empty()
+                 ? fmt::format("; estimand: {}", p.model_free->estimand)
+                 : "");
   PrintWarnings(p.fits.warnings);
+  if (frontier) PrintFrontier(*frontier, by);
 }
 
 void PrintJoint(const analysis::JointSparsityFit& fit) {
@@ -100,20 +104,23 @@ std::string Interval(const Estimate& e, const char* spec) {
 }
 
 void PrintFitResult(const analysis::FitResult& r, const std::string& by,
-                    const std::string& after_model_free) {
-  if (r.power) PrintPower(*r.power, by, after_model_free);
+                    const std::string& after_model_free, const analysis::FrontierReport* frontier) {
+  if (r.power) PrintPower(*r.power, by, after_model_free, frontier);
   if (r.joint) PrintJoint(*r.joint);
   if (r.chinchilla) PrintChinchilla(*r.chinchilla);
   if (r.heads) PrintHeads(*r.heads, by);
   if (r.isoflop) PrintIsoFlop(*r.isoflop);
 }
 
-void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by) {
+void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by,
+                    const std::string& what) {
+  const bool frontier = t.estimand == analysis::EstimandLabel(analysis::Estimand::kFrontier);
   fmt::print(
-      "\nModel-free (primary): FLOPs and tokens to reach L*, log-log interpolated on each "
-      "seed's points; ratio to {} = {} (geometric mean over seeds, paired by seed); interval: "
+      "\nModel-free (primary){}{}: FLOPs and tokens to reach L*, log-log interpolated on each "
+      "seed's {}; ratio to {} = {} (geometric mean over seeds, paired by seed); interval: "
       "t on the mean log ratio (df = seeds - 1); p: exact sign-flip over seeds\n",
-      by, t.reference);
+      t.estimand.empty() ? "" : ", estimand " + t.estimand, what.empty() ? "" : " " + what,
+      frontier ? "lower envelope over the family's model sizes" : "points", by, t.reference);
   fmt::print("loss range every (family, seed) covers: [{:.4f}, {:.4f}]\n", t.range_lo, t.range_hi);
   fmt::print("{:<8} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", "L*", by, "seeds",
              "FLOPs ratio (t)", "p", "bootstrap", "tokens ratio (t)", "per seed (FLOPs ratio)");
@@ -175,8 +182,15 @@ void PrintMisfit(const analysis::PowerFormResult& p) {
 }
 
 void PrintFittedMultipliers(const analysis::PowerFormResult& p, const std::string& by) {
-  fmt::print("\nFitted FLOPs multiplier C_family(L*) / C_{}(L*) at L* = {:.4f} ({} = {})\n",
-             p.reference, p.target_loss, by, p.reference);
+  const std::string estimand =
+      p.model_free && !p.model_free->estimand.empty()
+          ? p.model_free->estimand
+          : analysis::EstimandLabel(p.single_size ? analysis::Estimand::kFixedSize
+                                                  : analysis::Estimand::kFrontier);
+  fmt::print(
+      "\nFitted FLOPs multiplier C_family(L*) / C_{}(L*) at L* = {:.4f} ({} = {}); secondary, "
+      "estimand {}\n",
+      p.reference, p.target_loss, by, p.reference, estimand);
   fmt::print("{:<10} {:<30} {:<34}\n", by, "multiplier", "FLOPs to reach L*");
   for (const std::string& name : p.families) {
     for (const auto& row : p.multipliers.rows) {
@@ -188,6 +202,42 @@ void PrintFittedMultipliers(const analysis::PowerFormResult& p, const std::strin
       } else {
         fmt::print("{:<10} refused: {}\n", name, row.refusal);
       }
+    }
+  }
+}
+
+}  // namespace moelab::cli
+
+namespace moelab::cli {
+
+void PrintFrontier(const analysis::FrontierReport& f, const std::string& by) {
+  if (f.estimand != analysis::Estimand::kFrontier) return;
+  std::vector<std::string> targets;
+  for (double x : f.frontier.targets) targets.push_back(fmt::format("{:.4f}", x));
+  fmt::print(
+      "\nFrontier composition: model sizes {}; per ({}, seed) the sizes on its envelope (compute "
+      "order) and the compute-optimal size at each L* ({})\n",
+      fmt::join(f.sizes, " | "), by, fmt::join(targets, ", "));
+  std::vector<analysis::EnvelopeUse> envelopes = f.envelopes;
+  std::stable_sort(envelopes.begin(), envelopes.end(), [](const auto& a, const auto& b) {
+    if (a.family != b.family) return analysis::FamilyLess(a.family, b.family);
+    return analysis::FamilyLess(a.seed, b.seed);
+  });
+  for (const auto& e : envelopes) {
+    std::vector<std::string> at;
+    for (const auto& s : e.size_at_target) at.push_back(s.empty() ? "-" : s);
+    fmt::print("  {}={} seed {}: {} point(s) on {}; at L*: {}\n", by, e.family, e.seed, e.points,
+               fmt::join(e.sizes, " | "), fmt::join(at, " ; "));
+  }
+  for (const auto& n : f.notes) fmt::print("  note: {}\n", n);
+  fmt::print(
+      "\nContrast, not the report's estimand: the same reading at each model size alone "
+      "(a training curve per family), at the frontier's targets\n");
+  for (const auto& s : f.fixed_size) {
+    if (s.table) {
+      PrintModelFree(*s.table, by, "at " + s.size);
+    } else {
+      fmt::print("\nfixed size (training curve) at {}: unavailable: {}\n", s.size, s.error);
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "analysis/frontier.h"
 #include "analysis/run_fit.h"
 
 namespace moelab::cli {
@@ -12,14 +13,22 @@ namespace moelab::cli {
 std::string Interval(const analysis::Estimate& e, const char* spec = "{:.4g}");
 
 // Everything after the header, for any form (`by` is the family key's label);
-// `after_model_free` is printed right after the model-free table (the per-doubling slope).
+// `after_model_free` is printed right after the model-free table (the per-doubling slope);
+// `frontier` (power form, families with several model sizes): which sizes make up each
+// envelope, then each size's fixed-size table as the contrast, after the fitted law.
 void PrintFitResult(const analysis::FitResult& r, const std::string& by,
-                    const std::string& after_model_free = "");
+                    const std::string& after_model_free = "",
+                    const analysis::FrontierReport* frontier = nullptr);
 
-// The power form's sections, in the order PrintFitResult prints them.
-void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by);
+// The power form's sections, in the order PrintFitResult prints them. The model-free table's
+// header names its estimand (t.estimand); `what` adds to it (e.g. the model size).
+void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by,
+                    const std::string& what = "");
 void PrintFittedLaws(const analysis::PowerFormResult& p, const std::string& by);
 void PrintMisfit(const analysis::PowerFormResult& p);
 void PrintFittedMultipliers(const analysis::PowerFormResult& p, const std::string& by);
+// The frontier's composition (sizes on each (family, seed) envelope, the compute-optimal size at
+// each L*) and the fixed-size (training curve) table of each size.
+void PrintFrontier(const analysis::FrontierReport& f, const std::string& by);
 
 }  // namespace moelab::cli

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 
+#include "analysis/frontier.h"
 #include "analysis/model_free.h"
 #include "gui/app.h"
 #include "gui/app_internal.h"
@@ -61,9 +62,14 @@ bool BeginFitTable(const char* id, int columns, size_t rows) {
 // Drawn as stored or as computed with the fit (gui/fits.cc), with the fit's own options.
 void DrawModelFree(const FitResult& res, const std::string& key,
                    std::map<std::string, ImU32>& fam_color) {
+  // Which estimand the numbers are (analysis/frontier.h): a frontier over model sizes or one
+  // size's training curve.
+  const std::string estimand =
+      analysis::EstimandLabel(analysis::EstimandOf(res.observations.points));
   ImGui::TextWrapped(
-      "Model-free (primary; verdicts rest on it): FLOPs to reach L*, interpolated on each "
-      "seed's points, relative to the reference (geometric mean over seeds):");
+      "Model-free (primary; verdicts rest on it), estimand %s: FLOPs to reach L*, interpolated "
+      "on each seed's points, relative to the reference (geometric mean over seeds):",
+      estimand.c_str());
   if (!res.model_free) {
     ImGui::TextWrapped("unavailable: %s (the fitted law below is the only reading)",
                        res.model_free_error.c_str());
@@ -487,7 +493,9 @@ void App::ScalingView() {
   ImGui::Spacing();
   DrawModelFree(*res, req.family_key, fam_color);
   ImGui::Spacing();
-  ImGui::TextWrapped("Fitted L(C) = E + A·(C/1e15)^-α per family (secondary, smoothed):");
+  ImGui::TextWrapped(
+      "Fitted L(C) = E + A·(C/1e15)^-α per family (secondary, smoothed), estimand %s:",
+      analysis::EstimandLabel(analysis::EstimandOf(res->observations.points)).c_str());
   if (BeginFitTable("params", 7, families.size())) {
     ImGui::TableSetupColumn("family");
     ImGui::TableSetupColumn("seeds");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -24,13 +25,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Collects step times and ends the measurement once it has enough of them.
+// CPU seconds of this process, every thread (the engine's OpenMP and BLAS threads included).
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Collects step times and the process CPU time they took, and ends the measurement once it has
+// enough of them.
 class TimingSink : public MetricsSink {
  public:
   TimingSink(int min_steps, double min_seconds) : min_steps_(min_steps), min_s_(min_seconds) {}
   void OnStep(const StepRecord& r, const StepStats&) override {
     times.push_back(r.step_time_s);
-    if (times.size() > 1) measured += r.step_time_s;  // the first step warms caches and pools
+    // The first step warms caches and pools: CPU time counts from its end.
+    const double cpu_now = ProcessCpuSeconds();
+    if (times.size() == 1) cpu_start_ = cpu_now;
+    cpu = cpu_now - cpu_start_;
+    if (times.size() > 1) measured += r.step_time_s;
     if (static_cast<int>(times.size()) > min_steps_ && measured >= min_s_) stop.store(true);
   }
   void OnEval(int64_t, int64_t, double, double) override {}
@@ -39,12 +52,14 @@ class TimingSink : public MetricsSink {
   void OnCheckpoint(int64_t, const std::string&) override {}
   void OnEnd(RunStatus, const std::string&) override {}
   std::vector<double> times;
-  double measured = 0;
+  double measured = 0;  // wall seconds of the timed steps
+  double cpu = 0;       // process CPU seconds from the end of the first step to the last
   std::atomic<bool> stop{false};
 
  private:
   int min_steps_;
   double min_s_;
+  double cpu_start_ = 0;
 };
 
 std::string Si(double x, const char* unit = "") {
@@ -92,11 +107,26 @@ Throughput MeasureThroughput(const RunConfig& config, int threads, int min_steps
   t.threads = threads;
   const size_t n = sink.times.size() > 1 ? sink.times.size() - 1 : 0;
   const double tokens = static_cast<double>(TokensPerStep(c)) * n;
-  t.flops_per_s =
-      sink.measured > 0 ? ForwardFlopsPerToken(c).training() * tokens / sink.measured : 0;
-  t.how = fmt::format("measured: {} training steps ({:.1f} s) at {} thread(s) = {}", n,
-                      sink.measured, threads, Si(t.flops_per_s, "FLOP/s"));
+  const double flops = ForwardFlopsPerToken(c).training() * tokens;
+  t.flops_per_s = sink.measured > 0 ? flops / sink.measured : 0;
+  t.flops_per_cpu_s = sink.cpu > 0 ? flops / sink.cpu : 0;
+  t.wall_s = sink.measured;
+  t.cpu_s = sink.cpu;
+  t.how = fmt::format(
+      "measured: {} training steps, {:.1f} s CPU time ({:.1f} s wall) at {} thread(s) = {} per "
+      "CPU second",
+      n, sink.cpu, sink.measured, threads, Si(t.flops_per_cpu_s, "FLOP/s"));
   return t;
+}
+
+double Throughput::CpuRate() const {
+  if (flops_per_cpu_s > 0) return flops_per_cpu_s;
+  return threads > 0 ? flops_per_s / threads : flops_per_s;
+}
+
+double WallSeconds(double cpu_seconds, int parallel, int threads, int cores) {
+  const int busy = std::min(std::max(1, parallel) * std::max(1, threads), std::max(1, cores));
+  return cpu_seconds / busy;
 }
 
 const SweepRun* CalibrationRun(const Sweep& sweep) {
@@ -205,7 +235,7 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   for (size_t i = 0; i < varying.size(); ++i)
     header += fmt::format("{:>{}} ", varying[i], widths[i]);
   header += fmt::format("{:>9} {:>9} {:>7} {:>9} {:>10} {:>9}  {}", "active", "total", "steps",
-                        "tokens", "train FLOPs", "est. time", "note");
+                        "tokens", "train FLOPs", "CPU time", "note");
   fmt::print(out, "{}\n", header);
   double total_flops = 0, total_time = 0, todo_time = 0, saved_flops = 0;
   const std::vector<BranchPlan> branches = PlanWsdBranches(sweep);
@@ -219,7 +249,7 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
     const double fpt = ForwardFlopsPerToken(r.config).training();
     const double flops = fpt * tokens_per_step * own_steps;
     if (branch.parent >= 0) saved_flops += fpt * tokens_per_step * branch.step;
-    const double time = tp.flops_per_s > 0 ? flops / tp.flops_per_s : NAN;
+    const double time = tp.CpuRate() > 0 ? flops / tp.CpuRate() : NAN;  // CPU seconds
     std::string note;
     if (r.duplicate_of >= 0) {
       note = fmt::format("same config as #{}", r.duplicate_of);
@@ -244,11 +274,17 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
                         r.config.total_steps(), Si(tokens), Si(flops), Duration(time), note);
     fmt::print(out, "{}\n", line);
   }
-  fmt::print(out, "total: {} unique runs, {} training FLOPs, CPU time {} at {} thread(s) per run",
-             unique.size(), Si(total_flops), Duration(total_time), threads);
-  if (tp.flops_per_s > 0) {
-    fmt::print(out, "; about {} wall with --parallel {}{}", Duration(todo_time / parallel),
-               parallel, done.empty() ? "" : " (runs already done excluded)");
+  fmt::print(out, "total: {} unique runs, {} training FLOPs", unique.size(), Si(total_flops));
+  if (tp.CpuRate() > 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    fmt::print(out,
+               ", {:.1f} CPU-hours at {} thread(s) per run; about {} wall with --parallel {} on "
+               "{} core(s){} (idle machine, threads kept busy: a lower bound)",
+               total_time / 3600, threads,
+               Duration(WallSeconds(todo_time, parallel, threads, cores)), parallel, cores,
+               done.empty() ? "" : ", runs already done excluded");
+  } else {
+    fmt::print(out, ", CPU time -- at {} thread(s) per run", threads);
   }
   fmt::print(out, "\n");
   if (saved_flops > 0) {
@@ -270,10 +306,11 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   PrintFitPlan(sweep, out);
   if (const std::string device = DeviceProblem(sweep); !device.empty())
     fmt::print(out, "warning: {}\n", device);
-  if (tp.flops_per_s > 0) {
+  if (tp.CpuRate() > 0) {
     fmt::print(out,
                "  (one rate, the largest run's, for all runs: smaller models run at a lower rate, "
-               "so small runs take longer than shown; parallel runs share memory bandwidth)\n");
+               "so small runs take longer than shown; parallel runs share memory bandwidth; "
+               "CPU time, not wall: other load on this machine does not stretch it)\n");
   }
 }
 

@@ -166,7 +166,7 @@ TEST(Experiments, SparsityLawFrontierPreRegistration) {
   for (const auto& [key, tokens] : tokens_of) EXPECT_EQ(tokens.size(), 1u) << key;
   for (const auto& [d, f] : non_router_of) EXPECT_EQ(f.size(), 1u) << "d_model " << d;
   EXPECT_GE(seeds.size(), 8u);
-  EXPECT_EQ(most, 6400 * 8 * 128);
+  EXPECT_EQ(most, 4000 * 8 * 64);  // the 2026-12-05 redesign: 4,000-step trunks at seq 64
   std::printf("frontier design: router at most %.1f %% of the active forward FLOPs\n",
               100 * router);
 }
