@@ -10,6 +10,9 @@
 #include "cli/commands.h"
 #include "cli/db_option.h"
 #include "core/train/trainer.h"
+#include "sweeps/adaptive_chooser.h"
+#include "sweeps/adaptive_estimand.h"
+#include "sweeps/adaptive_runner.h"
 #include "sweeps/launch.h"
 #include "sweeps/plan.h"
 #include "sweeps/runner.h"
@@ -41,6 +44,7 @@ struct RunArgs {
   int parallel = 1, threads = 0, max_retries = 1;
   int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
   bool rerun = false, live = false, no_live = false;
+  bool adaptive = false;  // --adaptive: batches chosen by the spec's "adaptive" block
   int64_t max_runs = 0;  // 0: the spec's max_runs or 10,000
 };
 
@@ -63,6 +67,9 @@ void AddRunOptions(CLI::App* cmd, RunArgs* a) {
                   "Refuse specs expanding to more runs than this (default 10000 or the spec's "
                   "max_runs)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--adaptive", a->adaptive,
+                "Answer the spec's \"adaptive\" question: train chosen batches until its "
+                "stopping rule or budget ends the sweep (docs/sweeps-adaptive.md)");
 }
 
 void Execute(const RunArgs& a, bool resume) {
@@ -87,9 +94,29 @@ void Execute(const RunArgs& a, bool resume) {
   ro.stop_flag = &g_sweep_stop;
   std::signal(SIGINT, OnSweepSignal);
   std::signal(SIGTERM, OnSweepSignal);
+  // An adaptive sweep resumes adaptively once it has batches; a fresh run needs --adaptive (a
+  // spec with an "adaptive" block run without it trains the full grid, its comparison).
+  const bool adaptive =
+      a.adaptive || (resume && sweep.adaptive && sweeps::HasAdaptiveBatches(a.db, sweep.name));
+  if (adaptive && !sweep.adaptive) {
+    fmt::print(stderr, "moelab sweep {}: error: --adaptive: the spec has no \"adaptive\" block\n",
+               resume ? "resume" : "run");
+    throw CLI::RuntimeError(kExitConfig);
+  }
+  if (!adaptive && sweep.adaptive && !resume) {
+    fmt::print("note: the spec has an \"adaptive\" block; without --adaptive every run of its "
+               "grid is trained\n");
+  }
   sweeps::RunSummary s;
   try {
-    s = sweeps::RunSweep(sweep, ro);
+    if (adaptive) {
+      const sweeps::AdaptiveSummary as = sweeps::RunAdaptiveSweep(sweep, ro);
+      fmt::print("adaptive sweep '{}': {} batch(es), {:.3g} FLOPs; {}\n", sweep.name, as.batches,
+                 as.spent_flops, as.decision.empty() ? "interrupted" : as.decision);
+      s.exit_code = as.exit_code;
+    } else {
+      s = sweeps::RunSweep(sweep, ro);
+    }
   } catch (const sweeps::SweepBusyError& e) {
     fmt::print(stderr, "moelab sweep {}: {}\n", resume ? "resume" : "run", e.what());
     throw CLI::RuntimeError(sweeps::kExitSweepBusy);
@@ -155,6 +182,11 @@ void AddSweepCommand(CLI::App& app) {
         po.gpu_peak_tflops = a->gpu_tflops;
         po.gpu_mfu = a->gpu_mfu;
         po.gpu_name = a->gpu_name;
+        if (s.adaptive) {
+          fmt::print("{}\n", sweeps::DescribeAdaptivePlan(s, sweeps::BuildSpace(s, *s.adaptive),
+                                                         *s.adaptive));
+          fmt::print("The full grid the adaptive sweep draws from:\n");
+        }
         sweeps::PrintPlan(s, po, stdout);
       });
     });
@@ -189,7 +221,14 @@ void AddSweepCommand(CLI::App& app) {
     CLI::App* cmd = sweep->add_subcommand("status", "Sweeps in a database, or one sweep's runs");
     cmd->add_option("sweep", a->name, "Spec file or sweep name (default: list every sweep)");
     AddDbOption(cmd, &a->db, DbAccess::kRead)->check(CLI::ExistingFile);
-    cmd->callback([a] { Guard("status", [&] { sweeps::PrintStatus(a->db, a->name, stdout); }); });
+    cmd->callback([a] {
+      Guard("status", [&] {
+        sweeps::PrintStatus(a->db, a->name, stdout);
+        if (a->name.empty()) return;
+        const sweeps::Sweep s = sweeps::LoadSweepFromArg(a->name, a->db);
+        if (s.adaptive) sweeps::PrintAdaptiveStatus(a->db, s, stdout);
+      });
+    });
   }
   {
     auto a = std::make_shared<sweeps::SlurmOptions>();

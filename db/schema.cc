@@ -212,6 +212,35 @@ CREATE UNIQUE INDEX runs_uuid ON runs(uuid);
 ALTER TABLE runs ADD COLUMN threads INTEGER;
 ALTER TABLE runs ADD COLUMN nondeterministic_from_step INTEGER;
 )sql",
+    // 9: adaptive sweeps (issue 38): each batch the chooser picked (the sweep's run indices, why,
+    // its FLOPs), written before the batch starts so a killed sweep resumes its own choices; and
+    // each look at the estimand after a batch (repeated interval, α spent, the decision).
+    R"sql(
+CREATE TABLE adaptive_batches (
+  sweep_id    INTEGER NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+  batch       INTEGER NOT NULL,
+  runs_json   TEXT NOT NULL,
+  why_json    TEXT NOT NULL,
+  cost_flops  REAL NOT NULL,
+  created_at  REAL NOT NULL,
+  PRIMARY KEY (sweep_id, batch)
+) WITHOUT ROWID;
+CREATE TABLE adaptive_looks (
+  sweep_id     INTEGER NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+  batch        INTEGER NOT NULL,
+  seeds        INTEGER NOT NULL,
+  estimate     REAL,
+  lo           REAL,
+  hi           REAL,
+  critical     REAL,
+  alpha_spent  REAL,
+  spent_flops  REAL NOT NULL,
+  decision     TEXT NOT NULL,
+  detail_json  TEXT NOT NULL,
+  created_at   REAL NOT NULL,
+  PRIMARY KEY (sweep_id, batch)
+) WITHOUT ROWID;
+)sql",
 };
 
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));

@@ -30,7 +30,7 @@ const std::vector<std::string>& TopLevelKeys() {
   static const std::vector<std::string> keys = {
       "name", "description", "base",  "set",     "vars",  "grid",      "zip",
       "runs", "random",      "seeds", "derived", "ranks", "branching", "expert_parallel",
-      "zero1"};
+      "zero1", "adaptive"};
   return keys;
 }
 
@@ -888,6 +888,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
         "{} run(s) have the same config as an earlier run of the sweep and are trained once",
         duplicates));
   }
+  if (spec.contains("adaptive")) sweep.adaptive = ParseAdaptiveSpec(spec["adaptive"], sweep);
   return sweep;
 }
 

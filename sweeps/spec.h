@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include "core/config.h"
 #include "core/printable.h"
+#include "sweeps/adaptive_spec.h"
 
 namespace moelab::sweeps {
 
@@ -52,6 +54,9 @@ struct Sweep {
   bool branching = true;  // WSD branching of runs that differ only in length
   std::vector<SweepRun> runs;
   std::vector<std::string> warnings;
+  // The "adaptive" block (sweeps/adaptive_spec.h): the sweep answers a question by training a
+  // chosen subset of its runs. Unset for an ordinary sweep.
+  std::optional<AdaptiveSpec> adaptive;
 
   // The runs to train: every run that is not a duplicate of an earlier one.
   std::vector<const SweepRun*> Unique() const;

@@ -77,6 +77,8 @@ TEST_F(CliTest, OlderSchemaIsRefusedByReadersAndMigratedOnRequest) {
     c.Exec("ALTER TABLE runs DROP COLUMN uuid");
     c.Exec("ALTER TABLE runs DROP COLUMN threads");  // schema 8
     c.Exec("ALTER TABLE runs DROP COLUMN nondeterministic_from_step");
+    c.Exec("DROP TABLE adaptive_batches");  // schema 9
+    c.Exec("DROP TABLE adaptive_looks");
     c.Exec("PRAGMA user_version = 5");
   }
   EXPECT_NE(Wait(Spawn({"db", "runs", "--db", db_}, Log())), 0);

@@ -122,6 +122,8 @@ TEST_F(DbTest, EveryRunHasItsOwnUuidAfterMigrationSeven) {
     c.Exec("ALTER TABLE runs DROP COLUMN uuid");
     c.Exec("ALTER TABLE runs DROP COLUMN threads");  // schema 8
     c.Exec("ALTER TABLE runs DROP COLUMN nondeterministic_from_step");
+    c.Exec("DROP TABLE adaptive_batches");  // schema 9
+    c.Exec("DROP TABLE adaptive_looks");
     c.Exec("PRAGMA user_version = 6");
   }
   const int64_t fresh = RunWriter::CreateRun(path_, TestRun("new"));  // migrates first

@@ -1,0 +1,50 @@
+// The adaptive sweep's chooser: from the runs so far, the next batch that buys the most interval
+// narrowing per FLOP. The interval's half-width is c_n·sd/√n over n seeds, so each seed that
+// brackets the target in both arms narrows it by the same expected amount, and the chooser
+// prices the ways to gain one:
+//   - finish a seed whose arm does not bracket the target yet: extend it by one rung (a longer
+//     run, trained in full: it becomes the family's new trunk) when every loss is above the
+//     target, or add the next shorter rung when every loss is below (a WSD branch);
+//   - start a new seed (the next of the spec's seeds) in both arms, on the rungs where the seeds
+//     so far crossed the target, one trunk per arm with the shorter rungs branching
+//     from it; before any seed has shown where the target lies, on the whole ladder.
+// The cheapest gains are taken until the batch holds seeds_per_batch seeds (min_seeds before the
+// first look) or the budget would be exceeded. Deterministic given the database: ties are broken
+// by seed order, and every choice carries a one-line "why".
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sweeps/adaptive_estimand.h"
+
+namespace moelab::sweeps {
+
+struct AdaptiveBatch {
+  std::vector<int> runs;         // SweepRun indices, ascending
+  std::vector<std::string> why;  // one line per choice
+  double cost_flops = 0;
+  // Set when nothing more can be chosen: the budget is spent, or the space is exhausted.
+  std::string exhausted;
+};
+
+// `chosen`: every run an earlier batch picked (done or not); `spent_flops`: their price.
+AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
+                          const EstimandReading& reading, const std::set<int>& chosen,
+                          double spent_flops);
+
+// The FLOPs of training `runs` together (index → run of the space): within each (side, seed)
+// the longest run not yet trained is trained in full and the shorter new ones branch from it
+// (their decay only); a run shorter than an already trained one is trained in full (the trunk's
+// checkpoints at its decay start were not kept).
+double BatchCost(const AdaptiveSpace& space, const std::vector<int>& runs,
+                 const std::set<int>& chosen);
+
+// What `moelab sweep plan` says about an adaptive sweep: the question, the first batch with its
+// reasons, the cost bound (the whole budget, and the full grid for comparison), and the
+// smallest effect the budget can at best resolve, in units of the seed SD of the log ratio.
+std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
+                                 const AdaptiveSpec& spec);
+
+}  // namespace moelab::sweeps

@@ -1,0 +1,211 @@
+#include "sweeps/adaptive_estimand.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "analysis/model_free.h"
+#include "core/flops.h"
+
+namespace moelab::sweeps {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Budget values sort numerically when they are numbers (train.steps), else as text.
+bool BudgetLess(const ojson& a, const ojson& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() < b.get<double>();
+  return ShortValue(a) < ShortValue(b);
+}
+
+}  // namespace
+
+const SpaceRun* AdaptiveSpace::At(int side, int64_t seed, int rung) const {
+  for (const SpaceRun& r : runs)
+    if (r.side == side && r.seed == seed && r.rung == rung) return &r;
+  return nullptr;
+}
+
+AdaptiveSpace BuildSpace(const Sweep& sweep, const AdaptiveSpec& spec) {
+  AdaptiveSpace space;
+  space.seeds = spec.seeds;
+  std::vector<ojson> budgets;
+  for (const SweepRun& r : sweep.runs) {
+    const ojson& b = r.vars.at(spec.budget_key);
+    if (std::none_of(budgets.begin(), budgets.end(), [&](const ojson& x) { return x == b; })) {
+      budgets.push_back(b);
+    }
+  }
+  std::stable_sort(budgets.begin(), budgets.end(), BudgetLess);
+  for (const ojson& b : budgets) space.ladder.push_back(ShortValue(b));
+  std::map<std::tuple<int, int64_t, int>, int> seen;
+  for (const SweepRun* r : sweep.Unique()) {
+    const ojson& v = r->vars.at(spec.key);
+    const int side = v == spec.arm ? 1 : v == spec.reference ? 0 : -1;
+    if (side < 0) continue;
+    SpaceRun s;
+    s.index = r->index;
+    s.side = side;
+    s.seed = r->config.train.seed;
+    const ojson& b = r->vars.at(spec.budget_key);
+    s.rung = static_cast<int>(std::find(budgets.begin(), budgets.end(), b) - budgets.begin());
+    const double per_step =
+        ForwardFlopsPerToken(r->config).training() * static_cast<double>(TokensPerStep(r->config));
+    const int64_t steps = r->config.total_steps();
+    s.flops = per_step * static_cast<double>(steps);
+    s.decay_flops = r->config.schedule.type == "wsd"
+                        ? per_step * static_cast<double>(steps - WsdDecayStart(r->config))
+                        : s.flops;
+    auto [it, fresh] = seen.emplace(std::make_tuple(side, s.seed, s.rung), r->index);
+    if (!fresh) {
+      throw SpecError(fmt::format(
+          "adaptive.estimand.key: runs #{} and #{} are both {}={}, seed {}, {}={}: another swept "
+          "key varies, and an adaptive comparison needs one run per arm, seed and budget",
+          it->second, r->index, spec.key, ShortValue(v), s.seed, spec.budget_key,
+          space.ladder[s.rung]));
+    }
+    space.runs.push_back(s);
+  }
+  return space;
+}
+
+const char* CoverName(Cover c) {
+  switch (c) {
+    case Cover::kNone: return "no result yet";
+    case Cover::kBracketed: return "brackets the target";
+    case Cover::kAbove: return "every loss above the target (needs a longer run)";
+    case Cover::kBelow: return "every loss below the target (needs a shorter run)";
+  }
+  return "?";
+}
+
+EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spec,
+                             const Results& results, const std::vector<int>& looks) {
+  EstimandReading out;
+  out.ratio = out.lo = out.hi = kNaN;
+  // Per (side, seed): the done runs' final points, as the model-free table reads them.
+  std::map<std::pair<int, int64_t>, std::vector<analysis::Observation>> groups;
+  for (const SpaceRun& r : space.runs) {
+    auto it = results.find(r.index);
+    if (it == results.end() || !std::isfinite(it->second.loss)) continue;
+    analysis::Observation o;
+    o.run = std::to_string(r.index);
+    o.family = r.side == 1 ? "arm" : "reference";
+    o.flops = it->second.flops;
+    o.tokens = it->second.tokens;
+    o.params = 1;  // not used by the model-free reading
+    o.loss = it->second.loss;
+    o.seed = std::to_string(r.seed);
+    o.unit = fmt::format("seed {}, {}", r.seed, o.family);
+    groups[{r.side, r.seed}].push_back(o);
+  }
+  const double target = spec.target_loss;
+  for (const auto& [key, g] : groups) {
+    // The model-free frontier runs from the cheapest run's loss down to the lowest loss.
+    const auto cheapest = std::min_element(g.begin(), g.end(), [](const auto& a, const auto& b) {
+      return a.flops < b.flops;
+    });
+    double lowest = INFINITY;
+    for (const auto& o : g) lowest = std::min(lowest, o.loss);
+    Cover c = Cover::kBracketed;
+    if (lowest > target) {
+      c = Cover::kAbove;
+    } else if (cheapest->loss < target) {
+      c = Cover::kBelow;
+    }
+    out.cover[key] = c;
+    if (c == Cover::kBracketed) {
+      std::map<int, double> by_rung;
+      for (const SpaceRun& r : space.runs) {
+        if (r.side == key.first && r.seed == key.second && results.count(r.index)) {
+          by_rung[r.rung] = results.at(r.index).loss;
+        }
+      }
+      int above = by_rung.begin()->first, below = by_rung.rbegin()->first;
+      for (const auto& [rung, loss] : by_rung) {
+        if (loss >= target) above = rung;
+      }
+      for (auto it = by_rung.rbegin(); it != by_rung.rend(); ++it) {
+        if (it->second < target && it->first > above) below = it->first;
+      }
+      out.crossing[key] = {above, std::max(above, below)};
+    }
+  }
+  std::vector<analysis::Observation> obs;
+  for (int64_t seed : space.seeds) {
+    auto a = out.cover.find({1, seed}), b = out.cover.find({0, seed});
+    if (a == out.cover.end() || b == out.cover.end() || a->second != Cover::kBracketed ||
+        b->second != Cover::kBracketed) {
+      continue;
+    }
+    for (int side : {0, 1}) {
+      const auto& g = groups.at({side, seed});
+      obs.insert(obs.end(), g.begin(), g.end());
+    }
+  }
+  if (!obs.empty()) {
+    analysis::ModelFreeOptions opt;
+    opt.min_seeds = 2;
+    opt.resamples = 200;
+    const analysis::ModelFreeTable table =
+        analysis::ModelFreeMultipliers(obs, "reference", {target}, opt);
+    std::map<int64_t, double> by_seed;
+    for (const auto& row : table.rows) {
+      for (size_t i = 0; i < row.seeds.size(); ++i) {
+        const bool flops = spec.kind == "flops_ratio";
+        const double num = flops ? row.flops_family[i] : row.tokens_family[i];
+        const double den = flops ? row.flops_reference[i] : row.tokens_reference[i];
+        by_seed[std::stoll(row.seeds[i])] = std::log(num / den);
+      }
+    }
+    for (int64_t seed : space.seeds) {
+      if (by_seed.count(seed)) {
+        out.seeds.push_back(seed);
+        out.log_ratio.push_back(by_seed[seed]);
+      }
+    }
+    out.notes.insert(out.notes.end(), table.notes.begin(), table.notes.end());
+  }
+  const int n = static_cast<int>(out.seeds.size());
+  if (n >= spec.min_seeds) {
+    std::vector<int> schedule = looks;
+    if (schedule.empty() || n > schedule.back()) schedule.push_back(n);
+    if (schedule.back() == n) {
+      analysis::SequentialDesign design;
+      design.alpha = spec.alpha;
+      design.max_seeds = spec.max_seeds;
+      out.interval = analysis::RepeatedTInterval(out.log_ratio, schedule, design);
+      out.has_interval = true;
+      out.ratio = std::exp(out.interval.value.estimate);
+      out.lo = std::exp(out.interval.value.lo);
+      out.hi = std::exp(out.interval.value.hi);
+    } else {
+      out.notes.push_back(fmt::format("{} seeds now, fewer than at an earlier look ({})", n,
+                                      schedule.back()));
+    }
+  } else {
+    out.notes.push_back(fmt::format("{} of the {} seeds needed before the first look bracket "
+                                    "the target in both arms",
+                                    n, spec.min_seeds));
+  }
+  return out;
+}
+
+std::string StopReason(const AdaptiveSpec& spec, const EstimandReading& r) {
+  if (!r.has_interval) return "";
+  if (spec.excludes && (r.lo > *spec.excludes || r.hi < *spec.excludes)) {
+    return fmt::format("the repeated interval [{:.4g}, {:.4g}] excludes {:g}", r.lo, r.hi,
+                       *spec.excludes);
+  }
+  if (spec.width && r.hi / r.lo - 1 < *spec.width) {
+    return fmt::format("the repeated interval [{:.4g}, {:.4g}] is narrower than {:g} (hi/lo − 1 "
+                       "= {:.4g})",
+                       r.lo, r.hi, *spec.width, r.hi / r.lo - 1);
+  }
+  return "";
+}
+
+}  // namespace moelab::sweeps
