@@ -169,29 +169,36 @@ void RunFitCommand(FitArgs* a) {
   }
   obs = analysis::SelectRuns(obs, ParseWhere(a->where));
   const analysis::FitResult result = analysis::RunFit(ToRunFitOptions(*a), obs);
+  // Families with several model sizes: which sizes make each envelope, and each size alone
+  // (a training curve) as the contrast.
+  std::optional<analysis::FrontierReport> frontier;
+  std::string frontier_error;
+  if (result.power && result.power->model_free &&
+      analysis::EstimandOf(obs.points) == analysis::Estimand::kFrontier) {
+    try {
+      frontier = analysis::AnalyzeFrontier(obs.points, obs.run_vars, result.power->reference,
+                                           result.power->model_free->targets,
+                                           analysis::ModelFreeOptionsOf(result.options));
+    } catch (const analysis::AnalysisError& e) {
+      frontier_error = e.what();
+    }
+  }
   if (!a->json) {
     PrintHeader(*a, obs, result);
     std::string slope;
     if (result.power && result.power->model_free)
       slope = analysis::SparsitySlopeReport(*result.power->model_free, obs.points, obs.sparsity,
                                             a->level, a->min_seeds);
-    // Families with several model sizes: which sizes make each envelope, and each size alone
-    // (a training curve) as the contrast.
-    std::optional<analysis::FrontierReport> frontier;
-    if (result.power && result.power->model_free &&
-        analysis::EstimandOf(obs.points) == analysis::Estimand::kFrontier) {
-      try {
-        frontier = analysis::AnalyzeFrontier(obs.points, obs.run_vars, result.power->reference,
-                                             result.power->model_free->targets,
-                                             analysis::ModelFreeOptionsOf(result.options));
-      } catch (const analysis::AnalysisError& e) {
-        fmt::print("  frontier composition unavailable: {}\n", e.what());
-      }
-    }
+    if (!frontier_error.empty())
+      fmt::print("  frontier composition unavailable: {}\n", frontier_error);
     PrintFitResult(result, a->by, slope, frontier ? &*frontier : nullptr);
   }
   if (!a->no_store) StoreFit(*a, sweep_id, obs, result);
-  if (a->json) fmt::print("{}\n", json(result).dump(2));
+  if (a->json) {
+    json j = result;
+    if (frontier) j["frontier"] = *frontier;  // printed, not stored: derived from the inputs
+    fmt::print("{}\n", j.dump(2));
+  }
 }
 
 }  // namespace

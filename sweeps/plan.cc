@@ -278,9 +278,9 @@ void PrintPlan(const Sweep& sweep, const PlanOptions& options, std::FILE* out) {
   if (tp.CpuRate() > 0) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     fmt::print(out,
-               ", {:.1f} CPU-hours at {} thread(s) per run; about {} wall with --parallel {} on "
-               "{} core(s){} (idle machine, threads kept busy: a lower bound)",
-               total_time / 3600, threads,
+               ", CPU time {} ({:.2f} CPU-hours) at {} thread(s) per run; about {} wall with "
+               "--parallel {} on {} core(s){} (idle machine, threads kept busy: a lower bound)",
+               Duration(total_time), total_time / 3600, threads,
                Duration(WallSeconds(todo_time, parallel, threads, cores)), parallel, cores,
                done.empty() ? "" : ", runs already done excluded");
   } else {

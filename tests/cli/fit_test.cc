@@ -128,6 +128,20 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
   EXPECT_EQ(r2["multipliers"].dump(), r["multipliers"].dump());
   EXPECT_EQ(r2["fits"]["families"].dump(), r["fits"]["families"].dump());
   EXPECT_EQ(db::ListFits(path, sweep_id).size(), 1u);  // --inputs stores nothing
+  // Five model sizes per family: the numbers are read on the compute-optimal frontier and say
+  // so; each size alone follows as the fixed-size (training curve) contrast (issue 35.3).
+  EXPECT_EQ(r["model_free"]["estimand"], "frontier (compute-optimal)");
+  ASSERT_TRUE(r2.contains("frontier")) << again;
+  EXPECT_EQ(r2["frontier"]["fixed_size"].size(), 5u);
+  const std::string text = RunCapture(
+      bin + " fit --inputs " + exported + " --by sparsity --resamples 200 --target-loss 2.2 2>&1",
+      &code);
+  ASSERT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("Model-free (primary), estimand frontier (compute-optimal)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Frontier composition"), std::string::npos) << text;
+  EXPECT_NE(text.find("fixed size (training curve) at size 1"), std::string::npos) << text;
   const std::string csv =
       RunCapture(bin + " db export --db " + path + " --sweep law --format csv 2>&1", &code);
   ASSERT_EQ(code, 0) << csv;

@@ -81,7 +81,7 @@ TEST(PlanCpuTime, TotalsAreCpuHoursAndWallAtParallelSeparately) {
   t.how = "given";
   po.throughput = t;
   const std::string text = PlanText(s, po);
-  EXPECT_HAS(text, "2.0 CPU-hours at 1 thread(s) per run");
+  EXPECT_HAS(text, "CPU time 2h00m (2.00 CPU-hours) at 1 thread(s) per run");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_HAS(text, cores >= 2 ? "about 1h00m wall with --parallel 2" : "about 2h00m wall");
   EXPECT_HAS(text, "CPU time");
