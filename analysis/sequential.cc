@@ -105,8 +105,8 @@ RepeatedInterval RepeatedTInterval(const std::vector<double>& values, const std:
                                    const SequentialDesign& design) {
   CheckSchedule(looks, design);
   if (static_cast<int>(values.size()) != looks.back()) {
-    throw AnalysisError(fmt::format("sequential: {} values at a look of {} seeds", values.size(),
-                                    looks.back()));
+    throw AnalysisError(
+        fmt::format("sequential: {} values at a look of {} seeds", values.size(), looks.back()));
   }
   const std::vector<double> c = RepeatedTBoundaries(looks, design);
   const double n = static_cast<double>(values.size());
@@ -126,10 +126,11 @@ RepeatedInterval RepeatedTInterval(const std::vector<double>& values, const std:
 }
 
 std::string FormatRepeatedInterval(const RepeatedInterval& r, const SequentialDesign& design) {
-  return fmt::format("{:.4f} [{:.4f}, {:.4f}] (repeated t, look {} at {} seeds, c = {:.3f}, "
-                     "alpha spent {:.3f} of {:.3f})",
-                     r.value.estimate, r.value.lo, r.value.hi, r.look, r.seeds, r.critical,
-                     r.alpha_spent, design.alpha);
+  return fmt::format(
+      "{:.4f} [{:.4f}, {:.4f}] (repeated t, look {} at {} seeds, c = {:.3f}, "
+      "alpha spent {:.3f} of {:.3f})",
+      r.value.estimate, r.value.lo, r.value.hi, r.look, r.seeds, r.critical, r.alpha_spent,
+      design.alpha);
 }
 
 }  // namespace moelab::analysis

@@ -41,8 +41,8 @@ std::vector<double> RepeatedTBoundaries(const std::vector<int>& looks,
                                         const SequentialDesign& design);
 
 struct RepeatedInterval {
-  int look = 0;   // 1-based
-  int seeds = 0;  // n_k
+  int look = 0;            // 1-based
+  int seeds = 0;           // n_k
   double critical = 0;     // c_k
   double alpha_spent = 0;  // cumulative α at this look
   Estimate value;          // mean with the repeated interval (additive scale)

@@ -45,7 +45,7 @@ struct RunArgs {
   int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
   bool rerun = false, live = false, no_live = false;
   bool adaptive = false;  // --adaptive: batches chosen by the spec's "adaptive" block
-  int64_t max_runs = 0;  // 0: the spec's max_runs or 10,000
+  int64_t max_runs = 0;   // 0: the spec's max_runs or 10,000
 };
 
 void AddRunOptions(CLI::App* cmd, RunArgs* a) {
@@ -104,8 +104,9 @@ void Execute(const RunArgs& a, bool resume) {
     throw CLI::RuntimeError(kExitConfig);
   }
   if (!adaptive && sweep.adaptive && !resume) {
-    fmt::print("note: the spec has an \"adaptive\" block; without --adaptive every run of its "
-               "grid is trained\n");
+    fmt::print(
+        "note: the spec has an \"adaptive\" block; without --adaptive every run of its "
+        "grid is trained\n");
   }
   sweeps::RunSummary s;
   try {
@@ -184,7 +185,7 @@ void AddSweepCommand(CLI::App& app) {
         po.gpu_name = a->gpu_name;
         if (s.adaptive) {
           fmt::print("{}\n", sweeps::DescribeAdaptivePlan(s, sweeps::BuildSpace(s, *s.adaptive),
-                                                         *s.adaptive));
+                                                          *s.adaptive));
           fmt::print("The full grid the adaptive sweep draws from:\n");
         }
         sweeps::PrintPlan(s, po, stdout);

@@ -19,6 +19,7 @@
 #include "gui/app_internal.h"
 #include "gui/plan_calibration.h"
 #include "gui/sweep_control.h"
+#include "gui/view_adaptive.h"
 #include "gui/widgets.h"
 #include "sweeps/runner.h"
 
@@ -344,6 +345,7 @@ void App::SweepsView() {
       ImGui::EndTable();
     }
     if (!sweeps_.selected_sweep.empty()) {
+      AdaptivePanel(db, sweeps_.selected_sweep);  // above the runs table, which takes the rest
       ImGui::Separator();
       ImGui::Text("Runs of %s", sweeps_.selected_sweep.c_str());
       if (ImGui::BeginTable(

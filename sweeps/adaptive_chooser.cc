@@ -118,14 +118,15 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
       const SpaceRun* run = next >= 0 && next <= top ? space.At(side, seed, next) : nullptr;
       if (!run) {
         ok = false;
-        dead.push_back(fmt::format("seed {} of {} is left out: {}, and the ladder has no further "
-                                   "rung",
-                                   seed, SideName(spec, side), CoverName(cover)));
+        dead.push_back(
+            fmt::format("seed {} of {} is left out: {}, and the ladder has no further "
+                        "rung",
+                        seed, SideName(spec, side), CoverName(cover)));
         break;
       }
       g.runs.push_back(run->index);
-      parts.push_back(fmt::format("{} {} {}", SideName(spec, side), how,
-                                  Rungs(space, spec, next, next)));
+      parts.push_back(
+          fmt::format("{} {} {}", SideName(spec, side), how, Rungs(space, spec, next, next)));
     }
     if (!ok || g.runs.empty()) continue;
     g.cost = BatchCost(space, g.runs, chosen);
@@ -152,15 +153,16 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
       for (int rung = lo; rung <= hi; ++rung) {
         if (const SpaceRun* run = space.At(side, seed, rung)) g.runs.push_back(run->index);
       }
-      parts.push_back(fmt::format(
-          "{} on {} ({})", SideName(spec, side), Rungs(space, spec, lo, hi),
-          explore ? "no seed has shown where the target lies yet" : "where the seeds so far crossed it"));
+      parts.push_back(fmt::format("{} on {} ({})", SideName(spec, side), Rungs(space, spec, lo, hi),
+                                  explore ? "no seed has shown where the target lies yet"
+                                          : "where the seeds so far crossed it"));
     }
     std::sort(g.runs.begin(), g.runs.end());
     g.cost = BatchCost(space, g.runs, chosen);
-    g.why = fmt::format("seed {}: a new seed, {} — one trunk per arm, shorter rungs branch from "
-                        "it; {:.3g} FLOPs",
-                        seed, fmt::join(parts, "; "), g.cost);
+    g.why = fmt::format(
+        "seed {}: a new seed, {} — one trunk per arm, shorter rungs branch from "
+        "it; {:.3g} FLOPs",
+        seed, fmt::join(parts, "; "), g.cost);
     gains.push_back(std::move(g));
   }
   // Exploring the whole ladder is dear: one seed shows the crossing, the rest follow narrowly.
@@ -184,9 +186,10 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
     batch.exhausted =
         gains.empty()
             ? std::string("the space is exhausted: no seed left to add or complete")
-            : fmt::format("the budget is spent: the cheapest next step costs {:.3g} FLOPs, {:.3g} "
-                          "are left of {:.3g}",
-                          gains.front().cost, std::max(0.0, left), spec.budget_flops);
+            : fmt::format(
+                  "the budget is spent: the cheapest next step costs {:.3g} FLOPs, {:.3g} "
+                  "are left of {:.3g}",
+                  gains.front().cost, std::max(0.0, left), spec.budget_flops);
   }
   return batch;
 }
@@ -202,9 +205,10 @@ std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
   std::vector<int> all;
   for (const SpaceRun& r : space.runs) all.push_back(r.index);
   const double grid = BatchCost(space, all, {});
-  out += fmt::format("cost bound: {:.3g} FLOPs (the budget); the full grid of the two arms ({} "
-                     "runs, {} seeds) costs {:.3g}\n",
-                     spec.budget_flops, all.size(), space.seeds.size(), grid);
+  out += fmt::format(
+      "cost bound: {:.3g} FLOPs (the budget); the full grid of the two arms ({} "
+      "runs, {} seeds) costs {:.3g}\n",
+      spec.budget_flops, all.size(), space.seeds.size(), grid);
   // At best every seed after the first trains only the two cheapest consecutive rungs per arm.
   double cheapest_pair = INFINITY;
   for (size_t rung = 0; rung + 1 < space.ladder.size(); ++rung) {
@@ -221,9 +225,10 @@ std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
   const int best_n = std::min<int>(
       spec.max_seeds,
       1 + static_cast<int>(std::max(0.0, (spec.budget_flops - first.cost_flops) / cheapest_pair)));
-  out += fmt::format("the budget buys at most {} of the {} seeds (the first on the whole ladder, "
-                     "the rest on two rungs per arm at {:.3g} FLOPs)\n",
-                     best_n, spec.max_seeds, cheapest_pair);
+  out += fmt::format(
+      "the budget buys at most {} of the {} seeds (the first on the whole ladder, "
+      "the rest on two rungs per arm at {:.3g} FLOPs)\n",
+      best_n, spec.max_seeds, cheapest_pair);
   if (best_n < spec.min_seeds) {
     out += fmt::format("  fewer than min_seeds {}: the budget cannot give an interval\n",
                        spec.min_seeds);
@@ -236,11 +241,12 @@ std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
   design.max_seeds = spec.max_seeds;
   const double c = analysis::RepeatedTBoundaries(looks, design).back();
   const double k = c / std::sqrt(static_cast<double>(best_n));
-  out += fmt::format("at best it resolves a ratio beyond exp(±{:.3f}·σ) at {} seeds (repeated "
-                     "t, c = {:.3f}), σ the seed SD of the log ratio, unknown before the runs: "
-                     "σ = 0.05 → [{:.3f}, {:.3f}], σ = 0.10 → [{:.3f}, {:.3f}] around 1\n",
-                     k, best_n, c, std::exp(-0.05 * k), std::exp(0.05 * k), std::exp(-0.10 * k),
-                     std::exp(0.10 * k));
+  out += fmt::format(
+      "at best it resolves a ratio beyond exp(±{:.3f}·σ) at {} seeds (repeated "
+      "t, c = {:.3f}), σ the seed SD of the log ratio, unknown before the runs: "
+      "σ = 0.05 → [{:.3f}, {:.3f}], σ = 0.10 → [{:.3f}, {:.3f}] around 1\n",
+      k, best_n, c, std::exp(-0.05 * k), std::exp(0.05 * k), std::exp(-0.10 * k),
+      std::exp(0.10 * k));
   return out;
 }
 

@@ -74,10 +74,14 @@ AdaptiveSpace BuildSpace(const Sweep& sweep, const AdaptiveSpec& spec) {
 
 const char* CoverName(Cover c) {
   switch (c) {
-    case Cover::kNone: return "no result yet";
-    case Cover::kBracketed: return "brackets the target";
-    case Cover::kAbove: return "every loss above the target (needs a longer run)";
-    case Cover::kBelow: return "every loss below the target (needs a shorter run)";
+    case Cover::kNone:
+      return "no result yet";
+    case Cover::kBracketed:
+      return "brackets the target";
+    case Cover::kAbove:
+      return "every loss above the target (needs a longer run)";
+    case Cover::kBelow:
+      return "every loss below the target (needs a shorter run)";
   }
   return "?";
 }
@@ -105,9 +109,8 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
   const double target = spec.target_loss;
   for (const auto& [key, g] : groups) {
     // The model-free frontier runs from the cheapest run's loss down to the lowest loss.
-    const auto cheapest = std::min_element(g.begin(), g.end(), [](const auto& a, const auto& b) {
-      return a.flops < b.flops;
-    });
+    const auto cheapest = std::min_element(
+        g.begin(), g.end(), [](const auto& a, const auto& b) { return a.flops < b.flops; });
     double lowest = INFINITY;
     for (const auto& o : g) lowest = std::min(lowest, o.loss);
     Cover c = Cover::kBracketed;
@@ -183,13 +186,14 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
       out.lo = std::exp(out.interval.value.lo);
       out.hi = std::exp(out.interval.value.hi);
     } else {
-      out.notes.push_back(fmt::format("{} seeds now, fewer than at an earlier look ({})", n,
-                                      schedule.back()));
+      out.notes.push_back(
+          fmt::format("{} seeds now, fewer than at an earlier look ({})", n, schedule.back()));
     }
   } else {
-    out.notes.push_back(fmt::format("{} of the {} seeds needed before the first look bracket "
-                                    "the target in both arms",
-                                    n, spec.min_seeds));
+    out.notes.push_back(
+        fmt::format("{} of the {} seeds needed before the first look bracket "
+                    "the target in both arms",
+                    n, spec.min_seeds));
   }
   return out;
 }
@@ -201,9 +205,10 @@ std::string StopReason(const AdaptiveSpec& spec, const EstimandReading& r) {
                        *spec.excludes);
   }
   if (spec.width && r.hi / r.lo - 1 < *spec.width) {
-    return fmt::format("the repeated interval [{:.4g}, {:.4g}] is narrower than {:g} (hi/lo − 1 "
-                       "= {:.4g})",
-                       r.lo, r.hi, *spec.width, r.hi / r.lo - 1);
+    return fmt::format(
+        "the repeated interval [{:.4g}, {:.4g}] is narrower than {:g} (hi/lo − 1 "
+        "= {:.4g})",
+        r.lo, r.hi, *spec.width, r.hi / r.lo - 1);
   }
   return "";
 }

@@ -18,11 +18,11 @@ namespace moelab::sweeps {
 
 // One run of the space: which side of the comparison, which seed, which rung of the ladder.
 struct SpaceRun {
-  int index = 0;      // SweepRun::index
-  int side = 0;       // 0: reference, 1: arm
+  int index = 0;  // SweepRun::index
+  int side = 0;   // 0: reference, 1: arm
   int64_t seed = 0;
-  int rung = 0;       // position of its budget in the ladder (0: shortest)
-  double flops = 0;   // training FLOPs of the whole run
+  int rung = 0;            // position of its budget in the ladder (0: shortest)
+  double flops = 0;        // training FLOPs of the whole run
   double decay_flops = 0;  // FLOPs after its WSD decay start (its cost as a branch)
 };
 
@@ -53,11 +53,11 @@ struct EstimandReading {
   // Bracketed (side, seed): the rungs of the last run at or above the target and of the first
   // run below it, along the ladder (where the seed's curve crossed the target).
   std::map<std::pair<int, int64_t>, std::pair<int, int>> crossing;
-  std::vector<int64_t> seeds;                      // bracketed in both arms, in seed order
-  std::vector<double> log_ratio;                   // per seed: log(C_arm / C_reference)
-  bool has_interval = false;                       // at least min_seeds seeds
-  analysis::RepeatedInterval interval;             // log scale
-  double ratio = 0, lo = 0, hi = 0;                // exp of the interval (NaN ends before)
+  std::vector<int64_t> seeds;           // bracketed in both arms, in seed order
+  std::vector<double> log_ratio;        // per seed: log(C_arm / C_reference)
+  bool has_interval = false;            // at least min_seeds seeds
+  analysis::RepeatedInterval interval;  // log scale
+  double ratio = 0, lo = 0, hi = 0;     // exp of the interval (NaN ends before)
   std::vector<std::string> notes;
 };
 

@@ -72,11 +72,12 @@ int LockAdaptive(const std::string& dir, const std::string& name) {
 }
 
 std::string FormatLook(const AdaptiveLookRow& l) {
-  const std::string value =
-      std::isnan(l.lo) ? fmt::format("{} seeds, no interval yet", l.seeds)
-                       : fmt::format("{:.4f} [{:.4f}, {:.4f}] at {} seeds (c = {:.3f}, alpha "
-                                     "spent {:.3f})",
-                                     l.estimate, l.lo, l.hi, l.seeds, l.critical, l.alpha_spent);
+  const std::string value = std::isnan(l.lo)
+                                ? fmt::format("{} seeds, no interval yet", l.seeds)
+                                : fmt::format(
+                                      "{:.4f} [{:.4f}, {:.4f}] at {} seeds (c = {:.3f}, alpha "
+                                      "spent {:.3f})",
+                                      l.estimate, l.lo, l.hi, l.seeds, l.critical, l.alpha_spent);
   return fmt::format("look {}: {}; {:.3g} FLOPs spent; {}", l.batch, value, l.spent_flops,
                      l.decision);
 }

@@ -42,7 +42,8 @@ int PositiveInt(const ojson& o, const std::string& key, const std::string& path)
 }
 
 void ParseEstimand(const ojson& e, AdaptiveSpec* a) {
-  if (!e.is_object()) Fail("estimand", "expected an object {kind, key, arm, reference, target_loss}");
+  if (!e.is_object())
+    Fail("estimand", "expected an object {kind, key, arm, reference, target_loss}");
   CheckKeys(e, "estimand", {"kind", "key", "arm", "reference", "target_loss"});
   if (e.contains("kind")) {
     if (!e["kind"].is_string()) Fail("estimand.kind", "expected a string");
@@ -72,7 +73,8 @@ void ParseStop(const ojson& s, AdaptiveSpec* a) {
   CheckKeys(s, "stop", {"excludes", "width"});
   if (s.contains("excludes")) a->excludes = PositiveNumber(s, "excludes", "stop.excludes");
   if (s.contains("width")) a->width = PositiveNumber(s, "width", "stop.width");
-  if (!a->excludes && !a->width) Fail("stop", "give excludes (a ratio) or width (hi/lo − 1), or both");
+  if (!a->excludes && !a->width)
+    Fail("stop", "give excludes (a ratio) or width (hi/lo − 1), or both");
 }
 
 // The expanded runs must hold the space the block names.
@@ -90,7 +92,8 @@ void CheckSpace(const Sweep& sweep, AdaptiveSpec* a) {
   bool has_arm = false, has_reference = false;
   std::set<std::string> budgets;
   for (const SweepRun& r : sweep.runs) {
-    if (!r.vars.contains(a->key)) Fail("estimand.key", fmt::format("'{}' is not a key the sweep's axes assign", a->key));
+    if (!r.vars.contains(a->key))
+      Fail("estimand.key", fmt::format("'{}' is not a key the sweep's axes assign", a->key));
     if (!r.vars.contains(a->budget_key)) {
       Fail("budget_key", fmt::format("'{}' is not a key the sweep's axes assign", a->budget_key));
     }
@@ -112,7 +115,8 @@ void CheckSpace(const Sweep& sweep, AdaptiveSpec* a) {
 
 AdaptiveSpec ParseAdaptiveSpec(const ojson& block, const Sweep& sweep) {
   AdaptiveSpec a;
-  if (!block.is_object()) throw SpecError("adaptive: expected an object (see docs/sweeps-adaptive.md)");
+  if (!block.is_object())
+    throw SpecError("adaptive: expected an object (see docs/sweeps-adaptive.md)");
   CheckKeys(block, "",
             {"estimand", "budget_key", "budget", "stop", "alpha", "min_seeds", "seeds_per_batch"});
   if (!block.contains("estimand")) Fail("estimand", "missing: the question the sweep answers");
@@ -155,10 +159,11 @@ std::string DescribeQuestion(const AdaptiveSpec& a) {
   std::string stop;
   if (a.excludes) stop = fmt::format("interval excludes {:g}", *a.excludes);
   if (a.width) stop += fmt::format("{}relative width < {:g}", stop.empty() ? "" : " or ", *a.width);
-  return fmt::format("{} {}={} / {}={} at loss {:g}; stop: {}; alpha {:g} over every look; "
-                     "budget {:.3g} FLOPs",
-                     a.kind, a.key, ShortValue(a.arm), a.key, ShortValue(a.reference),
-                     a.target_loss, stop, a.alpha, a.budget_flops);
+  return fmt::format(
+      "{} {}={} / {}={} at loss {:g}; stop: {}; alpha {:g} over every look; "
+      "budget {:.3g} FLOPs",
+      a.kind, a.key, ShortValue(a.arm), a.key, ShortValue(a.reference), a.target_loss, stop,
+      a.alpha, a.budget_flops);
 }
 
 }  // namespace moelab::sweeps

@@ -15,20 +15,20 @@
 namespace moelab::sweeps {
 
 struct AdaptiveBatchRow {
-  int batch = 0;                   // 1-based
-  std::vector<int> runs;           // indices into the sweep's expanded runs
-  std::vector<std::string> why;    // one line per choice
-  double cost_flops = 0;           // the chooser's price of the batch
+  int batch = 0;                 // 1-based
+  std::vector<int> runs;         // indices into the sweep's expanded runs
+  std::vector<std::string> why;  // one line per choice
+  double cost_flops = 0;         // the chooser's price of the batch
   double created_at = 0;
 };
 
 struct AdaptiveLookRow {
   int batch = 0;
-  int seeds = 0;  // seeds that reach the target in both arms
+  int seeds = 0;                        // seeds that reach the target in both arms
   double estimate = 0, lo = 0, hi = 0;  // ratio scale; NaN before min_seeds
   double critical = 0, alpha_spent = 0;
-  double spent_flops = 0;  // FLOPs of every batch so far
-  std::string decision;    // "continue", "stop: ...", "budget spent: ..."
+  double spent_flops = 0;                            // FLOPs of every batch so far
+  std::string decision;                              // "continue", "stop: ...", "budget spent: ..."
   nlohmann::json detail = nlohmann::json::object();  // per-seed values, notes
   double created_at = 0;
 };

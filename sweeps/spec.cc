@@ -28,8 +28,8 @@ namespace {
 
 const std::vector<std::string>& TopLevelKeys() {
   static const std::vector<std::string> keys = {
-      "name", "description", "base",  "set",     "vars",  "grid",      "zip",
-      "runs", "random",      "seeds", "derived", "ranks", "branching", "expert_parallel",
+      "name",  "description", "base",  "set",     "vars",  "grid",      "zip",
+      "runs",  "random",      "seeds", "derived", "ranks", "branching", "expert_parallel",
       "zero1", "adaptive"};
   return keys;
 }

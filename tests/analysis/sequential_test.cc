@@ -87,8 +87,8 @@ class TwoArmWorld {
       trunk += Normal(0.006);
       const double loss = 2.0 + amplitude * std::exp(-0.3 * log_c) + offset + trunk + Normal(0.004);
       if (i > 0 && prev_loss >= kTarget && kTarget >= loss) {
-        const double t = (std::log(prev_loss) - std::log(kTarget)) /
-                         (std::log(prev_loss) - std::log(loss));
+        const double t =
+            (std::log(prev_loss) - std::log(kTarget)) / (std::log(prev_loss) - std::log(loss));
         return prev_log_c + t * (log_c - prev_log_c);
       }
       prev_loss = loss;

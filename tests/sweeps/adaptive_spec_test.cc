@@ -28,12 +28,15 @@ ojson Spec(double budget = 1e15) {
       {"seeds", {1, 2, 3, 4, 5, 6}},
       {"adaptive",
        {{"estimand",
-         {{"kind", "flops_ratio"}, {"key", "moe.experts_total"}, {"arm", 8}, {"reference", 4},
+         {{"kind", "flops_ratio"},
+          {"key", "moe.experts_total"},
+          {"arm", 8},
+          {"reference", 4},
           {"target_loss", 3.0}}},
         {"budget", {{"flops", budget}}},
         {"stop", {{"excludes", 1.0}}},
-        {"min_seeds", 3}}}}
-                         .dump());
+        {"min_seeds",
+         3}}}}.dump());
 }
 
 std::string ErrorOf(const ojson& spec) {
@@ -52,7 +55,8 @@ TEST(AdaptiveSpec, ParsesTheBlock) {
   EXPECT_EQ(s.adaptive->max_seeds, 6);
   EXPECT_DOUBLE_EQ(*s.adaptive->excludes, 1.0);
   EXPECT_FALSE(s.adaptive->width.has_value());
-  EXPECT_THAT(DescribeQuestion(*s.adaptive), HasSubstr("moe.experts_total=8 / moe.experts_total=4"));
+  EXPECT_THAT(DescribeQuestion(*s.adaptive),
+              HasSubstr("moe.experts_total=8 / moe.experts_total=4"));
 }
 
 TEST(AdaptiveSpec, ErrorsNameTheJsonPath) {
@@ -63,19 +67,22 @@ TEST(AdaptiveSpec, ErrorsNameTheJsonPath) {
   };
   EXPECT_THAT(with([](ojson& a) { a["stop"]["width"] = -0.1; }), HasSubstr("adaptive.stop.width:"));
   EXPECT_THAT(with([](ojson& a) { a["stop"] = ojson::object(); }), HasSubstr("adaptive.stop:"));
-  EXPECT_THAT(with([](ojson& a) { a["estimand"]["arm"] = 16; }), HasSubstr("adaptive.estimand.arm:"));
+  EXPECT_THAT(with([](ojson& a) { a["estimand"]["arm"] = 16; }),
+              HasSubstr("adaptive.estimand.arm:"));
   EXPECT_THAT(with([](ojson& a) { a["estimand"]["key"] = "sparsity"; }),
               HasSubstr("adaptive.estimand.key:"));
   EXPECT_THAT(with([](ojson& a) { a["estimand"]["kind"] = "loss"; }),
               HasSubstr("adaptive.estimand.kind:"));
   EXPECT_THAT(with([](ojson& a) { a["estimand"].erase("target_loss"); }),
               HasSubstr("adaptive.estimand.target_loss: missing"));
-  EXPECT_THAT(with([](ojson& a) { a["budget"] = {{"cpu_hours", 2}}; }),
+  EXPECT_THAT(with([](ojson& a) {
+                a["budget"] = {{"cpu_hours", 2}};
+              }),
               HasSubstr("adaptive.budget.cpu_hours:"));
   EXPECT_THAT(with([](ojson& a) { a["alpha"] = 0.7; }), HasSubstr("adaptive.alpha:"));
   EXPECT_THAT(with([](ojson& a) { a["min_seeds"] = 7; }), HasSubstr("adaptive.min_seeds:"));
   EXPECT_THAT(with([](ojson& a) { a["stopp"] = 1; }), HasSubstr("adaptive.stopp: unknown key"));
-  EXPECT_THAT(with([](ojson& a) { a["budget_key"] = "train.seed"; }),
+  EXPECT_THAT(with([](ojson& a) { a["budget_key"] = "model.d_model"; }),
               HasSubstr("adaptive.budget_key:"));
   ojson two_keys = Spec();
   two_keys["grid"]["optimizer.lr"] = {1e-3, 2e-3};
@@ -156,8 +163,8 @@ TEST(AdaptiveChooser, ExtendsATrunkThatStopsAboveTheTarget) {
   std::set<int> every;
   for (const SpaceRun& r : space.runs) every.insert(r.index);
   const Results all = World(s, space, every);
-  a.target_loss = 0.5 * (all.at(space.At(0, 1, 2)->index).loss +
-                         all.at(space.At(0, 1, 3)->index).loss);
+  a.target_loss =
+      0.5 * (all.at(space.At(0, 1, 2)->index).loss + all.at(space.At(0, 1, 3)->index).loss);
   // Seeds 1-3 bracket; seed 4 trained its arm only to rung 2 (above the target).
   std::set<int> chosen;
   for (int64_t seed : {1, 2, 3})
