@@ -258,6 +258,7 @@ ALL=attention_kernel=mma,rope=fused,ffn=fused,experts=chunked,dispatch=sort,atte
 COMPARE_DEFAULT="$ALL@gpu-dense $ALL@gpu-moe"
 LATER_DEFAULT="attention_kernel=mma ffn=fused attention_kernel=mma,rope=fused attention_acts=bf16"
 LATER_DEFAULT+=" experts=chunked@gpu-moe dispatch=sort@gpu-moe experts=cudnn@gpu-moe"
+LATER_DEFAULT+=" experts=device@gpu-moe"  # the device-shaped grouped GEMM (issue 34, item 3)
 read -ra COMPARE <<<"${MOELAB_GPU_COMPARE-$COMPARE_DEFAULT}"
 read -ra LATER <<<"${MOELAB_GPU_COMPARE_LATER-$LATER_DEFAULT}"
 # The opt-in switch groups: "group binary filter" lines (# comments), each one process.

@@ -2,6 +2,7 @@
 // grouped_gemm_device.cuh).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -24,9 +25,8 @@ int* TileBegin(void* workspace, int experts) {
 
 template <Op kOp>
 void SetSmemLimitOnce() {
-  // Per device and kernel the attribute sticks; setting it on every launch would cost a driver
-  // call each time (cheap, but not graph-capturable on every driver), so once per process and
-  // device.
+  // The attribute sticks per device and kernel: set once per thread and device, not on every
+  // launch (a graph capture then records only the two launches).
   static thread_local int done_for_device = -1;
   int device = 0;
   MOELAB_CUDA_CHECK(cudaGetDevice(&device));
