@@ -185,6 +185,13 @@ double DeviceMoe::OwnedBytes(const MoEConfig& e, int d, double owned, bool bf16)
   return 1.25 * owned * elem * (4.0 * d + 5.0 * H) - 3.0 * owned * elem * H;
 }
 
+// f(a, o, dxe) on this mode's buffers: the expert activations, the owned rows and the expert
+// input gradients, bf16 in bf16 mode, else fp32.
+template <typename F>
+auto DeviceMoe::InMode(F&& f) {
+  return bf16_ ? f(b16_, b16_owned_, tmp_->dxe16.data()) : f(f32_, f32_owned_, tmp_->dxe.data());
+}
+
 MoeLayerParams DeviceMoe::Params(const MoeWeights<float>& w) const {
   MoeLayerParams p;
   p.router = w.router;
@@ -306,13 +313,10 @@ MoeRowBuffers DeviceMoe::LocalRows() {
 }
 
 MoeRowBuffers DeviceMoe::OwnedRows(int64_t rows) {
-  const int d = shape_.d, H = shape_.hidden;
-  if (bf16_) {
-    b16_owned_.Reserve(static_cast<size_t>(rows), d, H);
-    return {b16_owned_.x.data(), b16_owned_.y.data(), b16_owned_.dx.data(), sizeof(bf16) * d};
-  }
-  f32_owned_.Reserve(static_cast<size_t>(rows), d, H);
-  return {f32_owned_.x.data(), f32_owned_.y.data(), f32_owned_.dx.data(), sizeof(float) * d};
+  return InMode([&](auto&, auto& o, auto*) {
+    o.Reserve(static_cast<size_t>(rows), shape_.d, shape_.hidden);
+    return MoeRowBuffers{o.x.data(), o.y.data(), o.dx.data(), sizeof(*o.x.data()) * shape_.d};
+  });
 }
 
 void DeviceMoe::ExpertsForward(const MoeWeights<float>& w, const float* x,
@@ -351,25 +355,19 @@ void DeviceMoe::ExpertsForward(const MoeWeights<float>& w, const float* x,
 
 void DeviceMoe::Combine(float* y) {
   MoePhases phase(host_->profiler(), "combine");
-  const int k = shape_.top_k, d = shape_.d, S = shape_.shared;
-  if (bf16_) {
-    cuda::MoeCombine(b16_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d, y, S > 0);
-  } else {
-    cuda::MoeCombine(f32_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d, y, S > 0);
-  }
+  InMode([&](auto& a, auto&, auto*) {
+    cuda::MoeCombine(a.ye.data(), slot_row_.data(), gates_.data(), n_, shape_.top_k, shape_.d, y,
+                     shape_.shared > 0);
+  });
 }
 
 void DeviceMoe::CombineBackward(const float* dy) {
   MoePhases phase(host_->profiler(), "combine");
-  const int k = shape_.top_k, d = shape_.d;
   // dye overwrites ye, which the gate gradients have read first.
-  if (bf16_) {
-    cuda::MoeCombineBackward(dy, b16_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d,
-                             b16_.ye.data(), tmp_->dgates.data());
-  } else {
-    cuda::MoeCombineBackward(dy, f32_.ye.data(), slot_row_.data(), gates_.data(), n_, k, d,
-                             f32_.ye.data(), tmp_->dgates.data());
-  }
+  InMode([&](auto& a, auto&, auto*) {
+    cuda::MoeCombineBackward(dy, a.ye.data(), slot_row_.data(), gates_.data(), n_, shape_.top_k,
+                             shape_.d, a.ye.data(), tmp_->dgates.data());
+  });
 }
 
 void DeviceMoe::RouteBackward(double aux_coef) {
@@ -448,12 +446,10 @@ void DeviceMoe::ExpertsBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads
 
 void DeviceMoe::DispatchBackward(const float* router, float* dx) {
   MoePhases phase(host_->profiler(), "dispatch");
-  const int n = n_, d = shape_.d, E = shape_.experts, k = shape_.top_k, S = shape_.shared;
-  if (bf16_) {
-    cuda::MoeGatherBackward(tmp_->dxe16.data(), slot_row_.data(), n, k, d, dx, S > 0);
-  } else {
-    cuda::MoeGatherBackward(tmp_->dxe.data(), slot_row_.data(), n, k, d, dx, S > 0);
-  }
+  const int n = n_, d = shape_.d, E = shape_.experts;
+  InMode([&](auto&, auto&, auto* dxe) {
+    cuda::MoeGatherBackward(dxe, slot_row_.data(), n, shape_.top_k, d, dx, shape_.shared > 0);
+  });
   phase.Next("route");
   cuda::Gemm(false, false, n, d, E, 1.0f, tmp_->logits.data(), E, router, d, 1.0f, dx, d);
 }

@@ -160,6 +160,8 @@ class DeviceMoe final : public MoeExperts<float> {
   size_t workspace_bytes() const override { return 0; }  // in the memory plan (Bytes)
 
  private:
+  template <typename F>
+  auto InMode(F&& f);
   // The weights' device pointers, with their bf16 copies in bf16 mode.
   MoeLayerParams Params(const MoeWeights<float>& w) const;
   MoeLayerGrads Grads(const MoeWeights<float>& g) const;
