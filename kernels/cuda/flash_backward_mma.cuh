@@ -19,8 +19,11 @@
 //
 // The B fragment of m16n8k16 wants pairs along k in one 32-bit word. For X·Yᵀ (S = Q·Kᵀ,
 // dP = dO·Vᵀ) those are consecutive elements of a row of Y: the tiles as loaded. For X·Y
-// (·dO, ·Q, ·K along their rows) they are two rows apart, so those tiles are also stored
-// transposed ([D][64 + 8]) as they are loaded: one 32-bit store per two rows, conflict-free.
+// (·dO, ·Q, ·K along their rows) they are two rows apart: the first kernels ("mma64") also store
+// those tiles transposed ([D][64 + 8]) as they load them through registers (one 32-bit store per
+// two rows, conflict-free); the tuned ones (kTuned, "mma") read them from the row-major tiles by
+// ldmatrix.x4.trans, so every tile is a plain copy that cp.async double-buffers: the next K/V
+// (dQ) or Q/dO (dK/dV) tile loads while this one is used, one barrier a tile.
 #pragma once
 
 #include <cuda_bf16.h>
