@@ -19,8 +19,11 @@
 //
 // The B fragment of m16n8k16 wants pairs along k in one 32-bit word. For X·Yᵀ (S = Q·Kᵀ,
 // dP = dO·Vᵀ) those are consecutive elements of a row of Y: the tiles as loaded. For X·Y
-// (·dO, ·Q, ·K along their rows) they are two rows apart, so those tiles are also stored
-// transposed ([D][64 + 8]) as they are loaded: one 32-bit store per two rows, conflict-free.
+// (·dO, ·Q, ·K along their rows) they are two rows apart: the first kernels ("mma64") also store
+// those tiles transposed ([D][64 + 8]) as they load them through registers (one 32-bit store per
+// two rows, conflict-free); the tuned ones (kTuned, "mma") read them from the row-major tiles by
+// ldmatrix.x4.trans, so every tile is a plain copy that cp.async double-buffers: the next K/V
+// (dQ) or Q/dO (dK/dV) tile loads while this one is used, one barrier a tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,7 +55,9 @@ constexpr bool kKeepRowsInRegisters = DQK + DV <= 256;
 // 96/64 168 | 162, 192/128 241 | 168; spills only 12 bytes in 96/64's dK/dV and 48/32's dQ;
 // fp32 inputs alike; sm_80 within a few registers (16/16's dK/dV: 4 bytes spilled). With RoPE
 // fused (kRope, fp32, qk_dim = v_dim): 16/16 116 | 128, 32/32 126 | 164, 64/64 168 | 227,
-// 128/128 255 (4 bytes spilled) | 220.
+// 128/128 255 (4 bytes spilled) | 220. The tuned kernels (kTuned; 2026-12-05, sm_90, bf16):
+// 16/16 72 | 127, 32/32 96 (4 bytes spilled) | 162, 64/64 168 | 230, 128/128 255 | 210,
+// 48/32 128 | 190, 96/64 210 | 164, 192/128 248 | 168; fp32 alike; RoPE 64/64 160 | 224.
 template <int DQK, int DV>
 constexpr bool MmaBackwardCovers() {
   return DQK % 16 == 0 && DV % 16 == 0 && DQK <= 192 && DV <= 128;

@@ -1,8 +1,9 @@
 // The fused attention forward on `mma.sync` register fragments (kernels/cuda/mma.cuh),
-// FlashAttention-2 style: what FlashAttentionForward runs when FlashKernelInUse() is kMma (every
-// head-dim pair). Same contract as the wmma FlashForwardKernel (flash_attention_kernels.cuh),
-// whose Params, tile loader and 64-key tiles it shares; the difference is that only the Q, K and
-// V operand tiles go through shared memory, every elementwise step stays in registers:
+// FlashAttention-2 style: what FlashAttentionForward runs when FlashKernelInUse() is kMma (the
+// tuned kernel, kTuned) or kMma64 (the first one), for every head-dim pair. Same contract as the
+// wmma FlashForwardKernel (flash_attention_kernels.cuh), whose Params and tile loader it shares;
+// the difference is that only the Q, K and V operand tiles go through shared memory, every
+// elementwise step stays in registers:
 //   - grid (B·H, query tiles), heaviest (last) tiles first; 4 warps, each owning kM·16 query rows
 //     (kM = MmaRowBlocks: 2 for qk_dim ≤ 64, FlashAttention-2's 128-query tile of 4 warps × 32
 //     rows, so that every K/V fragment read from shared memory feeds two tensor-core products and
@@ -11,24 +12,28 @@
 //     tile, but each warp reads the whole K/V tile for 16 rows, twice the shared-memory traffic
 //     per product of 4 warps × 32 (ldmatrix bandwidth, not the tensor cores, bounds this loop).
 //   - Q tile → shared memory → each warp's A fragments (all qk_dim/16 k-steps) in registers.
-//   - per 64-key tile up to the diagonal: K and V tiles in shared memory as bf16 rows,
+//   - per key tile up to the diagonal (64 keys; the tuned kernel's 128 at head dims ≤ 64, walked
+//     as two 64-key register passes, MmaKeyPasses): K and V tiles in shared memory as bf16 rows,
 //     double-buffered by cp.async (the next tile loads during this one; fp32 inputs go through
 //     registers to be rounded), rows padded by 16 bytes so that ldmatrix's eight 16-byte rows
 //     fall in distinct banks; B fragments by ldmatrix.x4 (K as stored, V with .trans, so P·V
 //     needs no transposed copy of V); S = Q·Kᵀ in C registers; scale, raw max (S_max), mask,
 //     soft-cap and the online softmax per row in registers (a row lives in the 4 lanes of a
 //     group: its max takes two __shfl_xor_sync, its sum stays per lane until the end); P packed
-//     from C straight into A fragments; O += P·V in registers.
+//     from C straight into A fragments; O += P·V in registers. The tuned kernel without a
+//     soft-cap keeps the scores as q·k and folds the scale into exp2's multiplier.
 //   - tiles skipped: above the block's diagonal (the loop ends there), and per warp the tiles
 //     whose keys all lie above its rows; mask compares and the soft-cap branch only in the
 //     template variants of the elementwise step that need them.
 //   - end: O / l written from registers, LSE per row, the warp's raw max by the atomic max on the
 //     float's bits.
-// Registers (nvcc 13, -Xptxas -v, sm_90, bf16 inputs): kM = 2: 255 at 64/64, 48/32, 32/32 and
-// 168 at 16/16; kM = 1: 254 at 128/128, 192/128 and 168 at 96/64. 255 or 254: 2 blocks (8 warps)
-// an SM; 168: 3 blocks. fp32 inputs the same or fewer. No spills (sm_80: 8 bytes at bf16 16/16).
-// With RoPE fused (kRope, fp32 q/k, qk_dim = v_dim; flash_rope.cuh): 255 at 64/64, 199 at 32/32,
-// 168 at 16/16, 188 at 128/128; no spills.
+// Registers of the first kernel (nvcc 13, -Xptxas -v, sm_90, bf16 inputs): kM = 2: 255 at 64/64,
+// 48/32, 32/32 and 168 at 16/16; kM = 1: 254 at 128/128, 192/128 and 168 at 96/64. 255 or 254: 2
+// blocks (8 warps) an SM; 168: 3 blocks. fp32 inputs the same or fewer. No spills (sm_80: 8 bytes
+// at bf16 16/16). With RoPE fused (kRope, fp32 q/k, qk_dim = v_dim; flash_rope.cuh): 255 at 64/64,
+// 199 at 32/32, 168 at 16/16, 188 at 128/128; no spills. The tuned kernel: 255 at 64/64, 48/32,
+// 32/32 (bf16; fp32 32/32 179), 254 at 192/128, 247 at 128/128, 168 at 96/64 and 16/16; no
+// spills, no stack.
 #pragma once
 
 #include <cuda_bf16.h>
