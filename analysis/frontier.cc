@@ -156,7 +156,7 @@ FrontierReport AnalyzeFrontier(const std::vector<Observation>& obs, const RunVar
   for (const auto& e : r.envelopes) {
     if (r.estimand == Estimand::kFrontier && e.sizes.size() < 2) {
       r.notes.push_back(fmt::format(
-          "{} seed {}: its envelope is one size ({}): there the frontier is that size's "
+          "'{}' seed {}: its envelope is one size ({}): there the frontier is that size's "
           "training curve",
           e.family, e.seed, e.sizes.empty() ? "none" : e.sizes[0]));
     }
@@ -164,7 +164,7 @@ FrontierReport AnalyzeFrontier(const std::vector<Observation>& obs, const RunVar
       const std::string& at = e.size_at_target[k];
       if (r.sizes.size() > 1 && (at == largest || at.ends_with(" -> " + largest))) {
         r.notes.push_back(fmt::format(
-            "L* = {:.4g}, {} seed {}: reached at the largest size ({}): a larger model might "
+            "L* = {:.4g}, '{}' seed {}: reached at the largest size ({}): a larger model might "
             "lower the frontier there (the size grid may not bracket the optimum)",
             r.frontier.targets[k], e.family, e.seed, largest));
       }

@@ -116,10 +116,11 @@ void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by,
                     const std::string& what) {
   const bool frontier = t.estimand == analysis::EstimandLabel(analysis::Estimand::kFrontier);
   fmt::print(
-      "\nModel-free (primary){}{}: FLOPs and tokens to reach L*, log-log interpolated on each "
+      "\nModel-free ({}){}{}: FLOPs and tokens to reach L*, log-log interpolated on each "
       "seed's {}; ratio to {} = {} (geometric mean over seeds, paired by seed); interval: "
       "t on the mean log ratio (df = seeds - 1); p: exact sign-flip over seeds\n",
-      t.estimand.empty() ? "" : ", estimand " + t.estimand, what.empty() ? "" : " " + what,
+      what.empty() ? "primary" : "contrast", t.estimand.empty() ? "" : ", estimand " + t.estimand,
+      what.empty() ? "" : " " + what,
       frontier ? "lower envelope over the family's model sizes" : "points", by, t.reference);
   fmt::print("loss range every (family, seed) covers: [{:.4f}, {:.4f}]\n", t.range_lo, t.range_hi);
   fmt::print("{:<8} {:<10} {:>5}  {:<26} {:>7}  {:<30} {:<26} {}\n", "L*", by, "seeds",

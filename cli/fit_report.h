@@ -21,7 +21,8 @@ void PrintFitResult(const analysis::FitResult& r, const std::string& by,
                     const analysis::FrontierReport* frontier = nullptr);
 
 // The power form's sections, in the order PrintFitResult prints them. The model-free table's
-// header names its estimand (t.estimand); `what` adds to it (e.g. the model size).
+// header names its estimand (t.estimand); `what` (e.g. "at d_model=24") marks a contrast table,
+// not the primary reading.
 void PrintModelFree(const analysis::ModelFreeTable& t, const std::string& by,
                     const std::string& what = "");
 void PrintFittedLaws(const analysis::PowerFormResult& p, const std::string& by);

@@ -27,7 +27,7 @@ struct Throughput {
 };
 
 // Trains `config` (on synthetic data, in a temporary folder) with the real engine until at
-// least min_steps steps and min_seconds of step time after the first step, and returns the
+// least min_steps steps and min_seconds of process CPU time after the first step, and returns the
 // training FLOP rate of those steps, per wall second and per CPU second of the process (every
 // CPU second the process spends between the first and the last timed step: the engine's
 // threads, and in the GUI its UI thread too). A time budget, not a step count: a few fast steps

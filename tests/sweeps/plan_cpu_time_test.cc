@@ -108,9 +108,9 @@ void StopBurners(const std::vector<pid_t>& pids) {
 }
 
 // The measurement: CPU seconds of the timed steps, never more than threads × wall, and a CPU
-// rate that load from other processes leaves about where it was while the wall rate drops. A
-// wall-time calibration fails the last check (with 2 burners per core it gets about a third of
-// the cores).
+// rate that load from other processes leaves about where it was while the wall rate drops. On an
+// otherwise idle machine a wall-time calibration fails the last check (with 2 burners per core
+// it gets about a third of each core).
 TEST(PlanCpuTime, LoadFromOtherProcessesDoesNotInflateTheCpuTime) {
   const Sweep s = ExpandSpec(Spec());
   const RunConfig& c = CalibrationRun(s)->config;
