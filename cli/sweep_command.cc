@@ -226,8 +226,14 @@ void AddSweepCommand(CLI::App& app) {
       Guard("status", [&] {
         sweeps::PrintStatus(a->db, a->name, stdout);
         if (a->name.empty()) return;
-        const sweeps::Sweep s = sweeps::LoadSweepFromArg(a->name, a->db);
-        if (s.adaptive) sweeps::PrintAdaptiveStatus(a->db, s, stdout);
+        // The adaptive batches and looks, for a sweep with an "adaptive" block (the table above
+        // is complete without them: a spec that no longer expands only loses this part).
+        try {
+          const sweeps::Sweep s = sweeps::LoadSweepFromArg(a->name, a->db);
+          if (s.adaptive) sweeps::PrintAdaptiveStatus(a->db, s, stdout);
+        } catch (const std::exception& e) {
+          fmt::print("(adaptive status not shown: {})\n", e.what());
+        }
       });
     });
   }

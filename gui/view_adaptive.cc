@@ -32,7 +32,10 @@ const AdaptiveState& Load(const std::string& db, const std::string& name) {
   static AdaptiveState state;
   const bool stale = Clock::now() - state.read_at > std::chrono::seconds(2);
   if (state.db == db && state.name == name && !stale) return state;
-  state = AdaptiveState{db, name, Clock::now()};
+  state = AdaptiveState();
+  state.db = db;
+  state.name = name;
+  state.read_at = Clock::now();
   try {
     sweeps::Store store(db, sweeps::Store::Mode::kReadOnly);
     const auto row = store.FindSweep(name);

@@ -157,6 +157,14 @@ class Scheduler {
     fs::create_directories(fs::path(dir_) / "logs");
   }
 
+  // The lock dies with the object, not only with the process: an adaptive sweep runs one
+  // Scheduler per batch in one process (a leaked flock would refuse its second batch).
+  ~Scheduler() {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
   RunSummary Run() {
     Lock();
     sweep_id_ = store_.UpsertSweep(sweep_.name, sweep_.spec.dump());

@@ -49,7 +49,7 @@ class AdaptiveRunTest : public ::testing::Test {
             {"seeds", {1, 2, 3, 4}},
             {"adaptive",
              {{"estimand",
-               {{"key", "moe.experts_total"}, {"arm", 8}, {"reference", 4}, {"target_loss", 3.0}}},
+               {{"key", "moe.experts_total"}, {"arm", 8}, {"reference", 4}, {"target_loss", 2.1}}},
               {"budget", {{"flops", budget}}},
               {"stop", {{"width", 0.01}}},
               {"min_seeds", 2}}}};
@@ -62,7 +62,7 @@ class AdaptiveRunTest : public ::testing::Test {
 
 TEST_F(AdaptiveRunTest, KillNineMidBatchResumesItsOwnChoices) {
   const std::string spec = (dir_ / "spec.json").string();
-  std::ofstream(spec) << Spec(1e13).dump(2);
+  std::ofstream(spec) << Spec(3.2e10).dump(2);  // two batches: seed 1 explores, seed 2 follows
   // The plan names the first batch and the bound without training anything.
   ASSERT_EQ(Wait(Spawn({"sweep", "plan", spec, "--no-calibrate"}, Log("plan.txt"))), 0)
       << Slurp(Log("plan.txt"));
@@ -73,7 +73,7 @@ TEST_F(AdaptiveRunTest, KillNineMidBatchResumesItsOwnChoices) {
       Spawn({"sweep", "run", spec, "--adaptive", "--db", db_, "-j", "2", "-t", "1"}, Log());
   // Kill once a trainer of the first batch has checkpointed a few steps.
   bool running = false;
-  for (int i = 0; i < 1000 && !running; ++i) {
+  for (int i = 0; i < 3000 && !running; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     try {
       if (!fs::exists(db_)) continue;
@@ -107,6 +107,11 @@ TEST_F(AdaptiveRunTest, KillNineMidBatchResumesItsOwnChoices) {
   EXPECT_EQ(batches[0].runs, before[0].runs);  // the resumed sweep kept its own first choice
   EXPECT_EQ(looks.size(), batches.size());     // every batch looked at once
   EXPECT_NE(looks.back().decision, "continue");
+  // Seed 1 explored the ladder, seed 2 followed on the rungs where seed 1 crossed L* = 2.1 (the
+  // tiny runs' final losses fall from ≈ 2.6 at 10 steps to ≈ 1.9 at 40), then the budget ended it.
+  ASSERT_EQ(batches.size(), 2u) << out;
+  EXPECT_LT(batches[1].runs.size(), 8u) << out;
+  EXPECT_NE(looks.back().decision.find("budget is spent"), std::string::npos) << out;
   // Every chosen run trained exactly once, no other run trained, every step recorded once.
   std::set<int> chosen;
   for (const auto& b : batches) chosen.insert(b.runs.begin(), b.runs.end());
