@@ -219,12 +219,12 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--memory-budget-gib", args->memory_budget_gib,
                   "With --device cuda: the memory the micro-batch is chosen against (0 = 97 % of "
                   "the device's total; --plan without a GPU: of an H100 80GB's and an H200's)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0.0, 65536.0))
       ->capture_default_str();
   cmd->add_option("--profile-steps", args->profile_steps,
                   "With --device cuda: steps after the timed ones with per-op-class CUDA events, "
                   "for the breakdown (the timed steps run without them; 0 = no breakdown)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   cmd->add_option("--kernels", args->kernels,
                   "With --device cuda: train.kernels for every shape, key=value[,key=value...] "

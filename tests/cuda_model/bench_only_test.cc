@@ -161,6 +161,10 @@ TEST(BenchMemoryBudget, GpuMoeRunsUnsplitOnAnH200) {
   }
   std::tie(rc, out) = RunMoelab("bench --device cuda --plan --memory-budget-gib -1");
   EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--memory-budget-gib"), std::string::npos) << out;
+  std::tie(rc, out) = RunMoelab("bench --device cuda --profile-steps -2");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--profile-steps"), std::string::npos) << out;
 #endif
 }
 
