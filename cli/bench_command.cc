@@ -1,16 +1,15 @@
 // `moelab bench [--json]`: this machine's SGEMM rate, then tokens/s and FLOP utilisation of the
 // training step for the reference configs, measured in the same process.
 #include <cblas.h>
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdio>
-#include <vector>
-
-#include <fmt/format.h>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "cli/bench_cuda.h"
 #include "cli/bench_distributed.h"
@@ -42,8 +41,8 @@ double MeasureSgemm(int n, int reps) {
   double best = 1e30;
   for (int r = 0; r < reps + 1; ++r) {  // the first call warms caches and threads
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
-                n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
     if (r > 0) best = std::min(best, Since(t0));
   }
   return 2.0 * n * n * n / best;
@@ -141,8 +140,7 @@ OptimizerBench RunOptimizerBench(const RunConfig& base, int reps) {
   std::unique_ptr<TokenSource> data = OpenTokenSource(base.data, base.model.vocab_size);
   std::vector<int32_t> tokens(static_cast<size_t>(base.train.batch_size) *
                               (base.model.seq_len + 1));
-  data->TrainBatch(base.train.seed, 0, 0, base.train.batch_size, base.model.seq_len,
-                   tokens.data());
+  data->TrainBatch(base.train.seed, 0, 0, base.train.batch_size, base.model.seq_len, tokens.data());
   model.ForwardBackward(tokens.data(), base.train.batch_size, nullptr);
   auto time_opt = [&](const std::string& name, const std::string& kernel) {
     OptimizerConfig oc = base.optimizer;
@@ -173,7 +171,8 @@ OptimizerBench RunOptimizerBench(const RunConfig& base, int reps) {
     const auto t0 = Clock::now();
     for (int i = 0; i < reps; ++i) cpu::NewtonSchulz(x.data(), out.data(), batch, rows, cols);
     seconds += Since(t0);
-    gemm_flops += reps * batch * cpu::NewtonSchulzGemmFlops(rows, cols, base.optimizer.muon_ns_steps);
+    gemm_flops +=
+        reps * batch * cpu::NewtonSchulzGemmFlops(rows, cols, base.optimizer.muon_ns_steps);
     issued += reps * batch * cpu::NewtonSchulzSyrkFlops(rows, cols, base.optimizer.muon_ns_steps);
   }
   r.ns_gflops = gemm_flops / seconds / 1e9;
@@ -192,6 +191,8 @@ void AddBenchCommand(CLI::App& app) {
     bool distributed = false, model_only = false;
     bool plan = false;
     int micro_batch = 0;
+    double memory_budget_gib = 0;
+    int profile_steps = 2;
     std::string kernels;
   };
   auto args = std::make_shared<Args>();
@@ -213,7 +214,17 @@ void AddBenchCommand(CLI::App& app) {
                 "runs at (no GPU needed), then exit");
   cmd->add_option("--micro-batch", args->micro_batch,
                   "With --device cuda: sequences per forward/backward (0 = the largest that fits "
-                  "75 GiB)")
+                  "the memory budget)")
+      ->capture_default_str();
+  cmd->add_option("--memory-budget-gib", args->memory_budget_gib,
+                  "With --device cuda: the memory the micro-batch is chosen against (0 = 97 % of "
+                  "the device's total; --plan without a GPU: of an H100 80GB's and an H200's)")
+      ->check(CLI::Range(0.0, 65536.0))
+      ->capture_default_str();
+  cmd->add_option("--profile-steps", args->profile_steps,
+                  "With --device cuda: steps after the timed ones with per-op-class CUDA events, "
+                  "for the breakdown (the timed steps run without them; 0 = no breakdown)")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   cmd->add_option("--kernels", args->kernels,
                   "With --device cuda: train.kernels for every shape, key=value[,key=value...] "
@@ -236,6 +247,8 @@ void AddBenchCommand(CLI::App& app) {
       o.only = args->only;
       o.plan = args->plan;
       o.micro_batch = args->micro_batch;
+      o.memory_budget_gib = args->memory_budget_gib;
+      o.profile_steps = args->profile_steps;
       o.kernels = args->kernels;
       if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
       const int rc = o.plan ? PrintCudaBenchPlan(o) : RunCudaBench(o);
@@ -260,9 +273,8 @@ void AddBenchCommand(CLI::App& app) {
     if (!args->json) {
       fmt::print("SGEMM {}x{}x{} ({} threads): {:.1f} GFLOP/s\n\n", args->gemm_n, args->gemm_n,
                  args->gemm_n, args->threads, sgemm / 1e9);
-      fmt::print("{:<16} {:>9} {:>9} {:>10} {:>9} {:>8} {:>11} {:>9} {:>7}\n", "config",
-                 "params", "active", "fwd+bwd ms", "optim ms", "step ms", "tokens/s",
-                 "GFLOP/s", "util");
+      fmt::print("{:<16} {:>9} {:>9} {:>10} {:>9} {:>8} {:>11} {:>9} {:>7}\n", "config", "params",
+                 "active", "fwd+bwd ms", "optim ms", "step ms", "tokens/s", "GFLOP/s", "util");
     }
     nlohmann::json out;
     out["sgemm_gflops"] = sgemm / 1e9;

@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_util.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace moelab::cli {
@@ -117,14 +118,30 @@ double MeasureBf16Gemm(int n, int reps) {
 
 // The micro-batch a case runs at: the option, or the largest divisor of the batch whose plan fits
 // the budget (an even split keeps every forward/backward the same shape).
-int CaseMicroBatch(const RunConfig& c, const CudaBenchOptions& o) {
+int CaseMicroBatch(const RunConfig& c, int micro_batch_option, double budget_bytes) {
   const int B = c.train.batch_size;
-  if (o.micro_batch > 0) return std::min(o.micro_batch, B);
-  const double budget = o.memory_budget_gib * 1024.0 * 1024 * 1024;
+  if (micro_batch_option > 0) return std::min(micro_batch_option, B);
   for (int m = B; m >= 1; --m) {
-    if (B % m == 0 && PlanCudaMemory(c, m, B).total() <= budget) return m;
+    if (B % m == 0 && PlanCudaMemory(c, m, B).total() <= budget_bytes) return m;
   }
   return 1;
+}
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// cudaMemGetInfo's total on the current device; 0 when no device is usable (or no CUDA build).
+double DeviceTotalBytes() {
+#if MOELAB_HAVE_CUDA
+  if (!cuda::CudaAvailable()) return 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<double>(total_bytes);
+#else
+  return 0;
+#endif
 }
 
 struct CaseResult {
@@ -137,6 +154,9 @@ struct CaseResult {
   int64_t params = 0, active = 0;
   int micro_batch = 0;
   double planned_gib = 0;
+  // The profiled pass (--profile-steps): its fwd+bwd per step, with the per-op-class events on.
+  double profiled_fwd_bwd_ms = 0;
+  int profiled_steps = 0;
   // Device memory in use after the timed steps (cudaMemGetInfo: total − free, the CUDA context
   // included): every buffer is a cudaMalloc that lives as long as the model and scratch only
   // grows, so this is the case's peak, to hold against the plan.
@@ -144,7 +164,8 @@ struct CaseResult {
   std::map<std::string, double> breakdown_ms;  // per op class, per step
 };
 
-CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_rate) {
+CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double budget_bytes,
+                      double gemm_rate) {
   const RunConfig& c = gc.config;
   CaseResult r;
   r.name = gc.name;
@@ -155,14 +176,15 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
 #if !MOELAB_HAVE_CUDA
   r.skipped = "this moelab was built without CUDA";
   (void)o;
+  (void)budget_bytes;
   (void)gemm_rate;
 #else
   RequireCudaSupports(c, 1, 1);  // a kernel choice this build or shape cannot run: the reason
   const int B = c.train.batch_size, S = c.model.seq_len;
   RunConfig cm = c;
-  cm.train.micro_batch = CaseMicroBatch(c, o);
+  cm.train.micro_batch = CaseMicroBatch(c, o.micro_batch, budget_bytes);
   r.micro_batch = cm.train.micro_batch;
-  r.planned_gib = PlanCudaMemory(c, r.micro_batch, B).total() / 1073741824.0;
+  r.planned_gib = PlanCudaMemory(c, r.micro_batch, B).total() / kGiB;
   Model<float> model(cm);  // on the CUDA backend: the one model the trainer runs
   model.Init(c.train.seed);
   // The trainer's optimizer: Newton–Schulz in the run's precision.
@@ -171,25 +193,29 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   opt->WriteWeightCopy(model.backend().weight_copy());
   const MicroBatchPlan micro = PlanMicroBatches(cm, B);
   GradAccumulator accumulator(model.backend(), model.num_params());
-  CudaOpProfiler profiler;
   std::vector<int32_t> tokens;
   StepStats stats;
-  double fb = 0, op = 0;
   cudautil::EventTimer t_fb, t_opt;
-  for (int i = 0; i < o.warmup + o.steps; ++i) {
+  // One training step on batch i; its forward+backward and optimizer seconds.
+  auto step = [&](int i, double* s_fb, double* s_opt) {
     SyntheticTokens(c.train.seed, i, B, S, c.model.vocab_size, &tokens);
-    const bool timed = i >= o.warmup;
-    model.backend().set_profiler(timed ? &profiler : nullptr);
     t_fb.Start();
     ForwardBackwardMicroBatched(model, tokens.data(), S, micro, &stats, accumulator);
     t_fb.Stop();
-    const double s_fb = t_fb.Seconds();
+    *s_fb = t_fb.Seconds();
     t_opt.Start();
     opt->Step(model.params(), model.grads(), c.optimizer.lr * 0.1, i + 1);
     model.ParamsChanged();
     t_opt.Stop();
-    const double s_opt = t_opt.Seconds();
-    if (timed) fb += s_fb, op += s_opt;
+    *s_opt = t_opt.Seconds();
+  };
+  // The headline: no profiler attached, so no event pairs between the ops.
+  model.backend().set_profiler(nullptr);
+  double fb = 0, op = 0;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    double s_fb = 0, s_opt = 0;
+    step(i, &s_fb, &s_opt);
+    if (i >= o.warmup) fb += s_fb, op += s_opt;
     if (i == 0) r.loss_first = stats.loss;
     r.loss_last = stats.loss;
   }
@@ -199,10 +225,26 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double gemm_
   r.tokens_per_s = B * S / ((fb + op) / o.steps);
   r.flops_per_s = r.flops_per_token * r.tokens_per_s;
   r.utilisation = r.flops_per_s / gemm_rate;
-  for (const auto& [k, v] : profiler.Totals()) r.breakdown_ms[k] = 1e3 * v / o.steps;
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-    r.held_gib = static_cast<double>(total_bytes - free_bytes) / 1073741824.0;
+    r.held_gib = static_cast<double>(total_bytes - free_bytes) / kGiB;
+  }
+  // The breakdown: further steps (later batches; the losses above are the timed steps') with the
+  // per-op-class events on, and their own fwd+bwd (its difference to the headline's is what the
+  // events cost).
+  if (o.profile_steps > 0) {
+    CudaOpProfiler profiler;
+    model.backend().set_profiler(&profiler);
+    double pfb = 0;
+    for (int j = 0; j < o.profile_steps; ++j) {
+      double s_fb = 0, s_opt = 0;
+      step(o.warmup + o.steps + j, &s_fb, &s_opt);
+      pfb += s_fb;
+    }
+    model.backend().set_profiler(nullptr);
+    r.profiled_steps = o.profile_steps;
+    r.profiled_fwd_bwd_ms = 1e3 * pfb / o.profile_steps;
+    for (const auto& [k, v] : profiler.Totals()) r.breakdown_ms[k] = 1e3 * v / o.profile_steps;
   }
 #endif
   return r;
@@ -272,31 +314,77 @@ std::string LossText(double loss) {
 
 }  // namespace
 
-int PrintCudaBenchPlan(const CudaBenchOptions& o) {
-  std::vector<std::string> selected;
-  if (!SelectOrExplain(o.only, &selected)) return kExitConfig;
-  KernelChoices kernels;
-  if (!KernelsOrExplain(o.kernels, &kernels)) return kExitConfig;
-  constexpr double kGiB = 1024.0 * 1024 * 1024;
-  const double budget = o.memory_budget_gib * kGiB;
-  int rc = 0;
+namespace {
+
+// The plan of every selected case against one budget; false when one does not fit it.
+bool PrintPlans(const std::vector<std::string>& selected, const KernelChoices& kernels,
+                int micro_batch_option, double budget_bytes, const std::string& budget_text) {
+  bool all_fit = true;
   fmt::print(
-      "Device memory plan per case (budget {:.0f} GiB; arithmetic from the config, no GPU "
+      "Device memory plan per case (budget {:.1f} GiB{}; arithmetic from the config, no GPU "
       "needed)\n",
-      o.memory_budget_gib);
+      budget_bytes / kGiB, budget_text);
   for (const GpuCase& gc : GpuCases(kernels)) {
     if (!Contains(selected, gc.name)) continue;
     const RunConfig& c = gc.config;
     const int B = c.train.batch_size;
     const DeviceMemoryPlan whole = PlanCudaMemory(c, B, B);
-    const int m = CaseMicroBatch(c, o);
+    const int m = CaseMicroBatch(c, micro_batch_option, budget_bytes);
     const DeviceMemoryPlan plan = PlanCudaMemory(c, m, B);
-    const bool fits = plan.total() <= budget;
-    if (!fits) rc = kExitConfig;
+    const bool fits = plan.total() <= budget_bytes;
+    all_fit = all_fit && fits;
     fmt::print("{:<20} unsplit (micro-batch {}): {:.1f} GiB\n{:<20} runs at: {}{}\n", gc.name, B,
                whole.total() / kGiB, "", plan.Describe(), fits ? "" : "  DOES NOT FIT");
   }
-  return rc;
+  return all_fit;
+}
+
+std::string ShareText(const std::string& of) {
+  return fmt::format(" = {:.0f} % of {}", 100 * kDeviceMemoryShare, of);
+}
+
+}  // namespace
+
+double BenchMemoryBudgetBytes(double override_gib, double device_total_bytes) {
+  return override_gib > 0 ? override_gib * kGiB : kDeviceMemoryShare * device_total_bytes;
+}
+
+int GpuCaseMicroBatch(const std::string& name, double budget_bytes) {
+  for (const GpuCase& gc : GpuCases()) {
+    if (gc.name == name) return CaseMicroBatch(gc.config, 0, budget_bytes);
+  }
+  SelectCases(GpuCaseNames(), name);  // throws, naming the valid ones
+  return 0;
+}
+
+std::vector<ReferenceCard> ReferenceCards() {
+  // cudaMemGetInfo's totals as the lent cards report them (H100 SXM 80 GB HBM3: 85.0 GB; H200
+  // 141 GB HBM3e: 150.1 GB), rounded down.
+  return {{"H100 80GB", 79.1}, {"H200 141GB", 139.8}};
+}
+
+int PrintCudaBenchPlan(const CudaBenchOptions& o) {
+  std::vector<std::string> selected;
+  if (!SelectOrExplain(o.only, &selected)) return kExitConfig;
+  KernelChoices kernels;
+  if (!KernelsOrExplain(o.kernels, &kernels)) return kExitConfig;
+  bool fit = true;
+  const double device_total = o.memory_budget_gib > 0 ? 0 : DeviceTotalBytes();
+  if (o.memory_budget_gib > 0) {
+    fit = PrintPlans(selected, kernels, o.micro_batch,
+                     BenchMemoryBudgetBytes(o.memory_budget_gib, 0), " from --memory-budget-gib");
+  } else if (device_total > 0) {
+    fit = PrintPlans(selected, kernels, o.micro_batch, BenchMemoryBudgetBytes(0, device_total),
+                     ShareText(fmt::format("this device's {:.1f} GiB", device_total / kGiB)));
+  } else {  // no GPU here: the cards the bench is run on
+    for (const ReferenceCard& card : ReferenceCards()) {
+      const double total = card.total_gib * kGiB;
+      fit = PrintPlans(selected, kernels, o.micro_batch, BenchMemoryBudgetBytes(0, total),
+                       ShareText(fmt::format("an {}'s {:.1f} GiB", card.name, card.total_gib))) &&
+            fit;
+    }
+  }
+  return fit ? 0 : kExitConfig;
 }
 
 int RunCudaBench(const CudaBenchOptions& o) {
@@ -319,16 +407,24 @@ int RunCudaBench(const CudaBenchOptions& o) {
   gemm = MeasureBf16Gemm(o.gemm_n, 5);
 #endif
   const CudaDeviceInfo& dev = QueryCudaDevices();
+  const double device_total = DeviceTotalBytes();
+  const double budget = BenchMemoryBudgetBytes(o.memory_budget_gib, device_total);
   nlohmann::json out;
   out["device"] = dev.name;
+  out["device_memory_gib"] = device_total / kGiB;
+  out["memory_budget_gib"] = budget / kGiB;
+  out["profile_steps"] = o.profile_steps;
   out["bf16_gemm_n"] = o.gemm_n;
   out["bf16_gemm_tflops"] = gemm / 1e12;
   out["kernels"] = KernelChoicesToJson(kernels);
   out["configs"] = nlohmann::json::array();
   if (!o.json) {
-    fmt::print("{} (sm_{}{}, {:.0f} GiB)\ncuBLAS bf16 GEMM {}^3: {:.1f} TFLOP/s\nkernels: {}\n\n",
-               dev.name, dev.sm_major, dev.sm_minor, dev.memory_bytes / 1073741824.0, o.gemm_n,
-               gemm / 1e12, DescribeKernelChoices(kernels));
+    fmt::print(
+        "{} (sm_{}{}, {:.1f} GiB; memory budget {:.1f} GiB{})\ncuBLAS bf16 GEMM {}^3: {:.1f} "
+        "TFLOP/s\nkernels: {}\n\n",
+        dev.name, dev.sm_major, dev.sm_minor, device_total / kGiB, budget / kGiB,
+        o.memory_budget_gib > 0 ? " from --memory-budget-gib" : ShareText("the total"), o.gemm_n,
+        gemm / 1e12, DescribeKernelChoices(kernels));
     fmt::print("{:<20} {:>11} {:>11} {:>5} {:>7} {:>7} {:>10} {:>9} {:>11} {:>9} {:>7} {:>17}\n",
                "config", "params", "active", "micro", "plan GB", "held GB", "fwd+bwd ms",
                "optim ms", "tokens/s", "TFLOP/s", "util", "loss first last");
@@ -342,7 +438,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
       r.skipped = "an earlier case left the CUDA context unusable (" + broken + ")";
     } else {
       try {
-        r = RunGpuCase(gc, o, gemm);
+        r = RunGpuCase(gc, o, budget, gemm);
       } catch (const std::exception& e) {  // e.g. out of memory
         r.name = gc.name;
         r.skipped = std::string("failed: ") + e.what();
@@ -368,6 +464,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
       j["tflops"] = r.flops_per_s / 1e12;
       j["utilisation"] = r.utilisation;
       j["breakdown_ms"] = r.breakdown_ms;
+      j["profiled_steps"] = r.profiled_steps;
+      j["profiled_fwd_bwd_ms"] = r.profiled_fwd_bwd_ms;
       // NaN is not JSON: a non-finite loss is written as null.
       j["loss_first"] = std::isfinite(r.loss_first) ? nlohmann::json(r.loss_first) : nullptr;
       j["loss_last"] = std::isfinite(r.loss_last) ? nlohmann::json(r.loss_last) : nullptr;
@@ -386,8 +484,14 @@ int RunCudaBench(const CudaBenchOptions& o) {
         r.name, r.params, r.active, r.micro_batch, r.planned_gib, r.held_gib, r.fwd_bwd_ms,
         r.opt_ms, r.tokens_per_s, r.flops_per_s / 1e12, 100 * r.utilisation, LossText(r.loss_first),
         LossText(r.loss_last));
-    // Op classes, each followed by its sub-classes ("moe/experts": the layer's phases), then what
-    // no bracket covers (elementwise adds, casts, the gradient accumulation).
+    // The profiled pass: op classes, each followed by its sub-classes ("moe/experts": the layer's
+    // phases), then what no bracket covers (elementwise adds, casts, the gradient accumulation)
+    // of that pass's own fwd+bwd.
+    if (r.profiled_steps > 0) {
+      fmt::print(
+          "    per op class over {} profiled steps (fwd+bwd {:.1f} ms with the events on):\n",
+          r.profiled_steps, r.profiled_fwd_bwd_ms);
+    }
     double bracketed = 0;
     for (const auto& [k, v] : r.breakdown_ms) {
       const size_t slash = k.rfind('/');
@@ -396,7 +500,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
                  slash == std::string::npos ? k : "  " + k.substr(slash + 1), v);
     }
     if (!r.breakdown_ms.empty()) {
-      fmt::print("    {:<24} {:>9.2f} ms\n", "(not bracketed)", r.fwd_bwd_ms - bracketed);
+      fmt::print("    {:<24} {:>9.2f} ms\n", "(not bracketed)", r.profiled_fwd_bwd_ms - bracketed);
     }
     std::fflush(stdout);
   }
@@ -406,7 +510,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
     fmt::print(
         "\nutil = analytic training FLOPs/s (3x forward, causal attention halved) / the bf16 GEMM "
         "rate above.\nBatch 32 x 1024 synthetic tokens, vocab 32768, bf16 compute with fp32 "
-        "masters; optimizer AdamW unless named.\n");
+        "masters; optimizer AdamW unless named.\nTimings without per-op events; the breakdown "
+        "from --profile-steps further steps with them.\n");
   }
   return 0;
 }

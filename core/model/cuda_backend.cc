@@ -118,6 +118,7 @@ class CudaBackend final : public Backend<float>, public cudamodel::CudaMoeHost {
     if (use_bf16_ && bytes && a < w + num_weights_ * sizeof(float) && w < a + bytes) {
       weights_bf16_.Forget();
     }
+    norm_copy_.ForgetIfOverlaps(p, bytes);
   }
 
   // y = x·Wᵀ: fp32, or bf16 inputs (cast here) with fp32 accumulation and output.
@@ -200,30 +201,47 @@ class CudaBackend final : public Backend<float>, public cudamodel::CudaMoeHost {
     LinearBackward(x, w3, dh3, n, d, hidden, dx, dw3, /*accumulate_dx=*/true, false);
   }
 
+  // bf16 mode: the norms feeding GEMMs also write their output in bf16, into the GEMM operand
+  // buffer, and Cast hands that out instead of casting y again (NormCopy).
   void RmsNorm(const float* x, const float* gain, int n, int d, double eps, float* y,
                float* rstd) override {
     ProfileScope ps(profiler_, "norm");
-    cuda::RmsNormForward(x, gain, n, d, eps, y, rstd);
+    if (!use_bf16_) {
+      cuda::RmsNormForward(x, gain, n, d, eps, y, rstd);
+      return;
+    }
+    cuda::RmsNormForwardBf16(x, gain, n, d, eps, y, NormCopyOf(y, static_cast<size_t>(n) * d),
+                             rstd);
   }
   void RmsNormBackward(const float* x, const float* gain, const float* rstd, const float* dy, int n,
                        int d, float* dx, float* dgain, bool accumulate_dx) override {
     ProfileScope ps(profiler_, "norm");
+    norm_copy_.ForgetIfOverlaps(dx, sizeof(float) * n * d);
     cuda::RmsNormBackward(x, gain, rstd, dy, n, d, dx, dgain, accumulate_dx);
   }
   void AddRmsNorm(const float* a, const float* b, float* sum, const float* gain, int n, int d,
                   double eps, float* y, float* rstd) override {
     ProfileScope ps(profiler_, "norm");
-    cuda::AddRmsNormForward(a, b, sum, gain, n, d, eps, y, rstd);
+    if (!use_bf16_) {
+      cuda::AddRmsNormForward(a, b, sum, gain, n, d, eps, y, rstd);
+      return;
+    }
+    const size_t nd = static_cast<size_t>(n) * d;
+    norm_copy_.ForgetIfOverlaps(sum, sizeof(float) * nd);
+    cuda::AddRmsNormForwardBf16(a, b, sum, gain, n, d, eps, y, NormCopyOf(y, nd), rstd);
   }
+  // Strided outputs (QK-norm, MLA latents) keep fp32 only; one over the copied norm drops it.
   void RmsNormGroups(const float* x, int ldx, float* y, int ldy, int n, int groups, int d,
                      const float* gain, double eps, float* rstd) override {
     ProfileScope ps(profiler_, "norm");
+    norm_copy_.ForgetIfOverlaps(y, sizeof(float) * n * ldy);
     cuda::RmsNormGroupsForward(x, ldx, y, ldy, n, groups, d, gain, eps, rstd);
   }
   void RmsNormGroupsBackward(const float* x, int ldx, const float* gain, const float* rstd,
                              const float* dy, int lddy, float* dx, int lddx, int n, int groups,
                              int d, float* dgain) override {
     ProfileScope ps(profiler_, "norm");
+    norm_copy_.ForgetIfOverlaps(dx, sizeof(float) * n * lddx);
     cuda::RmsNormGroupsBackward(x, ldx, gain, rstd, dy, lddy, dx, lddx, n, groups, d, dgain);
   }
 
@@ -460,15 +478,45 @@ class CudaBackend final : public Backend<float>, public cudamodel::CudaMoeHost {
   CudaOpProfiler* profiler() const override { return profiler_; }
 
  private:
-  // x cast to bf16 in *buf (grown to the widest GEMM operand seen). Its own profile class,
-  // under the op's ("gemm/cast"): the casts of fp32 norm outputs and residual gradients are what
-  // bf16 norm outputs would remove, left until a breakdown shows their share (docs/cuda.md).
+  // x cast to bf16 in *buf (grown to the widest GEMM operand seen), or, when x lies in the norm
+  // output that xb_ still holds in bf16 (NormCopy), that copy with no kernel at all: the same bits
+  // (the norm kernels round as the cast does). Any other cast drops the copy: xb_ is overwritten
+  // or, into dyb_, the forward's use of the norm output is over. The casts left (the residual
+  // gradients, the backward's re-casts of norm outputs, att, act) are their own profile class
+  // under the op's ("gemm/cast").
   bf16* Cast(const float* x, cuda::DeviceBuffer<bf16>* buf, size_t n) {
+    if (buf == &xb_ && norm_copy_.Holds(x, n)) return xb_.data() + (x - norm_copy_.y);
+    norm_copy_ = {};
     ProfileScope ps(profiler_, "cast");
     if (buf->size() < n) buf->Resize(n);
     cuda::CastToBf16(x, buf->data(), n);
     return buf->data();
   }
+  // Where a bf16 norm writes its copy of y (count elements): xb_, recorded as holding y.
+  bf16* NormCopyOf(const float* y, size_t count) {
+    if (xb_.size() < count) xb_.Resize(count);
+    norm_copy_ = {y, count};
+    return xb_.data();
+  }
+
+  // The norm output whose bf16 rounding xb_ holds, written by the norm itself (bf16 mode). Valid
+  // while neither changes: the model writes its norm outputs (ln1, ln2, the final norm's, MLA's
+  // cq) only through the norm ops, which record anew; a cast that misses it (every other GEMM
+  // operand, the whole backward), a norm's strided or backward write over it, and Copy / Zero /
+  // ToBackend over it drop it.
+  struct NormCopy {
+    const float* y = nullptr;
+    size_t count = 0;
+    // [x, x + n) inside [y, y + count).
+    bool Holds(const float* x, size_t n) const {
+      return y != nullptr && x >= y && n <= count && static_cast<size_t>(x - y) <= count - n;
+    }
+    void ForgetIfOverlaps(const void* p, size_t bytes) {
+      const char* a = static_cast<const char*>(p);
+      const char* b = reinterpret_cast<const char*>(y);
+      if (y && bytes && a < b + count * sizeof(float) && b < a + bytes) *this = {};
+    }
+  };
 
   // The run's train.kernels for the launchers (process-wide: kernels/cuda/device.h), installed
   // before anything else is made and held as long as this backend lives.
@@ -484,6 +532,7 @@ class CudaBackend final : public Backend<float>, public cudamodel::CudaMoeHost {
   Bf16WeightCopy weights_bf16_;
   CudaOptimizerOps optimizer_ops_;
   cuda::DeviceBuffer<bf16> xb_, dyb_;
+  NormCopy norm_copy_;
   cuda::DeviceBuffer<unsigned char> emb_scratch_;
   cuda::DeviceBuffer<double> loss_sum_;  // LmHeadLoss in bf16: the chunks' summed terms
   cudamodel::MoeScratch moe_scratch_;

@@ -204,6 +204,21 @@ void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int
   CheckLaunch("AddRmsNormForward");
 }
 
+void RmsNormForwardBf16(const float* x, const float* gain, int n, int d, double eps, float* y,
+                        bf16* yb, float* rstd, cudaStream_t stream) {
+  if (n <= 0) return;
+  RmsNormForwardKernel<<<n, NormThreads(d), 0, stream>>>(x, d, y, d, 1, d, gain, eps, rstd, yb);
+  CheckLaunch("RmsNormForwardBf16");
+}
+
+void AddRmsNormForwardBf16(const float* a, const float* b, float* sum, const float* gain, int n,
+                           int d, double eps, float* y, bf16* yb, float* rstd,
+                           cudaStream_t stream) {
+  if (n <= 0) return;
+  AddRmsNormKernel<<<n, NormThreads(d), 0, stream>>>(a, b, sum, gain, d, eps, y, rstd, yb);
+  CheckLaunch("AddRmsNormForwardBf16");
+}
+
 template <typename T>
 void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d, T* dx,
                      T* dgain, bool accumulate_dx, cudaStream_t stream) {

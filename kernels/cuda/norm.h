@@ -17,6 +17,15 @@ template <typename T>
 void AddRmsNormForward(const T* a, const T* b, T* sum, const T* gain, int n, int d, double eps,
                        T* y, T* rstd, cudaStream_t stream = nullptr);
 
+// bf16 mode's norms (the CUDA backend's GEMM operands): y and rstd exactly as RmsNormForward /
+// AddRmsNormForward write them, and in the same pass yb[i] = y[i] rounded to bf16 (round to
+// nearest even: the bits CastToBf16(y) gives), so no cast runs between the norm and the GEMM.
+void RmsNormForwardBf16(const float* x, const float* gain, int n, int d, double eps, float* y,
+                        bf16* yb, float* rstd, cudaStream_t stream = nullptr);
+void AddRmsNormForwardBf16(const float* a, const float* b, float* sum, const float* gain, int n,
+                           int d, double eps, float* y, bf16* yb, float* rstd,
+                           cudaStream_t stream = nullptr);
+
 template <typename T>
 void RmsNormBackward(const T* x, const T* gain, const T* rstd, const T* dy, int n, int d, T* dx,
                      T* dgain, bool accumulate_dx, cudaStream_t stream = nullptr);

@@ -15,6 +15,10 @@
 
 #include "cli/bench_cuda.h"
 
+#if MOELAB_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
 namespace moelab::cli {
 namespace {
 
@@ -96,12 +100,71 @@ TEST(BenchKernels, ChoicesAreParsedCheckedAndReachTheCases) {
     return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
   };
   const auto [rc_default, grouped] = RunMoelab("bench --device cuda --plan --only gpu-moe");
-  const auto [rc_chunked, chunked] =
-      RunMoelab("bench --device cuda --plan --only gpu-moe --kernels experts=chunked,dispatch=sort");
+  const auto [rc_chunked, chunked] = RunMoelab(
+      "bench --device cuda --plan --only gpu-moe --kernels experts=chunked,dispatch=sort");
   EXPECT_EQ(rc_default, 0) << grouped;
   EXPECT_EQ(rc_chunked, 0) << chunked;
   ASSERT_FALSE(plan_line(grouped).empty()) << grouped;
   EXPECT_NE(plan_line(chunked), plan_line(grouped)) << "the choices did not reach the case";
+#endif
+}
+
+// The bench's memory budget is read from the device (issue 34 item 5): kDeviceMemoryShare of
+// cudaMemGetInfo's total unless --memory-budget-gib says otherwise.
+TEST(BenchMemoryBudget, ShareOfTheDeviceUnlessOverridden) {
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  EXPECT_DOUBLE_EQ(kDeviceMemoryShare, 0.97);
+  EXPECT_DOUBLE_EQ(BenchMemoryBudgetBytes(0, 100 * kGiB), 97 * kGiB);
+  EXPECT_DOUBLE_EQ(BenchMemoryBudgetBytes(12.5, 100 * kGiB), 12.5 * kGiB) << "the override wins";
+  const std::vector<ReferenceCard> cards = ReferenceCards();
+  ASSERT_EQ(cards.size(), 2u);
+  EXPECT_LT(cards[0].total_gib, 80);   // an H100 80GB reports a little less than 80 GiB
+  EXPECT_GT(cards[1].total_gib, 130);  // an H200 141GB
+}
+
+// What PlanCudaMemory (no GPU needed) makes of the two cards: gpu-moe runs unsplit on an H200's
+// 141 GB and at micro-batch 16 on an H100's 80 GB (the fixed 75 GiB budget gave 16 everywhere);
+// gpu-dense is unsplit on both.
+TEST(BenchMemoryBudget, GpuMoeRunsUnsplitOnAnH200) {
+#if !MOELAB_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA (the plan is part of the CUDA backend)";
+#else
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  const std::vector<ReferenceCard> cards = ReferenceCards();
+  const double h100 = BenchMemoryBudgetBytes(0, cards[0].total_gib * kGiB);
+  const double h200 = BenchMemoryBudgetBytes(0, cards[1].total_gib * kGiB);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-moe", h200), 32);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-moe", h100), 16);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-moe", 75 * kGiB), 16);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-dense", h100), 32);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-dense-muonclip", h100), 32);
+  EXPECT_EQ(GpuCaseMicroBatch("gpu-moe", 1.0), 1) << "nothing fits: the smallest";
+  EXPECT_THROW(GpuCaseMicroBatch("gpu-mo", h200), std::invalid_argument);
+  // The command: the override is the budget on any machine; without it the plan names the share.
+  auto [rc, out] = RunMoelab("bench --device cuda --plan --only gpu-moe --memory-budget-gib 200");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("budget 200.0 GiB from --memory-budget-gib"), std::string::npos) << out;
+  EXPECT_NE(out.find("(micro-batch 32), runtime"), std::string::npos) << out;
+  std::tie(rc, out) = RunMoelab("bench --device cuda --plan --only gpu-moe --memory-budget-gib 2");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("DOES NOT FIT"), std::string::npos) << out;
+  std::tie(rc, out) = RunMoelab("bench --device cuda --plan --only gpu-moe");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("= 97 % of"), std::string::npos) << out;
+  std::string reason;
+  if (!cuda::CudaAvailable(&reason)) {  // here: both reference cards, H100 split, H200 unsplit
+    const size_t h100_at = out.find("H100 80GB"), h200_at = out.find("H200 141GB");
+    ASSERT_NE(h100_at, std::string::npos) << out;
+    ASSERT_NE(h200_at, std::string::npos) << out;
+    EXPECT_NE(out.find("(micro-batch 16), runtime", h100_at), std::string::npos) << out;
+    EXPECT_NE(out.find("(micro-batch 32), runtime", h200_at), std::string::npos) << out;
+  }
+  std::tie(rc, out) = RunMoelab("bench --device cuda --plan --memory-budget-gib -1");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--memory-budget-gib"), std::string::npos) << out;
+  std::tie(rc, out) = RunMoelab("bench --device cuda --profile-steps -2");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("--profile-steps"), std::string::npos) << out;
 #endif
 }
 
