@@ -1,5 +1,6 @@
 // The expert-parallel row exchange of one MoE layer (dist.expert_parallel), written once for both
-// backends: the CPU layer (core/model/moe.cc) and the device layer (core/model/cuda_moe.cc).
+// backends: the one MoE layer (core/model/moe_layer.cc) runs it over the rows its backend's ops
+// hand it (core/model/moe_experts.h).
 //
 // P ranks share the layer's E experts, J = E/P each: rank p owns experts p·J … p·J+J−1. A rank's
 // dispatched rows are expert-contiguous (its dispatch offsets), so the rows for rank q's experts
