@@ -177,6 +177,8 @@ class App {
     std::shared_ptr<const FitResult> stored_result;
     std::string stored_error;
     bool fit_requested = false;
+    std::string form = "power";          // the fit form (`moelab fit --form`)
+    std::string budgets, budgets_error;  // chinchilla: FLOPs budgets as typed, why unreadable
   };
 
   void MenuBar();
@@ -204,6 +206,15 @@ class App {
   void ExpertsView();   // gui/view_experts.cc
   void CompareView();   // gui/view_compare.cc
   void ScalingView();   // gui/view_scaling.cc
+  // The Scaling view's power form: ScalingLaws lays out the plot and the tables of a fit.
+  struct ScalingFrame;
+  void ScalingLaws(const FitResult& fit, bool use_stored);
+  void ScalingPlot(ScalingFrame& frame);
+  void ScalingTables(ScalingFrame& frame);
+  // The Sweeps view's panes (gui/view_sweeps.cc): the database's sweeps and their runs; the
+  // spec editor with its validation, plan and Launch.
+  void SweepsList();
+  void SweepSpecEditor();
   // Runs a matrix view can show (has() true of their shape): selected runs first, in selection
   // order, then the others. Shared by the max-logit and expert views.
   std::vector<int64_t> RunsWithShape(bool (*has)(const db::RunShape&));
