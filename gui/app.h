@@ -206,11 +206,14 @@ class App {
   void ExpertsView();   // gui/view_experts.cc
   void CompareView();   // gui/view_compare.cc
   void ScalingView();   // gui/view_scaling.cc
-  // The Scaling view's power form: ScalingLaws lays out the plot and the tables of a fit.
-  struct ScalingFrame;
+  // The Scaling view's power form (gui/view_scaling.cc): ScalingLaws lays out the plot and the
+  // tables of a fit, its families in value order with their colours.
   void ScalingLaws(const FitResult& fit, bool use_stored);
-  void ScalingPlot(ScalingFrame& frame);
-  void ScalingTables(ScalingFrame& frame);
+  void ScalingPlot(const FitResult& fit, bool use_stored, const std::vector<std::string>& families,
+                   bool ordered, std::map<std::string, ImU32>* colors);
+  void ScalingTables(const FitResult& fit, bool use_stored,
+                     const std::vector<std::string>& families,
+                     std::map<std::string, ImU32>* colors);
   // The Sweeps view's panes (gui/view_sweeps.cc): the database's sweeps and their runs; the
   // spec editor with its validation, plan and Launch.
   void SweepsList();

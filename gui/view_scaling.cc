@@ -21,15 +21,6 @@
 
 namespace moelab::gui {
 
-// The families of one power-law fit, drawn by ScalingPlot and ScalingTables.
-struct App::ScalingFrame {
-  const FitResult& res;
-  bool use_stored;
-  std::vector<std::string> families;  // in value order
-  bool ordered;                       // every family is a number: colours on a scale
-  std::map<std::string, ImU32> fam_color;
-};
-
 // ---- Scaling laws ---------------------------------------------------------------------------
 
 namespace {
@@ -358,20 +349,19 @@ void App::ScalingLaws(const FitResult& fit, bool use_stored) {
     scaling_.target_loss = hi_all > lo_all ? lo_all + 0.3 * (hi_all - lo_all) : lo_all;
   }
 
-  ScalingFrame frame{fit, use_stored, families, ordered, fam_color};
-  ScalingPlot(frame);
+  ScalingPlot(fit, use_stored, families, ordered, &fam_color);
   ImGui::SameLine();
-  ScalingTables(frame);
+  ScalingTables(fit, use_stored, families, &fam_color);
 }
 
 // The plot: points, bands, laws and frontiers by family, the draggable L* line, the legend.
-void App::ScalingPlot(ScalingFrame& frame) {
-  const FitResult* res = &frame.res;
+void App::ScalingPlot(const FitResult& fit, bool use_stored,
+                      const std::vector<std::string>& families, bool ordered,
+                      std::map<std::string, ImU32>* colors) {
+  const FitResult* res = &fit;
   const FitRequest& req = res->request;
   const analysis::FamilyFits& fits = *res->fits;
-  const std::vector<std::string>& families = frame.families;
-  std::map<std::string, ImU32>& fam_color = frame.fam_color;
-  const bool use_stored = frame.use_stored;
+  std::map<std::string, ImU32>& fam_color = *colors;
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float plot_w = avail.x * 0.6f;
   ImGui::BeginGroup();
@@ -400,7 +390,7 @@ void App::ScalingPlot(ScalingFrame& frame) {
     scaling_.plot_rect = plot.inner();
     if (scaling_.dragging_target) scaling_.target_loss = plot.mouse_y();
     Signature sig;
-    sig.Add(res).Add(frame.ordered);
+    sig.Add(res).Add(ordered);
     LineCanvas& canvas = Canvas("scaling");
     if (canvas.Begin(plot, sig.h, sig.h)) {
       for (const auto& b : res->bands) {
@@ -451,13 +441,13 @@ void App::ScalingPlot(ScalingFrame& frame) {
 }
 
 // The tables: multipliers at L*, the model-free reading, the fitted laws, the heads ablation.
-void App::ScalingTables(ScalingFrame& frame) {
-  const FitResult* res = &frame.res;
+void App::ScalingTables(const FitResult& fit, bool use_stored,
+                        const std::vector<std::string>& families,
+                        std::map<std::string, ImU32>* colors) {
+  const FitResult* res = &fit;
   const FitRequest& req = res->request;
   const analysis::FamilyFits& fits = *res->fits;
-  const std::vector<std::string>& families = frame.families;
-  std::map<std::string, ImU32>& fam_color = frame.fam_color;
-  const bool use_stored = frame.use_stored;
+  std::map<std::string, ImU32>& fam_color = *colors;
   // Right: multiplier table, fit parameters, heads ablation.
   ImGui::BeginChild("fit tables", ImVec2(0, 0), false);
   const analysis::MultiplierTable* stored_table =
