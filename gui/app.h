@@ -209,8 +209,9 @@ class App {
   // The Scaling view's power form (gui/view_scaling.cc): ScalingLaws lays out the plot and the
   // tables of a fit, its families in value order with their colours.
   void ScalingLaws(const FitResult& fit, bool use_stored);
-  void ScalingPlot(const FitResult& fit, bool use_stored, const std::vector<std::string>& families,
-                   bool ordered, std::map<std::string, ImU32>* colors);
+  void ScalingPlot(const FitResult& result, bool use_stored,
+                   const std::vector<std::string>& families, bool ordered,
+                   std::map<std::string, ImU32>* colors);
   void ScalingTables(const FitResult& fit, bool use_stored,
                      const std::vector<std::string>& families,
                      std::map<std::string, ImU32>* colors);
@@ -253,6 +254,9 @@ class App {
   // Selected runs a view cannot show, each with why ("run #7 (name): no max logits recorded
   // (a model without attention layers)"), as lines of text.
   void AbsentRuns(const std::vector<int64_t>& absent, const char* what);
+  // The selected runs, in selection order, split by whether has() is true of their shape.
+  void SplitSelection(bool (*has)(const db::RunShape&), std::vector<int64_t>* with,
+                      std::vector<int64_t>* without) const;
   std::string RunLabel(int64_t run) const;
   LineCanvas& Canvas(const std::string& id);
 

@@ -112,17 +112,22 @@ void App::AbsentRuns(const std::vector<int64_t>& absent, const char* what) {
   ImGui::PopStyleColor();
 }
 
-void App::ExpertsView() {
-  // A panel per selected MoE run (selected runs without expert loads are named with the
-  // reason); with nothing selected, one run chosen in the combo.
-  const std::vector<int64_t> candidates =
-      RunsWithShape([](const db::RunShape& s) { return s.moe_layers > 0; });
-  std::vector<int64_t> shown, absent;
+void App::SplitSelection(bool (*has)(const db::RunShape&), std::vector<int64_t>* with,
+                         std::vector<int64_t>* without) const {
   for (int64_t id : selection_) {
     const RunEntry* e = runs_->Find(id);
     if (!e) continue;
-    (e->row.shape.moe_layers > 0 ? shown : absent).push_back(id);
+    (has(e->row.shape) ? with : without)->push_back(id);
   }
+}
+
+void App::ExpertsView() {
+  // A panel per selected MoE run (selected runs without expert loads are named with the
+  // reason); with nothing selected, one run chosen in the combo.
+  const auto has_moe = [](const db::RunShape& s) { return s.moe_layers > 0; };
+  const std::vector<int64_t> candidates = RunsWithShape(has_moe);
+  std::vector<int64_t> shown, absent;
+  SplitSelection(has_moe, &shown, &absent);
   AbsentRuns(absent, "no expert loads recorded (no MoE layers)");
   if (candidates.empty()) {
     ImGui::TextDisabled("No MoE run records expert loads yet.");

@@ -165,6 +165,7 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   const double step = data->steps[shown_idx];
 
   DrawLogitHeatmap(*data, shown_idx, step, tau, vmin, vmax, width);
+  const float fh = ImGui::GetFontSize();
 
   // Timeline: per layer max over heads, τ, clip events, the slider's step.
   // The clip-fraction panel only where QK-Clip is on (or clips were recorded anyway): with it
@@ -262,14 +263,10 @@ void App::LogitsView() {
   // A column per selected run with max-logit records (selected runs without them are named
   // with the reason); with nothing selected, two: the first two such runs. A column's combo
   // overrides its run.
-  const std::vector<int64_t> candidates =
-      RunsWithShape([](const db::RunShape& s) { return s.layers > 0; });
+  const auto has_layers = [](const db::RunShape& s) { return s.layers > 0; };
+  const std::vector<int64_t> candidates = RunsWithShape(has_layers);
   std::vector<int64_t> selected, absent;
-  for (int64_t id : selection_) {
-    const RunEntry* e = runs_->Find(id);
-    if (!e) continue;
-    (e->row.shape.layers > 0 ? selected : absent).push_back(id);
-  }
+  SplitSelection(has_layers, &selected, &absent);
   if (logits_.selection != selection_) {
     logits_.selection = selection_;
     logits_.runs.clear();

@@ -355,10 +355,10 @@ void App::ScalingLaws(const FitResult& fit, bool use_stored) {
 }
 
 // The plot: points, bands, laws and frontiers by family, the draggable L* line, the legend.
-void App::ScalingPlot(const FitResult& fit, bool use_stored,
+void App::ScalingPlot(const FitResult& result, bool use_stored,
                       const std::vector<std::string>& families, bool ordered,
                       std::map<std::string, ImU32>* colors) {
-  const FitResult* res = &fit;
+  const FitResult* res = &result;
   const FitRequest& req = res->request;
   const analysis::FamilyFits& fits = *res->fits;
   std::map<std::string, ImU32>& fam_color = *colors;

@@ -1,5 +1,8 @@
-// Shared by the spec tests (spec_test.cc, size_guard_test.cc): a tiny MoE base config.
+// Shared by the spec tests (tests/sweeps/spec_test.cc, size_guard_test.cc, tests/launch/
+// launch_test.cc): a tiny MoE base config and the message a spec is refused with.
 #pragma once
+
+#include <string>
 
 #include "sweeps/spec.h"
 
@@ -14,6 +17,16 @@ inline ojson Base() {
     "train": {"batch_size": 2, "steps": 20, "threads": 1},
     "schedule": {"warmup_steps": 2}
   })");
+}
+
+// ExpandSpec's SpecError message for `spec`; "" when it expands.
+inline std::string ErrorOf(const ojson& spec) {
+  try {
+    ExpandSpec(spec);
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace moelab::sweeps::test_specs

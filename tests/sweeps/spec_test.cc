@@ -25,14 +25,7 @@ ojson Spec(const std::string& extra) {
   return s;
 }
 
-std::string ErrorOf(const ojson& spec) {
-  try {
-    ExpandSpec(spec);
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_specs::ErrorOf;
 
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
