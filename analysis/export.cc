@@ -115,7 +115,7 @@ ObservationSet ObservationsFromExport(const json& e, const std::string& family_k
   ObservationSet out;
   std::map<int64_t, std::vector<const json*>> by_run;
   for (const json& p : e["points"]) by_run[p.at("run").get<int64_t>()].push_back(&p);
-  std::map<std::string, std::vector<double>> sparsities;
+  FamilySparsities sparsities;
   for (const json& run : e["runs"]) {
     const int64_t id = run.at("id").get<int64_t>();
     const std::string label = fmt::format("run {} '{}'", id, run.value("name", ""));
@@ -153,21 +153,9 @@ ObservationSet ObservationsFromExport(const json& e, const std::string& family_k
     }
     ++out.runs_used;
     out.run_vars[fmt::format("{}", id)] = vars;
-    if (c.is_object() && c.contains("schedule") && c["schedule"].is_object() &&
-        c["schedule"].value("type", "") == "wsd") {
-      ++out.wsd_runs;
-    }
-    if (c.is_object() && c.contains("moe")) {
-      const double total = c["moe"].value("experts_total", 0.0);
-      const double active = c["moe"].value("experts_active", 1.0);
-      sparsities[*family].push_back(total > 0 ? total / active : 0.0);
-    }
+    AddRunConfig(c, *family, &out, &sparsities);
   }
-  for (const auto& [family, values] : sparsities) {
-    bool same = true;
-    for (double v : values) same = same && v == values.front();
-    if (same && !values.empty()) out.sparsity[family] = values.front();
-  }
+  SetFamilySparsity(sparsities, &out);
   return out;
 }
 

@@ -46,11 +46,33 @@ void SetTrunk(const json& config, Observation* o) {
   }
 }
 
+void AddRunConfig(const nlohmann::json& c, const std::string& family, ObservationSet* out,
+                  FamilySparsities* sparsities) {
+  if (!c.is_object()) return;
+  if (c.contains("schedule") && c["schedule"].is_object() &&
+      c["schedule"].value("type", "") == "wsd") {
+    ++out->wsd_runs;
+  }
+  if (c.contains("moe")) {
+    const double total = c["moe"].value("experts_total", 0.0);
+    const double active = c["moe"].value("experts_active", 1.0);
+    (*sparsities)[family].push_back(total > 0 ? total / active : 0.0);
+  }
+}
+
+void SetFamilySparsity(const FamilySparsities& sparsities, ObservationSet* out) {
+  for (const auto& [family, values] : sparsities) {
+    bool same = true;
+    for (double v : values) same = same && v == values.front();
+    if (same && !values.empty()) out->sparsity[family] = values.front();
+  }
+}
+
 ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_t> sweep_id,
                                 const std::string& family_key) {
   db::Reader reader(db_path);
   ObservationSet out;
-  std::map<std::string, std::vector<double>> sparsities;
+  FamilySparsities sparsities;
   for (const db::RunRow& run : reader.ListRuns()) {
     if (sweep_id && run.sweep_id != sweep_id) continue;
     const std::string label = fmt::format("run {} '{}'", run.id, run.name);
@@ -86,21 +108,9 @@ ObservationSet LoadObservations(const std::string& db_path, std::optional<int64_
     }
     ++out.runs_used;
     out.run_vars[fmt::format("{}", run.id)] = vars;
-    if (!c.is_discarded() && c.contains("schedule") && c["schedule"].is_object() &&
-        c["schedule"].value("type", "") == "wsd") {
-      ++out.wsd_runs;
-    }
-    if (!c.is_discarded() && c.contains("moe")) {
-      const double total = c["moe"].value("experts_total", 0.0);
-      const double active = c["moe"].value("experts_active", 1.0);
-      sparsities[*family].push_back(total > 0 ? total / active : 0.0);
-    }
+    AddRunConfig(c, *family, &out, &sparsities);
   }
-  for (const auto& [family, values] : sparsities) {
-    bool same = true;
-    for (double v : values) same = same && v == values.front();
-    if (same && !values.empty()) out.sparsity[family] = values.front();
-  }
+  SetFamilySparsity(sparsities, &out);
   return out;
 }
 

@@ -39,6 +39,16 @@ void SetTrunk(const nlohmann::json& config, Observation* o);
 std::optional<std::string> FamilyOf(const std::map<std::string, std::string>& run_vars,
                                     const std::string& config_json, const std::string& key);
 
+// Sparsity (routed experts total / active, 0 for dense) of each run, by family: what
+// AddRunConfig collects and SetFamilySparsity turns into ObservationSet::sparsity.
+using FamilySparsities = std::map<std::string, std::vector<double>>;
+// Counts a used run's config (parsed; anything else counts as no config): a WSD schedule adds
+// to out->wsd_runs, its sparsity goes to (*sparsities)[family].
+void AddRunConfig(const nlohmann::json& config, const std::string& family, ObservationSet* out,
+                  FamilySparsities* sparsities);
+// out->sparsity of each family whose runs all have the same sparsity.
+void SetFamilySparsity(const FamilySparsities& sparsities, ObservationSet* out);
+
 // Evaluation points (cumulative training FLOPs and tokens, active parameters, validation loss)
 // of the done runs of a sweep (all runs when sweep_id is nullopt). Diverged runs contribute
 // their points too (the fit drops non-finite losses and says so); running, queued, stopped and

@@ -177,6 +177,8 @@ class App {
     std::shared_ptr<const FitResult> stored_result;
     std::string stored_error;
     bool fit_requested = false;
+    std::string form = "power";          // the fit form (`moelab fit --form`)
+    std::string budgets, budgets_error;  // chinchilla: FLOPs budgets as typed, why unreadable
   };
 
   void MenuBar();
@@ -204,6 +206,19 @@ class App {
   void ExpertsView();   // gui/view_experts.cc
   void CompareView();   // gui/view_compare.cc
   void ScalingView();   // gui/view_scaling.cc
+  // The Scaling view's power form (gui/view_scaling.cc): ScalingLaws lays out the plot and the
+  // tables of a fit, its families in value order with their colours.
+  void ScalingLaws(const FitResult& fit, bool use_stored);
+  void ScalingPlot(const FitResult& result, bool use_stored,
+                   const std::vector<std::string>& families, bool ordered,
+                   std::map<std::string, ImU32>* colors);
+  void ScalingTables(const FitResult& fit, bool use_stored,
+                     const std::vector<std::string>& families,
+                     std::map<std::string, ImU32>* colors);
+  // The Sweeps view's panes (gui/view_sweeps.cc): the database's sweeps and their runs; the
+  // spec editor with its validation, plan and Launch.
+  void SweepsList();
+  void SweepSpecEditor();
   // Runs a matrix view can show (has() true of their shape): selected runs first, in selection
   // order, then the others. Shared by the max-logit and expert views.
   std::vector<int64_t> RunsWithShape(bool (*has)(const db::RunShape&));
@@ -239,6 +254,9 @@ class App {
   // Selected runs a view cannot show, each with why ("run #7 (name): no max logits recorded
   // (a model without attention layers)"), as lines of text.
   void AbsentRuns(const std::vector<int64_t>& absent, const char* what);
+  // The selected runs, in selection order, split by whether has() is true of their shape.
+  void SplitSelection(bool (*has)(const db::RunShape&), std::vector<int64_t>* with,
+                      std::vector<int64_t>* without) const;
   std::string RunLabel(int64_t run) const;
   LineCanvas& Canvas(const std::string& id);
 

@@ -14,19 +14,47 @@
 
 namespace moelab::gui {
 
+analysis::RunFitOptions RunFitOptionsOf(const FitRequest& request) {
+  analysis::RunFitOptions o;
+  o.form = request.form;
+  o.family_key = request.family_key;
+  o.fit.bootstrap_resamples = request.resamples;
+  o.fit.seed = request.seed;
+  o.fit.level = request.level;
+  o.fit.min_units = request.min_seeds;
+  o.fit.max_failed_fraction = request.max_failed_fraction;
+  o.fit.threads = 1;  // the GUI shares the machine with the runs it watches
+  o.final_only = request.final_only.value_or(false);
+  o.all_points = request.final_only.has_value() && !*request.final_only;
+  o.reference = request.reference;
+  o.target_losses = request.target_losses;
+  o.base = request.heads_base;
+  o.treatment = request.heads_treatment;
+  o.budgets = request.budgets;
+  return o;
+}
+
 namespace {
 
-analysis::FitOptions OptionsOf(const FitRequest& request, int wsd_runs) {
-  analysis::FitOptions o;
-  o.bootstrap_resamples = request.resamples;
-  o.seed = request.seed;
-  o.level = request.level;
-  o.min_units = request.min_seeds;
-  o.max_failed_fraction = request.max_failed_fraction;
-  o.skip_failed_families = true;
-  o.threads = 1;  // the GUI shares the machine with the runs it watches
-  o.final_only = request.final_only.value_or(wsd_runs > 0);  // as `moelab fit`
-  return o;
+// The power form's laws, curves, bands and model-free table, as the view draws them.
+void TakePowerForm(const analysis::PowerFormResult& power, FitResult* out) {
+  out->fits = power.fits;
+  for (const auto& f : power.fits.families) out->bands.push_back(CurveAndBand(f));
+  out->model_free = power.model_free;
+  out->model_free_error = power.model_free_error;
+}
+
+// The power form's heads ablation beside the laws (the heads form has it as its result).
+void AddHeadsAblation(const FitRequest& request, FitResult* out) {
+  if (request.heads_base.empty() || request.heads_treatment.empty() ||
+      request.heads_base == request.heads_treatment)
+    return;
+  try {
+    out->heads = analysis::CompareHeads(out->observations.points, request.heads_base,
+                                        request.heads_treatment, out->options);
+  } catch (const std::exception& e) {
+    out->heads_error = e.what();
+  }
 }
 
 }  // namespace
@@ -38,41 +66,26 @@ FitResult ComputeFits(const FitRequest& request) {
   try {
     out.observations =
         analysis::LoadObservations(request.db_path, request.sweep_id, request.family_key);
-    out.options = OptionsOf(request, out.observations.wsd_runs);
     if (out.observations.points.empty()) {
       out.error = "no finished run with evaluations has a value for '" + request.family_key + "'";
     } else {
-      out.fits = analysis::FitFamilies(out.observations.points, out.options);
+      analysis::RunFitOptions options = RunFitOptionsOf(request);
+      // The reference chooser may still hold a family of the previous key: the default then.
+      const bool known_reference = std::any_of(
+          out.observations.points.begin(), out.observations.points.end(),
+          [&](const analysis::Observation& p) { return p.family == options.reference; });
+      if (!known_reference) options.reference.clear();
+      out.form_result = analysis::RunFit(options, out.observations);
+      out.options = out.form_result->options;
     }
   } catch (const std::exception& e) {
     out.error = e.what();
   }
-  if (out.fits) {
-    for (const auto& f : out.fits->families) out.bands.push_back(CurveAndBand(f));
-    // The model-free reading with the fit's own options, as `moelab fit` computes it.
-    std::string reference = request.reference;
-    if (reference.empty()) {
-      for (const auto& f : out.fits->families) {
-        if (reference.empty() || ValueLess(reference, f.family)) reference = f.family;
-      }
-    }
-    try {
-      out.model_free =
-          analysis::ModelFreeMultipliers(out.observations.points, reference, request.target_losses,
-                                         analysis::ModelFreeOptionsOf(out.options));
-    } catch (const std::exception& e) {
-      out.model_free_error = e.what();
-    }
-    if (!request.heads_base.empty() && !request.heads_treatment.empty() &&
-        request.heads_base != request.heads_treatment) {
-      try {
-        out.heads = analysis::CompareHeads(out.observations.points, request.heads_base,
-                                           request.heads_treatment, out.options);
-      } catch (const std::exception& e) {
-        out.heads_error = e.what();
-      }
-    }
+  if (out.form_result && out.form_result->power) {
+    TakePowerForm(*out.form_result->power, &out);
+    AddHeadsAblation(request, &out);
   }
+  if (out.form_result && out.form_result->heads) out.heads = out.form_result->heads;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -15,6 +15,7 @@
 #include "analysis/ablation.h"
 #include "analysis/model_free.h"
 #include "analysis/observations.h"
+#include "analysis/run_fit.h"
 #include "analysis/scaling.h"
 #include "db/fits.h"
 
@@ -24,7 +25,9 @@ struct FitRequest {
   std::string db_path;
   std::optional<int64_t> sweep_id;          // nullopt: every run
   std::string family_key;                   // run variable name or dotted config key
+  std::string form = "power";               // one of analysis::FitForms(), as `moelab fit --form`
   std::string heads_base, heads_treatment;  // families for the heads ablation ("" = skip)
+  std::vector<double> budgets;              // chinchilla: FLOPs for N_opt / D_opt (may be empty)
   // The options the fit runs with, as `moelab fit` names them (and stores them in the row's
   // options_json). A recompute of a stored fit takes the row's own (RequestFromStored).
   int resamples = 200;  // the view's own fits: fewer than the CLI's 1000, they rerun as runs end
@@ -66,6 +69,10 @@ struct FitResult {
   std::vector<FitBand> bands;  // one per fitted family
   std::optional<analysis::HeadsAblation> heads;
   std::string heads_error;
+  // The whole result of analysis::RunFit in the request's form (what `moelab fit --json`
+  // prints): the power form's members above are copied from it; the other forms are drawn from
+  // it (gui/view_fit_forms.cc). Unset for a stored row and when nothing could be fitted.
+  std::optional<analysis::FitResult> form_result;
   std::string error;  // why nothing could be fitted
   double seconds = 0;
 };
@@ -95,10 +102,18 @@ class FitJob {
   std::thread thread_;
 };
 
-// The fit work itself (also called directly by tests): power law per family, the model-free
-// table and the heads ablation, with the request's options. The one place the GUI fits: when
-// analysis/ offers the CLI's fit dispatch, this is the function to switch to it.
+// The fit work itself (also called directly by tests): analysis::RunFit, the dispatch `moelab
+// fit` runs, in the request's form with the request's options (RunFitOptionsOf), so the GUI and
+// the CLI print the same numbers for the same runs; the power form adds each family's curve and
+// band and, when base and treatment are chosen, the heads ablation beside the laws.
 FitResult ComputeFits(const FitRequest& request);
+
+// The options `moelab fit` would run with for this request: --form, --by, --resamples, --seed,
+// --level, --min-seeds, --max-failed-fraction, --reference, --target-loss, --base,
+// --treatment, --budgets, and --final-only / --all-points where the request says (nullopt:
+// neither, WSD runs then use their post-decay points). One bootstrap thread: the GUI shares
+// the machine with the runs it watches (the numbers do not depend on it).
+analysis::RunFitOptions RunFitOptionsOf(const FitRequest& request);
 
 // The request that recomputes a stored fit with the options it was made with (resamples,
 // seed, level, min seeds, final-only, reference, model-free targets).

@@ -33,6 +33,57 @@ bool ScriptRunner::Fail(App* app, const std::string& why) {
   return false;
 }
 
+void ScriptRunner::StartWait(std::istream& in, double default_s, TimePoint now) {
+  double timeout = default_s;
+  in >> timeout;
+  if (!waiting_) {
+    waiting_ = true;
+    deadline_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(timeout));
+  }
+}
+
+bool ScriptRunner::PromoteAction(App* app, const std::string& cmd, std::istream& in,
+                                 TimePoint now) {
+  if (cmd == "promote-set") {
+    // promote-set FIELD VALUE: a control of the Promote tab (gui/promote_panel.h).
+    std::string field, value, error;
+    in >> field >> value;
+    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
+    if (!app->promote_panel_->Set(field, value, &error)) return Fail(app, error);
+    app->SetView(View::kPromote);
+  } else if (cmd == "promote-plan" || cmd == "promote-write" || cmd == "promote-launch") {
+    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
+    app->promote_panel_->Press(cmd == "promote-plan" ? 0 : cmd == "promote-write" ? 1 : 2);
+    app->SetView(View::kPromote);
+  } else if (cmd == "wait-promote") {
+    // wait-promote [ok|refused] [TIMEOUT_S]: until the pressed action finished as expected.
+    std::string expect = "ok";
+    const std::streampos at = in.tellg();
+    if (!(in >> expect) || (expect != "ok" && expect != "refused")) {
+      in.clear();
+      in.seekg(at);
+      expect = "ok";
+    }
+    StartWait(in, 120, now);
+    const PromotePanel* panel = app->promote_panel_.get();
+    const auto state = panel ? panel->state() : PromotePanel::State::kIdle;
+    if (state == PromotePanel::State::kBusy || state == PromotePanel::State::kIdle) {
+      if (now > deadline_) Fail(app, "timed out");
+      return false;
+    }
+    const bool refused = state == PromotePanel::State::kRefused;
+    if (refused != (expect == "refused")) {
+      return Fail(app, refused ? "refused: " + panel->error() : "planned, not refused");
+    }
+    std::fprintf(stderr, "moelab-gui: promote %s%s\n", refused ? "refused: " : "planned",
+                 refused ? panel->error().c_str() : "");
+  } else {
+    return Fail(app, "unknown action");
+  }
+  return true;
+}
+
 void ScriptRunner::Step(App* app) {
   if (status_ >= 0) {
     if (status_ == 1) app->quit_ = true;
@@ -46,15 +97,7 @@ void ScriptRunner::Step(App* app) {
   std::string cmd;
   in >> cmd;
   const auto now = std::chrono::steady_clock::now();
-  auto start_wait = [&](double default_s) {
-    double timeout = default_s;
-    in >> timeout;
-    if (!waiting_) {
-      waiting_ = true;
-      deadline_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout));
-    }
-  };
+  auto start_wait = [&](double default_s) { StartWait(in, default_s, now); };
   auto done = [&] {
     waiting_ = false;
     ++next_;
@@ -152,39 +195,8 @@ void ScriptRunner::Step(App* app) {
       if (timed_out()) Fail(app, "the sweep runner is still running");
       return;
     }
-  } else if (cmd == "promote-set") {
-    // promote-set FIELD VALUE: a control of the Promote tab (gui/promote_panel.h).
-    std::string field, value, error;
-    in >> field >> value;
-    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
-    if (!app->promote_panel_->Set(field, value, &error)) return (void)Fail(app, error);
-    app->SetView(View::kPromote);
-  } else if (cmd == "promote-plan" || cmd == "promote-write" || cmd == "promote-launch") {
-    if (!app->promote_panel_) app->promote_panel_ = std::make_unique<PromotePanel>();
-    app->promote_panel_->Press(cmd == "promote-plan" ? 0 : cmd == "promote-write" ? 1 : 2);
-    app->SetView(View::kPromote);
-  } else if (cmd == "wait-promote") {
-    // wait-promote [ok|refused] [TIMEOUT_S]: until the pressed action finished as expected.
-    std::string expect = "ok";
-    const std::streampos at = in.tellg();
-    if (!(in >> expect) || (expect != "ok" && expect != "refused")) {
-      in.clear();
-      in.seekg(at);
-      expect = "ok";
-    }
-    start_wait(120);
-    const PromotePanel* panel = app->promote_panel_.get();
-    const auto state = panel ? panel->state() : PromotePanel::State::kIdle;
-    if (state == PromotePanel::State::kBusy || state == PromotePanel::State::kIdle) {
-      if (timed_out()) Fail(app, "timed out");
-      return;
-    }
-    const bool refused = state == PromotePanel::State::kRefused;
-    if (refused != (expect == "refused")) {
-      return (void)Fail(app, refused ? "refused: " + panel->error() : "planned, not refused");
-    }
-    std::fprintf(stderr, "moelab-gui: promote %s%s\n", refused ? "refused: " : "planned",
-                 refused ? panel->error().c_str() : "");
+  } else if (cmd.rfind("promote-", 0) == 0 || cmd == "wait-promote") {
+    if (!PromoteAction(app, cmd, in, now)) return;
   } else if (cmd == "view") {
     std::string name;
     in >> name;

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <chrono>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,13 @@ class ScriptRunner {
   int status() const { return status_; }
 
  private:
+  using TimePoint = std::chrono::steady_clock::time_point;
   bool Fail(App* app, const std::string& why);
+  // Starts a wait of the line's timeout (default_s when it has none) unless one is under way.
+  void StartWait(std::istream& in, double default_s, TimePoint now);
+  // The Promote tab's actions (promote-set, promote-plan|write|launch, wait-promote): true
+  // when done, false while waiting or after a failure.
+  bool PromoteAction(App* app, const std::string& cmd, std::istream& in, TimePoint now);
   std::vector<std::string> lines_;
   size_t next_ = 0;
   int status_ = -1;

@@ -15,6 +15,74 @@
 
 namespace moelab::gui {
 
+namespace {
+
+// Mean share of the layer's tokens per (time bin, expert) of each MoE layer over the steps in
+// xa's range, and the first bin of each layer with a record (-1: none). Bins between sparser
+// records repeat the previous bin so the strip stays solid. Returns the largest share.
+double MeanSharePerBin(const ExpertData& d, const AxisMap& xa, int bins,
+                       std::vector<std::vector<double>>* shares, std::vector<int>* first_bins) {
+  const ExpertData* data = &d;
+  const int L = d.moe_layers, E = d.experts;
+  shares->assign(L, std::vector<double>(static_cast<size_t>(bins) * E, 0.0));
+  std::vector<int>& first_bin = *first_bins;
+  first_bin.assign(L, -1);
+  std::vector<int> cnt(bins);
+  double vmax = 0;
+  const size_t i0 =
+      std::lower_bound(data->steps.begin(), data->steps.end(), xa.lo) - data->steps.begin();
+  const size_t i1 =
+      std::upper_bound(data->steps.begin(), data->steps.end(), xa.hi) - data->steps.begin();
+  for (int l = 0; l < L; ++l) {
+    std::vector<double>& share = (*shares)[l];
+    std::fill(cnt.begin(), cnt.end(), 0);
+    for (size_t i = i0; i < i1; ++i) {
+      const int b = std::clamp(static_cast<int>(xa.Forward(data->steps[i]) * bins), 0, bins - 1);
+      const int64_t* row = data->counts.data() + (i * L + l) * static_cast<size_t>(E);
+      double total = 0;
+      for (int e = 0; e < E; ++e) total += static_cast<double>(row[e]);
+      if (total <= 0) continue;
+      for (int e = 0; e < E; ++e) share[static_cast<size_t>(b) * E + e] += row[e] / total;
+      ++cnt[b];
+    }
+    int last = -1;
+    for (int b = 0; b < bins; ++b) {
+      if (cnt[b] > 0 && first_bin[l] < 0) first_bin[l] = b;
+      if (cnt[b] == 0) {
+        // Records sparser than the bins: repeat the previous bin so the strip stays solid.
+        if (last >= 0)
+          std::copy_n(&share[static_cast<size_t>(last) * E], E, &share[static_cast<size_t>(b) * E]);
+        continue;
+      }
+      last = b;
+      for (int e = 0; e < E; ++e) {
+        share[static_cast<size_t>(b) * E + e] /= cnt[b];
+        vmax = std::max(vmax, share[static_cast<size_t>(b) * E + e]);
+      }
+    }
+  }
+  return vmax;
+}
+
+// The time axis under the heatmap strips (they share it with the imbalance plots' zoom), from
+// x0 over hm_w pixels.
+void DrawStepAxis(ImDrawList* dl, const AxisMap& xa, float x0, float hm_w, float fh) {
+  const ImVec2 o = ImGui::GetCursorScreenPos();
+  const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  dl->AddLine(ImVec2(x0, o.y), ImVec2(x0 + hm_w, o.y), dim);
+  for (double t : NiceTicks(xa.lo, xa.hi, std::max(2, static_cast<int>(hm_w / (fh * 6))))) {
+    const float px = x0 + static_cast<float>(xa.Forward(t)) * hm_w;
+    dl->AddLine(ImVec2(px, o.y), ImVec2(px, o.y + fh * 0.35f), dim);
+    const std::string s = FormatValue(t);
+    const float w = ImGui::CalcTextSize(s.c_str()).x;
+    dl->AddText(ImVec2(std::clamp(px - w / 2, x0, x0 + hm_w - w), o.y + fh * 0.4f), dim, s.c_str());
+  }
+  const float w = ImGui::CalcTextSize("step").x;
+  dl->AddText(ImVec2(x0 + hm_w / 2 - w / 2, o.y + fh * 1.45f), dim, "step");
+}
+
+}  // namespace
+
 // ---- Experts --------------------------------------------------------------------------------
 
 std::vector<int64_t> App::RunsWithShape(bool (*has)(const db::RunShape&)) {
@@ -44,17 +112,22 @@ void App::AbsentRuns(const std::vector<int64_t>& absent, const char* what) {
   ImGui::PopStyleColor();
 }
 
-void App::ExpertsView() {
-  // A panel per selected MoE run (selected runs without expert loads are named with the
-  // reason); with nothing selected, one run chosen in the combo.
-  const std::vector<int64_t> candidates =
-      RunsWithShape([](const db::RunShape& s) { return s.moe_layers > 0; });
-  std::vector<int64_t> shown, absent;
+void App::SplitSelection(bool (*has)(const db::RunShape&), std::vector<int64_t>* with,
+                         std::vector<int64_t>* without) const {
   for (int64_t id : selection_) {
     const RunEntry* e = runs_->Find(id);
     if (!e) continue;
-    (e->row.shape.moe_layers > 0 ? shown : absent).push_back(id);
+    (has(e->row.shape) ? with : without)->push_back(id);
   }
+}
+
+void App::ExpertsView() {
+  // A panel per selected MoE run (selected runs without expert loads are named with the
+  // reason); with nothing selected, one run chosen in the combo.
+  const auto has_moe = [](const db::RunShape& s) { return s.moe_layers > 0; };
+  const std::vector<int64_t> candidates = RunsWithShape(has_moe);
+  std::vector<int64_t> shown, absent;
+  SplitSelection(has_moe, &shown, &absent);
   AbsentRuns(absent, "no expert loads recorded (no MoE layers)");
   if (candidates.empty()) {
     ImGui::TextDisabled("No MoE run records expert loads yet.");
@@ -156,45 +229,10 @@ void App::ExpertsPanel(int index, int64_t run, float height) {
     // pixels): a few thousand rects per layer would cost llvmpipe more than the whole frame.
     c.hm_sig = hsig.h;
     c.bins = bins;
-    c.share.assign(L, std::vector<double>(static_cast<size_t>(bins) * E, 0.0));
     c.tex.resize(L);
-    std::vector<int> cnt(bins);
     std::vector<uint32_t> pixels(static_cast<size_t>(bins) * E);
-    const size_t i0 =
-        std::lower_bound(data->steps.begin(), data->steps.end(), xa.lo) - data->steps.begin();
-    const size_t i1 =
-        std::upper_bound(data->steps.begin(), data->steps.end(), xa.hi) - data->steps.begin();
-    std::vector<int> first_bin(L, -1);
-    c.vmax = 0;
-    for (int l = 0; l < L; ++l) {
-      std::vector<double>& share = c.share[l];
-      std::fill(cnt.begin(), cnt.end(), 0);
-      for (size_t i = i0; i < i1; ++i) {
-        const int b = std::clamp(static_cast<int>(xa.Forward(data->steps[i]) * bins), 0, bins - 1);
-        const int64_t* row = data->counts.data() + (i * L + l) * static_cast<size_t>(E);
-        double total = 0;
-        for (int e = 0; e < E; ++e) total += static_cast<double>(row[e]);
-        if (total <= 0) continue;
-        for (int e = 0; e < E; ++e) share[static_cast<size_t>(b) * E + e] += row[e] / total;
-        ++cnt[b];
-      }
-      int last = -1;
-      for (int b = 0; b < bins; ++b) {
-        if (cnt[b] > 0 && first_bin[l] < 0) first_bin[l] = b;
-        if (cnt[b] == 0) {
-          // Records sparser than the bins: repeat the previous bin so the strip stays solid.
-          if (last >= 0)
-            std::copy_n(&share[static_cast<size_t>(last) * E], E,
-                        &share[static_cast<size_t>(b) * E]);
-          continue;
-        }
-        last = b;
-        for (int e = 0; e < E; ++e) {
-          share[static_cast<size_t>(b) * E + e] /= cnt[b];
-          c.vmax = std::max(c.vmax, share[static_cast<size_t>(b) * E + e]);
-        }
-      }
-    }
+    std::vector<int> first_bin;
+    c.vmax = MeanSharePerBin(*data, xa, bins, &c.share, &first_bin);
     // One colour scale for every layer (the colour bar below), so equal colours are equal
     // shares across layers.
     for (int l = 0; l < L; ++l) {
@@ -238,24 +276,8 @@ void App::ExpertsPanel(int index, int64_t run, float height) {
                         100 * c.share[l][static_cast<size_t>(b) * E + e], 100.0 / E);
     }
   }
-  // The time axis of the strips (they share it with the imbalance plots' zoom).
-  {
-    const ImVec2 o = ImGui::GetCursorScreenPos();
-    const float x0 = o.x + label_w;
-    const ImU32 dim = ImGui::GetColorU32(ImGuiCol_TextDisabled);
-    dl->AddLine(ImVec2(x0, o.y), ImVec2(x0 + hm_w, o.y), dim);
-    for (double t : NiceTicks(xa.lo, xa.hi, std::max(2, static_cast<int>(hm_w / (fh * 6))))) {
-      const float px = x0 + static_cast<float>(xa.Forward(t)) * hm_w;
-      dl->AddLine(ImVec2(px, o.y), ImVec2(px, o.y + fh * 0.35f), dim);
-      const std::string s = FormatValue(t);
-      const float w = ImGui::CalcTextSize(s.c_str()).x;
-      dl->AddText(ImVec2(std::clamp(px - w / 2, x0, x0 + hm_w - w), o.y + fh * 0.4f), dim,
-                  s.c_str());
-    }
-    const float w = ImGui::CalcTextSize("step").x;
-    dl->AddText(ImVec2(x0 + hm_w / 2 - w / 2, o.y + fh * 1.45f), dim, "step");
-    ImGui::Dummy(ImVec2(left_w - fh, fh * 2.6f));
-  }
+  DrawStepAxis(dl, xa, ImGui::GetCursorScreenPos().x + label_w, hm_w, fh);
+  ImGui::Dummy(ImVec2(left_w - fh, fh * 2.6f));
   if (stride > 1) {
     ImGui::SetCursorPosX(ImGui::GetCursorPosX() + label_w);
     ImGui::TextDisabled("rows: experts e0 (top) to e%d (bottom), every %d-th labelled", E - 1,

@@ -28,6 +28,64 @@ std::string CellLabel(float v, float width) {
   return SignificantDigits(v, 1);
 }
 
+// The heatmap of one recorded step: layers (rows) x heads (columns) with values when the cells
+// are large enough, heads above τ outlined, a tooltip per cell and the colour scale.
+void DrawLogitHeatmap(const LogitData& d, int shown_idx, double step, std::optional<double> tau,
+                      double vmin, double vmax, float width) {
+  const LogitData* data = &d;
+  const int L = d.layers, H = d.heads;
+  const double tau_value = tau.value_or(0.0);
+  const float fh = ImGui::GetFontSize();
+  const float label_w = fh * 2.5f;
+  const float cell_w = std::max(4.0f, (width - label_w) / H);
+  const float cell_h = std::clamp(cell_w * 0.6f, 6.0f, fh * 1.5f);
+  ImDrawList* dl = ImGui::GetWindowDrawList();
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const float* mat = data->values.data() + static_cast<size_t>(shown_idx) * L * H;
+  ImGui::TextDisabled("S_max per layer (rows) and head (columns)");
+  const ImVec2 o(origin.x, origin.y + fh * 1.3f);
+  int hovered_l = -1, hovered_h = -1;
+  const ImVec2 mouse = ImGui::GetIO().MousePos;
+  for (int l = 0; l < L; ++l) {
+    char lbl[16];
+    std::snprintf(lbl, sizeof(lbl), "L%d", l);
+    DrawListText(dl, ImVec2(o.x, o.y + l * cell_h + (cell_h - fh) / 2),
+                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+    for (int h = 0; h < H; ++h) {
+      const float v = mat[l * H + h];
+      const Rgba bg = HeatColor(v, vmin, vmax);
+      const ImVec2 a(o.x + label_w + h * cell_w, o.y + l * cell_h);
+      const ImVec2 b(a.x + cell_w - 1, a.y + cell_h - 1);
+      dl->AddRectFilled(a, b, ToImU32(bg));
+      if (tau && v > tau_value) dl->AddRect(a, b, kTauColor, 0, 0, 2.0f);
+      if (cell_w >= fh * 2.4f && cell_h >= fh) {
+        // Three significant digits (29.7 and 30 differ where τ = 30), as far as the cell fits.
+        const std::string txt = CellLabel(v, cell_w - 4);
+        const float tw = ImGui::CalcTextSize(txt.c_str()).x;
+        dl->AddText(ImVec2(a.x + (cell_w - tw) / 2, a.y + (cell_h - fh) / 2),
+                    ToImU32(ContrastText(bg)), txt.c_str());
+      }
+      if (mouse.x >= a.x && mouse.x < b.x + 1 && mouse.y >= a.y && mouse.y < b.y + 1) {
+        hovered_l = l;
+        hovered_h = h;
+      }
+    }
+  }
+  for (int h = 0; h < H; h += std::max(1, static_cast<int>(fh * 2 / cell_w))) {
+    char lbl[16];
+    std::snprintf(lbl, sizeof(lbl), "h%d", h);
+    DrawListText(dl, ImVec2(o.x + label_w + h * cell_w + 1, o.y + L * cell_h + 1),
+                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
+  }
+  ImGui::Dummy(ImVec2(width, fh * 1.3f + L * cell_h + fh * 1.2f));
+  if (hovered_l >= 0 && ImGui::IsWindowHovered()) {
+    ImGui::SetTooltip("layer %d, head %d at step %lld: S_max = %s", hovered_l, hovered_h,
+                      static_cast<long long>(step),
+                      FormatValue(mat[hovered_l * H + hovered_h]).c_str());
+  }
+  ColorBar(std::min(200.0f, width * 0.4f), fh, vmin, vmax);
+}
+
 }  // namespace
 
 void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float width) {
@@ -106,56 +164,8 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
   if (ImGui::Checkbox("latest", &latest)) idx = latest ? -1 : shown_idx;
   const double step = data->steps[shown_idx];
 
-  // Heatmap: layers (rows) x heads (columns) with values when the cells are large enough.
+  DrawLogitHeatmap(*data, shown_idx, step, tau, vmin, vmax, width);
   const float fh = ImGui::GetFontSize();
-  const float label_w = fh * 2.5f;
-  const float cell_w = std::max(4.0f, (width - label_w) / H);
-  const float cell_h = std::clamp(cell_w * 0.6f, 6.0f, fh * 1.5f);
-  ImDrawList* dl = ImGui::GetWindowDrawList();
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  const float* mat = data->values.data() + static_cast<size_t>(shown_idx) * L * H;
-  ImGui::TextDisabled("S_max per layer (rows) and head (columns)");
-  const ImVec2 o(origin.x, origin.y + fh * 1.3f);
-  int hovered_l = -1, hovered_h = -1;
-  const ImVec2 mouse = ImGui::GetIO().MousePos;
-  for (int l = 0; l < L; ++l) {
-    char lbl[16];
-    std::snprintf(lbl, sizeof(lbl), "L%d", l);
-    DrawListText(dl, ImVec2(o.x, o.y + l * cell_h + (cell_h - fh) / 2),
-                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
-    for (int h = 0; h < H; ++h) {
-      const float v = mat[l * H + h];
-      const Rgba bg = HeatColor(v, vmin, vmax);
-      const ImVec2 a(o.x + label_w + h * cell_w, o.y + l * cell_h);
-      const ImVec2 b(a.x + cell_w - 1, a.y + cell_h - 1);
-      dl->AddRectFilled(a, b, ToImU32(bg));
-      if (tau && v > tau_value) dl->AddRect(a, b, kTauColor, 0, 0, 2.0f);
-      if (cell_w >= fh * 2.4f && cell_h >= fh) {
-        // Three significant digits (29.7 and 30 differ where τ = 30), as far as the cell fits.
-        const std::string txt = CellLabel(v, cell_w - 4);
-        const float tw = ImGui::CalcTextSize(txt.c_str()).x;
-        dl->AddText(ImVec2(a.x + (cell_w - tw) / 2, a.y + (cell_h - fh) / 2),
-                    ToImU32(ContrastText(bg)), txt.c_str());
-      }
-      if (mouse.x >= a.x && mouse.x < b.x + 1 && mouse.y >= a.y && mouse.y < b.y + 1) {
-        hovered_l = l;
-        hovered_h = h;
-      }
-    }
-  }
-  for (int h = 0; h < H; h += std::max(1, static_cast<int>(fh * 2 / cell_w))) {
-    char lbl[16];
-    std::snprintf(lbl, sizeof(lbl), "h%d", h);
-    DrawListText(dl, ImVec2(o.x + label_w + h * cell_w + 1, o.y + L * cell_h + 1),
-                 ImGui::GetColorU32(ImGuiCol_TextDisabled), lbl);
-  }
-  ImGui::Dummy(ImVec2(width, fh * 1.3f + L * cell_h + fh * 1.2f));
-  if (hovered_l >= 0 && ImGui::IsWindowHovered()) {
-    ImGui::SetTooltip("layer %d, head %d at step %lld: S_max = %s", hovered_l, hovered_h,
-                      static_cast<long long>(step),
-                      FormatValue(mat[hovered_l * H + hovered_h]).c_str());
-  }
-  ColorBar(std::min(200.0f, width * 0.4f), fh, vmin, vmax);
 
   // Timeline: per layer max over heads, τ, clip events, the slider's step.
   // The clip-fraction panel only where QK-Clip is on (or clips were recorded anyway): with it
@@ -253,14 +263,10 @@ void App::LogitsView() {
   // A column per selected run with max-logit records (selected runs without them are named
   // with the reason); with nothing selected, two: the first two such runs. A column's combo
   // overrides its run.
-  const std::vector<int64_t> candidates =
-      RunsWithShape([](const db::RunShape& s) { return s.layers > 0; });
+  const auto has_layers = [](const db::RunShape& s) { return s.layers > 0; };
+  const std::vector<int64_t> candidates = RunsWithShape(has_layers);
   std::vector<int64_t> selected, absent;
-  for (int64_t id : selection_) {
-    const RunEntry* e = runs_->Find(id);
-    if (!e) continue;
-    (e->row.shape.layers > 0 ? selected : absent).push_back(id);
-  }
+  SplitSelection(has_layers, &selected, &absent);
   if (logits_.selection != selection_) {
     logits_.selection = selection_;
     logits_.runs.clear();

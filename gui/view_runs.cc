@@ -18,6 +18,76 @@ namespace moelab::gui {
 
 // ---- Runs -----------------------------------------------------------------------------------
 
+namespace {
+
+// Sorts the shown runs by the table's sort specs: each column has a string or numeric key;
+// missing numbers sort last whatever the direction, ties by run id.
+void SortRuns(const std::vector<std::string>& cols, int fixed_before,
+              std::vector<const RunEntry*>* shown_runs) {
+  std::vector<const RunEntry*>& shown = *shown_runs;
+  auto cell_key = [&](const RunEntry* r, int col) -> std::pair<double, std::string> {
+    if (col == 0) return {kNaN, r->sweep_name};
+    if (col == 1) return {kNaN, r->row.name};
+    if (col == 2) return {kNaN, ToString(r->row.effective_status)};
+    if (col < fixed_before + static_cast<int>(cols.size())) {
+      return {kNaN, LookupKey(r->keys, cols[col - fixed_before])};
+    }
+    switch (col - fixed_before - static_cast<int>(cols.size())) {
+      case 0:
+        return {r->row.last_loss.value_or(kNaN), ""};
+      case 1:
+        return {r->row.best_val_loss.value_or(kNaN), ""};
+      case 2:
+        return {r->row.tokens_per_s.value_or(kNaN), ""};
+      default:
+        return {static_cast<double>(r->row.last_step), ""};
+    }
+  };
+  if (ImGuiTableSortSpecs* specs = ImGui::TableGetSortSpecs(); specs && specs->SpecsCount > 0) {
+    std::stable_sort(shown.begin(), shown.end(), [&](const RunEntry* a, const RunEntry* b) {
+      for (int i = 0; i < specs->SpecsCount; ++i) {
+        const ImGuiTableColumnSortSpecs& s = specs->Specs[i];
+        auto ka = cell_key(a, s.ColumnIndex), kb = cell_key(b, s.ColumnIndex);
+        int cmp = 0;
+        if (!ka.second.empty() || !kb.second.empty() ||
+            (std::isnan(ka.first) && std::isnan(kb.first))) {
+          cmp = ValueLess(ka.second, kb.second) ? -1 : ValueLess(kb.second, ka.second) ? 1 : 0;
+        } else if (std::isnan(ka.first) != std::isnan(kb.first)) {
+          // Missing values sort last whatever the direction.
+          return std::isnan(kb.first);
+        } else {
+          cmp = ka.first < kb.first ? -1 : ka.first > kb.first ? 1 : 0;
+        }
+        if (cmp != 0) return s.SortDirection == ImGuiSortDirection_Ascending ? cmp < 0 : cmp > 0;
+      }
+      return a->row.id < b->row.id;
+    });
+  }
+}
+
+// The status cell: a bar for a run that is training or was stopped part-way (how far it got),
+// its fraction of the planned steps, never more; finished runs show their status.
+void StatusCell(const RunEntry* r) {
+  const RunStatus st = r->row.effective_status;
+  if ((st == RunStatus::kRunning || (st == RunStatus::kStopped && !r->row.stale)) &&
+      r->row.shape.total_steps > 0 && r->row.last_step < r->row.shape.total_steps) {
+    const float frac = std::clamp(
+        static_cast<float>(r->row.last_step) / static_cast<float>(r->row.shape.total_steps), 0.0f,
+        1.0f);
+    char overlay[64];
+    std::snprintf(overlay, sizeof(overlay), "%s %.0f%%", ToString(st), std::floor(frac * 100));
+    ImGui::PushStyleColor(ImGuiCol_PlotHistogram, StatusColor(st));
+    ImGui::ProgressBar(frac, ImVec2(-1, ImGui::GetTextLineHeight()), overlay);
+    ImGui::PopStyleColor();
+  } else {
+    ImGui::PushStyleColor(ImGuiCol_Text, StatusColor(st));
+    ImGui::TextUnformatted(r->row.stale ? "failed (stale)" : ToString(st));
+    ImGui::PopStyleColor();
+  }
+}
+
+}  // namespace
+
 void App::RunsView() {
   const RunsSnapshot& rs = *runs_;
   ImGui::SetNextItemWidth(220);
@@ -104,45 +174,7 @@ void App::RunsView() {
     ImGui::PopID();
   }
 
-  // Sort: each column has a string or numeric key.
-  auto cell_key = [&](const RunEntry* r, int col) -> std::pair<double, std::string> {
-    if (col == 0) return {kNaN, r->sweep_name};
-    if (col == 1) return {kNaN, r->row.name};
-    if (col == 2) return {kNaN, ToString(r->row.effective_status)};
-    if (col < fixed_before + static_cast<int>(cols.size())) {
-      return {kNaN, LookupKey(r->keys, cols[col - fixed_before])};
-    }
-    switch (col - fixed_before - static_cast<int>(cols.size())) {
-      case 0:
-        return {r->row.last_loss.value_or(kNaN), ""};
-      case 1:
-        return {r->row.best_val_loss.value_or(kNaN), ""};
-      case 2:
-        return {r->row.tokens_per_s.value_or(kNaN), ""};
-      default:
-        return {static_cast<double>(r->row.last_step), ""};
-    }
-  };
-  if (ImGuiTableSortSpecs* specs = ImGui::TableGetSortSpecs(); specs && specs->SpecsCount > 0) {
-    std::stable_sort(shown.begin(), shown.end(), [&](const RunEntry* a, const RunEntry* b) {
-      for (int i = 0; i < specs->SpecsCount; ++i) {
-        const ImGuiTableColumnSortSpecs& s = specs->Specs[i];
-        auto ka = cell_key(a, s.ColumnIndex), kb = cell_key(b, s.ColumnIndex);
-        int cmp = 0;
-        if (!ka.second.empty() || !kb.second.empty() ||
-            (std::isnan(ka.first) && std::isnan(kb.first))) {
-          cmp = ValueLess(ka.second, kb.second) ? -1 : ValueLess(kb.second, ka.second) ? 1 : 0;
-        } else if (std::isnan(ka.first) != std::isnan(kb.first)) {
-          // Missing values sort last whatever the direction.
-          return std::isnan(kb.first);
-        } else {
-          cmp = ka.first < kb.first ? -1 : ka.first > kb.first ? 1 : 0;
-        }
-        if (cmp != 0) return s.SortDirection == ImGuiSortDirection_Ascending ? cmp < 0 : cmp > 0;
-      }
-      return a->row.id < b->row.id;
-    });
-  }
+  SortRuns(cols, fixed_before, &shown);
 
   // Grouping keeps the sort order inside each group.
   std::vector<std::pair<std::string, std::vector<const RunEntry*>>> groups;
@@ -221,24 +253,7 @@ void App::RunsView() {
         ImGui::SetTooltip("%s", r->row.error.c_str());
       }
       ImGui::TableSetColumnIndex(2);
-      const RunStatus st = r->row.effective_status;
-      // A bar for a run that is training or was stopped part-way (how far it got): its
-      // fraction of the planned steps, never more. Finished runs show their status.
-      if ((st == RunStatus::kRunning || (st == RunStatus::kStopped && !r->row.stale)) &&
-          r->row.shape.total_steps > 0 && r->row.last_step < r->row.shape.total_steps) {
-        const float frac = std::clamp(
-            static_cast<float>(r->row.last_step) / static_cast<float>(r->row.shape.total_steps),
-            0.0f, 1.0f);
-        char overlay[64];
-        std::snprintf(overlay, sizeof(overlay), "%s %.0f%%", ToString(st), std::floor(frac * 100));
-        ImGui::PushStyleColor(ImGuiCol_PlotHistogram, StatusColor(st));
-        ImGui::ProgressBar(frac, ImVec2(-1, ImGui::GetTextLineHeight()), overlay);
-        ImGui::PopStyleColor();
-      } else {
-        ImGui::PushStyleColor(ImGuiCol_Text, StatusColor(st));
-        ImGui::TextUnformatted(r->row.stale ? "failed (stale)" : ToString(st));
-        ImGui::PopStyleColor();
-      }
+      StatusCell(r);
       for (size_t c = 0; c < cols.size(); ++c) {
         ImGui::TableSetColumnIndex(fixed_before + static_cast<int>(c));
         ImGui::TextUnformatted(LookupKey(r->keys, cols[c]).c_str());

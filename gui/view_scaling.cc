@@ -17,6 +17,7 @@
 #include "gui/app.h"
 #include "gui/app_internal.h"
 #include "gui/fits.h"
+#include "gui/view_fit_forms.h"
 #include "gui/widgets.h"
 
 namespace moelab::gui {
@@ -43,18 +44,6 @@ std::string ParamsText(const nlohmann::json& family) {
     out += (out.empty() ? "" : "   ") + p["name"].get<std::string>() + " " + value;
   }
   return out;
-}
-
-// A table that fits its columns to their contents and scrolls sideways when the pane is
-// narrower (it used to be clipped at the window's edge); `rows` body rows set its height.
-bool BeginFitTable(const char* id, int columns, size_t rows) {
-  const ImGuiStyle& st = ImGui::GetStyle();
-  const float row_h = ImGui::GetTextLineHeight() + 2 * st.CellPadding.y;
-  const float h = row_h * static_cast<float>(rows + 1) + st.ScrollbarSize + 4;
-  return ImGui::BeginTable(id, columns,
-                           ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV |
-                               ImGuiTableFlags_SizingFixedFit | ImGuiTableFlags_ScrollX,
-                           ImVec2(0, h));
 }
 
 // The model-free primary reading (analysis/model_free.h) beside the fit: FLOPs to each target
@@ -229,6 +218,8 @@ void App::ScalingView() {
       "compute-optimal frontier (lower envelope of validation loss over training FLOPs) is "
       "fitted with L(C) = E + A·C^-α by analysis/ (Huber loss in log space, bootstrap over "
       "runs, 200 resamples here). Drag the dashed target line to move L*.");
+  ImGui::SameLine();
+  FitFormCombo(&scaling_.form);
   // A key this database does not have (say, last session's): fall back to its first sweep
   // variable rather than an empty view.
   const bool known =
@@ -254,9 +245,10 @@ void App::ScalingView() {
   }
   // The newest stored fit is drawn as stored; analysis/ fits here only without one or when
   // Recompute was pressed (then with the stored fit's options).
-  const bool use_stored = !StoredFits(data.h, ended);
+  const bool power = scaling_.form == "power";  // stored fits are drawn for the power form
+  const bool use_stored = power && !StoredFits(data.h, ended);
   FitRequest req;
-  if (scaling_.stored_result && scaling_.fit_requested) {
+  if (power && scaling_.stored_result && scaling_.fit_requested) {
     req = RequestFromStored(*scaling_.stored_result, store_->path());
   } else {
     req.db_path = store_->path();
@@ -267,6 +259,8 @@ void App::ScalingView() {
   }
   req.heads_base = scaling_.heads_base;
   req.heads_treatment = scaling_.heads_treatment;
+  req.form = scaling_.form;
+  if (req.form == "chinchilla") req.budgets = BudgetsOf(scaling_.budgets, &scaling_.budgets_error);
   req.data_version = data.h;
   std::shared_ptr<const FitResult> res;
   if (use_stored) {
@@ -290,7 +284,8 @@ void App::ScalingView() {
       ImGui::SameLine();
     }
     if (!res) return;
-    if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id) {
+    if (res->request.family_key != req.family_key || res->request.sweep_id != req.sweep_id ||
+        res->request.form != req.form) {
       ImGui::TextDisabled("fitting %s ...", req.family_key.c_str());
       return;
     }
@@ -314,12 +309,26 @@ void App::ScalingView() {
       ImGui::TextWrapped("Options%s: %s.", use_stored ? " (stored)" : "", text.c_str());
     }
   }
+  if (!power) {
+    if (!scaling_.budgets_error.empty())
+      ImGui::TextWrapped("budgets: %s", scaling_.budgets_error.c_str());
+    DrawFitForm(*res, req.family_key, &scaling_.heads_base, &scaling_.heads_treatment,
+                &scaling_.budgets);
+    return;
+  }
   if (!res->error.empty() || !res->fits) {
     ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(240, 110, 100, 255));
     ImGui::TextWrapped("No fit: %s", res->error.c_str());
     ImGui::PopStyleColor();
     return;
   }
+  ScalingLaws(*res, use_stored);
+}
+
+// The power form: each family's points, frontier and law beside the tables.
+void App::ScalingLaws(const FitResult& fit, bool use_stored) {
+  const FitResult* res = &fit;
+  const FitRequest& req = res->request;
   const analysis::FamilyFits& fits = *res->fits;
   std::vector<std::string> families;
   for (const auto& f : fits.families) families.push_back(f.family);
@@ -346,6 +355,19 @@ void App::ScalingView() {
     scaling_.target_loss = hi_all > lo_all ? lo_all + 0.3 * (hi_all - lo_all) : lo_all;
   }
 
+  ScalingPlot(fit, use_stored, families, ordered, &fam_color);
+  ImGui::SameLine();
+  ScalingTables(fit, use_stored, families, &fam_color);
+}
+
+// The plot: points, bands, laws and frontiers by family, the draggable L* line, the legend.
+void App::ScalingPlot(const FitResult& result, bool use_stored,
+                      const std::vector<std::string>& families, bool ordered,
+                      std::map<std::string, ImU32>* colors) {
+  const FitResult* res = &result;
+  const FitRequest& req = res->request;
+  const analysis::FamilyFits& fits = *res->fits;
+  std::map<std::string, ImU32>& fam_color = *colors;
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float plot_w = avail.x * 0.6f;
   ImGui::BeginGroup();
@@ -374,7 +396,7 @@ void App::ScalingView() {
     scaling_.plot_rect = plot.inner();
     if (scaling_.dragging_target) scaling_.target_loss = plot.mouse_y();
     Signature sig;
-    sig.Add(res.get()).Add(ordered);
+    sig.Add(res).Add(ordered);
     LineCanvas& canvas = Canvas("scaling");
     if (canvas.Begin(plot, sig.h, sig.h)) {
       for (const auto& b : res->bands) {
@@ -422,8 +444,16 @@ void App::ScalingView() {
                        "\xe2\x96\xa0 %s = %s", req.family_key.c_str(), families[i].c_str());
   }
   ImGui::EndGroup();
-  ImGui::SameLine();
+}
 
+// The tables: multipliers at L*, the model-free reading, the fitted laws, the heads ablation.
+void App::ScalingTables(const FitResult& fit, bool use_stored,
+                        const std::vector<std::string>& families,
+                        std::map<std::string, ImU32>* colors) {
+  const FitResult* res = &fit;
+  const FitRequest& req = res->request;
+  const analysis::FamilyFits& fits = *res->fits;
+  std::map<std::string, ImU32>& fam_color = *colors;
   // Right: multiplier table, fit parameters, heads ablation.
   ImGui::BeginChild("fit tables", ImVec2(0, 0), false);
   const analysis::MultiplierTable* stored_table =
@@ -542,57 +572,7 @@ void App::ScalingView() {
 
   ImGui::Spacing();
   ImGui::Separator();
-  ImGui::TextUnformatted("Heads ablation (relative loss difference per budget)");
-  auto fam_combo = [&](const char* label, std::string* value) {
-    ImGui::SetNextItemWidth(110);
-    if (ImGui::BeginCombo(label, value->empty() ? "(none)" : value->c_str())) {
-      if (ImGui::Selectable("(none)", value->empty())) value->clear();
-      for (const auto& f : families) {
-        if (ImGui::Selectable(f.c_str(), f == *value)) *value = f;
-      }
-      ImGui::EndCombo();
-    }
-  };
-  fam_combo("base", &scaling_.heads_base);
-  ImGui::SameLine();
-  fam_combo("treatment", &scaling_.heads_treatment);
-  HelpMarker(
-      "Choose the family key that holds the head count (e.g. model.heads or var:head_ratio), "
-      "then the base and the treatment family: analysis::CompareHeads pairs their runs by "
-      "token budget and reports (L_treatment - L_base) / L_base at equal tokens and at equal "
-      "FLOPs.");
-  if (res->heads) {
-    const analysis::HeadsAblation& h = *res->heads;
-    if (BeginFitTable("heads", 3, h.budgets.size() + 1)) {
-      ImGui::TableSetupColumn("tokens");
-      ImGui::TableSetupColumn("\xce\x94 equal tokens");
-      ImGui::TableSetupColumn("\xce\x94 equal FLOPs");
-      ImGui::TableHeadersRow();
-      auto pct = [](const analysis::Estimate& e) {
-        return EstimateText({100 * e.estimate, 100 * e.lo, 100 * e.hi}, "", "%+.2f%%");
-      };
-      for (const auto& b : h.budgets) {
-        ImGui::TableNextRow();
-        ImGui::TableSetColumnIndex(0);
-        ImGui::TextUnformatted(FormatValue(b.tokens).c_str());
-        ImGui::TableSetColumnIndex(1);
-        ImGui::TextUnformatted(pct(b.delta_equal_tokens).c_str());
-        ImGui::TableSetColumnIndex(2);
-        ImGui::TextUnformatted(pct(b.delta_equal_flops).c_str());
-      }
-      ImGui::TableNextRow();
-      ImGui::TableSetColumnIndex(0);
-      ImGui::TextUnformatted("mean");
-      ImGui::TableSetColumnIndex(1);
-      ImGui::TextUnformatted(pct(h.mean_delta_equal_tokens).c_str());
-      ImGui::TableSetColumnIndex(2);
-      ImGui::TextUnformatted(pct(h.mean_delta_equal_flops).c_str());
-      ImGui::EndTable();
-    }
-    for (const auto& w : h.warnings) ImGui::TextDisabled("%s", w.c_str());
-  } else if (!res->heads_error.empty()) {
-    ImGui::TextWrapped("%s", res->heads_error.c_str());
-  }
+  DrawHeadsAblation(*res, families, &scaling_.heads_base, &scaling_.heads_treatment);
   ImGui::EndChild();
 }
 

@@ -256,6 +256,12 @@ bool App::ResumeRun(int64_t run) {
 }
 
 void App::SweepsView() {
+  SweepsList();
+  ImGui::SameLine();
+  SweepSpecEditor();
+}
+
+void App::SweepsList() {
   const std::string db = store_ ? store_->path() : "";
   // ---- Left: the sweeps of the database and their runs. ----
   ImGui::BeginChild("sweeps_list", ImVec2(ImGui::GetContentRegionAvail().x * 0.48f, 0), true);
@@ -383,8 +389,9 @@ void App::SweepsView() {
     }
   }
   ImGui::EndChild();
-  ImGui::SameLine();
+}
 
+void App::SweepSpecEditor() {
   // ---- Right: the spec editor, its validation and plan, Launch. ----
   ImGui::BeginChild("sweep_editor", ImVec2(0, 0), true);
   ImGui::SetNextItemWidth(-260);

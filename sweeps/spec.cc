@@ -537,29 +537,34 @@ int64_t CountSpecRuns(const ojson& spec, std::string* breakdown) {
   return total;
 }
 
-Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
-  if (!spec.is_object()) throw SpecError("a sweep spec is a JSON object");
-  {
-    // The size guard runs first: nothing below may allocate per run before it.
-    int64_t limit = options.max_runs > 0 ? options.max_runs : kDefaultMaxRuns;
-    if (spec.contains("max_runs")) {
-      if (!spec["max_runs"].is_number_integer() || spec["max_runs"].get<int64_t>() < 1) {
-        throw SpecError("max_runs: expected a positive integer");
-      }
-      limit = std::max(limit, spec["max_runs"].get<int64_t>());
+namespace {
+
+// The size guard: throws before anything is expanded when the spec's axes multiply to more
+// runs than the limit (the options', raised by the spec's own "max_runs").
+void CheckSpecSize(const ojson& spec, const ExpandOptions& options) {
+  // The size guard runs first: nothing below may allocate per run before it.
+  int64_t limit = options.max_runs > 0 ? options.max_runs : kDefaultMaxRuns;
+  if (spec.contains("max_runs")) {
+    if (!spec["max_runs"].is_number_integer() || spec["max_runs"].get<int64_t>() < 1) {
+      throw SpecError("max_runs: expected a positive integer");
     }
-    std::string breakdown;
-    const int64_t n = CountSpecRuns(spec, &breakdown);
-    if (n > limit) {
-      throw SpecError(fmt::format(
-          "the sweep expands to {} runs ({}), above the limit of {}; nothing was expanded. "
-          "Check the axes for a typo, or raise the limit with \"max_runs\": {} in the spec or "
-          "--max-runs {}",
-          n == std::numeric_limits<int64_t>::max() ? std::string("more than 9.2e18")
-                                                   : fmt::format("{}", n),
-          breakdown, limit, n, n));
-    }
+    limit = std::max(limit, spec["max_runs"].get<int64_t>());
   }
+  std::string breakdown;
+  const int64_t n = CountSpecRuns(spec, &breakdown);
+  if (n > limit) {
+    throw SpecError(fmt::format(
+        "the sweep expands to {} runs ({}), above the limit of {}; nothing was expanded. "
+        "Check the axes for a typo, or raise the limit with \"max_runs\": {} in the spec or "
+        "--max-runs {}",
+        n == std::numeric_limits<int64_t>::max() ? std::string("more than 9.2e18")
+                                                 : fmt::format("{}", n),
+        breakdown, limit, n, n));
+  }
+}
+
+// Every top-level key must be known: a typo would otherwise be silently ignored.
+void CheckTopLevelKeys(const ojson& spec) {
   for (auto it = spec.begin(); it != spec.end(); ++it) {
     if (it.key() == "max_runs") continue;  // the size guard's key, checked above
     const auto& keys = TopLevelKeys();
@@ -568,26 +573,10 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
                                   fmt::join(keys, ", ")));
     }
   }
-  Sweep sweep;
-  sweep.spec = spec;
-  if (!spec.contains("name") || !spec["name"].is_string() ||
-      spec["name"].get<std::string>().empty()) {
-    throw SpecError("name: a sweep needs a name (a non-empty string)");
-  }
-  sweep.name = spec["name"].get<std::string>();
-  if (spec.contains("ranks")) {
-    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int64_t>() < 1 ||
-        spec["ranks"].get<int64_t>() > kMaxRanks) {
-      throw SpecError(fmt::format("ranks: expected an integer from 1 to {}, got {}", kMaxRanks,
-                                  spec["ranks"].dump()));
-    }
-    sweep.ranks = spec["ranks"].get<int>();
-  }
-  if (spec.contains("branching")) {
-    if (!spec["branching"].is_boolean()) throw SpecError("branching: expected true or false");
-    sweep.branching = spec["branching"].get<bool>();
-  }
+}
 
+// The base config with "set" applied and the layout shorthands: what every run starts from.
+json BaseConfigOf(const ojson& spec) {
   // The base config; validated for unknown keys and types up front (combinations may be fixed
   // by the axes, so those are checked per run).
   json base = json::object();
@@ -628,7 +617,11 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       throw SpecError(fmt::format("{}: {}", key, e.what()));
     }
   }
+  return base;
+}
 
+// The spec's "vars": each variable's default value.
+std::map<std::string, ojson> DefaultVarsOf(const ojson& spec) {
   std::map<std::string, ojson> default_vars;
   if (spec.contains("vars")) {
     if (!spec["vars"].is_object()) throw SpecError("vars: expected an object name -> value");
@@ -642,12 +635,24 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       default_vars[it.key()] = it.value();
     }
   }
+  return default_vars;
+}
 
-  // Expansion order, outermost first: runs × zip groups × grid axes × random × seeds. The last
-  // axis varies fastest.
-  std::vector<Point> points = {Point{}};
+// The spec's axes multiplied out, and the keys they assign.
+struct SpecPoints {
+  std::vector<Point> points;
   std::set<std::string> assigned;
   size_t runs_listed = 0;  // runs[] is the outermost axis: point i comes from runs[i / stride]
+};
+
+SpecPoints ExpandAxes(const ojson& spec) {
+  SpecPoints out;
+  std::vector<Point>& points = out.points;
+  std::set<std::string>& assigned = out.assigned;
+  size_t& runs_listed = out.runs_listed;
+  // Expansion order, outermost first: runs × zip groups × grid axes × random × seeds. The last
+  // axis varies fastest.
+  points = {Point{}};
   if (spec.contains("runs")) {
     runs_listed = spec["runs"].is_array() ? spec["runs"].size() : 0;
     const ojson& runs = spec["runs"];
@@ -728,10 +733,14 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
     assigned.insert("train.seed");
     points = Product(points, axis);
   }
-  const std::vector<Derived> derived = ParseDerived(spec);
+  return out;
+}
 
-  // A variable nothing reads is almost always a typo of a config path: its runs would all
-  // share one config.
+// A variable nothing reads is almost always a typo of a config path: its runs would all share
+// one config. Each such variable adds a warning.
+void WarnUnusedVars(const std::set<std::string>& assigned,
+                    const std::map<std::string, ojson>& default_vars,
+                    const std::vector<Derived>& derived, std::vector<std::string>* warnings) {
   std::set<std::string> used_in_exprs;
   for (const Derived& d : derived) {
     for (const std::string& v : assigned)
@@ -742,7 +751,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
   for (const std::string& v : assigned) {
     if (!IsConfigPath(v) && !used_in_exprs.count(v) && !IsLaunchKey(v)) {
       const std::string near = NearestConfigPath(v);
-      sweep.warnings.push_back(fmt::format(
+      warnings->push_back(fmt::format(
           "sweep variable '{}' is not used by any derived field: it is recorded but changes "
           "nothing ({})",
           v,
@@ -750,12 +759,136 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
                        : fmt::format("did you mean the config path '{}'?", near)));
     }
   }
+}
+
+// The data.path and train.device checks, once per value: every run that uses it gets the error.
+struct RunChecks {
+  std::map<std::string, std::string> data_error, device_error;
+};
+
+// Completes one run from its point: launch keys, derived fields, the config and its checks.
+// Throws ConfigError or SpecError for an invalid run.
+void BuildRun(const ojson& spec, const ExpandOptions& options, const Point& point,
+              const std::vector<Derived>& derived, json* config_ptr,
+              std::map<std::string, ojson>* vars_ptr, RunChecks* checks, SweepRun* run_ptr) {
+  SweepRun& run = *run_ptr;
+  json& config = *config_ptr;
+  std::map<std::string, ojson>& vars = *vars_ptr;
+  std::map<std::string, std::string>& data_error = checks->data_error;
+  std::map<std::string, std::string>& device_error = checks->device_error;
+  // Launch keys: "ranks" per run; "expert_parallel" / "zero1" stand for dist.*.
+  for (const auto& [k, v] : point) {
+    if (k == "ranks") {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxRanks) {
+        throw SpecError(fmt::format("{}: expected an integer from 1 to {}, got {}",
+                                    KeyOrigin(spec, k, run.runs_index), kMaxRanks, v.dump()));
+      }
+      run.ranks = v.get<int>();
+    } else if (k == "expert_parallel" || k == "zero1") {
+      try {
+        SetPath(config, "dist." + k, ToJson(v));
+      } catch (const ConfigError& e) {
+        throw SpecError(fmt::format("{}: {}", KeyOrigin(spec, k, run.runs_index), e.what()));
+      }
+    }
+  }
+  for (const Derived& d : derived) {
+    const json value = TypedResult(d, Evaluate(d, config, vars));
+    if (IsConfigPath(d.target)) {
+      SetPath(config, d.target, value);
+    } else {
+      vars[d.target] = ojson::parse(value.dump());
+    }
+    run.vars[d.target] = ojson::parse(value.dump());
+  }
+  run.config = ConfigFromJson(config);
+  LayoutOrigin origin;
+  origin.ranks = KeyOrigin(spec, "ranks", run.runs_index);
+  origin.expert_parallel = KeyOrigin(spec, "dist.expert_parallel", run.runs_index);
+  if (const std::string e = LayoutError(run.config, run.ranks, origin); !e.empty()) {
+    throw SpecError(e);
+  }
+  if (options.check_data && run.config.data.source == "corpus") {
+    const std::string key =
+        fmt::format("{}\n{}", run.config.data.path, run.config.model.vocab_size);
+    if (!data_error.count(key)) {
+      try {
+        CheckVocabFits(ReadDataMeta(run.config.data.path), run.config.model.vocab_size);
+        data_error[key] = "";
+      } catch (const std::exception& e) {
+        data_error[key] = e.what();
+      }
+    }
+    if (!data_error[key].empty()) throw ConfigError("data.path", data_error[key]);
+  }
+  if (options.check_device && run.config.train.device != "cpu") {
+    const std::string& key = run.config.train.device;
+    if (!device_error.count(key)) {
+      try {
+        RequireDevice(run.config.train);
+        device_error[key] = "";
+      } catch (const DeviceError& e) {
+        device_error[key] = e.what();
+      }
+    }
+    if (!device_error[key].empty()) throw ConfigError("train.device", device_error[key]);
+  }
+}
+
+// Throws the error of a sweep with invalid runs: how many, and the first ones listed.
+void ThrowInvalidRuns(const Sweep& sweep, int error_count, size_t points,
+                      const std::vector<std::string>& errors) {
+  const std::string how_many =
+      error_count == static_cast<int>(points)
+          ? (points == 1 ? std::string("its only run is") : fmt::format("all {} runs are", points))
+          : fmt::format("{} of {} runs are", error_count, points);
+  std::string msg =
+      fmt::format("sweep '{}': {} invalid; nothing was started:", sweep.name, how_many);
+  for (const std::string& e : errors) msg += "\n  " + e;
+  if (error_count > static_cast<int>(errors.size())) {
+    msg += fmt::format("\n  ... and {} more", error_count - errors.size());
+  }
+  throw SpecError(msg);
+}
+
+}  // namespace
+
+Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
+  if (!spec.is_object()) throw SpecError("a sweep spec is a JSON object");
+  CheckSpecSize(spec, options);
+  CheckTopLevelKeys(spec);
+  Sweep sweep;
+  sweep.spec = spec;
+  if (!spec.contains("name") || !spec["name"].is_string() ||
+      spec["name"].get<std::string>().empty()) {
+    throw SpecError("name: a sweep needs a name (a non-empty string)");
+  }
+  sweep.name = spec["name"].get<std::string>();
+  if (spec.contains("ranks")) {
+    if (!spec["ranks"].is_number_integer() || spec["ranks"].get<int64_t>() < 1 ||
+        spec["ranks"].get<int64_t>() > kMaxRanks) {
+      throw SpecError(fmt::format("ranks: expected an integer from 1 to {}, got {}", kMaxRanks,
+                                  spec["ranks"].dump()));
+    }
+    sweep.ranks = spec["ranks"].get<int>();
+  }
+  if (spec.contains("branching")) {
+    if (!spec["branching"].is_boolean()) throw SpecError("branching: expected true or false");
+    sweep.branching = spec["branching"].get<bool>();
+  }
+
+  const json base = BaseConfigOf(spec);
+  const std::map<std::string, ojson> default_vars = DefaultVarsOf(spec);
+  const SpecPoints expanded = ExpandAxes(spec);
+  const std::vector<Point>& points = expanded.points;
+  const size_t runs_listed = expanded.runs_listed;
+  const std::vector<Derived> derived = ParseDerived(spec);
+  WarnUnusedVars(expanded.assigned, default_vars, derived, &sweep.warnings);
 
   std::vector<std::string> errors;
   int error_count = 0;
   std::map<std::string, int> first_of_hash;
-  // data.path and train.device checks, once per value; every run that uses it gets the error.
-  std::map<std::string, std::string> data_error, device_error;
+  RunChecks checks;  // data.path and train.device, once per value
   for (size_t i = 0; i < points.size(); ++i) {
     SweepRun run;
     run.index = static_cast<int>(i);
@@ -777,63 +910,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
       }
     }
     try {
-      // Launch keys: "ranks" per run; "expert_parallel" / "zero1" stand for dist.*.
-      for (const auto& [k, v] : points[i]) {
-        if (k == "ranks") {
-          if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxRanks) {
-            throw SpecError(fmt::format("{}: expected an integer from 1 to {}, got {}",
-                                        KeyOrigin(spec, k, run.runs_index), kMaxRanks, v.dump()));
-          }
-          run.ranks = v.get<int>();
-        } else if (k == "expert_parallel" || k == "zero1") {
-          try {
-            SetPath(config, "dist." + k, ToJson(v));
-          } catch (const ConfigError& e) {
-            throw SpecError(fmt::format("{}: {}", KeyOrigin(spec, k, run.runs_index), e.what()));
-          }
-        }
-      }
-      for (const Derived& d : derived) {
-        const json value = TypedResult(d, Evaluate(d, config, vars));
-        if (IsConfigPath(d.target)) {
-          SetPath(config, d.target, value);
-        } else {
-          vars[d.target] = ojson::parse(value.dump());
-        }
-        run.vars[d.target] = ojson::parse(value.dump());
-      }
-      run.config = ConfigFromJson(config);
-      LayoutOrigin origin;
-      origin.ranks = KeyOrigin(spec, "ranks", run.runs_index);
-      origin.expert_parallel = KeyOrigin(spec, "dist.expert_parallel", run.runs_index);
-      if (const std::string e = LayoutError(run.config, run.ranks, origin); !e.empty()) {
-        throw SpecError(e);
-      }
-      if (options.check_data && run.config.data.source == "corpus") {
-        const std::string key =
-            fmt::format("{}\n{}", run.config.data.path, run.config.model.vocab_size);
-        if (!data_error.count(key)) {
-          try {
-            CheckVocabFits(ReadDataMeta(run.config.data.path), run.config.model.vocab_size);
-            data_error[key] = "";
-          } catch (const std::exception& e) {
-            data_error[key] = e.what();
-          }
-        }
-        if (!data_error[key].empty()) throw ConfigError("data.path", data_error[key]);
-      }
-      if (options.check_device && run.config.train.device != "cpu") {
-        const std::string& key = run.config.train.device;
-        if (!device_error.count(key)) {
-          try {
-            RequireDevice(run.config.train);
-            device_error[key] = "";
-          } catch (const DeviceError& e) {
-            device_error[key] = e.what();
-          }
-        }
-        if (!device_error[key].empty()) throw ConfigError("train.device", device_error[key]);
-      }
+      BuildRun(spec, options, points[i], derived, &config, &vars, &checks, &run);
     } catch (const ConfigError& e) {
       ++error_count;
       // Layout errors name where the spec set the field (runs[3].expert_parallel, base.dist...).
@@ -867,20 +944,7 @@ Sweep ExpandSpec(const ojson& spec, const ExpandOptions& options) {
     if (!inserted) run.duplicate_of = it->second;
     sweep.runs.push_back(std::move(run));
   }
-  if (error_count > 0) {
-    const std::string how_many =
-        error_count == static_cast<int>(points.size())
-            ? (points.size() == 1 ? std::string("its only run is")
-                                  : fmt::format("all {} runs are", points.size()))
-            : fmt::format("{} of {} runs are", error_count, points.size());
-    std::string msg =
-        fmt::format("sweep '{}': {} invalid; nothing was started:", sweep.name, how_many);
-    for (const std::string& e : errors) msg += "\n  " + e;
-    if (error_count > static_cast<int>(errors.size())) {
-      msg += fmt::format("\n  ... and {} more", error_count - errors.size());
-    }
-    throw SpecError(msg);
-  }
+  if (error_count > 0) ThrowInvalidRuns(sweep, error_count, points.size(), errors);
   int duplicates = 0;
   for (const SweepRun& r : sweep.runs) duplicates += r.duplicate_of >= 0;
   if (duplicates > 0) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -57,6 +58,29 @@ class CliTest : public ::testing::Test {
     return path;
   }
   std::string Log() const { return (dir_ / "log.txt").string(); }
+  // An imported token shard of vocabulary 64 (`tokens` tokens of a learnable periodic stream
+  // in llm.c's format), as `moelab data import` makes it.
+  std::string ImportedData(int tokens = 4000) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = tokens;
+    {
+      std::ofstream f(dir_ / "tiny_train.bin", std::ios::binary);
+      f.write(reinterpret_cast<const char*>(header.data()), 1024);
+      for (int i = 0; i < tokens; ++i) {
+        const uint16_t t = static_cast<uint16_t>((i * 7 + i / 13) % 64);
+        f.write(reinterpret_cast<const char*>(&t), 2);
+      }
+    }
+    const std::string data = (dir_ / "imported").string();
+    EXPECT_EQ(test::Wait(Spawn({"data", "import", "--input", (dir_ / "tiny_train.bin").string(),
+                                "--vocab", "64", "--val-fraction", "0.05", "--out", data},
+                               Log())),
+              0)
+        << test::Slurp(Log());
+    return data;
+  }
 
   std::unique_ptr<test::TempDir> tmp_;
   std::filesystem::path dir_;

@@ -185,25 +185,9 @@ TEST_F(CliTest, JsonLinesCorpusTrainsARun) {
 }
 
 TEST_F(CliTest, LlmcShardTrainsARun) {
-  // A periodic token stream over 64 tokens in llm.c's format (header of 256 int32).
-  {
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = 20000;
-    std::ofstream f(dir_ / "tiny_train.bin", std::ios::binary);
-    f.write(reinterpret_cast<const char*>(header.data()), 1024);
-    for (int i = 0; i < 20000; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 7 + i / 13) % 64);
-      f.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
-  const std::string data = (dir_ / "imported").string();
-  ASSERT_EQ(Wait(Spawn({"data", "import", "--input", (dir_ / "tiny_train.bin").string(), "--vocab",
-                        "64", "--val-fraction", "0.05", "--out", data},
-                       Log())),
-            0)
-      << Slurp(Log());
+  // A periodic token stream over 64 tokens in llm.c's format (header of 256 int32), imported.
+  const std::string data = ImportedData(20000);
+  ASSERT_FALSE(HasFailure());
   const std::string cfg = WriteConfig(20, {{"data", {{"source", "corpus"}, {"path", data}}}});
   ASSERT_EQ(Wait(Spawn({"train", cfg, "--db", db_}, Log())), 0) << Slurp(Log());
   db::Reader reader(db_);

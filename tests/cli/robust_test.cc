@@ -27,31 +27,7 @@ using test::Wait;
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 #define EXPECT_LACKS(text, part) EXPECT_EQ((text).find(part), std::string::npos) << (text)
 
-class RobustTest : public CliTest {
- protected:
-  // An imported token shard of vocabulary 64 (llm.c format), as `moelab data import` makes it.
-  std::string ImportedData() {
-    std::vector<int32_t> header(256, 0);
-    header[0] = 20240520;
-    header[1] = 1;
-    header[2] = 4000;
-    {
-      std::ofstream f(dir_ / "tiny_train.bin", std::ios::binary);
-      f.write(reinterpret_cast<const char*>(header.data()), 1024);
-      for (int i = 0; i < 4000; ++i) {
-        const uint16_t t = static_cast<uint16_t>((i * 7 + i / 13) % 64);
-        f.write(reinterpret_cast<const char*>(&t), 2);
-      }
-    }
-    const std::string data = (dir_ / "imported").string();
-    EXPECT_EQ(Wait(Spawn({"data", "import", "--input", (dir_ / "tiny_train.bin").string(),
-                          "--vocab", "64", "--val-fraction", "0.05", "--out", data},
-                         Log())),
-              0)
-        << Slurp(Log());
-    return data;
-  }
-};
+class RobustTest : public CliTest {};
 
 // `config check` runs the checks `train` runs before training and exits 2 on the same errors:
 // before, it said "ok" for a corpus config without data.path and for a model vocabulary below

@@ -34,6 +34,8 @@ int Wait(pid_t pid);
 int Run(const std::vector<std::string>& argv, const std::string& log = "");
 // The whole file ("" when missing).
 std::string Slurp(const std::string& path);
+// Runs a shell command line: its stdout, and its exit code in *exit_code (-1 when killed).
+std::string RunCapture(const std::string& cmd, int* exit_code);
 
 // A fresh folder <tmp>/moelab_<prefix>_<pid>_<test name>, removed at destruction unless the
 // test failed or $MOELAB_KEEP_TEST_DIR is set (so its logs and databases stay for a look).

@@ -1,5 +1,4 @@
-#include "kernels/cuda/profile.h"
-
+// CudaOpProfiler (core/cuda_profiler.h), the per-op-class GPU time of `moelab bench`.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -11,45 +10,6 @@
 
 namespace moelab::cuda {
 namespace {
-
-TEST(CudaProfile, DisabledProfilerRecordsNothingAndNeedsNoDevice) {
-  EventProfiler p;
-  ASSERT_FALSE(p.enabled());
-  p.Begin("region");
-  p.End();
-  EXPECT_TRUE(p.Collect().empty());
-  {
-    ProfileRegion r("scoped");  // the thread's profiler, disabled by default
-  }
-  EXPECT_TRUE(Profiler().Collect().empty());
-}
-
-TEST(CudaProfile, RegionsAggregateByNameLargestFirst) {
-  MOELAB_REQUIRE_GPU();
-  EventProfiler& p = Profiler();
-  p.Reset();
-  p.set_enabled(true);
-  const int n = 512;
-  DeviceBuffer<float> a(size_t(n) * n), c(size_t(n) * n);
-  a.Zero();
-  for (int i = 0; i < 3; ++i) {
-    ProfileRegion outer("gemm x2");
-    Gemm(false, false, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
-    {
-      ProfileRegion inner("gemm");
-      Gemm(false, false, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
-    }
-  }
-  const auto entries = p.Collect();
-  p.set_enabled(false);
-  ASSERT_EQ(entries.size(), 2u);
-  EXPECT_EQ(entries[0].name, "gemm x2");  // encloses the inner region: the larger total
-  EXPECT_EQ(entries[0].calls, 3);
-  EXPECT_EQ(entries[1].name, "gemm");
-  EXPECT_EQ(entries[1].calls, 3);
-  EXPECT_GT(entries[1].ms, 0.0);
-  EXPECT_GT(entries[0].ms, entries[1].ms);
-}
 
 // The bench's per-op-class breakdown (core/cuda_profiler.h): a bracket inside another is its
 // sub-class ("moe/experts"), and the outer keeps its inclusive total.

@@ -18,18 +18,12 @@
 #include "db/reader.h"
 #include "tests/common/test_util.h"
 #include "tests/launch/fixture.h"
+#include "tests/sweeps/spec_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
 
-std::string ErrorOf(const ojson& spec) {
-  try {
-    ExpandSpec(spec);
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_specs::ErrorOf;
 
 RunConfig Moe(int experts) {
   ojson b = Base();

@@ -5,20 +5,12 @@
 #include <sys/resource.h>
 
 #include "sweeps/spec.h"
+#include "tests/sweeps/spec_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
 
-ojson Base() {
-  return ojson::parse(R"({
-    "model": {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 2, "ffn_hidden": 64,
-              "seq_len": 16},
-    "moe": {"experts_total": 4, "experts_active": 2, "expert_hidden": 16},
-    "data": {"source": "markov"},
-    "train": {"batch_size": 2, "steps": 20, "threads": 1},
-    "schedule": {"warmup_steps": 2}
-  })");
-}
+using test_specs::Base;
 
 // A grid with a typo'd axis: 3 axes of 1,000 values = 1e9 runs (the old expander allocated
 // gigabytes before saying anything).

@@ -9,22 +9,14 @@
 
 #include "core/flops.h"
 #include "tests/common/test_util.h"
+#include "tests/sweeps/spec_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
 
 namespace fs = std::filesystem;
 
-ojson Base() {
-  return ojson::parse(R"({
-    "model": {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 2, "ffn_hidden": 64,
-              "seq_len": 16},
-    "moe": {"experts_total": 4, "experts_active": 2, "expert_hidden": 16},
-    "data": {"source": "markov"},
-    "train": {"batch_size": 2, "steps": 20, "threads": 1},
-    "schedule": {"warmup_steps": 2}
-  })");
-}
+using test_specs::Base;
 
 ojson Spec(const std::string& extra) {
   ojson s = ojson::parse(extra);
@@ -33,14 +25,7 @@ ojson Spec(const std::string& extra) {
   return s;
 }
 
-std::string ErrorOf(const ojson& spec) {
-  try {
-    ExpandSpec(spec);
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_specs::ErrorOf;
 
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
