@@ -28,9 +28,9 @@ size_t ActivationElements(const RunConfig& c, int batch, int threads) {
   // (2n + 2 doubles).
   const size_t n = static_cast<size_t>(batch) * c.model.seq_len;
   total += 2 * n + 2 * (2 * n + 2);
-  // Each MoE layer's dispatch and expert buffers, as MoeLayer::Reserve sizes them for n tokens
-  // (the layer has no static sizing of its own; tests/promote checks this against
-  // MoeLayer::workspace_bytes of real models).
+  // Each MoE layer's dispatch and expert buffers, as CpuMoeExperts::Reserve (core/model/cpu_moe.h)
+  // sizes them for n tokens (the layer has no static sizing of its own; tests/promote checks this
+  // against MoeLayer::workspace_bytes of real models).
   if (c.moe.enabled()) {
     const size_t E = c.moe.experts_total, k = c.moe.experts_active, EH = c.moe.expert_hidden,
                  sh = c.moe.shared_experts, d = c.model.d_model;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/moe_topk.h"
+
 namespace moelab::cpu {
 
 namespace {
@@ -34,24 +36,9 @@ void MoeRoute(const T* logits, int n, int experts, int k, bool sigmoid, const T*
       const T inv = static_cast<T>(1.0 / sum);
       for (int e = 0; e < E; ++e) s[e] *= inv;
     }
-    // One pass of insertion into a sorted list of the k best (value, expert), kept in this
-    // token's gates/topk rows: O(E) when most experts fail the first comparison (k = 8 of 256
-    // is cheap). The strict '>' over ascending expert indices keeps the lower index ahead on
-    // ties; every expert is inserted at most once, so the k are distinct even with NaN scores.
     int* idx = topk + static_cast<long>(t) * k;
     T* val = gates + static_cast<long>(t) * k;
-    int filled = 0;
-    for (int e = 0; e < E; ++e) {
-      const T v = bias ? s[e] + bias[e] : s[e];
-      if (filled == k && !(v > val[k - 1])) continue;
-      int j = filled < k ? filled++ : k - 1;
-      for (; j > 0 && v > val[j - 1]; --j) {
-        val[j] = val[j - 1];
-        idx[j] = idx[j - 1];
-      }
-      val[j] = v;
-      idx[j] = e;
-    }
+    InsertTopK(s, bias, E, k, idx, val);  // kernels/cpu/moe_topk.h, shared with the CUDA router
     double sum = 0;
     for (int slot = 0; slot < k; ++slot) sum += s[idx[slot]];
     T* g = gates + static_cast<long>(t) * k;

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/moe_topk.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm_device.h"
@@ -51,18 +52,7 @@ __global__ void MoeRouteKernel(const T* logits, int n, int E, int k, bool sigmoi
   }
   int idx[kMaxTopK];
   T val[kMaxTopK];
-  int filled = 0;
-  for (int e = 0; e < E; ++e) {
-    const T v = bias ? s[e] + bias[e] : s[e];
-    if (filled == k && !(v > val[k - 1])) continue;
-    int j = filled < k ? filled++ : k - 1;
-    for (; j > 0 && v > val[j - 1]; --j) {
-      val[j] = val[j - 1];
-      idx[j] = idx[j - 1];
-    }
-    val[j] = v;
-    idx[j] = e;
-  }
+  cpu::InsertTopK(s, bias, E, k, idx, val);  // kernels/cpu/moe_topk.h, the CPU router's own
   int* ti = topk + static_cast<long>(t) * k;
   T* g = gates + static_cast<long>(t) * k;
   double sum = 0;
