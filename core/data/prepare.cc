@@ -338,6 +338,82 @@ void WriteFile(const fs::path& p, const std::string& content) {
   if (!f) throw std::runtime_error(p.string() + ": write failed (disk full?)");
 }
 
+// The inputs, each with its size and content hash (the signature's sources); total_bytes their sum.
+std::vector<Source> ReadSources(const PrepareOptions& o, int64_t* total_bytes) {
+  std::vector<Source> sources;
+  for (const std::string& f : ListInputFiles(o.inputs)) {
+    Source s;
+    s.path = fs::weakly_canonical(fs::absolute(f)).string();
+    s.bytes = static_cast<int64_t>(fs::file_size(f));
+    s.hash = HashFile(f);
+    *total_bytes += s.bytes;
+    sources.push_back(s);
+  }
+  return sources;
+}
+
+// What meta.json records of the encoded corpus.
+struct MetaCounts {
+  int vocab = 0, eos = 0, unk = 0;
+  int64_t train_tokens = 0, val_tokens = 0;
+  int64_t train_documents = 0, val_documents = 0, sample_documents = 0;
+};
+
+nlohmann::json MetaJson(const PrepareOptions& o, const std::vector<Source>& sources,
+                        const nlohmann::json& signature, bool given_tokenizer, const MetaCounts& c,
+                        const std::vector<std::string>& train_shards,
+                        const std::vector<std::string>& val_shards) {
+  nlohmann::json src = nlohmann::json::array();
+  for (const Source& s : sources) {
+    src.push_back(
+        {{"path", s.path}, {"bytes", s.bytes}, {"fnv1a64", s.hash}, {"documents", s.docs}});
+  }
+  nlohmann::json meta = {
+      {"format_version", kFormatVersion},
+      {"vocab_size", c.vocab},
+      {"tokenizer", "tokenizer.model"},
+      {"tokenizer_type", !given_tokenizer ? "sentencepiece-bpe" : "sentencepiece (given)"},
+      {"eos_id", c.eos},
+      {"unk_id", c.unk},
+      {"dtype", "uint16"},
+      {"train_tokens", c.train_tokens},
+      {"val_tokens", c.val_tokens},
+      {"train_documents", c.train_documents},
+      {"val_documents", c.val_documents},
+      {"shards", train_shards},
+      {"val_shards", val_shards},
+      {"sources", src},
+      {"seed", o.seed},
+      {"val_fraction", o.val_fraction},
+      {"tokenizer_sample_documents", c.sample_documents},
+      {"created_at", UtcNowIso8601()},
+      {"entropy_rate", nullptr},
+      {"options", signature},
+  };
+  if (given_tokenizer) {
+    meta["tokenizer_source"] = signature["tokenizer_model"];
+  }
+  return meta;
+}
+
+// Swaps the new files in: removes stale shards of an earlier layout, renames the new ones, and
+// makes meta.json visible last.
+void SwapIn(const fs::path& out, const fs::path& tmp, const std::vector<std::string>& train_shards,
+            const std::vector<std::string>& val_shards) {
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.ends_with(".bin") &&
+        (name.starts_with("train_") || name.starts_with("val_"))) {
+      fs::remove(e.path());
+    }
+  }
+  for (const auto& name : train_shards) fs::rename(tmp / name, out / name);
+  for (const auto& name : val_shards) fs::rename(tmp / name, out / name);
+  fs::rename(tmp / "tokenizer.model", out / "tokenizer.model");
+  fs::rename(tmp / "meta.json", out / "meta.json");
+  fs::remove_all(tmp);
+}
+
 }  // namespace
 
 std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs) {
@@ -379,16 +455,8 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
   const fs::path out(o.out_dir);
   result.out_dir = out.string();
 
-  std::vector<Source> sources;
   int64_t total_bytes = 0;
-  for (const std::string& f : ListInputFiles(o.inputs)) {
-    Source s;
-    s.path = fs::weakly_canonical(fs::absolute(f)).string();
-    s.bytes = static_cast<int64_t>(fs::file_size(f));
-    s.hash = HashFile(f);
-    total_bytes += s.bytes;
-    sources.push_back(s);
-  }
+  std::vector<Source> sources = ReadSources(o, &total_bytes);
   Progress progress(o, total_bytes);
   std::string given_proto, given_hash;
   if (!o.tokenizer_model.empty()) {
@@ -543,52 +611,20 @@ PrepareResult PrepareCorpus(const PrepareOptions& o) {
   progress.Update("encode", 1.0, HumanCount(double(train.total() + val.total())) + " tokens", true);
   progress.Done();
 
-  nlohmann::json src = nlohmann::json::array();
-  for (const Source& s : sources) {
-    src.push_back(
-        {{"path", s.path}, {"bytes", s.bytes}, {"fnv1a64", s.hash}, {"documents", s.docs}});
-  }
-  nlohmann::json meta = {
-      {"format_version", kFormatVersion},
-      {"vocab_size", vocab},
-      {"tokenizer", "tokenizer.model"},
-      {"tokenizer_type", given_proto.empty() ? "sentencepiece-bpe" : "sentencepiece (given)"},
-      {"eos_id", eos},
-      {"unk_id", sp.unk_id()},
-      {"dtype", "uint16"},
-      {"train_tokens", train.total()},
-      {"val_tokens", val.total()},
-      {"train_documents", train_docs},
-      {"val_documents", val_docs},
-      {"shards", train.names()},
-      {"val_shards", val.names()},
-      {"sources", src},
-      {"seed", o.seed},
-      {"val_fraction", o.val_fraction},
-      {"tokenizer_sample_documents", sample_docs},
-      {"created_at", UtcNowIso8601()},
-      {"entropy_rate", nullptr},
-      {"options", signature},
-  };
-  if (!given_proto.empty()) {
-    meta["tokenizer_source"] = signature["tokenizer_model"];
-  }
+  MetaCounts counts;
+  counts.vocab = vocab;
+  counts.eos = eos;
+  counts.unk = sp.unk_id();
+  counts.train_tokens = train.total();
+  counts.val_tokens = val.total();
+  counts.train_documents = train_docs;
+  counts.val_documents = val_docs;
+  counts.sample_documents = sample_docs;
+  nlohmann::json meta =
+      MetaJson(o, sources, signature, !given_proto.empty(), counts, train.names(), val.names());
   WriteFile(tmp / "meta.json", meta.dump(2) + "\n");
 
-  // Swap the new files in: remove stale shards of an earlier layout, rename the new ones, and
-  // make meta.json visible last.
-  for (const auto& e : fs::directory_iterator(out)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && name.ends_with(".bin") &&
-        (name.starts_with("train_") || name.starts_with("val_"))) {
-      fs::remove(e.path());
-    }
-  }
-  for (const auto& name : train.names()) fs::rename(tmp / name, out / name);
-  for (const auto& name : val.names()) fs::rename(tmp / name, out / name);
-  fs::rename(tmp / "tokenizer.model", out / "tokenizer.model");
-  fs::rename(tmp / "meta.json", out / "meta.json");
-  fs::remove_all(tmp);
+  SwapIn(out, tmp, train.names(), val.names());
 
   result.meta = std::move(meta);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
