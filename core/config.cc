@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <fmt/format.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -9,8 +10,6 @@
 #include <functional>
 #include <limits>
 #include <sstream>
-
-#include <fmt/format.h>
 
 #include "core/did_you_mean.h"
 #include "core/printable.h"
@@ -66,7 +65,9 @@ const std::vector<Field>& Fields() {
        "RMSNorm epsilon."},
       {"model.init_std", FieldType::kDouble, Ref(&C::model, &ModelConfig::init_std),
        "Std of the normal initialisation (output projections also scaled by 1/sqrt(2·layers))."},
-      {"model.attention", FieldType::kString, Ref(&C::model, &ModelConfig::attention),
+      {"model.attention",
+       FieldType::kString,
+       Ref(&C::model, &ModelConfig::attention),
        "Attention type: mha (GQA when kv_heads < heads) or mla.",
        {"mha", "mla"}},
       {"model.q_lora_rank", FieldType::kInt, Ref(&C::model, &ModelConfig::q_lora_rank),
@@ -96,11 +97,16 @@ const std::vector<Field>& Fields() {
        "SwiGLU hidden size of each routed and shared expert."},
       {"moe.dense_layers", FieldType::kInt, Ref(&C::moe, &MoEConfig::dense_layers),
        "The first dense_layers blocks use the dense FFN instead of MoE."},
-      {"moe.router", FieldType::kString, Ref(&C::moe, &MoEConfig::router),
-       "Router score function.", {"softmax", "sigmoid"}},
+      {"moe.router",
+       FieldType::kString,
+       Ref(&C::moe, &MoEConfig::router),
+       "Router score function.",
+       {"softmax", "sigmoid"}},
       {"moe.route_scale", FieldType::kDouble, Ref(&C::moe, &MoEConfig::route_scale),
        "Multiplier of the gates after renormalisation over the chosen experts."},
-      {"moe.balance", FieldType::kString, Ref(&C::moe, &MoEConfig::balance),
+      {"moe.balance",
+       FieldType::kString,
+       Ref(&C::moe, &MoEConfig::balance),
        "Load balancing: the aux-loss-free selection bias of DeepSeek-V3 and Kimi K2, the Switch "
        "aux loss (on global-batch statistics), or none (docs/model.md).",
        {"aux_free", "aux_loss", "none"}},
@@ -109,7 +115,9 @@ const std::vector<Field>& Fields() {
       {"moe.bias_update_rate", FieldType::kDouble, Ref(&C::moe, &MoEConfig::bias_update_rate),
        "Aux-loss-free bias step: b_i += rate·sign(mean load − load_i) (balance = aux_free)."},
       // optimizer
-      {"optimizer.name", FieldType::kString, Ref(&C::optimizer, &OptimizerConfig::name),
+      {"optimizer.name",
+       FieldType::kString,
+       Ref(&C::optimizer, &OptimizerConfig::name),
        "Optimizer for hidden matrices (muonclip = muon with QK-Clip, needs qk_clip_tau > 0); "
        "embeddings, LM head, norms and router always use AdamW.",
        {"adamw", "muon", "muonclip"}},
@@ -136,15 +144,19 @@ const std::vector<Field>& Fields() {
       {"optimizer.muon_momentum", FieldType::kDouble,
        Ref(&C::optimizer, &OptimizerConfig::muon_momentum), "Muon momentum μ."},
       {"optimizer.muon_nesterov", FieldType::kBool,
-       Ref(&C::optimizer, &OptimizerConfig::muon_nesterov), "Nesterov momentum for Muon (off: plain momentum, as MuonClip's Algorithm 1 in the "
+       Ref(&C::optimizer, &OptimizerConfig::muon_nesterov),
+       "Nesterov momentum for Muon (off: plain momentum, as MuonClip's Algorithm 1 in the "
        "Kimi K2 report)."},
-      {"optimizer.muon_scale", FieldType::kString, Ref(&C::optimizer, &OptimizerConfig::muon_scale),
+      {"optimizer.muon_scale",
+       FieldType::kString,
+       Ref(&C::optimizer, &OptimizerConfig::muon_scale),
        "Muon update scale: rms_match = 0.2·sqrt(max(n,m)) (Moonlight/K2), shape = "
        "sqrt(max(1,n/m)).",
        {"rms_match", "shape"}},
       {"optimizer.muon_ns_steps", FieldType::kInt,
        Ref(&C::optimizer, &OptimizerConfig::muon_ns_steps), "Newton–Schulz iterations."},
-      {"optimizer.muon_ns_kernel", FieldType::kString,
+      {"optimizer.muon_ns_kernel",
+       FieldType::kString,
        Ref(&C::optimizer, &OptimizerConfig::muon_ns_kernel),
        "Newton–Schulz kernel: syrk (plain iteration, symmetric products) or gram (iterate on the "
        "small Gram matrix, multiply by X once: faster for non-square matrices, ~1e-4 more "
@@ -156,21 +168,29 @@ const std::vector<Field>& Fields() {
       {"optimizer.qk_clip_alpha", FieldType::kDouble,
        Ref(&C::optimizer, &OptimizerConfig::qk_clip_alpha),
        "QK-Clip split: W_q scaled by γ^α, W_k by γ^(1−α) (MHA)."},
-      {"optimizer.qk_clip_mode", FieldType::kString,
+      {"optimizer.qk_clip_mode",
+       FieldType::kString,
        Ref(&C::optimizer, &OptimizerConfig::qk_clip_mode),
-       "per_head (K2) or global (one γ from the max over heads).", {"per_head", "global"}},
+       "per_head (K2) or global (one γ from the max over heads).",
+       {"per_head", "global"}},
       // schedule
-      {"schedule.type", FieldType::kString, Ref(&C::schedule, &ScheduleConfig::type),
-       "Learning-rate schedule after warmup.", {"constant", "cosine", "linear", "wsd"}},
+      {"schedule.type",
+       FieldType::kString,
+       Ref(&C::schedule, &ScheduleConfig::type),
+       "Learning-rate schedule after warmup.",
+       {"constant", "cosine", "linear", "wsd"}},
       {"schedule.warmup_steps", FieldType::kInt, Ref(&C::schedule, &ScheduleConfig::warmup_steps),
        "Linear warmup steps."},
-      {"schedule.min_lr_ratio", FieldType::kDouble, Ref(&C::schedule, &ScheduleConfig::min_lr_ratio),
+      {"schedule.min_lr_ratio", FieldType::kDouble,
+       Ref(&C::schedule, &ScheduleConfig::min_lr_ratio),
        "Final lr as a fraction of the peak (cosine, linear, wsd)."},
       {"schedule.decay_fraction", FieldType::kDouble,
        Ref(&C::schedule, &ScheduleConfig::decay_fraction),
        "WSD: fraction of all steps spent in the final linear decay."},
       // data
-      {"data.source", FieldType::kString, Ref(&C::data, &DataConfig::source),
+      {"data.source",
+       FieldType::kString,
+       Ref(&C::data, &DataConfig::source),
        "corpus (prepared shards) or markov (synthetic source with a known entropy rate).",
        {"corpus", "markov"}},
       {"data.path", FieldType::kString, Ref(&C::data, &DataConfig::path),
@@ -185,21 +205,34 @@ const std::vector<Field>& Fields() {
       // train
       {"train.batch_size", FieldType::kInt, Ref(&C::train, &TrainConfig::batch_size),
        "Sequences per optimizer step."},
-      {"train.micro_batch", FieldType::kInt, Ref(&C::train, &TrainConfig::micro_batch),
+      {"train.micro_batch",
+       FieldType::kInt,
+       Ref(&C::train, &TrainConfig::micro_batch),
        "Sequences per forward/backward on each rank (gradient accumulation); 0 = the whole "
        "local batch. Equal to the unsplit step up to float rounding.",
-       {}, false},
+       {},
+       false},
       {"train.steps", FieldType::kInt, Ref(&C::train, &TrainConfig::steps),
        "Optimizer steps (ignored when train.tokens > 0)."},
       {"train.tokens", FieldType::kInt64, Ref(&C::train, &TrainConfig::tokens),
        "Training tokens; > 0 sets steps = ceil(tokens / (batch_size·seq_len))."},
       {"train.seed", FieldType::kUint64, Ref(&C::train, &TrainConfig::seed),
        "Seed of initialisation and data sampling."},
-      {"train.threads", FieldType::kInt, Ref(&C::train, &TrainConfig::threads),
-       "CPU threads (OpenMP and OpenBLAS share one pool).", {}, false},
-      {"train.device", FieldType::kString, Ref(&C::train, &TrainConfig::device),
-       "Where the step runs; cuda needs a GPU (docs/cuda.md).", {"cpu", "cuda"}, false},
-      {"train.precision", FieldType::kString, Ref(&C::train, &TrainConfig::precision),
+      {"train.threads",
+       FieldType::kInt,
+       Ref(&C::train, &TrainConfig::threads),
+       "CPU threads (OpenMP and OpenBLAS share one pool).",
+       {},
+       false},
+      {"train.device",
+       FieldType::kString,
+       Ref(&C::train, &TrainConfig::device),
+       "Where the step runs; cuda needs a GPU (docs/cuda.md).",
+       {"cpu", "cuda"},
+       false},
+      {"train.precision",
+       FieldType::kString,
+       Ref(&C::train, &TrainConfig::precision),
        "auto = bf16 on cuda, fp32 on cpu; bf16 (cuda only) keeps fp32 master weights. Hashed as "
        "the effective precision, and only when that is bf16 (docs/cuda.md).",
        {"auto", "fp32", "bf16"}},
@@ -209,23 +242,47 @@ const std::vector<Field>& Fields() {
       {"eval.batches", FieldType::kInt, Ref(&C::eval, &EvalConfig::batches),
        "Validation batches (of train.batch_size sequences) per evaluation."},
       // checkpoint
-      {"checkpoint.every", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::every),
-       "Checkpoint every N steps (and at the end); 0 = only at the end.", {}, false},
-      {"checkpoint.dir", FieldType::kString, Ref(&C::checkpoint, &CheckpointConfig::dir),
-       "Folder for checkpoints (one sub-folder `<config hash16>/<run uuid>` per run).", {}, false},
-      {"checkpoint.keep", FieldType::kInt, Ref(&C::checkpoint, &CheckpointConfig::keep),
-       "How many recent checkpoints to keep per run.", {}, false},
+      {"checkpoint.every",
+       FieldType::kInt,
+       Ref(&C::checkpoint, &CheckpointConfig::every),
+       "Checkpoint every N steps (and at the end); 0 = only at the end.",
+       {},
+       false},
+      {"checkpoint.dir",
+       FieldType::kString,
+       Ref(&C::checkpoint, &CheckpointConfig::dir),
+       "Folder for checkpoints (one sub-folder `<config hash16>/<run uuid>` per run).",
+       {},
+       false},
+      {"checkpoint.keep",
+       FieldType::kInt,
+       Ref(&C::checkpoint, &CheckpointConfig::keep),
+       "How many recent checkpoints to keep per run.",
+       {},
+       false},
       // dist (docs/dist-core.md)
-      {"dist.zero1", FieldType::kBool, Ref(&C::dist, &DistConfig::zero1),
-       "ZeRO-1: shard AdamW moments and Muon momentum over the data-parallel ranks.", {}, false},
-      {"dist.expert_parallel", FieldType::kInt, Ref(&C::dist, &DistConfig::expert_parallel),
+      {"dist.zero1",
+       FieldType::kBool,
+       Ref(&C::dist, &DistConfig::zero1),
+       "ZeRO-1: shard AdamW moments and Muon momentum over the data-parallel ranks.",
+       {},
+       false},
+      {"dist.expert_parallel",
+       FieldType::kInt,
+       Ref(&C::dist, &DistConfig::expert_parallel),
        "Expert-parallel size: ranks sharing each MoE layer's experts; must divide the world "
        "size and experts_total.",
        {},
        false},
-      {"dist.bucket_mb", FieldType::kDouble, Ref(&C::dist, &DistConfig::bucket_mb),
-       "Gradient all-reduce bucket size in MiB.", {}, false},
-      {"dist.overlap", FieldType::kBool, Ref(&C::dist, &DistConfig::overlap),
+      {"dist.bucket_mb",
+       FieldType::kDouble,
+       Ref(&C::dist, &DistConfig::bucket_mb),
+       "Gradient all-reduce bucket size in MiB.",
+       {},
+       false},
+      {"dist.overlap",
+       FieldType::kBool,
+       Ref(&C::dist, &DistConfig::overlap),
        "Data parallelism: start each gradient bucket's all-reduce as soon as the backward has "
        "finished it (same bits as after the backward).",
        {},
@@ -421,10 +478,6 @@ void Walk(const json& j, const std::string& prefix, RunConfig& c) {
   }
 }
 
-void Require(bool ok, const std::string& path, const std::string& reason) {
-  if (!ok) throw ConfigError(path, reason);
-}
-
 void FormatNumber(double d, std::string* out) {
   if (std::floor(d) == d && std::fabs(d) < 9007199254740992.0) {
     *out += fmt::format("{}", static_cast<long long>(d));
@@ -530,144 +583,6 @@ json ConfigToJson(const RunConfig& config) {
   }
   j["train"]["kernels"] = KernelChoicesToJson(c.train.kernels);  // core/kernel_choices.h
   return j;
-}
-
-void ValidateConfig(const RunConfig& c) {
-  const ModelConfig& m = c.model;
-  const MoEConfig& e = c.moe;
-  Require(m.vocab_size >= 2, "model.vocab_size", "must be at least 2");
-  Require(m.d_model >= 1, "model.d_model", "must be positive");
-  Require(m.layers >= 1, "model.layers", "must be positive");
-  Require(m.heads >= 1, "model.heads", "must be positive");
-  Require(m.seq_len >= 2, "model.seq_len", "must be at least 2");
-  Require(m.kv_heads >= 0, "model.kv_heads", "must be 0 (= heads) or positive");
-  Require(m.kv_heads <= m.heads, "model.kv_heads",
-          fmt::format("{} key/value heads exceed the {} query heads", m.kv_heads, m.heads));
-  Require(m.heads % m.kv_heads_effective() == 0, "model.kv_heads",
-          fmt::format("GQA groups: kv_heads {} does not divide heads {}", m.kv_heads, m.heads));
-  Require(m.head_dim >= 0, "model.head_dim", "must be 0 (= d_model / heads) or positive");
-  if (m.head_dim == 0) {
-    Require(m.d_model % m.heads == 0, "model.heads",
-            fmt::format("heads {} does not divide d_model {} (or set model.head_dim)", m.heads,
-                        m.d_model));
-  }
-  Require(m.head_dim_effective() % 2 == 0, "model.head_dim",
-          fmt::format("head dimension {} must be even for RoPE", m.head_dim_effective()));
-  Require(m.ffn_hidden >= 1, "model.ffn_hidden", "must be positive");
-  Require(m.rope_theta > 0, "model.rope_theta", "must be positive");
-  Require(m.norm_eps > 0, "model.norm_eps", "must be positive");
-  Require(m.init_std > 0, "model.init_std", "must be positive");
-  Require(m.logit_softcap >= 0, "model.logit_softcap", "must be >= 0 (0 = off)");
-  Require(m.z_loss >= 0, "model.z_loss", "must be >= 0");
-  if (m.attention == "mla") {
-    Require(m.kv_lora_rank >= 1, "model.kv_lora_rank", "MLA needs a positive latent rank");
-    Require(m.q_lora_rank >= 0, "model.q_lora_rank", "must be >= 0");
-    Require(m.qk_nope_head_dim >= 1, "model.qk_nope_head_dim", "must be positive for MLA");
-    Require(m.qk_rope_head_dim >= 2 && m.qk_rope_head_dim % 2 == 0, "model.qk_rope_head_dim",
-            "must be positive and even for MLA");
-    Require(m.v_head_dim >= 1, "model.v_head_dim", "must be positive for MLA");
-    Require(m.kv_heads == 0 || m.kv_heads == m.heads, "model.kv_heads",
-            "MLA has no key/value head grouping; leave kv_heads at 0");
-    Require(!m.qk_norm, "model.qk_norm",
-            "QK-norm cannot be combined with MLA (keys are never materialised per head)");
-  }
-  Require(!(m.qk_norm && c.optimizer.qk_clip_tau > 0), "model.qk_norm",
-          "QK-norm cannot be combined with QK-Clip (optimizer.qk_clip_tau > 0): the clip's "
-          "rescaling would be undone by the normalisation");
-
-  if (e.enabled()) {
-    Require(e.experts_active >= 1, "moe.experts_active", "must be at least 1");
-    Require(e.experts_active <= e.experts_total, "moe.experts_active",
-            fmt::format("top-k {} exceeds experts_total {}", e.experts_active, e.experts_total));
-    Require(e.expert_hidden >= 1, "moe.expert_hidden", "must be positive");
-    Require(e.shared_experts >= 0, "moe.shared_experts", "must be >= 0");
-    Require(e.dense_layers >= 0 && e.dense_layers <= m.layers, "moe.dense_layers",
-            fmt::format("must be between 0 and model.layers ({})", m.layers));
-    Require(e.aux_loss_coef >= 0, "moe.aux_loss_coef", "must be >= 0");
-    Require(e.bias_update_rate >= 0, "moe.bias_update_rate", "must be >= 0");
-    Require(e.route_scale > 0, "moe.route_scale", "must be positive");
-  } else {
-    Require(e.experts_total == 0, "moe.experts_total", "must be >= 0 (0 = dense model)");
-  }
-
-  const OptimizerConfig& o = c.optimizer;
-  Require(o.lr > 0, "optimizer.lr", "must be positive");
-  Require(o.adamw_lr >= 0, "optimizer.adamw_lr", "must be 0 (= optimizer.lr) or positive");
-  Require(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1", "must be in [0, 1)");
-  Require(o.beta2 >= 0 && o.beta2 < 1, "optimizer.beta2", "must be in [0, 1)");
-  Require(o.eps > 0, "optimizer.eps", "must be positive");
-  Require(o.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0");
-  Require(o.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 = off)");
-  static const std::vector<std::string> kinds = {
-      "embedding", "lm_head", "norm", "router", "attn_q", "attn_k", "attn_v",
-      "attn_o", "ffn", "expert", "shared_expert", "mla", "bias"};
-  for (size_t i = 0; i < o.no_decay.size(); ++i) {
-    Require(std::find(kinds.begin(), kinds.end(), o.no_decay[i]) != kinds.end(),
-            fmt::format("optimizer.no_decay[{}]", i),
-            fmt::format("unknown parameter kind '{}'; kinds: {}", o.no_decay[i],
-                        fmt::join(kinds, ", ")));
-  }
-  Require(o.name != "muonclip" || o.qk_clip_tau > 0, "optimizer.qk_clip_tau",
-          "muonclip needs a threshold > 0 (K2 uses 100)");
-  Require(o.muon_momentum >= 0 && o.muon_momentum < 1, "optimizer.muon_momentum",
-          "must be in [0, 1)");
-  Require(o.muon_ns_steps >= 1 && o.muon_ns_steps <= 20, "optimizer.muon_ns_steps",
-          "must be between 1 and 20");
-  Require(o.qk_clip_tau >= 0, "optimizer.qk_clip_tau", "must be >= 0 (0 = off)");
-  Require(o.qk_clip_alpha >= 0 && o.qk_clip_alpha <= 1, "optimizer.qk_clip_alpha",
-          "must be in [0, 1]");
-
-  const ScheduleConfig& s = c.schedule;
-  Require(s.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0");
-  Require(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1, "schedule.min_lr_ratio",
-          "must be in [0, 1]");
-  Require(s.decay_fraction > 0 && s.decay_fraction <= 1, "schedule.decay_fraction",
-          "must be in (0, 1]");
-
-  const DataConfig& d = c.data;
-  if (d.source == "corpus") Require(!d.path.empty(), "data.path", "must name a folder");
-  if (d.source == "markov") {
-    Require(d.markov_order >= 1 && d.markov_order <= 4, "data.markov_order",
-            "must be between 1 and 4");
-    Require(std::pow(static_cast<double>(m.vocab_size), d.markov_order + 1) <= 2e8,
-            "data.markov_order",
-            fmt::format("vocab_size^(order+1) = {}^{} transition entries is too many for a "
-                        "synthetic chain; lower the order or model.vocab_size",
-                        m.vocab_size, d.markov_order + 1));
-    Require(d.markov_concentration > 0, "data.markov_concentration", "must be positive");
-  }
-
-  const TrainConfig& t = c.train;
-  Require(t.batch_size >= 1, "train.batch_size", "must be positive");
-  Require(t.micro_batch >= 0 && t.micro_batch <= t.batch_size, "train.micro_batch",
-          fmt::format("must be between 0 (the whole local batch) and train.batch_size ({})",
-                      t.batch_size));
-  Require(t.tokens >= 0, "train.tokens", "must be >= 0");
-  if (t.tokens == 0) Require(t.steps >= 1, "train.steps", "must be positive (or set train.tokens)");
-  Require(t.threads >= 1 && t.threads <= 1024, "train.threads", "must be between 1 and 1024");
-  Require(t.device == "cuda" || t.effective_precision() == "fp32", "train.precision",
-          "bf16 needs train.device \"cuda\" (the CPU model computes in fp32)");
-  Require(c.schedule.warmup_steps < c.total_steps() || c.total_steps() <= 1,
-          "schedule.warmup_steps",
-          fmt::format("warmup {} is not shorter than the run ({} steps)", s.warmup_steps,
-                      c.total_steps()));
-  Require(c.eval.every >= 0, "eval.every", "must be >= 0");
-  Require(c.eval.batches >= 1, "eval.batches", "must be positive");
-  Require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0");
-  Require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be at least 1");
-  Require(c.dist.expert_parallel >= 1, "dist.expert_parallel", "must be at least 1");
-  if (c.dist.expert_parallel > 1) {
-    Require(e.enabled(), "dist.expert_parallel", "expert parallelism needs an MoE model");
-    Require(c.dist.expert_parallel <= e.experts_total, "dist.expert_parallel",
-            fmt::format("{} expert-parallel ranks exceed the {} experts", c.dist.expert_parallel,
-                        e.experts_total));
-    Require(e.experts_total % c.dist.expert_parallel == 0, "dist.expert_parallel",
-            fmt::format("{} experts do not split evenly over {} expert-parallel ranks",
-                        e.experts_total, c.dist.expert_parallel));
-  }
-  Require(c.dist.bucket_mb > 0 && c.dist.bucket_mb <= 4096, "dist.bucket_mb",
-          "must be in (0, 4096]");
-  ValidateKernelChoices(t.kernels, t.device);  // core/kernel_choices.h
 }
 
 void ApplyOverride(json& j, const std::string& assignment) {

@@ -55,7 +55,11 @@ RunSummary RunSweep(const Sweep& sweep, const RunOptions& options);
 // Where the engine keeps a sweep's generated files: <db>.sweeps/<sanitised sweep name>.
 std::string SweepDir(const std::string& db_path, const std::string& sweep_name);
 
-// `moelab sweep status`: a table of the sweep's runs (or of every sweep when name is empty).
+// A running run whose heartbeat is older than this is stale: its trainer is gone.
+inline constexpr double kStaleAfterS = 30.0;
+
+// `moelab sweep status` (sweeps/status.cc): a table of the sweep's runs (or of every sweep when
+// name is empty).
 void PrintStatus(const std::string& db_path, const std::string& name, std::FILE* out);
 
 // Loads a sweep from a spec file, or (when arg is not a file) from the spec stored in the
