@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
+#include <limits>
+#include <map>
 
 #include "analysis/model_free.h"
-#include "core/flops.h"
 
 namespace moelab::sweeps {
 
