@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/tiny_configs.h"
 #include "tests/core_model/gradcheck.h"
 
 namespace moelab {
@@ -20,40 +21,26 @@ namespace {
 
 using testing::RelErr;
 
+using test::RandomTokens;
+using test::UseMla;
+using test::UseMoe;
+
+// test::TinyDenseConfig() with logits spread far from uniform and untied embeddings.
 RunConfig Tiny() {
-  RunConfig c;
-  c.model.vocab_size = 32;
-  c.model.d_model = 16;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.kv_heads = 0;
-  c.model.ffn_hidden = 24;
-  c.model.seq_len = 8;
+  RunConfig c = test::TinyDenseConfig();
   c.model.init_std = 0.3;  // large enough that attention is far from uniform
   c.model.tie_embeddings = false;
-  c.moe.experts_total = 0;
   return c;
 }
 
 RunConfig TinyMoe() {
   RunConfig c = Tiny();
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = 12;
-  c.moe.shared_experts = 1;
-  c.moe.dense_layers = 1;
+  UseMoe(&c.moe, {.experts = 4, .top_k = 2, .shared = 1, .hidden = 12, .dense_layers = 1});
   c.moe.router = "softmax";
   c.moe.balance = "aux_loss";
   c.moe.aux_loss_coef = 0.05;
   c.moe.route_scale = 1.5;
   return c;
-}
-
-std::vector<int32_t> RandomTokens(int batch, int seq, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(batch) * (seq + 1));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
 }
 
 TEST(ModelLayout, NamesKindsOffsetsAndAlignment) {
@@ -251,13 +238,8 @@ std::vector<Variant> Variants() {
   }
   {
     RunConfig c = Tiny();
-    c.model.attention = "mla";
     c.model.heads = 2;
-    c.model.q_lora_rank = 8;
-    c.model.kv_lora_rank = 6;
-    c.model.qk_nope_head_dim = 4;
-    c.model.qk_rope_head_dim = 4;
-    c.model.v_head_dim = 6;
+    UseMla(&c.model, {.q_lora = 8, .kv_lora = 6, .nope = 4, .rope = 4, .v = 6});
     v.push_back({"mla_qlora", c});
     c.model.q_lora_rank = 0;
     c.model.heads = 3;
@@ -266,12 +248,7 @@ std::vector<Variant> Variants() {
   }
   {
     RunConfig c = TinyMoe();
-    c.model.attention = "mla";
-    c.model.q_lora_rank = 8;
-    c.model.kv_lora_rank = 6;
-    c.model.qk_nope_head_dim = 4;
-    c.model.qk_rope_head_dim = 2;
-    c.model.v_head_dim = 4;
+    UseMla(&c.model, {.q_lora = 8, .kv_lora = 6, .nope = 4, .rope = 2, .v = 4});
     c.model.z_loss = 1e-3;
     v.push_back({"mla_moe_zloss", c});
   }
@@ -478,13 +455,8 @@ TEST(ModelForward, LossAndMaxLogitsMatchNaiveReference) {
 // norms, per-head q^C/q^R, shared rotary key, scale 1/sqrt(nope + rope)).
 TEST(ModelForward, MlaMaxLogitMatchesBruteForce) {
   RunConfig c = Tiny();
-  c.model.attention = "mla";
   c.model.heads = 3;
-  c.model.q_lora_rank = 8;
-  c.model.kv_lora_rank = 6;
-  c.model.qk_nope_head_dim = 4;
-  c.model.qk_rope_head_dim = 4;
-  c.model.v_head_dim = 5;
+  UseMla(&c.model, {.q_lora = 8, .kv_lora = 6, .nope = 4, .rope = 4, .v = 5});
   Model<double> model(c);
   model.Init(5);
   const int batch = 2, S = c.model.seq_len, d = c.model.d_model, H = 3, rq = 8, rkv = 6, dn = 4,
@@ -576,13 +548,8 @@ TEST(ModelForward, SoftcapRecordsRawAndCappedMaxLogits) {
 
 TEST(ModelLayout, MlaAndQkNormParameters) {
   RunConfig c = Tiny();
-  c.model.attention = "mla";
   c.model.heads = 2;
-  c.model.q_lora_rank = 8;
-  c.model.kv_lora_rank = 6;
-  c.model.qk_nope_head_dim = 4;
-  c.model.qk_rope_head_dim = 2;
-  c.model.v_head_dim = 3;
+  UseMla(&c.model, {.q_lora = 8, .kv_lora = 6, .nope = 4, .rope = 2, .v = 3});
   Model<float> m(c);
   std::vector<std::string> names;
   for (const ParamInfo& p : m.param_infos())
