@@ -24,6 +24,7 @@
 #include "core/optim/muon.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/newton_schulz.h"
+#include "tests/common/param_list.h"
 
 namespace {
 
@@ -152,35 +153,23 @@ BENCHMARK(BM_Sgemm)
 // The 6-layer dense bench model's parameter list, laid out like the model's arena.
 std::vector<ParamInfo> DenseBenchParams() {
   const int d = 384, vocab = 512, ffn = 1536, layers = 6;
-  std::vector<ParamInfo> ps;
-  size_t off = 0;
-  auto add = [&](std::string name, ParamKind kind, int layer, int rows, int cols) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.kind = kind;
-    p.layer = layer;
-    p.offset = off;
-    p.rows = rows;
-    p.cols = cols;
-    off += p.size();
-    ps.push_back(std::move(p));
-  };
-  add("embedding", ParamKind::kEmbedding, -1, vocab, d);
+  moelab::test::ParamList ps;
+  ps.Add("embedding", ParamKind::kEmbedding, -1, vocab, d);
   for (int l = 0; l < layers; ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".";
-    add(pre + "attn_norm", ParamKind::kNorm, l, 1, d);
-    add(pre + "attn.wq", ParamKind::kAttnQ, l, d, d);
-    add(pre + "attn.wk", ParamKind::kAttnK, l, d, d);
-    add(pre + "attn.wv", ParamKind::kAttnV, l, d, d);
-    add(pre + "attn.wo", ParamKind::kAttnO, l, d, d);
-    add(pre + "ffn_norm", ParamKind::kNorm, l, 1, d);
-    add(pre + "ffn.w1", ParamKind::kFfn, l, ffn, d);
-    add(pre + "ffn.w3", ParamKind::kFfn, l, ffn, d);
-    add(pre + "ffn.w2", ParamKind::kFfn, l, d, ffn);
+    ps.Add(pre + "attn_norm", ParamKind::kNorm, l, 1, d);
+    ps.Add(pre + "attn.wq", ParamKind::kAttnQ, l, d, d);
+    ps.Add(pre + "attn.wk", ParamKind::kAttnK, l, d, d);
+    ps.Add(pre + "attn.wv", ParamKind::kAttnV, l, d, d);
+    ps.Add(pre + "attn.wo", ParamKind::kAttnO, l, d, d);
+    ps.Add(pre + "ffn_norm", ParamKind::kNorm, l, 1, d);
+    ps.Add(pre + "ffn.w1", ParamKind::kFfn, l, ffn, d);
+    ps.Add(pre + "ffn.w3", ParamKind::kFfn, l, ffn, d);
+    ps.Add(pre + "ffn.w2", ParamKind::kFfn, l, d, ffn);
   }
-  add("final_norm", ParamKind::kNorm, -1, 1, d);
-  add("lm_head", ParamKind::kLmHead, -1, vocab, d);
-  return ps;
+  ps.Add("final_norm", ParamKind::kNorm, -1, 1, d);
+  ps.Add("lm_head", ParamKind::kLmHead, -1, vocab, d);
+  return ps.infos();
 }
 
 template <typename Opt, bool kGram = false>

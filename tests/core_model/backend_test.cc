@@ -20,6 +20,7 @@
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/micro_batch.h"
 #include "core/train/trainer.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -338,32 +339,19 @@ class CheckingBackend final : public Backend<T> {
   int rope_dim_ = 0;
 };
 
+// test::SmallMoeConfig() with experts of hidden 16 (dense without `moe`), under MLA or GQA
+// with QK-norm and a logit softcap.
 RunConfig Small(const std::string& attention, bool moe) {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn_hidden = 64;
-  c.model.seq_len = 16;
+  RunConfig c = test::SmallMoeConfig();
+  c.moe.expert_hidden = 16;
+  if (!moe) c.moe = MoEConfig{};
   c.model.attention = attention;
   if (attention == "mla") {
-    c.model.q_lora_rank = 16;
-    c.model.kv_lora_rank = 16;
-    c.model.qk_nope_head_dim = 8;
-    c.model.qk_rope_head_dim = 4;
-    c.model.v_head_dim = 8;
+    test::UseMla(&c.model, {.q_lora = 16, .kv_lora = 16, .nope = 8, .rope = 4, .v = 8});
   } else {
     c.model.kv_heads = 2;
     c.model.qk_norm = true;
     c.model.logit_softcap = 20;
-  }
-  if (moe) {
-    c.moe.experts_total = 4;
-    c.moe.experts_active = 2;
-    c.moe.shared_experts = 1;
-    c.moe.expert_hidden = 16;
-    c.moe.dense_layers = 1;
   }
   c.train.batch_size = 4;
   return c;

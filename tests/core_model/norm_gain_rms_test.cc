@@ -5,19 +5,15 @@
 
 #include <cmath>
 
+#include "tests/common/tiny_configs.h"
+
 namespace moelab {
 namespace {
 
 RunConfig TinyWithQkNorm() {
-  RunConfig c;
-  c.model.vocab_size = 32;
-  c.model.d_model = 16;
-  c.model.layers = 2;
+  RunConfig c = test::TinyDenseConfig();
   c.model.heads = 2;
-  c.model.ffn_hidden = 24;
-  c.model.seq_len = 8;
   c.model.qk_norm = true;
-  c.moe.experts_total = 0;
   return c;
 }
 

@@ -8,23 +8,16 @@
 
 #include "core/flops.h"
 #include "core/model/model.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
 
 RunConfig Base() {
   RunConfig c;
-  c.model.vocab_size = 100;
-  c.model.d_model = 24;
-  c.model.layers = 3;
-  c.model.heads = 3;
-  c.model.ffn_hidden = 40;
-  c.model.seq_len = 16;
-  c.moe.experts_total = 6;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 10;
-  c.moe.dense_layers = 1;
+  c.model = {
+      .vocab_size = 100, .d_model = 24, .layers = 3, .heads = 3, .ffn_hidden = 40, .seq_len = 16};
+  test::UseMoe(&c.moe, {.experts = 6, .top_k = 2, .shared = 1, .hidden = 10, .dense_layers = 1});
   return c;
 }
 
@@ -61,11 +54,7 @@ TEST(ParamCount, MhaGqaQkNormMatchTheAnalyticCount) {
 
 TEST(ParamCount, MlaMatchesTheAnalyticCount) {
   RunConfig c = Base();
-  c.model.attention = "mla";
-  c.model.kv_lora_rank = 12;
-  c.model.qk_nope_head_dim = 6;
-  c.model.qk_rope_head_dim = 4;
-  c.model.v_head_dim = 6;
+  test::UseMla(&c.model, {.q_lora = 0, .kv_lora = 12, .nope = 6, .rope = 4, .v = 6});
   ExpectCountsAgree(c, "mla, no q compression");
   c.model.q_lora_rank = 10;
   ExpectCountsAgree(c, "mla with q_lora_rank");

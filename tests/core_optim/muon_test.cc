@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/param_list.h"
 #include "tests/core_optim/reference.h"
 
 namespace moelab {
@@ -19,32 +20,19 @@ namespace {
 // Layout of a 1-layer MoE-ish model with d = 6: two same-shape attention matrices (one bank),
 // stacked tall and wide experts (batch 3), a router, norms, embedding and LM head.
 std::vector<ParamInfo> TinyParams() {
-  std::vector<ParamInfo> ps;
-  size_t off = 0;
-  auto add = [&](std::string name, ParamKind kind, int layer, int batch, int rows, int cols) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.kind = kind;
-    p.layer = layer;
-    p.offset = off;
-    p.batch = batch;
-    p.rows = rows;
-    p.cols = cols;
-    off += p.size();
-    ps.push_back(p);
-  };
-  add("embedding", ParamKind::kEmbedding, -1, 1, 16, 6);
-  add("layers.0.attn_norm", ParamKind::kNorm, 0, 1, 1, 6);
-  add("layers.0.attn.wq", ParamKind::kAttnQ, 0, 1, 8, 6);
-  add("layers.0.attn.wk", ParamKind::kAttnK, 0, 1, 8, 6);
-  add("layers.0.attn.wo", ParamKind::kAttnO, 0, 1, 6, 8);
-  add("layers.0.ffn_norm", ParamKind::kNorm, 0, 1, 1, 6);
-  add("layers.0.moe.router", ParamKind::kRouter, 0, 1, 3, 6);
-  add("layers.0.moe.experts.w1", ParamKind::kExpert, 0, 3, 10, 6);
-  add("layers.0.moe.experts.w2", ParamKind::kExpert, 0, 3, 6, 10);
-  add("final_norm", ParamKind::kNorm, -1, 1, 1, 6);
-  add("lm_head", ParamKind::kLmHead, -1, 1, 16, 6);
-  return ps;
+  test::ParamList ps;
+  ps.Add("embedding", ParamKind::kEmbedding, -1, 16, 6);
+  ps.Add("layers.0.attn_norm", ParamKind::kNorm, 0, 1, 6);
+  ps.Add("layers.0.attn.wq", ParamKind::kAttnQ, 0, 8, 6);
+  ps.Add("layers.0.attn.wk", ParamKind::kAttnK, 0, 8, 6);
+  ps.Add("layers.0.attn.wo", ParamKind::kAttnO, 0, 6, 8);
+  ps.Add("layers.0.ffn_norm", ParamKind::kNorm, 0, 1, 6);
+  ps.Add("layers.0.moe.router", ParamKind::kRouter, 0, 3, 6);
+  ps.AddStacked("layers.0.moe.experts.w1", ParamKind::kExpert, 0, 3, 10, 6);
+  ps.AddStacked("layers.0.moe.experts.w2", ParamKind::kExpert, 0, 3, 6, 10);
+  ps.Add("final_norm", ParamKind::kNorm, -1, 1, 6);
+  ps.Add("lm_head", ParamKind::kLmHead, -1, 16, 6);
+  return ps.infos();
 }
 
 size_t Total(const std::vector<ParamInfo>& ps) { return ps.back().offset + ps.back().size(); }

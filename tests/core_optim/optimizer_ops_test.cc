@@ -19,6 +19,7 @@
 #include "core/model/model.h"
 #include "core/model/optimizer_traits.h"
 #include "core/optim/optimizer.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -80,19 +81,11 @@ class MirroredOps final : public OptimizerOps {
 };
 
 RunConfig SmallMoe(const std::string& optimizer) {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
+  RunConfig c = test::SmallMoeConfig();
   c.model.kv_heads = 2;
   c.model.ffn_hidden = 48;
   c.model.seq_len = 8;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
   c.moe.expert_hidden = 16;
-  c.moe.dense_layers = 1;
   c.optimizer.name = optimizer;
   return c;
 }

@@ -10,45 +10,25 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "core/model/model.h"
 #include "core/optim/qk_clip_plan.h"
+#include "tests/common/tiny_configs.h"
 #include "tests/core_optim/clip_by_plan.h"
 
 namespace moelab {
 namespace {
 
 RunConfig Tiny(int kv_heads, const std::string& mode, bool mla) {
-  RunConfig c;
-  c.model.vocab_size = 32;
-  c.model.d_model = 16;
+  RunConfig c = test::TinyDenseConfig();
   c.model.layers = 3;
-  c.model.heads = 4;
   c.model.kv_heads = kv_heads;
-  c.model.ffn_hidden = 24;
-  c.model.seq_len = 8;
   c.model.init_std = 0.5;  // large logits, spread across heads
-  c.moe.experts_total = 0;
   c.optimizer.qk_clip_mode = mode;
-  if (mla) {
-    c.model.attention = "mla";
-    c.model.q_lora_rank = 8;
-    c.model.kv_lora_rank = 8;
-    c.model.qk_nope_head_dim = 4;
-    c.model.qk_rope_head_dim = 4;
-    c.model.v_head_dim = 4;
-  }
+  if (mla) test::UseMla(&c.model, {.q_lora = 8, .kv_lora = 8, .nope = 4, .rope = 4, .v = 4});
   c.optimizer.qk_clip_alpha = 0.5;
   return c;
-}
-
-std::vector<int32_t> Tokens(int batch, int seq, int vocab) {
-  std::mt19937_64 rng(99);
-  std::vector<int32_t> t(static_cast<size_t>(batch) * (seq + 1));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
 }
 
 std::vector<float> MaxLogits(Model<double>& model, const std::vector<int32_t>& tokens, int batch) {
@@ -68,7 +48,7 @@ class QkClipModelTest : public ::testing::TestWithParam<Case> {};
 TEST_P(QkClipModelTest, RecomputedMaxLogitEqualsTau) {
   RunConfig c = Tiny(GetParam().kv_heads, GetParam().mode, GetParam().mla);
   const int L = c.model.layers, H = c.model.heads, batch = 3;
-  const auto tokens = Tokens(batch, c.model.seq_len, c.model.vocab_size);
+  const auto tokens = test::RandomTokens(batch, c.model.seq_len, c.model.vocab_size, 99);
   Model<double> model(c);
   model.Init(5);
   const std::vector<double> init(model.params(), model.params() + model.num_params());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/optim/qk_clip_plan.h"
+#include "tests/common/param_list.h"
 #include "tests/core_optim/clip_by_plan.h"
 
 namespace moelab {
@@ -30,29 +31,17 @@ RunConfig Config(int kv_heads, double tau, const std::string& mode = "per_head")
 }
 
 std::vector<ParamInfo> Params(const RunConfig& c) {
-  std::vector<ParamInfo> ps;
-  size_t off = 0;
-  auto add = [&](std::string name, ParamKind kind, int layer, int rows, int cols) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.kind = kind;
-    p.layer = layer;
-    p.offset = off;
-    p.rows = rows;
-    p.cols = cols;
-    off += p.size();
-    ps.push_back(p);
-  };
+  test::ParamList ps;
   const int kv = c.model.kv_heads_effective();
-  add("embedding", ParamKind::kEmbedding, -1, 10, kD);
+  ps.Add("embedding", ParamKind::kEmbedding, -1, 10, kD);
   for (int l = 0; l < kLayers; ++l) {
     const std::string pre = "layers." + std::to_string(l) + ".attn.";
-    add(pre + "wq", ParamKind::kAttnQ, l, kHeads * kHd, kD);
-    add(pre + "wk", ParamKind::kAttnK, l, kv * kHd, kD);
-    add(pre + "wv", ParamKind::kAttnV, l, kv * kHd, kD);
-    add(pre + "wo", ParamKind::kAttnO, l, kD, kHeads * kHd);
+    ps.Add(pre + "wq", ParamKind::kAttnQ, l, kHeads * kHd, kD);
+    ps.Add(pre + "wk", ParamKind::kAttnK, l, kv * kHd, kD);
+    ps.Add(pre + "wv", ParamKind::kAttnV, l, kv * kHd, kD);
+    ps.Add(pre + "wo", ParamKind::kAttnO, l, kD, kHeads * kHd);
   }
-  return ps;
+  return ps.infos();
 }
 
 template <typename T>

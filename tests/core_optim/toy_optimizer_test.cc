@@ -8,13 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -45,15 +45,9 @@ class PlainSgd : public Optimizer {
 };
 
 RunConfig Tiny() {
-  RunConfig c;
-  c.model.vocab_size = 32;
-  c.model.d_model = 16;
-  c.model.layers = 2;
+  RunConfig c = test::TinyDenseConfig();
   c.model.heads = 2;
   c.model.kv_heads = 2;
-  c.model.ffn_hidden = 24;
-  c.model.seq_len = 8;
-  c.moe.experts_total = 0;
   return c;
 }
 
@@ -64,9 +58,8 @@ TEST(ToyOptimizer, PlainSgdTrainsTheModelThroughTheOptimizerInterface) {
   std::unique_ptr<Optimizer> opt = std::make_unique<PlainSgd>(model.param_infos());
 
   const int batch = 4;
-  std::mt19937_64 rng(3);
-  std::vector<int32_t> tokens(static_cast<size_t>(batch) * (c.model.seq_len + 1));
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % c.model.vocab_size);
+  const std::vector<int32_t> tokens =
+      test::RandomTokens(batch, c.model.seq_len, c.model.vocab_size, /*seed=*/3);
 
   // Which arena elements belong to no tensor (alignment padding): they must stay 0.
   std::vector<bool> in_tensor(model.num_params(), false);
