@@ -19,16 +19,14 @@ class ParamList {
   }
   // Appends `batch` stacked [rows, cols] matrices (experts) after the last tensor.
   void AddStacked(std::string name, ParamKind kind, int layer, int batch, int rows, int cols) {
-    ParamInfo p;
-    p.name = std::move(name);
-    p.kind = kind;
-    p.layer = layer;
-    p.offset = size_;
-    p.batch = batch;
-    p.rows = rows;
-    p.cols = cols;
-    size_ += p.size();
-    infos_.push_back(std::move(p));
+    infos_.push_back({.name = std::move(name),
+                      .kind = kind,
+                      .layer = layer,
+                      .offset = size_,
+                      .batch = batch,
+                      .rows = rows,
+                      .cols = cols});
+    size_ += infos_.back().size();
   }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   // The arena length: every tensor's elements.

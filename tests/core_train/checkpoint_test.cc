@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/common/fresh_dir_test.h"
+
 namespace moelab {
 namespace {
 
@@ -48,16 +50,9 @@ std::vector<int64_t> Steps(const std::vector<std::string>& paths) {
   return out;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public test::FreshDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  CheckpointTest() : FreshDirTest("ckpt") {}
 };
 
 TEST_F(CheckpointTest, RoundTripAndKeep) {

@@ -11,37 +11,20 @@
 
 #include "core/model/model.h"
 #include "core/train/trainer.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
 
 RunConfig MicroMoe(const std::string& balance) {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
+  RunConfig c = test::SmallMoeConfig();
   c.model.kv_heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.seq_len = 16;
   c.model.z_loss = 1e-4;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
   c.moe.balance = balance;
   c.data.source = "markov";
   c.train.batch_size = 8;
   c.train.threads = 1;
   return c;
-}
-
-std::vector<int32_t> RandomTokens(int rows, int seq, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(rows) * (seq + 1));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
 }
 
 double RelDiff(const float* a, const float* b, size_t n) {
@@ -58,7 +41,7 @@ void ExpectStepMatches(const RunConfig& c, int micro) {
   whole.Init(3);
   split.Init(3);
   const std::vector<int32_t> tokens =
-      RandomTokens(c.train.batch_size, c.model.seq_len, c.model.vocab_size, 11);
+      test::RandomTokens<std::mt19937>(c.train.batch_size, c.model.seq_len, c.model.vocab_size, 11);
   StepStats sw, ss;
   const double ow = whole.ForwardBackward(tokens.data(), c.train.batch_size, &sw);
   RunConfig cm = c;
@@ -128,8 +111,7 @@ TEST_P(MicroBatchRun, FollowsTheUnsplitTrajectory) {
   auto run = [&](int micro) {
     RunConfig cc = c;
     cc.train.micro_batch = micro;
-    cc.checkpoint.dir =
-        ::testing::TempDir() + "/micro_" + GetParam() + "_" + std::to_string(micro);
+    cc.checkpoint.dir = ::testing::TempDir() + "/micro_" + GetParam() + "_" + std::to_string(micro);
     Losses sink;
     TrainOptions o;
     o.progress = false;

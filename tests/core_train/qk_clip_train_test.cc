@@ -2,7 +2,6 @@
 // whose step-t forward logits exceeded τ, with γ = τ / S_max, in per-head and global mode, and
 // no event at all when τ is above every logit or QK-Clip is off.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,11 +11,11 @@
 #include <tuple>
 
 #include "core/train/trainer.h"
+#include "tests/common/fresh_dir_test.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
-
-namespace fs = std::filesystem;
 
 class ClipSink : public MetricsSink {
  public:
@@ -35,39 +34,19 @@ class ClipSink : public MetricsSink {
 };
 
 RunConfig Small(const std::string& optimizer) {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn_hidden = 64;
+  RunConfig c = test::SmallMoeConfig();
   c.model.seq_len = 32;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
-  c.data.source = "markov";
-  c.train.batch_size = 4;
-  c.train.steps = 6;
+  test::UseShortMarkovRun(&c, /*batch_size=*/4, /*steps=*/6);
   c.train.threads = 1;
   c.schedule.warmup_steps = 2;
-  c.eval.every = 0;
-  c.checkpoint.every = 0;
   c.optimizer.name = optimizer;
   c.optimizer.lr = 1e-2;
   return c;
 }
 
-class QkClipTrain : public ::testing::Test {
+class QkClipTrain : public test::FreshDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_qkclip_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  QkClipTrain() : FreshDirTest("qkclip") {}
   ClipSink Run(RunConfig c, const std::string& sub) {
     ValidateConfig(c);
     TrainOptions o;
@@ -78,7 +57,6 @@ class QkClipTrain : public ::testing::Test {
     EXPECT_EQ(r.status, RunStatus::kDone) << r.error;
     return sink;
   }
-  fs::path dir_;
 };
 
 // Step 1's forward does not depend on τ (the clip edits the weights after the step), so the

@@ -1,16 +1,15 @@
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "core/train/checkpoint.h"
 #include "core/train/trainer.h"
+#include "tests/common/fresh_dir_test.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
-
-namespace fs = std::filesystem;
 
 // Keeps what the trainer reports, for comparison between runs.
 class RecordingSink : public MetricsSink {
@@ -42,49 +41,30 @@ class RecordingSink : public MetricsSink {
 };
 
 RunConfig SmallMoe() {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 4;
+  RunConfig c = test::SmallMoeConfig();
   c.model.kv_heads = 2;
-  c.model.ffn_hidden = 64;
   c.model.seq_len = 32;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
   c.moe.balance = "aux_free";
-  c.data.source = "markov";
-  c.train.batch_size = 4;
-  c.train.steps = 24;
-  c.train.threads = 2;
-  c.schedule.warmup_steps = 4;
+  test::UseShortMarkovRun(&c, /*batch_size=*/4, /*steps=*/24);
   c.eval.every = 8;
   c.eval.batches = 2;
   c.checkpoint.every = 8;
+  c.train.threads = 2;
+  c.schedule.warmup_steps = 4;
   c.optimizer.lr = 3e-3;
   ValidateConfig(c);
   return c;
 }
 
-class TrainTest : public ::testing::Test {
+class TrainTest : public test::FreshDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("moelab_train_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  TrainTest() : FreshDirTest("train") {}
   TrainOptions Options(const std::string& sub) {
     TrainOptions o;
     o.checkpoint_dir = (dir_ / sub).string();
     o.progress = false;
     return o;
   }
-  fs::path dir_;
 };
 
 TEST_F(TrainTest, LearnsAndReportsEverything) {
