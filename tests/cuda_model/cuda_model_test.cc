@@ -28,11 +28,14 @@
 #include "kernels/cuda/cudnn_grouped_matmul.h"
 #endif
 #include "tests/common/test_util.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
 
 namespace fs = std::filesystem;
+using test::UseMla;
+using test::UseMoe;
 
 class CudaModelTest : public ::testing::Test {
  protected:
@@ -62,19 +65,11 @@ struct Recorder : NullSink {
 
 RunConfig Small() {
   RunConfig c;
-  c.model.vocab_size = 128;
-  c.model.d_model = 64;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn_hidden = 128;
-  c.model.seq_len = 32;
-  c.train.batch_size = 4;
-  c.train.steps = 20;
-  c.data.source = "markov";
+  c.model = {
+      .vocab_size = 128, .d_model = 64, .layers = 2, .heads = 4, .ffn_hidden = 128, .seq_len = 32};
+  test::UseShortMarkovRun(&c, /*batch_size=*/4, /*steps=*/20);
   c.schedule.warmup_steps = 2;
-  c.eval.every = 0;
   c.eval.batches = 1;
-  c.checkpoint.every = 0;
   return c;
 }
 
@@ -84,11 +79,7 @@ RunConfig SmallMoeBf16() {
   RunConfig c = Small();
   c.train.batch_size = 8;
   c.model.seq_len = 64;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 0;
+  UseMoe(&c.moe, {.experts = 4, .top_k = 2, .shared = 1, .hidden = 32, .dense_layers = 0});
   c.train.precision = "bf16";
   c.train.device = "cuda";
   return c;
@@ -160,11 +151,7 @@ TEST_F(CudaModelTest, DenseMatchesCpu) { ExpectTwins(Small()); }
 
 TEST_F(CudaModelTest, MoeWithSharedExpertsMatchesCpu) {
   RunConfig c = Small();
-  c.moe.experts_total = 8;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
+  UseMoe(&c.moe, {.experts = 8, .top_k = 2, .shared = 1, .hidden = 32, .dense_layers = 1});
   c.moe.balance = "aux_free";
   ExpectTwins(c);
   c.moe.balance = "aux_loss";
@@ -177,10 +164,7 @@ TEST_F(CudaModelTest, MoeWithSharedExpertsMatchesCpu) {
 // sums to the micro-batching loop's global-batch hook, as the CPU layer does.
 TEST_F(CudaModelTest, AuxLossOverMicroBatchesMatchesCpu) {
   RunConfig c = Small();
-  c.moe.experts_total = 8;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
+  UseMoe(&c.moe, {.experts = 8, .top_k = 2, .shared = 1, .hidden = 32});
   c.moe.balance = "aux_loss";
   c.moe.aux_loss_coef = 0.05;
   c.train.micro_batch = 2;
@@ -189,12 +173,7 @@ TEST_F(CudaModelTest, AuxLossOverMicroBatchesMatchesCpu) {
 
 TEST_F(CudaModelTest, MlaMatchesCpu) {
   RunConfig c = Small();
-  c.model.attention = "mla";
-  c.model.q_lora_rank = 32;
-  c.model.kv_lora_rank = 32;
-  c.model.qk_nope_head_dim = 16;
-  c.model.qk_rope_head_dim = 8;
-  c.model.v_head_dim = 16;
+  UseMla(&c.model, {.q_lora = 32, .kv_lora = 32, .nope = 16, .rope = 8, .v = 16});
   ExpectTwins(c);
 }
 
@@ -250,11 +229,11 @@ TEST_F(CudaModelTest, Bf16ExpertsTrackFp32) {
     SCOPED_TRACE(v.name);
     RunConfig c = Small();
     c.train.steps = 30;
-    c.moe.experts_total = 8;
-    c.moe.experts_active = 2;
-    c.moe.shared_experts = v.shared;
-    c.moe.expert_hidden = 32;
-    c.moe.dense_layers = v.dense_layers;
+    UseMoe(&c.moe, {.experts = 8,
+                    .top_k = 2,
+                    .shared = v.shared,
+                    .hidden = 32,
+                    .dense_layers = v.dense_layers});
     c.moe.router = v.router;
     c.moe.balance = v.balance;
     const Recorder fp32 = RunOn(c, "cuda", "fp32");
@@ -362,11 +341,7 @@ TEST_F(CudaModelTest, Bf16AttentionActsTrackFp32Acts) {
 // bracket; split, its GEMMs are "gemm").
 TEST_F(CudaModelTest, FusedGatedFfnTracksSplitFfn) {
   RunConfig c = Small();
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
+  UseMoe(&c.moe, {.experts = 4, .top_k = 2, .shared = 1, .hidden = 32, .dense_layers = 1});
   c.train.precision = "bf16";
   c.train.device = "cuda";
   auto ffn_bracket = [&](const RunConfig& run) { return OneStepProfile(run).count("ffn") > 0; };
@@ -466,10 +441,7 @@ TEST_F(CudaModelTest, FusedRopeEqualsSeparateRopeBitwise) {
 
 TEST_F(CudaModelTest, SameSeedSameLosses) {
   RunConfig c = Small();
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
+  UseMoe(&c.moe, {.experts = 4, .top_k = 2, .shared = 1, .hidden = 32});
   const Recorder a = RunOn(c, "cuda", "bf16");
   const Recorder b = RunOn(c, "cuda", "bf16");
   ASSERT_EQ(a.status, RunStatus::kDone) << a.error;

@@ -15,6 +15,7 @@
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/qk_clip_plan.h"
+#include "tests/common/tiny_configs.h"
 
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
@@ -35,21 +36,26 @@ class CudaOptimizerTest : public ::testing::Test {
 };
 
 RunConfig SmallMoe() {
-  RunConfig c;
-  c.model.vocab_size = 64;
+  RunConfig c = test::SmallMoeConfig();
   c.model.d_model = 64;
-  c.model.layers = 2;
-  c.model.heads = 4;
   c.model.kv_heads = 2;
   c.model.ffn_hidden = 96;
-  c.model.seq_len = 16;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 32;
-  c.moe.dense_layers = 1;
   return c;
 }
+
+// N(0, 0.01) draws from one std::mt19937, as random gradients (and weights) for the optimizers;
+// one object per test, so that each step's draws follow on from the last.
+class NormalDraws {
+ public:
+  explicit NormalDraws(unsigned seed) : rng_(seed) {}
+  void Fill(std::vector<float>* v) {
+    for (float& x : *v) x = normal_(rng_);
+  }
+
+ private:
+  std::mt19937 rng_;
+  std::normal_distribution<float> normal_{0.0f, 0.01f};
+};
 
 #if MOELAB_HAVE_CUDA
 // A CUDA backend: the device memory the optimizer state lives in.
@@ -84,11 +90,10 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
   CudaOptimizerOps ops(be.get(), /*ns_bf16=*/false);
   std::unique_ptr<Optimizer> dev = MakeOptimizer(c.optimizer, model.param_infos(), ops);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
+  NormalDraws draws(5);
   std::vector<float> g(n);
   for (int step = 1; step <= 5; ++step) {
-    for (float& x : g) x = normal(rng);
+    draws.Fill(&g);
     dgrads.Upload(g.data(), n);
     ref->Step(cpu.data(), g.data(), 1e-2, step);
     dev->Step(dparams.data(), dgrads.data(), 1e-2, step);
@@ -163,11 +168,10 @@ void CheckWeightCopy(const std::string& name) {
   CudaOptimizerOps ops(be.get(), /*ns_bf16=*/true);
   std::unique_ptr<Optimizer> dev = MakeOptimizer(c.optimizer, model.param_infos(), ops);
   dev->WriteWeightCopy(&copy);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
+  NormalDraws draws(5);
   std::vector<float> g(n);
   for (int step = 1; step <= 2; ++step) {
-    for (float& x : g) x = normal(rng);
+    draws.Fill(&g);
     dgrads.Upload(g.data(), n);
     dev->Step(dparams.data(), dgrads.data(), 1e-2, step);
     ExpectCopyIsTheCast(model, dparams, copy, name + " step");
@@ -221,8 +225,7 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
       MakeOptimizer(c.optimizer, model.param_infos(), be.optimizer_ops());
   opt->WriteWeightCopy(be.weight_copy());
   const size_t n = model.num_params();
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
+  NormalDraws draws(9);
   std::vector<float> g(n), host(n);
   // Views of the device arena for the checks.
   auto check = [&](const std::string& what) {
@@ -232,7 +235,7 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
     ExpectCopyIsTheCast(model, d, *copy, what);
   };
   for (int step = 1; step <= 2; ++step) {
-    for (float& x : g) x = normal(rng);
+    draws.Fill(&g);
     be.ToBackend(model.grads(), g.data(), n * sizeof(float));
     opt->Step(model.params(), model.grads(), 1e-2, step);
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
@@ -242,7 +245,7 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
   }
   // A load right after an update (the marks of the update must not survive it).
   opt->Step(model.params(), model.grads(), 1e-2, 3);
-  for (float& x : host) x = normal(rng);
+  draws.Fill(&host);
   model.WriteParams(host.data());
   check("load");
 #endif

@@ -25,6 +25,7 @@
 #endif
 #include "core/train/trainer.h"
 #include "tests/common/test_util.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -254,9 +255,7 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
   RunConfig c;
   c.train.device = "cuda";
   c.train.precision = "bf16";
-  c.moe.experts_total = 8;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = 36;
+  test::UseMoe(&c.moe, {.experts = 8, .top_k = 2, .hidden = 36});
   c.train.kernels.experts = "cudnn";
   std::string why;
   const bool available = cuda::CudnnGroupedMatmulAvailable(&why);
@@ -293,9 +292,7 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
 TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   RunConfig c;
   c.train.device = "cuda";
-  c.moe.experts_total = 8;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = 16;
+  test::UseMoe(&c.moe, {.experts = 8, .top_k = 2, .hidden = 16});
   c.dist.zero1 = true;
   c.moe.balance = "aux_loss";
   std::string why;
@@ -336,9 +333,7 @@ RunConfig PlanMoeConfig(const std::string& precision) {
   c.model.d_model = 256;
   c.model.layers = 4;
   c.model.seq_len = 128;
-  c.moe.experts_total = 16;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = 512;
+  test::UseMoe(&c.moe, {.experts = 16, .top_k = 2, .hidden = 512});
   return c;
 }
 
