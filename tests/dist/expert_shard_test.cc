@@ -12,23 +12,15 @@
 
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
 
 RunConfig MoeConfig(const std::string& optimizer) {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
+  RunConfig c = test::SmallMoeConfig();
   c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.seq_len = 16;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
   c.moe.expert_hidden = 24;
-  c.moe.shared_experts = 1;
-  c.moe.dense_layers = 1;
   c.optimizer.name = optimizer;
   return c;
 }

@@ -5,21 +5,17 @@
 
 #include "core/config.h"
 #include "core/model/model.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
 
+// test::SmallMoeConfig() with 2 heads and eight experts in both layers.
 RunConfig MoeConfig() {
-  RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.layers = 2;
+  RunConfig c = test::SmallMoeConfig();
   c.model.heads = 2;
-  c.model.ffn_hidden = 64;
-  c.model.seq_len = 16;
   c.moe.experts_total = 8;
-  c.moe.expert_hidden = 32;
-  c.moe.shared_experts = 1;
+  c.moe.dense_layers = 0;
   return c;
 }
 

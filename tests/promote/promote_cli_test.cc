@@ -27,6 +27,7 @@
 #include "promote/db.h"
 #include "promote/plan.h"
 #include "tests/common/test_util.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -38,22 +39,13 @@ std::string Bin() { return test::BinPath("moelab"); }
 
 RunConfig Tiny(int d) {
   RunConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = d;
-  c.model.layers = 1;
-  c.model.heads = 2;
-  c.model.ffn_hidden = 2 * d;
-  c.model.seq_len = 16;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.expert_hidden = d;
-  c.data.source = "markov";
-  c.train.batch_size = 4;
-  c.train.steps = 40;
+  c.model = {
+      .vocab_size = 64, .d_model = d, .layers = 1, .heads = 2, .ffn_hidden = 2 * d, .seq_len = 16};
+  test::UseMoe(&c.moe, {.experts = 4, .top_k = 2, .hidden = d});
+  test::UseShortMarkovRun(&c, /*batch_size=*/4, /*steps=*/40);
   c.train.threads = 1;
   c.eval.every = 10;
   c.eval.batches = 1;
-  c.checkpoint.every = 0;
   c.optimizer.name = "adamw";
   c.optimizer.lr = 1e-2;
   return c;
@@ -429,24 +421,24 @@ TEST(PromoteCli, DescribesTheExistingRunByItsState) {
       << text;
   EXPECT_NE(text.find("(0123456789abcdef)"), std::string::npos) << text;
   EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
-  e.state = "running";
-  e.run.status = RunStatus::kRunning;
+  // The report once the run is in `state` with `status` (and what the test set on e.run).
+  const auto describe_as = [&](const char* state, RunStatus status) {
+    e.state = state;
+    e.run.status = status;
+    return promote::DescribePromotedRun(e, "p.db");
+  };
   e.run.pid = 4242;
   e.run.host = "node1";
   e.run.last_step = 40;
-  text = promote::DescribePromotedRun(e, "p.db");
+  text = describe_as("running", RunStatus::kRunning);
   EXPECT_NE(text.find("running (pid 4242 on node1), step 40 of 100"), std::string::npos) << text;
   EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
-  e.state = "diverged";
-  e.run.status = RunStatus::kDiverged;
   e.run.diverged_step = 41;
-  text = promote::DescribePromotedRun(e, "p.db");
+  text = describe_as("diverged", RunStatus::kDiverged);
   EXPECT_NE(text.find("diverged at step 41"), std::string::npos) << text;
   EXPECT_EQ(text.find("continue it"), std::string::npos) << text;
-  e.state = "resumable";
-  e.run.status = RunStatus::kStopped;
   e.run.checkpoint_step = 30;
-  text = promote::DescribePromotedRun(e, "p.db");
+  text = describe_as("resumable", RunStatus::kStopped);
   EXPECT_NE(text.find("resumable (stopped, step 40 of 100; newest checkpoint at step 30)"),
             std::string::npos)
       << text;

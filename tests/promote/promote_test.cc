@@ -12,6 +12,7 @@
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"
 #include "promote/plan.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab::promote {
 namespace {
@@ -26,16 +27,9 @@ using analysis::PowerLawFit;
 
 RunConfig SmallMoe() {
   RunConfig c;
-  c.model.vocab_size = 256;
-  c.model.d_model = 64;
-  c.model.layers = 2;
-  c.model.heads = 4;
-  c.model.ffn_hidden = 256;
-  c.model.seq_len = 32;
-  c.moe.experts_total = 8;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 64;
+  c.model = {
+      .vocab_size = 256, .d_model = 64, .layers = 2, .heads = 4, .ffn_hidden = 256, .seq_len = 32};
+  test::UseMoe(&c.moe, {.experts = 8, .top_k = 2, .shared = 1, .hidden = 64});
   c.train.batch_size = 4;
   c.train.steps = 100;
   c.optimizer.name = "muon";
@@ -217,12 +211,7 @@ TEST(PromoteMemory, MatchesEngineArenas) {
   gqa.moe.shared_experts = 2;
   CheckMemory(gqa, 2);
   RunConfig mla = SmallMoe();
-  mla.model.attention = "mla";
-  mla.model.q_lora_rank = 32;
-  mla.model.kv_lora_rank = 32;
-  mla.model.qk_nope_head_dim = 16;
-  mla.model.qk_rope_head_dim = 8;
-  mla.model.v_head_dim = 16;
+  test::UseMla(&mla.model, {.q_lora = 32, .kv_lora = 32, .nope = 16, .rope = 8, .v = 16});
   CheckMemory(mla, 2);
 }
 
