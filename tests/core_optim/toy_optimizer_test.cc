@@ -44,15 +44,10 @@ class PlainSgd : public Optimizer {
   std::vector<ParamInfo> params_;
 };
 
-RunConfig Tiny() {
+TEST(ToyOptimizer, PlainSgdTrainsTheModelThroughTheOptimizerInterface) {
   RunConfig c = test::TinyDenseConfig();
   c.model.heads = 2;
   c.model.kv_heads = 2;
-  return c;
-}
-
-TEST(ToyOptimizer, PlainSgdTrainsTheModelThroughTheOptimizerInterface) {
-  const RunConfig c = Tiny();
   Model<float> model(c);
   model.Init(7);
   std::unique_ptr<Optimizer> opt = std::make_unique<PlainSgd>(model.param_infos());

@@ -10,17 +10,11 @@
 namespace moelab {
 namespace {
 
-// test::SmallMoeConfig() with 2 heads and eight experts in both layers.
-RunConfig MoeConfig() {
-  RunConfig c = test::SmallMoeConfig();
+TEST(ZeroPartition, ContiguousBalancedAndNeverInsideAMuonMatrix) {
+  RunConfig c = test::SmallMoeConfig();  // with 2 heads and eight experts in both layers
   c.model.heads = 2;
   c.moe.experts_total = 8;
   c.moe.dense_layers = 0;
-  return c;
-}
-
-TEST(ZeroPartition, ContiguousBalancedAndNeverInsideAMuonMatrix) {
-  const RunConfig c = MoeConfig();
   Model<float> model(c);
   const auto& infos = model.param_infos();
   const size_t n = model.num_params();
