@@ -39,16 +39,14 @@ ModelConfig MakeModel(const Shape& s) {
 }
 
 MoEConfig MakeMoe(const Shape& s) {
-  MoEConfig c;
-  c.experts_total = s.experts;
-  c.experts_active = s.k;
-  c.shared_experts = s.shared;
-  c.expert_hidden = s.hidden;
-  c.router = s.router;
-  c.balance = s.balance;
-  c.aux_loss_coef = s.coef;
-  c.route_scale = s.route_scale;
-  return c;
+  return {.experts_total = s.experts,
+          .experts_active = s.k,
+          .shared_experts = s.shared,
+          .expert_hidden = s.hidden,
+          .router = s.router,
+          .route_scale = s.route_scale,
+          .balance = s.balance,
+          .aux_loss_coef = s.coef};
 }
 
 // Parameters of one layer in a flat arena, with MoeWeights views.
@@ -232,89 +230,40 @@ void GradCheck(const Shape& s, uint64_t seed = 7) {
   omp_set_num_threads(threads);
 }
 
-TEST(MoeGradCheck, SoftmaxTop2) { GradCheck(Shape{}); }
+// One finite-difference check per routing option; the name says what differs from Shape{}.
+struct GradCase {
+  const char* name;
+  Shape shape;
+};
 
-TEST(MoeGradCheck, SoftmaxTop1) {
-  Shape s;
-  s.k = 1;
-  s.experts = 4;
-  GradCheck(s);
-}
+class MoeGradCheck : public ::testing::TestWithParam<GradCase> {};
 
-TEST(MoeGradCheck, SigmoidTop2) {
-  Shape s;
-  s.router = "sigmoid";
-  GradCheck(s);
-}
+TEST_P(MoeGradCheck, MatchesFiniteDifferences) { GradCheck(GetParam().shape); }
 
-TEST(MoeGradCheck, SigmoidTop1RouteScale) {
-  Shape s;
-  s.router = "sigmoid";
-  s.k = 1;
-  s.route_scale = 2.5;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, SharedOne) {
-  Shape s;
-  s.shared = 1;
-  s.d = 8;
-  s.hidden = 8;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, SharedTwoSigmoid) {
-  Shape s;
-  s.shared = 2;
-  s.router = "sigmoid";
-  s.experts = 6;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, AuxLossSoftmax) {
-  Shape s;
-  s.balance = "aux_loss";
-  s.coef = 0.5;  // large so that the aux gradient is a visible part of the router gradient
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, AuxLossSigmoidSharedRouteScale) {
-  Shape s;
-  s.balance = "aux_loss";
-  s.coef = 0.5;
-  s.router = "sigmoid";
-  s.shared = 1;
-  s.route_scale = 2.5;
-  s.experts = 6;
-  s.d = 16;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, AuxLossTop1) {
-  // With k = 1 the gate is constant: the router learns only through the aux loss.
-  Shape s;
-  s.balance = "aux_loss";
-  s.coef = 0.5;
-  s.k = 1;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, SelectionBias) {
-  Shape s;
-  s.bias = true;
-  s.route_scale = 1.7;
-  s.shared = 1;
-  GradCheck(s);
-}
-
-TEST(MoeGradCheck, SelectionBiasSigmoidAux) {
-  Shape s;
-  s.bias = true;
-  s.router = "sigmoid";
-  s.balance = "aux_loss";
-  s.coef = 0.3;
-  GradCheck(s);
-}
+INSTANTIATE_TEST_SUITE_P(
+    Routing, MoeGradCheck,
+    ::testing::Values(
+        GradCase{"SoftmaxTop2", {}}, GradCase{"SoftmaxTop1", {.experts = 4, .k = 1}},
+        GradCase{"SigmoidTop2", {.router = "sigmoid"}},
+        GradCase{"SigmoidTop1RouteScale", {.k = 1, .router = "sigmoid", .route_scale = 2.5}},
+        GradCase{"SharedOne", {.d = 8, .hidden = 8, .shared = 1}},
+        GradCase{"SharedTwoSigmoid", {.experts = 6, .shared = 2, .router = "sigmoid"}},
+        // coef large so that the aux gradient is a visible part of the router gradient.
+        GradCase{"AuxLossSoftmax", {.balance = "aux_loss", .coef = 0.5}},
+        GradCase{"AuxLossSigmoidSharedRouteScale",
+                 {.d = 16,
+                  .experts = 6,
+                  .shared = 1,
+                  .router = "sigmoid",
+                  .balance = "aux_loss",
+                  .coef = 0.5,
+                  .route_scale = 2.5}},
+        // With k = 1 the gate is constant: the router learns only through the aux loss.
+        GradCase{"AuxLossTop1", {.k = 1, .balance = "aux_loss", .coef = 0.5}},
+        GradCase{"SelectionBias", {.shared = 1, .route_scale = 1.7, .bias = true}},
+        GradCase{"SelectionBiasSigmoidAux",
+                 {.router = "sigmoid", .balance = "aux_loss", .coef = 0.3, .bias = true}}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(MoeRouting, AuxLossValue) {
   // Hand-computed Switch loss: 2 tokens, 2 experts, top-1, softmax.
@@ -549,25 +498,32 @@ void ExpectClose(const std::vector<A>& a, const std::vector<B>& b, double rtol, 
   }
 }
 
+// The same expert counts, the aux loss within aux_tol, and y, dx and the gradients within rtol
+// (relative to want's largest element).
+template <typename A, typename B>
+void ExpectRunsClose(const RunResult<A>& got, const RunResult<B>& want, double aux_tol,
+                     double rtol) {
+  EXPECT_EQ(got.counts, want.counts);
+  EXPECT_NEAR(got.aux, want.aux, aux_tol);
+  ExpectClose(got.y, want.y, rtol, "y");
+  ExpectClose(got.dx, want.dx, rtol, "dx");
+  ExpectClose(got.grads, want.grads, rtol, "grads");
+}
+
 TEST(MoeLayer, FloatMatchesDouble) {
-  Shape s;
-  s.d = 32;
-  s.hidden = 24;
-  s.experts = 8;
-  s.n = 64;
-  s.shared = 1;
-  s.router = "sigmoid";
-  s.balance = "aux_loss";
-  s.coef = 0.1;
-  s.bias = true;
+  const Shape s{.d = 32,
+                .hidden = 24,
+                .experts = 8,
+                .shared = 1,
+                .n = 64,
+                .router = "sigmoid",
+                .balance = "aux_loss",
+                .coef = 0.1,
+                .bias = true};
   Problem p(s);
   const auto rd = RunLayer<double>(s, p, true);
   const auto rf = RunLayer<float>(s, p, true);
-  EXPECT_EQ(rf.counts, rd.counts);
-  EXPECT_NEAR(rf.aux, rd.aux, 1e-6);
-  ExpectClose(rf.y, rd.y, 1e-5, "y");
-  ExpectClose(rf.dx, rd.dx, 1e-5, "dx");
-  ExpectClose(rf.grads, rd.grads, 1e-5, "grads");
+  ExpectRunsClose(rf, rd, 1e-6, 1e-5);
 }
 
 TEST(MoeLayer, DeterministicAcrossRunsThreadCountsAndSchedules) {
@@ -576,15 +532,15 @@ TEST(MoeLayer, DeterministicAcrossRunsThreadCountsAndSchedules) {
   // order): every GEMM runs single-threaded on a fixed piece of work. The BLAS-parallel schedule
   // is bit-identical run to run at a given thread count only: OpenBLAS splits a threaded GEMM,
   // and rounds, by the thread count.
-  Shape s;
-  s.d = 64;
-  s.hidden = 64;
-  s.experts = 8;
-  s.n = 600;  // large enough that every OpenMP loop and BLAS call actually goes parallel
-  s.shared = 2;
-  s.balance = "aux_loss";
-  s.coef = 0.01;
-  s.bias = true;
+  // n large enough that every OpenMP loop and BLAS call actually goes parallel.
+  const Shape s{.d = 64,
+                .hidden = 64,
+                .experts = 8,
+                .shared = 2,
+                .n = 600,
+                .balance = "aux_loss",
+                .coef = 0.01,
+                .bias = true};
   Problem p(s);
   const int threads = omp_get_max_threads();
   omp_set_num_threads(2);
@@ -611,24 +567,19 @@ TEST(MoeLayer, SchedulesAgree) {
   // The expert-parallel schedule splits shared experts into row chunks (n = 1100: 3 chunks,
   // partial weight gradients) where the finite-difference tests (n = 12) have one; it must
   // agree with the unsplit BLAS-parallel schedule to rounding.
-  Shape s;
-  s.d = 16;
-  s.hidden = 12;
-  s.experts = 6;
-  s.n = 1100;
-  s.shared = 2;
-  s.router = "sigmoid";
-  s.balance = "aux_loss";
-  s.coef = 0.1;
-  s.bias = true;
+  const Shape s{.d = 16,
+                .hidden = 12,
+                .experts = 6,
+                .shared = 2,
+                .n = 1100,
+                .router = "sigmoid",
+                .balance = "aux_loss",
+                .coef = 0.1,
+                .bias = true};
   Problem p(s);
   const auto a = RunLayer<double>(s, p, true);
   const auto b = RunLayer<double>(s, p, false);
-  EXPECT_EQ(a.counts, b.counts);
-  EXPECT_NEAR(a.aux, b.aux, 1e-15);
-  ExpectClose(a.y, b.y, 1e-13, "y");
-  ExpectClose(a.dx, b.dx, 1e-13, "dx");
-  ExpectClose(a.grads, b.grads, 1e-13, "grads");
+  ExpectRunsClose(a, b, 1e-15, 1e-13);
 }
 
 TEST(MoeLayer, GrowingAndShrinkingN) {
