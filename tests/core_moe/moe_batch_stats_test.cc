@@ -9,11 +9,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/model/cpu_moe.h"
+#include "tests/common/random_fill.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 namespace {
@@ -26,11 +27,7 @@ struct Case {
 constexpr int kD = 8, kHidden = 6, kTokensPerPiece = 6;
 
 std::vector<double> Random(size_t n, double stddev, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> dist(0.0, stddev);
-  std::vector<double> v(n);
-  for (double& x : v) x = dist(rng);
-  return v;
+  return test::RandomNormal<double>(n, stddev, seed);
 }
 
 struct Setup {
@@ -40,10 +37,7 @@ struct Setup {
   std::vector<double> params, x, r;
   explicit Setup(const Case& c) {
     model.d_model = kD;
-    moe.experts_total = c.experts;
-    moe.experts_active = c.k;
-    moe.shared_experts = c.shared;
-    moe.expert_hidden = kHidden;
+    test::UseMoe(&moe, {.experts = c.experts, .top_k = c.k, .shared = c.shared, .hidden = kHidden});
     moe.router = c.router;
     moe.balance = "aux_loss";
     moe.aux_loss_coef = 0.5;  // large, so the aux term is a visible part of the router gradient

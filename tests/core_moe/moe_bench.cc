@@ -9,12 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/model/cpu_moe.h"
 #include "kernels/cpu/gemm.h"
+#include "tests/common/random_fill.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab {
 
@@ -35,11 +36,7 @@ double CpuMs() {
 }
 
 std::vector<float> Random(size_t n, float stddev, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
+  return test::RandomNormal<float>(n, stddev, seed);
 }
 
 struct Rate {
@@ -70,10 +67,7 @@ void Bench(int experts, bool expert_parallel, int iters, Rate sgemm) {
   ModelConfig model;
   model.d_model = d;
   MoEConfig moe;
-  moe.experts_total = experts;
-  moe.experts_active = k;
-  moe.shared_experts = S;
-  moe.expert_hidden = H;
+  test::UseMoe(&moe, {.experts = experts, .top_k = k, .shared = S, .hidden = H});
   moe.balance = "aux_loss";
   const size_t E = experts, hd = static_cast<size_t>(H) * d;
   auto router = Random(E * d, 0.02f, 3), w1 = Random(E * hd, 0.02f, 4),

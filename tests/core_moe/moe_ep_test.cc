@@ -13,6 +13,7 @@
 
 #include "core/dist/communicator.h"
 #include "core/model/cpu_moe.h"
+#include "tests/common/tiny_configs.h"
 #include "tests/core_moe/thread_communicator.h"
 
 namespace moelab {
@@ -44,10 +45,7 @@ struct Params {
 
 MoEConfig Moe() {
   MoEConfig c;
-  c.experts_total = kE;
-  c.experts_active = kK;
-  c.shared_experts = kS;
-  c.expert_hidden = kH;
+  test::UseMoe(&c, {.experts = kE, .top_k = kK, .shared = kS, .hidden = kH});
   c.router = "sigmoid";
   c.balance = "aux_free";
   return c;

@@ -18,6 +18,7 @@
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/swiglu.h"
+#include "tests/common/random_fill.h"
 
 namespace moelab {
 
@@ -86,11 +87,7 @@ struct Arena {
 };
 
 std::vector<double> RandomVec(size_t n, double stddev, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> dist(0.0, stddev);
-  std::vector<double> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
+  return test::RandomNormal<double>(n, stddev, seed);
 }
 
 template <typename To>
