@@ -6,33 +6,21 @@
 
 #include "analysis/ablation.h"
 #include "core/flops.h"
+#include "tests/common/tiny_configs.h"
 
 namespace moelab::analysis {
 namespace {
 
 ModelConfig K2Model(int heads) {
-  ModelConfig m;
-  m.vocab_size = 163840;
-  m.d_model = 7168;
-  m.layers = 61;
-  m.heads = heads;
-  m.ffn_hidden = 18432;
-  m.attention = "mla";
-  m.q_lora_rank = 1536;
-  m.kv_lora_rank = 512;
-  m.qk_nope_head_dim = 128;
-  m.qk_rope_head_dim = 64;
-  m.v_head_dim = 128;
+  ModelConfig m{
+      .vocab_size = 163840, .d_model = 7168, .layers = 61, .heads = heads, .ffn_hidden = 18432};
+  test::UseMla(&m, {.q_lora = 1536, .kv_lora = 512, .nope = 128, .rope = 64, .v = 128});
   return m;
 }
 
 MoEConfig K2MoE() {
   MoEConfig e;
-  e.experts_total = 384;
-  e.experts_active = 8;
-  e.shared_experts = 1;
-  e.expert_hidden = 2048;
-  e.dense_layers = 1;
+  test::UseMoe(&e, {.experts = 384, .top_k = 8, .shared = 1, .hidden = 2048, .dense_layers = 1});
   return e;
 }
 

@@ -2,24 +2,25 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/tiny_configs.h"
+
 namespace moelab {
 namespace {
 
+// The small MoE of the hand counts: vocabulary 100, width 8, 2 layers of 2 heads (head_dim 4)
+// sharing one KV head, dense hidden 16; layer 1 four experts of hidden 6 (top-2) and one shared.
+RunConfig HandCountMoe() {
+  RunConfig c;
+  c.model = {
+      .vocab_size = 100, .d_model = 8, .layers = 2, .heads = 2, .kv_heads = 1, .ffn_hidden = 16};
+  test::UseMoe(&c.moe, {.experts = 4, .top_k = 2, .shared = 1, .hidden = 6, .dense_layers = 1});
+  return c;
+}
+
 // A hand count for a small MoE config, written out multiply-add by multiply-add.
 TEST(Flops, HandCountSmallMoe) {
-  RunConfig c;
-  c.model.vocab_size = 100;
-  c.model.d_model = 8;
-  c.model.layers = 2;
-  c.model.heads = 2;  // head_dim 4
-  c.model.kv_heads = 1;
-  c.model.ffn_hidden = 16;
+  RunConfig c = HandCountMoe();
   c.model.seq_len = 5;  // average keys per token (1+2+3+4+5)/5 = 3
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 6;
-  c.moe.dense_layers = 1;
   const FlopsBreakdown f = ForwardFlopsPerToken(c);
   // q: 8·8, k and v: 8·4 each, o: 8·8 → 192 MACs per layer, 2 layers.
   EXPECT_DOUBLE_EQ(f.attn_proj, 2 * 2 * 192);
@@ -34,19 +35,7 @@ TEST(Flops, HandCountSmallMoe) {
 }
 
 TEST(Flops, ParamCounts) {
-  RunConfig c;
-  c.model.vocab_size = 100;
-  c.model.d_model = 8;
-  c.model.layers = 2;
-  c.model.heads = 2;
-  c.model.kv_heads = 1;
-  c.model.ffn_hidden = 16;
-  c.moe.experts_total = 4;
-  c.moe.experts_active = 2;
-  c.moe.shared_experts = 1;
-  c.moe.expert_hidden = 6;
-  c.moe.dense_layers = 1;
-  const ParamCounts p = CountParams(c);
+  const ParamCounts p = CountParams(HandCountMoe());
   const int64_t attn = 64 + 32 + 32 + 64, norms = 16, expert = 3 * 8 * 6;
   const int64_t common = 2 * (attn + norms) + 3 * 8 * 16 + 8 + 2 * 800;
   EXPECT_EQ(p.embedding, 1600);
@@ -64,18 +53,10 @@ namespace {
 // scores over the per-head qk = nope + rope dims, values over v_head_dim).
 TEST(Flops, HandCountMla) {
   RunConfig c;
-  c.model.vocab_size = 100;
-  c.model.d_model = 24;
-  c.model.layers = 2;
-  c.model.heads = 3;
-  c.model.seq_len = 5;  // 3 keys per token on average
-  c.model.attention = "mla";
-  c.model.q_lora_rank = 10;
-  c.model.kv_lora_rank = 12;
-  c.model.qk_nope_head_dim = 6;
-  c.model.qk_rope_head_dim = 4;
-  c.model.v_head_dim = 6;
-  c.model.ffn_hidden = 16;
+  // seq_len 5: 3 keys per token on average.
+  c.model = {
+      .vocab_size = 100, .d_model = 24, .layers = 2, .heads = 3, .ffn_hidden = 16, .seq_len = 5};
+  test::UseMla(&c.model, {.q_lora = 10, .kv_lora = 12, .nope = 6, .rope = 4, .v = 6});
   const FlopsBreakdown f = ForwardFlopsPerToken(c);
   // q: 24→10 (240) then 10→3·(6+4) (300); kv down 24→12+4 (384); kv up 12→3·(6+6) (432);
   // o: 3·6→24 (432). 1788 MACs per layer.

@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #ifdef MOELAB_PROMOTE_HAVE_GUI
 #include <stb_image.h>
@@ -105,19 +106,17 @@ TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   EXPECT_NE(out.find("no stored fits"), std::string::npos) << out;
   out = Capture(Bin() + " fit --db " + path + " --sweep law --by sparsity --resamples 100", &code);
   ASSERT_EQ(code, 0) << out;
-  // Unknown family, unknown run, target outside the supported range.
-  out = Capture(base + " --sweep law --family sparsity=7 --budget-flops 1e8", &code);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("unknown family"), std::string::npos) << out;
-  out = Capture(base + " --sweep law --run 999 --budget-flops 1e8", &code);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("unknown run"), std::string::npos) << out;
-  out = Capture(base + " --sweep law --family sparsity=2 --budget-flops 1e13", &code);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("--max-extrapolation"), std::string::npos) << out;
-  out = Capture(base + " --sweep law --family sparsity=2 --target-loss 3.0", &code);
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("irreducible"), std::string::npos) << out;
+  // Unknown family, unknown run, target outside the supported range: each refused, saying why.
+  const std::pair<const char*, const char*> refusals[] = {
+      {"--family sparsity=7 --budget-flops 1e8", "unknown family"},
+      {"--run 999 --budget-flops 1e8", "unknown run"},
+      {"--family sparsity=2 --budget-flops 1e13", "--max-extrapolation"},
+      {"--family sparsity=2 --target-loss 3.0", "irreducible"}};
+  for (const auto& [args, why] : refusals) {
+    out = Capture(base + " --sweep law " + args, &code);
+    EXPECT_NE(code, 0) << args;
+    EXPECT_NE(out.find(why), std::string::npos) << out;
+  }
 
   // The promotion: planned, written, recorded, launched on CPU.
   const fs::path pdir = dir / "promo";
