@@ -53,6 +53,21 @@ std::vector<T> RandomArena(const std::vector<ParamInfo>& ps) {
   return a;
 }
 
+// Params(c), a random arena over them, and a copy of it that the test scales into what it
+// expects the clip to leave.
+template <typename T>
+struct Arenas {
+  std::vector<ParamInfo> ps;
+  std::vector<T> arena, expected;
+};
+
+template <typename T>
+Arenas<T> RandomArenas(const RunConfig& c) {
+  std::vector<ParamInfo> ps = Params(c);
+  std::vector<T> arena = RandomArena<T>(ps);
+  return {ps, arena, arena};
+}
+
 const ParamInfo& Find(const std::vector<ParamInfo>& ps, const std::string& name) {
   for (const ParamInfo& p : ps)
     if (p.name == name) return p;
@@ -76,9 +91,7 @@ TYPED_TEST(QkClipTest, MhaPerHeadScalesClippedHeadsOnly) {
   using T = TypeParam;
   RunConfig c = Config(0, 10.0);
   c.optimizer.qk_clip_alpha = 0.3;  // unequal split shows which side gets which exponent
-  const auto ps = Params(c);
-  std::vector<T> arena = RandomArena<T>(ps);
-  std::vector<T> expected = arena;
+  auto [ps, arena, expected] = RandomArenas<T>(c);
   // Layer 0: head 1 over τ; head 2 exactly at τ (not clipped). Layer 1: heads 0 and 3.
   const std::vector<float> s = {5, 40, 10, 9.99f, 12.5f, 1, 2, 1000};
   const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 7);
@@ -103,9 +116,7 @@ TYPED_TEST(QkClipTest, MhaPerHeadScalesClippedHeadsOnly) {
 TYPED_TEST(QkClipTest, GqaScalesQueryHeadByGammaAndLeavesKeysAlone) {
   using T = TypeParam;
   const RunConfig c = Config(2, 10.0);
-  const auto ps = Params(c);
-  std::vector<T> arena = RandomArena<T>(ps);
-  std::vector<T> expected = arena;
+  auto [ps, arena, expected] = RandomArenas<T>(c);
   const std::vector<float> s = {20, 1, 1, 1, 1, 1, 11, 30};
   const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 3);
   ASSERT_EQ(events.size(), 3u);
@@ -119,9 +130,7 @@ TYPED_TEST(QkClipTest, GlobalModeUsesOneGammaPerLayer) {
   using T = TypeParam;
   for (int kv : {0, 2}) {
     const RunConfig c = Config(kv, 10.0, "global");
-    const auto ps = Params(c);
-    std::vector<T> arena = RandomArena<T>(ps);
-    std::vector<T> expected = arena;
+    auto [ps, arena, expected] = RandomArenas<T>(c);
     // Layer 0 max 25 > τ: every head gets γ = 0.4. Layer 1 max 9 ≤ τ: untouched.
     const std::vector<float> s = {5, 25, 10, 1, 9, 1, 2, 3};
     const auto events = testing::ClipByPlan<T>(c, ps, arena.data(), s, 1);

@@ -90,6 +90,15 @@ int64_t MakeLawDatabase(const std::string& path) {
   return sweep_id;
 }
 
+// MakeLawDatabase(db) with its fits stored: `moelab fit` (50 resamples) run in `work`.
+void MakeFittedLawDatabase(const fs::path& work, const std::string& db) {
+  MakeLawDatabase(db);
+  int code = 0;
+  const std::string out =
+      Capture(work, Bin() + " fit --db " + db + " --sweep law --by sparsity --resamples 50", &code);
+  ASSERT_EQ(code, 0) << out;
+}
+
 TEST(PromoteCli, RefusesThenPlansWritesLaunchesAndLinks) {
   const test::TempDir tmp("promote");  // kept when the test fails (or MOELAB_KEEP_TEST_DIR is set)
   const fs::path& dir = tmp.path();
@@ -211,17 +220,15 @@ TEST(PromoteCli, LaunchersTrainOrContinueTheirRun) {
   const fs::path work = tmp.path() / "work";
   fs::create_directories(work);
   const std::string db = (work / "p.db").string();
-  MakeLawDatabase(db);
+  ASSERT_NO_FATAL_FAILURE(MakeFittedLawDatabase(work, db));
   int code = 0;
   std::string out =
-      Capture(work, Bin() + " fit --db " + db + " --sweep law --by sparsity --resamples 50", &code);
-  ASSERT_EQ(code, 0) << out;
-  out = Capture(work,
-                "cd '" + work.string() + "' && " + Bin() +
-                    " promote --db p.db --sweep law --family sparsity=2 --budget-flops 1.5e8 "
-                    "--threads 1 --out promo --time 01:00:00 --partition cpu --mem 4G "
-                    "--account proj --gres gpu:1",
-                &code);
+      Capture(work,
+              "cd '" + work.string() + "' && " + Bin() +
+                  " promote --db p.db --sweep law --family sparsity=2 --budget-flops 1.5e8 "
+                  "--threads 1 --out promo --time 01:00:00 --partition cpu --mem 4G "
+                  "--account proj --gres gpu:1",
+              &code);
   ASSERT_EQ(code, 0) << out;
   const int64_t run_id = db::ListPromotions(db).front().run_id.value();
   const std::string sbatch = test::Slurp((work / "promo" / "launch_slurm.sbatch").string());
@@ -293,11 +300,9 @@ TEST(PromoteCli, SamePlanTwiceStartsNoSecondRunAndEachPromotionOwnsItsFolder) {
   const test::TempDir tmp("promote_twice");
   const fs::path work = tmp.path();
   const std::string db = (work / "p.db").string();
-  MakeLawDatabase(db);
+  ASSERT_NO_FATAL_FAILURE(MakeFittedLawDatabase(work, db));
   int code = 0;
-  std::string out =
-      Capture(work, Bin() + " fit --db " + db + " --sweep law --by sparsity --resamples 50", &code);
-  ASSERT_EQ(code, 0) << out;
+  std::string out;
   const std::string promote = "cd '" + work.string() + "' && " + Bin() +
                               " promote --db p.db --sweep law --family sparsity=2 "
                               "--budget-flops 1.5e8 --threads 1";
