@@ -75,6 +75,14 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
+// The model's parameters, copied to the host (where the CPU reference starts from them) and to
+// `device`.
+std::vector<float> CopyParams(const Model<float>& model, cudautil::DeviceBuffer<float>* device) {
+  std::vector<float> host(model.params(), model.params() + model.num_params());
+  device->Upload(host);
+  return host;
+}
+
 // Runs `steps` updates with the same random gradients on the CPU and the device optimizer.
 void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr = 0) {
   RunConfig c = SmallMoe();
@@ -83,9 +91,8 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
   Model<float> model(c);
   model.Init(3);
   const size_t n = model.num_params();
-  std::vector<float> cpu(model.params(), model.params() + n);
-  cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
-  dparams.Upload(cpu.data(), n);
+  cudautil::DeviceBuffer<float> dparams, dgrads(n);
+  std::vector<float> cpu = CopyParams(model, &dparams);
   std::unique_ptr<Optimizer> ref = MakeOptimizer(c.optimizer, model.param_infos());
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
   CudaOptimizerOps ops(be.get(), /*ns_bf16=*/false);
@@ -159,9 +166,8 @@ void CheckWeightCopy(const std::string& name) {
   Model<float> model(c);
   model.Init(3);
   const size_t n = model.num_params();
-  std::vector<float> host(model.params(), model.params() + n);
-  cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
-  dparams.Upload(host.data(), n);
+  cudautil::DeviceBuffer<float> dparams, dgrads(n);
+  CopyParams(model, &dparams);
   Bf16WeightCopy copy;
   copy.Resize(n);
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
@@ -260,9 +266,8 @@ TEST_F(CudaOptimizerTest, QkClipPlanOnDeviceIsExact) {
     Model<float> model(c);
     model.Init(1);
     const size_t n = model.num_params();
-    std::vector<float> cpu(model.params(), model.params() + n);
-    cudautil::DeviceBuffer<float> d(n);
-    d.Upload(cpu.data(), n);
+    cudautil::DeviceBuffer<float> d;
+    std::vector<float> cpu = CopyParams(model, &d);
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
     const QkClipPlan plan = PlanQkClip(c, model.param_infos(), s, 1);
     ApplyQkClipPlan(plan, cpu.data());
