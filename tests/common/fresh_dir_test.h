@@ -1,5 +1,6 @@
-// A test fixture with its own folder path for the files the code under test writes. Header-only
-// (unlike test::TempDir in test_util.h) so test folders that start no processes need no library.
+// Folders for the files the code under test writes: one per test binary, and a fixture with one
+// per test. Header-only (unlike test::TempDir in test_util.h) so test folders that start no
+// processes need no library.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,16 @@
 #include <string>
 
 namespace moelab::test {
+
+// <tmp>/moelab_<name>_<pid>, emptied and created: a folder for the whole test binary (call it
+// once, from a function-local static, so that its tests share it).
+inline std::filesystem::path FreshProcessDir(const std::string& name) {
+  std::filesystem::path p = std::filesystem::temp_directory_path() /
+                            ("moelab_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
 
 // dir_ is <tmp>/moelab_<prefix>_<pid>_<test name>. It does not exist when the test starts, so
 // whatever creates it (the trainer, the checkpoint writer) is part of what the test runs; it is

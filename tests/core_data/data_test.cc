@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_processor.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "core/data/prepare.h"
 #include "core/data/random.h"
 #include "core/data/shards.h"
+#include "tests/common/fresh_dir_test.h"
 
 namespace moelab {
 namespace {
@@ -66,12 +66,7 @@ void WriteTinyCorpus(const fs::path& dir) {
 }
 
 fs::path TestRoot() {
-  static const fs::path root = [] {
-    fs::path p = fs::temp_directory_path() / ("moelab_data_test_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path root = test::FreshProcessDir("data_test");
   return root;
 }
 
@@ -365,11 +360,8 @@ TEST(Markov, HighConcentrationApproachesTheUniformEntropy) {
 }
 
 TEST(Markov, SourceIsDeterministicAndReportsItsEntropy) {
-  DataConfig c;
-  c.source = "markov";
-  c.markov_order = 1;
-  c.markov_concentration = 0.2;
-  c.markov_seed = 3;
+  const DataConfig c{
+      .source = "markov", .markov_order = 1, .markov_concentration = 0.2, .markov_seed = 3};
   auto a = OpenTokenSource(c, 128), b = OpenTokenSource(c, 128);
   EXPECT_EQ(a->vocab_size(), 128);
   EXPECT_DOUBLE_EQ(a->entropy_rate(), b->entropy_rate());

@@ -3,7 +3,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -13,6 +12,7 @@
 
 #include "core/data/data.h"
 #include "core/data/shards.h"
+#include "tests/common/fresh_dir_test.h"
 
 namespace moelab {
 namespace {
@@ -21,12 +21,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 fs::path Root() {
-  static const fs::path root = [] {
-    fs::path p = fs::temp_directory_path() / ("moelab_import_test_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path root = test::FreshProcessDir("import_test");
   return root;
 }
 

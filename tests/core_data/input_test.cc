@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_processor.h>
-#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -18,6 +17,7 @@
 #include "core/data/documents.h"
 #include "core/data/prepare.h"
 #include "core/data/shards.h"
+#include "tests/common/fresh_dir_test.h"
 
 namespace moelab {
 namespace {
@@ -27,12 +27,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 fs::path Root() {
-  static const fs::path root = [] {
-    fs::path p = fs::temp_directory_path() / ("moelab_input_test_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
+  static const fs::path root = test::FreshProcessDir("input_test");
   return root;
 }
 

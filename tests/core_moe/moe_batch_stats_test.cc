@@ -174,12 +174,7 @@ TEST(MoeBatchStats, PiecesWithBatchStatisticsMatchTheWholeBatchSoftmax) {
 }
 
 TEST(MoeBatchStats, PiecesWithBatchStatisticsMatchTheWholeBatchSigmoidTop1) {
-  Case c;
-  c.router = "sigmoid";
-  c.k = 1;
-  c.shared = 0;
-  c.pieces = 2;
-  CheckPiecesMatchBatch(c);
+  CheckPiecesMatchBatch(Case{.router = "sigmoid", .k = 1, .shared = 0, .pieces = 2});
 }
 
 }  // namespace

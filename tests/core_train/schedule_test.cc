@@ -28,11 +28,8 @@ TEST(Schedule, WarmupThenShapes) {
 }
 
 TEST(Schedule, WsdStableThenDecay) {
-  ScheduleConfig s;
-  s.type = "wsd";
-  s.warmup_steps = 10;
-  s.decay_fraction = 0.2;
-  s.min_lr_ratio = 0.0;
+  const ScheduleConfig s{
+      .type = "wsd", .warmup_steps = 10, .min_lr_ratio = 0.0, .decay_fraction = 0.2};
   EXPECT_DOUBLE_EQ(ScheduledLr(s, 2.0, 80, 100), 2.0);  // last stable step
   EXPECT_NEAR(ScheduledLr(s, 2.0, 90, 100), 1.0, 1e-12);
   EXPECT_NEAR(ScheduledLr(s, 2.0, 100, 100), 0.0, 1e-12);
