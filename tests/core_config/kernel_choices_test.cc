@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "tests/common/config_error.h"
 
 namespace moelab {
 namespace {
@@ -16,13 +17,7 @@ using nlohmann::json;
 
 // The ConfigError of parsing j, or a failure when it parses.
 ConfigError ErrorOf(const json& j) {
-  try {
-    ConfigFromJson(j);
-  } catch (const ConfigError& e) {
-    return e;
-  }
-  ADD_FAILURE() << "accepted " << j.dump();
-  return ConfigError("", "");
+  return test::ConfigErrorOf([&] { ConfigFromJson(j); }, "accepted " + j.dump());
 }
 
 json CudaWith(const json& kernels) {
@@ -89,25 +84,20 @@ TEST(KernelChoices, AChoiceTheBuildCannotRunIsRefusedByPath) {
   KernelBuild none;
   EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, none)) << "the defaults need nothing";
   k.dispatch = "sort";
-  try {
-    RequireKernelChoicesBuildable(k, none);
-    ADD_FAILURE() << "a build without CUDA accepted dispatch sort";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "train.kernels.dispatch");
-    EXPECT_NE(e.reason().find("built without CUDA"), std::string::npos) << e.what();
-  }
+  const ConfigError no_cuda = test::ConfigErrorOf([&] { RequireKernelChoicesBuildable(k, none); },
+                                                  "a build without CUDA accepted dispatch sort");
+  EXPECT_EQ(no_cuda.path(), "train.kernels.dispatch");
+  EXPECT_NE(no_cuda.reason().find("built without CUDA"), std::string::npos) << no_cuda.what();
   KernelBuild cuda;
   cuda.cuda = true;
   cuda.cudnn_why = "cannot load libcudnn.so.9";
   EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, cuda));
   k.experts = "cudnn";
-  try {
-    RequireKernelChoicesBuildable(k, cuda);
-    ADD_FAILURE() << "accepted cudnn without cuDNN";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "train.kernels.experts");
-    EXPECT_NE(e.reason().find("cannot load libcudnn.so.9"), std::string::npos) << e.what();
-  }
+  const ConfigError no_cudnn = test::ConfigErrorOf([&] { RequireKernelChoicesBuildable(k, cuda); },
+                                                   "accepted cudnn without cuDNN");
+  EXPECT_EQ(no_cudnn.path(), "train.kernels.experts");
+  EXPECT_NE(no_cudnn.reason().find("cannot load libcudnn.so.9"), std::string::npos)
+      << no_cudnn.what();
   cuda.cudnn = true;
   EXPECT_NO_THROW(RequireKernelChoicesBuildable(k, cuda));
 }
@@ -121,13 +111,10 @@ TEST(KernelChoices, DeviceExpertsAreRefusedWhereTheyCannotRun) {
   EXPECT_NO_THROW(RequireDeviceExpertsRunnable(k, "bf16", 64, 1, 1024, 512));
   EXPECT_NO_THROW(RequireDeviceExpertsRunnable(k, "fp32", 0, 2, 12, 12)) << "a dense model";
   const auto refused = [&](const std::string& precision, int ep, int d, int hidden) {
-    try {
-      RequireDeviceExpertsRunnable(k, precision, 64, ep, d, hidden);
-    } catch (const ConfigError& e) {
-      return e;
-    }
-    ADD_FAILURE() << "accepted " << precision << " ep " << ep << " d " << d << " H " << hidden;
-    return ConfigError("", "");
+    return test::ConfigErrorOf(
+        [&] { RequireDeviceExpertsRunnable(k, precision, 64, ep, d, hidden); },
+        "accepted " + precision + " ep " + std::to_string(ep) + " d " + std::to_string(d) + " H " +
+            std::to_string(hidden));
   };
   ConfigError e = refused("fp32", 1, 1024, 512);
   EXPECT_EQ(e.path(), "train.kernels.experts");
@@ -157,12 +144,10 @@ TEST(KernelChoices, SetOverridesReachTheBlock) {
   json j = {{"train", {{"device", "cuda"}}}};
   ApplyOverride(j, "train.kernels.attention_acts=bf16");
   EXPECT_EQ(ConfigFromJson(j).train.kernels.attention_acts, "bf16");
-  try {
-    ApplyOverride(j, "train.kernels.warp_size=64");
-    ADD_FAILURE() << "accepted an unknown kernel key";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "train.kernels.warp_size");
-  }
+  EXPECT_EQ(test::ConfigErrorOf([&] { ApplyOverride(j, "train.kernels.warp_size=64"); },
+                                "accepted an unknown kernel key")
+                .path(),
+            "train.kernels.warp_size");
 }
 
 TEST(KernelChoices, BenchFlagParsesTheSameChoices) {

@@ -24,6 +24,7 @@
 #include "kernels/cuda/moe_routing.h"
 #endif
 #include "core/train/trainer.h"
+#include "tests/common/config_error.h"
 #include "tests/common/test_util.h"
 #include "tests/common/tiny_configs.h"
 
@@ -235,13 +236,10 @@ TEST(CudaSupports, KernelChoicesComeFromTheConfigNotTheEnvironment) {
   c.train.kernels.attention = "fused";
   c.model.head_dim = 24;  // not an instantiated head dim of the fused kernels
   c.model.heads = 4;
-  try {
-    RequireCudaSupports(c, 1, 1);
-    ADD_FAILURE() << "accepted attention \"fused\" at head dim 24";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "train.kernels.attention");
-    EXPECT_NE(std::string(e.what()).find("head dims qk 24"), std::string::npos) << e.what();
-  }
+  const ConfigError e = test::ConfigErrorOf([&] { RequireCudaSupports(c, 1, 1); },
+                                            "accepted attention \"fused\" at head dim 24");
+  EXPECT_EQ(e.path(), "train.kernels.attention");
+  EXPECT_NE(std::string(e.what()).find("head dims qk 24"), std::string::npos) << e.what();
 #endif
 }
 
@@ -259,19 +257,15 @@ TEST(CudaSupports, CudnnExpertsNeedTheGroupedMatmulAndSixteenByteRows) {
   c.train.kernels.experts = "cudnn";
   std::string why;
   const bool available = cuda::CudnnGroupedMatmulAvailable(&why);
-  try {
-    RequireCudaSupports(c, 1, 1);
-    ADD_FAILURE() << "accepted";
-  } catch (const ConfigError& e) {
-    if (available) {
-      EXPECT_EQ(e.path(), "moe.expert_hidden");
-      EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
-    } else {
-      EXPECT_EQ(e.path(), "train.kernels.experts");
-      EXPECT_NE(std::string(e.what()).find("needs cuDNN's MoE grouped matmul, but " + why),
-                std::string::npos)
-          << e.what();
-    }
+  const ConfigError e = test::ConfigErrorOf([&] { RequireCudaSupports(c, 1, 1); }, "accepted");
+  if (available) {
+    EXPECT_EQ(e.path(), "moe.expert_hidden");
+    EXPECT_NE(std::string(e.what()).find("multiple of 8"), std::string::npos) << e.what();
+  } else {
+    EXPECT_EQ(e.path(), "train.kernels.experts");
+    EXPECT_NE(std::string(e.what()).find("needs cuDNN's MoE grouped matmul, but " + why),
+              std::string::npos)
+        << e.what();
   }
   c.train.precision = "fp32";
   if (available)
@@ -297,12 +291,10 @@ TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   c.moe.balance = "aux_loss";
   std::string why;
   if (!NcclCommunicator::Available(&why)) {
-    try {
-      RequireCudaSupports(c, 4, 2);
-      ADD_FAILURE() << "several ranks accepted without NCCL";
-    } catch (const ConfigError& e) {
-      EXPECT_EQ(e.path(), "train.device");
-    }
+    EXPECT_EQ(test::ConfigErrorOf([&] { RequireCudaSupports(c, 4, 2); },
+                                  "several ranks accepted without NCCL")
+                  .path(),
+              "train.device");
     GTEST_SKIP() << "the rest needs NCCL in the build: " << why;
   }
   EXPECT_NO_THROW(RequireCudaSupports(c, 4, 1));
@@ -310,12 +302,10 @@ TEST(CudaSupports, AcceptsExpertParallelZeroAndAuxLossRefusesOddBf16Rows) {
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   c.model.d_model = 63;
   c.train.precision = "bf16";
-  try {
-    RequireCudaSupports(c, 2, 2);
-    ADD_FAILURE() << "odd d_model accepted for bf16 expert parallelism";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "model.d_model");
-  }
+  EXPECT_EQ(test::ConfigErrorOf([&] { RequireCudaSupports(c, 2, 2); },
+                                "odd d_model accepted for bf16 expert parallelism")
+                .path(),
+            "model.d_model");
   c.train.precision = "fp32";
   EXPECT_NO_THROW(RequireCudaSupports(c, 2, 2));
   c.train.device = "cpu";
@@ -426,15 +416,12 @@ TEST(CudaSupports, SortDispatchRefusesMoreExpertsThanItTallies) {
   c.moe.experts_total = cuda::kMoeSortMaxExperts + 1;
   c.moe.experts_active = 2;
   c.train.kernels.dispatch = "sort";
-  try {
-    RequireCudaSupports(c, 1, 1);
-    ADD_FAILURE() << "accepted " << c.moe.experts_total << " experts";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "moe.experts_total");
-    EXPECT_NE(std::string(e.what()).find(std::to_string(cuda::kMoeSortMaxExperts)),
-              std::string::npos)
-        << e.what();
-  }
+  const ConfigError e =
+      test::ConfigErrorOf([&] { RequireCudaSupports(c, 1, 1); },
+                          "accepted " + std::to_string(c.moe.experts_total) + " experts");
+  EXPECT_EQ(e.path(), "moe.experts_total");
+  EXPECT_NE(std::string(e.what()).find(std::to_string(cuda::kMoeSortMaxExperts)), std::string::npos)
+      << e.what();
   c.moe.experts_total = cuda::kMoeSortMaxExperts;
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   c.train.kernels.dispatch = "scan";
@@ -479,13 +466,10 @@ TEST(CudaSupports, RefusesABadNcclTimeoutBeforeTheRun) {
   std::string why;
   if (!NcclCommunicator::Available(&why)) GTEST_SKIP() << "needs NCCL in the build: " << why;
   test::ScopedEnv timeout("MOELAB_NCCL_TIMEOUT_S", "ten minutes");
-  try {
-    RequireCudaSupports(c, 2, 1);
-    ADD_FAILURE() << "accepted MOELAB_NCCL_TIMEOUT_S=ten minutes";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.path(), "train.device");
-    EXPECT_NE(std::string(e.what()).find("MOELAB_NCCL_TIMEOUT_S"), std::string::npos) << e.what();
-  }
+  const ConfigError e = test::ConfigErrorOf([&] { RequireCudaSupports(c, 2, 1); },
+                                            "accepted MOELAB_NCCL_TIMEOUT_S=ten minutes");
+  EXPECT_EQ(e.path(), "train.device");
+  EXPECT_NE(std::string(e.what()).find("MOELAB_NCCL_TIMEOUT_S"), std::string::npos) << e.what();
   EXPECT_NO_THROW(RequireCudaSupports(c, 1, 1));
   timeout.Set("600");
   EXPECT_NO_THROW(RequireCudaSupports(c, 2, 1));
