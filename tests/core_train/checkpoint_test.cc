@@ -142,6 +142,23 @@ TEST_F(CheckpointTest, PruningAndResumeArePerRun) {
   EXPECT_EQ(ReadCheckpointHeader(got).run_uuid, b);
 }
 
+// Garbage over the 8-byte step field at `offset` of a checkpoint file.
+void OverwriteStep(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(offset);
+  f.write("XXXXXXXX", 8);
+}
+
+// Reading the header of `path` fails, naming it corrupt (`read_message` when it is read).
+void ExpectHeaderCorrupt(const std::string& path, const std::string& read_message) {
+  try {
+    ReadCheckpointHeader(path);
+    FAIL() << read_message;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("header is corrupt"), std::string::npos) << e.what();
+  }
+}
+
 // Bytes overwritten in a checkpoint's header (the step field) make it corrupt, named so, and
 // resume passes it over for the run's newest valid one. Before the header had its own checksum
 // the garbage step read as a step beyond the database ("recorded this run only up to step 25").
@@ -151,18 +168,9 @@ TEST_F(CheckpointTest, ADamagedHeaderIsReportedCorrupt) {
   WriteCheckpoint(dir_.string(), {"abc", "fam", 10, 0, 0, a}, params, bias, {}, 5);
   const std::string newest =
       WriteCheckpoint(dir_.string(), {"abc", "fam", 20, 0, 0, a}, params, bias, {}, 5);
-  {
-    // magic (8), then three length-prefixed strings ("abc", "fam", the UUID), then the step.
-    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(8 + (8 + 3) + (8 + 3) + (8 + 36));
-    f.write("XXXXXXXX", 8);
-  }
-  try {
-    ReadCheckpointHeader(newest);
-    FAIL() << "a damaged header was read";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("header is corrupt"), std::string::npos) << e.what();
-  }
+  // magic (8), then three length-prefixed strings ("abc", "fam", the UUID), then the step.
+  OverwriteStep(newest, 8 + (8 + 3) + (8 + 3) + (8 + 36));
+  ASSERT_NO_FATAL_FAILURE(ExpectHeaderCorrupt(newest, "a damaged header was read"));
   std::vector<std::string> warnings;
   const auto warn = [&](const std::string& w) { warnings.push_back(w); };
   EXPECT_EQ(Steps(ResumeCandidates(dir_.string(), {a, "abc", "", 25}, warn)),
@@ -177,17 +185,8 @@ TEST_F(CheckpointTest, ADamagedHeaderIsReportedCorrupt) {
   // A legacy file (no header checksum) whose step disagrees with its name is corrupt too.
   const std::string legacy = (dir_ / "step_000000012.ckpt").string();
   WriteFormat1(legacy, "abc", 12, {1, 2, 3}, {0.5f});
-  {
-    std::fstream f(legacy, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(8 + (8 + 3) + (8 + 3));
-    f.write("XXXXXXXX", 8);
-  }
-  try {
-    ReadCheckpointHeader(legacy);
-    FAIL() << "a damaged legacy header was read";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("header is corrupt"), std::string::npos) << e.what();
-  }
+  OverwriteStep(legacy, 8 + (8 + 3) + (8 + 3));
+  ASSERT_NO_FATAL_FAILURE(ExpectHeaderCorrupt(legacy, "a damaged legacy header was read"));
 }
 
 // A legacy checkpoint (format 1, no UUID) is read as before, and adopted by a run with a UUID
