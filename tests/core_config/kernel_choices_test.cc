@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/config.h"
-#include "tests/common/config_error.h"
+#include "tests/common/errors.h"
 
 namespace moelab {
 namespace {

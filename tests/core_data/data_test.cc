@@ -17,6 +17,7 @@
 #include "core/data/prepare.h"
 #include "core/data/random.h"
 #include "core/data/shards.h"
+#include "tests/common/errors.h"
 #include "tests/common/fresh_dir_test.h"
 
 namespace moelab {
@@ -268,13 +269,8 @@ TEST_F(PreparedCorpus, ValBatchesAreFixedConsecutiveWindowsThatWrapAround) {
 }
 
 TEST_F(PreparedCorpus, TooSmallModelVocabularyIsAClearError) {
-  try {
-    OpenTokenSource(Config(), 256);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(),
-                HasSubstr("model.vocab_size 256 is smaller than the tokenizer's vocabulary 300"));
-  }
+  EXPECT_THAT(test::ErrorMessageOf([&] { OpenTokenSource(Config(), 256); }),
+              HasSubstr("model.vocab_size 256 is smaller than the tokenizer's vocabulary 300"));
   EXPECT_THROW(CheckVocabFits(ReadDataMeta(Dir().string()), 299), std::runtime_error);
   EXPECT_NO_THROW(CheckVocabFits(ReadDataMeta(Dir().string()), 300));
 }
@@ -282,12 +278,8 @@ TEST_F(PreparedCorpus, TooSmallModelVocabularyIsAClearError) {
 TEST_F(PreparedCorpus, TooSmallTokenizerVocabularyExplainsWhy) {
   PrepareOptions o = TinyOptions("too_small");
   o.vocab_size = 260;  // 256 bytes + <unk> + </s> leave room for 2 characters only
-  try {
-    PrepareCorpus(o);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("raise vocab_size or lower character_coverage"));
-  }
+  EXPECT_THAT(test::ErrorMessageOf([&] { PrepareCorpus(o); }),
+              HasSubstr("raise vocab_size or lower character_coverage"));
   EXPECT_FALSE(fs::exists(TestRoot() / "too_small" / "meta.json"));
 }
 
@@ -295,13 +287,9 @@ TEST(DataErrors, MissingFolderNamesTheFixCommand) {
   DataConfig c;
   c.source = "corpus";
   c.path = "/nonexistent/moelab/data";
-  try {
-    OpenTokenSource(c, 512);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/moelab/data/meta.json not found"));
-    EXPECT_THAT(e.what(), HasSubstr("run `moelab data prepare`"));
-  }
+  const std::string missing = test::ErrorMessageOf([&] { OpenTokenSource(c, 512); });
+  EXPECT_THAT(missing, HasSubstr("/nonexistent/moelab/data/meta.json not found"));
+  EXPECT_THAT(missing, HasSubstr("run `moelab data prepare`"));
   c.source = "uniform";
   EXPECT_THROW(OpenTokenSource(c, 512), std::runtime_error);
 }
@@ -311,12 +299,8 @@ TEST(DataErrors, PrepareRejectsBadInputs) {
   o.quiet = true;
   o.inputs = {"/nonexistent/corpus"};
   o.out_dir = (fs::temp_directory_path() / "moelab_never_written").string();
-  try {
-    PrepareCorpus(o);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/corpus: no such file or folder"));
-  }
+  EXPECT_THAT(test::ErrorMessageOf([&] { PrepareCorpus(o); }),
+              HasSubstr("/nonexistent/corpus: no such file or folder"));
   o.vocab_size = 100;
   EXPECT_THROW(PrepareCorpus(o), std::runtime_error);
   EXPECT_FALSE(fs::exists(o.out_dir));
@@ -387,13 +371,9 @@ TEST(Markov, InfeasibleOrIllegalOptionsAreClearErrors) {
   DataConfig c;
   c.source = "markov";
   c.markov_order = 3;
-  try {
-    OpenTokenSource(c, 512);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("order 3 over vocab 512"));
-    EXPECT_THAT(e.what(), HasSubstr("lower data.markov_order"));
-  }
+  const std::string infeasible = test::ErrorMessageOf([&] { OpenTokenSource(c, 512); });
+  EXPECT_THAT(infeasible, HasSubstr("order 3 over vocab 512"));
+  EXPECT_THAT(infeasible, HasSubstr("lower data.markov_order"));
   c.markov_order = 0;
   EXPECT_THROW(OpenTokenSource(c, 512), std::runtime_error);
   c.markov_order = 1;

@@ -17,6 +17,7 @@
 #include "core/data/documents.h"
 #include "core/data/prepare.h"
 #include "core/data/shards.h"
+#include "tests/common/errors.h"
 #include "tests/common/fresh_dir_test.h"
 
 namespace moelab {
@@ -84,17 +85,6 @@ std::vector<std::string> Collect(const fs::path& p, const std::string& field) {
   return out;
 }
 
-// The message Collect(p, field) fails with (a failure, and "", when it succeeds).
-std::string CollectError(const fs::path& p, const std::string& field) {
-  try {
-    Collect(p, field);
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
-
 std::vector<int32_t> Tokens(const DataMeta& m, bool val) {
   ShardReader r(val ? m.val_spans : m.train_spans);
   std::vector<int32_t> t(r.size());
@@ -119,21 +109,22 @@ TEST(Documents, JsonLinesPlainGzipAndZstdStreamTheSameDocuments) {
 
 TEST(Documents, BadJsonLinesAndTruncatedStreamsNameTheFileAndLine) {
   WriteBytes(Root() / "bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
-  const std::string bad = CollectError(Root() / "bad.jsonl", "text");
+  const std::string bad = test::ErrorMessageOf([&] { Collect(Root() / "bad.jsonl", "text"); });
   EXPECT_THAT(bad, HasSubstr("bad.jsonl:2: no string field \"text\""));
   EXPECT_THAT(bad, HasSubstr("--text-field"));
   WriteBytes(Root() / "broken.jsonl", "{\"text\": \"ok\"}\n{\"text\": \n");
   EXPECT_THROW(Collect(Root() / "broken.jsonl", "text"), std::runtime_error);
   const std::string z = Zstd(JsonLines(Documents()));
   WriteBytes(Root() / "cut.jsonl.zst", z.substr(0, z.size() / 2));
-  EXPECT_THAT(CollectError(Root() / "cut.jsonl.zst", "content"), HasSubstr("truncated"));
+  EXPECT_THAT(test::ErrorMessageOf([&] { Collect(Root() / "cut.jsonl.zst", "content"); }),
+              HasSubstr("truncated"));
 }
 
 // Found by the documents fuzz target (fuzz/documents_fuzz.cc): nlohmann's "last read" puts the
 // line's raw bytes into the error (a DEL, invalid UTF-8); the message escapes control bytes.
 TEST(Documents, ParseErrorsOfJsonLinesPrintControlBytesEscaped) {
   WriteBytes(Root() / "del.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ab\x7f\xff\"}\n");
-  const std::string del = CollectError(Root() / "del.jsonl", "text");
+  const std::string del = test::ErrorMessageOf([&] { Collect(Root() / "del.jsonl", "text"); });
   EXPECT_THAT(del, HasSubstr("del.jsonl:2: not a JSON value"));
   EXPECT_THAT(del, HasSubstr("ab\\u007f"));
   EXPECT_THAT(del, Not(HasSubstr("\x7f")));
@@ -192,12 +183,8 @@ TEST(PrepareInputs, JsonLinesZstdMatchesTextAndAGivenTokenizerIsReused) {
   WriteBytes(Root() / "not.model", "garbage");
   PrepareOptions od = oc;
   od.tokenizer_model = (Root() / "not.model").string();
-  try {
-    PrepareCorpus(od);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("not a SentencePiece model"));
-  }
+  EXPECT_THAT(test::ErrorMessageOf([&] { PrepareCorpus(od); }),
+              HasSubstr("not a SentencePiece model"));
   EXPECT_TRUE(fs::exists(fs::path(c.out_dir) / "meta.json"));
 }
 

@@ -70,6 +70,14 @@ std::pair<int, std::string> RunMoelab(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// `moelab <args>` exits with `rc` and its output contains `part`; returns the output.
+std::string ExpectMoelabSays(const std::string& args, int rc, const std::string& part) {
+  const auto [got, out] = RunMoelab(args);
+  EXPECT_EQ(got, rc) << out;
+  EXPECT_NE(out.find(part), std::string::npos) << out;
+  return out;
+}
+
 TEST(BenchOnly, CommandExitsWithConfigErrorOnAnUnknownName) {
   const auto [rc, out] = RunMoelab("bench --device cuda --only gpu-dens");
   EXPECT_EQ(rc, 2) << out;
@@ -85,16 +93,11 @@ TEST(BenchKernels, ChoicesAreParsedCheckedAndReachTheCases) {
 #if !MOELAB_HAVE_CUDA
   GTEST_SKIP() << "built without CUDA (the bench's GPU cases and their plans)";
 #else
-  auto [rc, out] = RunMoelab("bench --device cuda --kernels ffn=sideways");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--kernels: ffn: 'sideways' is not one of: split, fused"), std::string::npos)
-      << out;
-  std::tie(rc, out) = RunMoelab("bench --device cuda --kernels expert=chunked --plan");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("did you mean 'experts'"), std::string::npos) << out;
-  std::tie(rc, out) = RunMoelab("bench --kernels ffn=fused --only dense");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("need --device cuda"), std::string::npos) << out;
+  ExpectMoelabSays("bench --device cuda --kernels ffn=sideways", 2,
+                   "--kernels: ffn: 'sideways' is not one of: split, fused");
+  ExpectMoelabSays("bench --device cuda --kernels expert=chunked --plan", 2,
+                   "did you mean 'experts'");
+  ExpectMoelabSays("bench --kernels ffn=fused --only dense", 2, "need --device cuda");
   const auto plan_line = [](const std::string& text) {
     const size_t at = text.find("gpu-moe ");
     return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
@@ -141,16 +144,13 @@ TEST(BenchMemoryBudget, GpuMoeRunsUnsplitOnAnH200) {
   EXPECT_EQ(GpuCaseMicroBatch("gpu-moe", 1.0), 1) << "nothing fits: the smallest";
   EXPECT_THROW(GpuCaseMicroBatch("gpu-mo", h200), std::invalid_argument);
   // The command: the override is the budget on any machine; without it the plan names the share.
-  auto [rc, out] = RunMoelab("bench --device cuda --plan --only gpu-moe --memory-budget-gib 200");
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("budget 200.0 GiB from --memory-budget-gib"), std::string::npos) << out;
+  std::string out =
+      ExpectMoelabSays("bench --device cuda --plan --only gpu-moe --memory-budget-gib 200", 0,
+                       "budget 200.0 GiB from --memory-budget-gib");
   EXPECT_NE(out.find("(micro-batch 32), runtime"), std::string::npos) << out;
-  std::tie(rc, out) = RunMoelab("bench --device cuda --plan --only gpu-moe --memory-budget-gib 2");
-  EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("DOES NOT FIT"), std::string::npos) << out;
-  std::tie(rc, out) = RunMoelab("bench --device cuda --plan --only gpu-moe");
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("= 97 % of"), std::string::npos) << out;
+  ExpectMoelabSays("bench --device cuda --plan --only gpu-moe --memory-budget-gib 2", 2,
+                   "DOES NOT FIT");
+  out = ExpectMoelabSays("bench --device cuda --plan --only gpu-moe", 0, "= 97 % of");
   std::string reason;
   if (!cuda::CudaAvailable(&reason)) {  // here: both reference cards, H100 split, H200 unsplit
     const size_t h100_at = out.find("H100 80GB"), h200_at = out.find("H200 141GB");
@@ -159,6 +159,7 @@ TEST(BenchMemoryBudget, GpuMoeRunsUnsplitOnAnH200) {
     EXPECT_NE(out.find("(micro-batch 16), runtime", h100_at), std::string::npos) << out;
     EXPECT_NE(out.find("(micro-batch 32), runtime", h200_at), std::string::npos) << out;
   }
+  int rc = 0;
   std::tie(rc, out) = RunMoelab("bench --device cuda --plan --memory-budget-gib -1");
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("--memory-budget-gib"), std::string::npos) << out;

@@ -24,7 +24,7 @@
 #include "kernels/cuda/moe_routing.h"
 #endif
 #include "core/train/trainer.h"
-#include "tests/common/config_error.h"
+#include "tests/common/errors.h"
 #include "tests/common/test_util.h"
 #include "tests/common/tiny_configs.h"
 

@@ -1,8 +1,10 @@
-// The ConfigError a call throws, for tests that check which field a refusal names and why.
+// The error a call throws, for tests that check what a refusal says (and, for a ConfigError,
+// which field it names).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "core/config.h"
@@ -21,6 +23,19 @@ ConfigError ConfigErrorOf(F&& run, const std::string& failure_message) {
   }
   ADD_FAILURE() << failure_message;
   return ConfigError("", "");
+}
+
+// The message of the std::runtime_error that run() throws. When it throws none, the test fails
+// with `failure_message` and the result is "", so the checks on it fail too.
+template <typename F>
+std::string ErrorMessageOf(F&& run, const std::string& failure_message = "expected an error") {
+  try {
+    run();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << failure_message;
+  return "";
 }
 
 }  // namespace moelab::test
