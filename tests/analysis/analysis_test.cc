@@ -15,6 +15,7 @@
 #include "analysis/bootstrap.h"
 #include "analysis/scaling.h"
 #include "core/flops.h"
+#include "tests/common/errors.h"
 
 namespace moelab::analysis {
 namespace {
@@ -293,13 +294,10 @@ TEST(Bootstrap, FailedResamplesAreCountedAndRefusedAboveTheLimit) {
   auto obs = MakeFamily("f", {1.0, 2.0, 0.3}, 11, 5, 6);
   FitOptions o = FastOptions(200);
   o.final_only = true;
-  try {
-    FitFamilies(obs, o);
-    ADD_FAILURE() << "a fit with most resamples failing must be refused";
-  } catch (const AnalysisError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("bootstrap resamples failed"));
-    EXPECT_THAT(e.what(), HasSubstr("--max-failed-fraction"));
-  }
+  const std::string refused = test::ErrorMessageOf<AnalysisError>(
+      [&] { FitFamilies(obs, o); }, "a fit with most resamples failing must be refused");
+  EXPECT_THAT(refused, HasSubstr("bootstrap resamples failed"));
+  EXPECT_THAT(refused, HasSubstr("--max-failed-fraction"));
   o.max_failed_fraction = 0.95;
   auto fits = FitFamilies(obs, o);
   const auto& d = fits.families[0].diagnostics;

@@ -25,13 +25,14 @@ ConfigError ConfigErrorOf(F&& run, const std::string& failure_message) {
   return ConfigError("", "");
 }
 
-// The message of the std::runtime_error that run() throws. When it throws none, the test fails
-// with `failure_message` and the result is "", so the checks on it fail too.
-template <typename F>
+// The message of the exception of type E that run() throws. When it throws none, the test fails
+// with `failure_message` and the result is "", so the checks on it fail too. Any other exception
+// passes through.
+template <typename E = std::runtime_error, typename F>
 std::string ErrorMessageOf(F&& run, const std::string& failure_message = "expected an error") {
   try {
     run();
-  } catch (const std::runtime_error& e) {
+  } catch (const E& e) {
     return e.what();
   }
   ADD_FAILURE() << failure_message;

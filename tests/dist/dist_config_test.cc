@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/dist/communicator.h"
 #include "core/dist/layout.h"
+#include "tests/common/errors.h"
 
 namespace moelab {
 namespace {
@@ -43,12 +44,7 @@ TEST(DistConfig, HashOfConfigsWithoutDistUnchanged) {
 }
 
 std::string ErrorOf(const json& j) {
-  try {
-    ConfigFromJson(j);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return test::ConfigErrorOf([&] { ConfigFromJson(j); }, "accepted " + j.dump()).what();
 }
 
 TEST(DistConfig, ValidationNamesTheField) {
