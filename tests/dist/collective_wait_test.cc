@@ -15,13 +15,16 @@
 namespace moelab {
 namespace {
 
+// A poll that is pending until its n-th call and done from then on, counting its calls in *polls.
+auto DoneOnCall(int n, int* polls) {
+  return [n, polls](std::string*) {
+    return ++*polls < n ? CollectiveState::kPending : CollectiveState::kDone;
+  };
+}
+
 TEST(CollectiveWait, ReturnsWhenThePollIsDone) {
   int polls = 0;
-  WaitWatched(
-      [&](std::string*) {
-        return ++polls < 5 ? CollectiveState::kPending : CollectiveState::kDone;
-      },
-      1.0, "all-reduce");
+  WaitWatched(DoneOnCall(5, &polls), 1.0, "all-reduce");
   EXPECT_EQ(polls, 5);
 }
 
@@ -60,11 +63,7 @@ TEST(CollectiveWait, APendingCollectiveTimesOut) {
   EXPECT_GE(took, 0.05);
   EXPECT_LT(took, 5.0);
   int polls = 0;
-  WaitWatched(
-      [&](std::string*) {
-        return ++polls < 2000 ? CollectiveState::kPending : CollectiveState::kDone;
-      },
-      0, "no limit");
+  WaitWatched(DoneOnCall(2000, &polls), 0, "no limit");
   EXPECT_EQ(polls, 2000);
 }
 
