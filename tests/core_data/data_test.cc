@@ -344,7 +344,7 @@ TEST(Markov, HighConcentrationApproachesTheUniformEntropy) {
 }
 
 TEST(Markov, SourceIsDeterministicAndReportsItsEntropy) {
-  const DataConfig c{
+  DataConfig c{
       .source = "markov", .markov_order = 1, .markov_concentration = 0.2, .markov_seed = 3};
   auto a = OpenTokenSource(c, 128), b = OpenTokenSource(c, 128);
   EXPECT_EQ(a->vocab_size(), 128);
