@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/flops.h"
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 
 namespace moelab::analysis {
 

@@ -38,10 +38,9 @@ std::function<void*(RunConfig&)> Ref(M RunConfig::*section, auto M::*member) {
   return [section, member](RunConfig& c) -> void* { return &(c.*section.*member); };
 }
 
-const std::vector<Field>& Fields() {
+std::vector<Field> ModelFields() {
   using C = RunConfig;
-  static const std::vector<Field> fields = {
-      // model
+  return {
       {"model.vocab_size", FieldType::kInt, Ref(&C::model, &ModelConfig::vocab_size),
        "Vocabulary size; must be >= the tokenizer's vocabulary for corpus data."},
       {"model.d_model", FieldType::kInt, Ref(&C::model, &ModelConfig::d_model), "Model width."},
@@ -86,7 +85,12 @@ const std::vector<Field>& Fields() {
        "RMSNorm on q and k per head (not combinable with QK-Clip or MLA)."},
       {"model.z_loss", FieldType::kDouble, Ref(&C::model, &ModelConfig::z_loss),
        "Coefficient of the output z-loss mean(logsumexp(logits)^2); 0 = off."},
-      // moe
+  };
+}
+
+std::vector<Field> MoeFields() {
+  using C = RunConfig;
+  return {
       {"moe.experts_total", FieldType::kInt, Ref(&C::moe, &MoEConfig::experts_total),
        "Routed experts per MoE layer; 0 = dense model."},
       {"moe.experts_active", FieldType::kInt, Ref(&C::moe, &MoEConfig::experts_active),
@@ -114,7 +118,12 @@ const std::vector<Field>& Fields() {
        "Coefficient of the aux loss coef·E·Σ f_i·P_i (balance = aux_loss)."},
       {"moe.bias_update_rate", FieldType::kDouble, Ref(&C::moe, &MoEConfig::bias_update_rate),
        "Aux-loss-free bias step: b_i += rate·sign(mean load − load_i) (balance = aux_free)."},
-      // optimizer
+  };
+}
+
+std::vector<Field> OptimizerFields() {
+  using C = RunConfig;
+  return {
       {"optimizer.name",
        FieldType::kString,
        Ref(&C::optimizer, &OptimizerConfig::name),
@@ -173,7 +182,12 @@ const std::vector<Field>& Fields() {
        Ref(&C::optimizer, &OptimizerConfig::qk_clip_mode),
        "per_head (K2) or global (one γ from the max over heads).",
        {"per_head", "global"}},
-      // schedule
+  };
+}
+
+std::vector<Field> ScheduleFields() {
+  using C = RunConfig;
+  return {
       {"schedule.type",
        FieldType::kString,
        Ref(&C::schedule, &ScheduleConfig::type),
@@ -187,7 +201,12 @@ const std::vector<Field>& Fields() {
       {"schedule.decay_fraction", FieldType::kDouble,
        Ref(&C::schedule, &ScheduleConfig::decay_fraction),
        "WSD: fraction of all steps spent in the final linear decay."},
-      // data
+  };
+}
+
+std::vector<Field> DataFields() {
+  using C = RunConfig;
+  return {
       {"data.source",
        FieldType::kString,
        Ref(&C::data, &DataConfig::source),
@@ -202,7 +221,12 @@ const std::vector<Field>& Fields() {
        "Dirichlet concentration of the transition rows (smaller = lower entropy)."},
       {"data.markov_seed", FieldType::kUint64, Ref(&C::data, &DataConfig::markov_seed),
        "Seed of the synthetic chain itself (not of the sampling)."},
-      // train
+  };
+}
+
+std::vector<Field> TrainFields() {
+  using C = RunConfig;
+  return {
       {"train.batch_size", FieldType::kInt, Ref(&C::train, &TrainConfig::batch_size),
        "Sequences per optimizer step."},
       {"train.micro_batch",
@@ -236,12 +260,22 @@ const std::vector<Field>& Fields() {
        "auto = bf16 on cuda, fp32 on cpu; bf16 (cuda only) keeps fp32 master weights. Hashed as "
        "the effective precision, and only when that is bf16 (docs/cuda.md).",
        {"auto", "fp32", "bf16"}},
-      // eval
+  };
+}
+
+std::vector<Field> EvalFields() {
+  using C = RunConfig;
+  return {
       {"eval.every", FieldType::kInt, Ref(&C::eval, &EvalConfig::every),
        "Validation every N steps (and always at the end); 0 = only at the end."},
       {"eval.batches", FieldType::kInt, Ref(&C::eval, &EvalConfig::batches),
        "Validation batches (of train.batch_size sequences) per evaluation."},
-      // checkpoint
+  };
+}
+
+std::vector<Field> CheckpointFields() {
+  using C = RunConfig;
+  return {
       {"checkpoint.every",
        FieldType::kInt,
        Ref(&C::checkpoint, &CheckpointConfig::every),
@@ -260,7 +294,12 @@ const std::vector<Field>& Fields() {
        "How many recent checkpoints to keep per run.",
        {},
        false},
-      // dist (docs/dist-core.md)
+  };
+}
+
+std::vector<Field> DistFields() {
+  using C = RunConfig;
+  return {
       {"dist.zero1",
        FieldType::kBool,
        Ref(&C::dist, &DistConfig::zero1),
@@ -288,6 +327,21 @@ const std::vector<Field>& Fields() {
        {},
        false},
   };
+}
+
+// Every field, in the order of the JSON sections (the help, the docs table and the
+// unknown-key suggestions list them in this order).
+const std::vector<Field>& Fields() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> all;
+    for (auto section : {ModelFields, MoeFields, OptimizerFields, ScheduleFields, DataFields,
+                         TrainFields, EvalFields, CheckpointFields, DistFields}) {
+      std::vector<Field> part = section();
+      all.insert(all.end(), std::make_move_iterator(part.begin()),
+                 std::make_move_iterator(part.end()));
+    }
+    return all;
+  }();
   return fields;
 }
 

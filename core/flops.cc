@@ -1,6 +1,6 @@
 #include "core/flops.h"
 
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 
 namespace moelab {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/step_stats.h"
+#include "core/step_stats.h"
 #include "core/run_status.h"
 
 namespace moelab {

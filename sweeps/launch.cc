@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab::sweeps {
 

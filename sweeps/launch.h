@@ -65,7 +65,7 @@ bool BuildHasMpi();
 
 // Empty, or why this process must not train: it was started as one of several ranks by
 // mpirun/srun (moelab::LauncherWorldSize) but the build has no MPI. MakeWorldCommunicator in
-// core/dist/communicator.h makes the same check when it picks the communicator.
+// core/comm/communicator.h makes the same check when it picks the communicator.
 std::string LaunchEnvironmentError();
 
 // Checks, before the local scheduler starts anything, that the sweep's multi-rank runs can be

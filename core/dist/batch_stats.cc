@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/dist/zero.h"
 #include "core/model/backend.h"
 #include "core/model/model.h"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/model/model.h"
 
 namespace moelab {

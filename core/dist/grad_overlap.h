@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

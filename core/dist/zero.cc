@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 #include "kernels/cpu/sum_squares.h"
 
 namespace moelab {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/model/backend.h"
 #include "core/model/model.h"
 #include "core/optim/optimizer.h"

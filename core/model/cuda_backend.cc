@@ -12,13 +12,13 @@
 #include <string>
 
 #include "core/device.h"
-#include "core/dist/collective_wait.h"
-#include "core/dist/nccl_communicator.h"
+#include "core/comm/collective_wait.h"
+#include "core/comm/nccl_communicator.h"
 #include "core/flops.h"
 #include "core/model/attention_dims.h"
 #include "core/model/backend.h"
 #include "core/model/model.h"
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 
 #if MOELAB_HAVE_CUDA
 #include "core/cuda_profiler.h"

@@ -11,7 +11,7 @@
 #include "core/flops.h"
 #include "core/model/cuda_backend.h"
 #include "core/model/model.h"
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 
 #if MOELAB_HAVE_CUDA
 #include "core/model/attention_dims.h"

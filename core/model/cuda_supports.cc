@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "core/device.h"
-#include "core/dist/collective_wait.h"
-#include "core/dist/nccl_communicator.h"
+#include "core/comm/collective_wait.h"
+#include "core/comm/nccl_communicator.h"
 #include "core/kernel_choices.h"
 #include "core/model/cuda_backend.h"
 
@@ -61,7 +61,7 @@ void RequireCudaSupports(const RunConfig& c, int world, int expert_parallel) {
     if (!NcclCommunicator::Available(&why)) {
       throw ConfigError("train.device", "several ranks on \"cuda\" reduce over NCCL, but " + why);
     }
-    try {  // the NCCL collectives' time-out (core/dist/collective_wait.h)
+    try {  // the NCCL collectives' time-out (core/comm/collective_wait.h)
       CollectiveTimeoutSeconds();
     } catch (const std::invalid_argument& e) {
       throw ConfigError("train.device", e.what());

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

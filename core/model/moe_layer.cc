@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

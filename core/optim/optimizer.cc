@@ -6,7 +6,7 @@
 #include <numbers>
 #include <stdexcept>
 
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 #include "core/optim/adamw.h"
 #include "core/optim/muon.h"
 

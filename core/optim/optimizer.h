@@ -40,7 +40,7 @@ class Optimizer {
   virtual void WriteWeightCopy(WeightCopy* copy) { (void)copy; }
 };
 
-// The optimizer config.name names (TraitsOf, core/model/optimizer_traits.h), over the arenas of
+// The optimizer config.name names (TraitsOf, core/optimizer_traits.h), over the arenas of
 // the backend whose ops are given (Backend::optimizer_ops(); default: host memory). Throws
 // std::runtime_error for a name this build lacks.
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,

@@ -16,7 +16,7 @@
 #include "core/model/backend.h"
 #include "core/model/model.h"
 #include "core/model/moe.h"
-#include "core/model/step_stats.h"
+#include "core/step_stats.h"
 
 namespace moelab {
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/flops.h"
 #include "core/train/training_run.h"
 

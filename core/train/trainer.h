@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/metrics.h"
 #include "core/train/checkpoint.h"
 

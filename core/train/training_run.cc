@@ -13,7 +13,7 @@
 #include "core/model/backend.h"
 #include "core/model/moe.h"
 #include "core/model/norm_gain_rms.h"
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 #include "core/optim/qk_clip_plan.h"
 #include "core/train/checkpoint.h"
 #include "core/train/device_check.h"

@@ -13,11 +13,11 @@
 
 #include "core/config.h"
 #include "core/data/data.h"
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/dist/expert_shard.h"
 #include "core/dist/grad_overlap.h"
 #include "core/dist/layout.h"
-#include "core/dist/nccl_communicator.h"
+#include "core/comm/nccl_communicator.h"
 #include "core/dist/zero.h"
 #include "core/metrics.h"
 #include "core/model/model.h"

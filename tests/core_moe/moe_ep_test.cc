@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/model/cpu_moe.h"
 #include "tests/common/tiny_configs.h"
 #include "tests/core_moe/thread_communicator.h"

@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

@@ -17,7 +17,7 @@
 
 #include "core/config.h"
 #include "core/model/model.h"
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 #include "core/optim/optimizer.h"
 #include "tests/common/tiny_configs.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "core/config.h"
-#include "core/dist/nccl_communicator.h"
+#include "core/comm/nccl_communicator.h"
 #include "core/metrics.h"
 #include "core/model/cuda_backend.h"
 #if MOELAB_HAVE_CUDA
@@ -458,7 +458,7 @@ TEST(CudaMoeCudnn, LayersOfOneShapeShareTheirPlans) {
 }
 
 // Several ranks on "cuda" wait for their NCCL collectives under MOELAB_NCCL_TIMEOUT_S
-// (core/dist/collective_wait.h): a value that is not a number of seconds stops the run before
+// (core/comm/collective_wait.h): a value that is not a number of seconds stops the run before
 // anything runs, naming the variable; one rank never reads it.
 TEST(CudaSupports, RefusesABadNcclTimeoutBeforeTheRun) {
   RunConfig c;

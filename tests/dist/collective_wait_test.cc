@@ -1,8 +1,8 @@
-// The watched wait behind every NCCL collective (core/dist/collective_wait.h): it returns once the
+// The watched wait behind every NCCL collective (core/comm/collective_wait.h): it returns once the
 // poll says done, throws naming the wait and NCCL's reason when the poll fails, and throws naming
 // the time-out instead of waiting forever for a peer that never comes. No GPU or NCCL needed: the
 // poll is a fake.
-#include "core/dist/collective_wait.h"
+#include "core/comm/collective_wait.h"
 
 #include <gtest/gtest.h>
 

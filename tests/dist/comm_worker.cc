@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace {
 

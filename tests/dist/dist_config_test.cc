@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 #include "core/dist/layout.h"
 #include "tests/common/errors.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "core/model/model.h"
+#include "core/param_info.h"
 
 namespace moelab {
 

@@ -1,4 +1,4 @@
-#include "core/dist/nccl_communicator.h"
+#include "core/comm/nccl_communicator.h"
 
 #include <exception>
 #include <stdexcept>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/cuda_util.h"
-#include "core/dist/collective_wait.h"
+#include "core/comm/collective_wait.h"
 #endif
 
 namespace moelab {

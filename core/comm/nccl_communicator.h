@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 struct CUstream_st;  // cudaStream_t without the CUDA headers (this header builds without them)
 

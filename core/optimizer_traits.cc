@@ -1,4 +1,4 @@
-#include "core/model/optimizer_traits.h"
+#include "core/optimizer_traits.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #ifdef MOELAB_HAVE_MPI
-#include "core/dist/mpi_communicator.h"
+#include "core/comm/mpi_communicator.h"
 #endif
 
 namespace moelab {

@@ -1,4 +1,4 @@
-// Waiting for a collective without hanging forever (core/dist/nccl_communicator.cc). A peer that
+// Waiting for a collective without hanging forever (core/comm/nccl_communicator.cc). A peer that
 // died or a broken link leaves an NCCL collective pending, and cudaStreamSynchronize would wait
 // for it with no end. WaitWatched polls instead: each poll says done, pending or failed (with
 // why); a failure, or a collective still pending after the timeout, throws naming it, so the

@@ -1,4 +1,4 @@
-#include "core/dist/mpi_communicator.h"
+#include "core/comm/mpi_communicator.h"
 
 #ifdef MOELAB_HAVE_MPI
 

@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/dist/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace moelab {
 

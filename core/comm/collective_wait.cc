@@ -1,4 +1,4 @@
-#include "core/dist/collective_wait.h"
+#include "core/comm/collective_wait.h"
 
 #include <fmt/format.h>
 
