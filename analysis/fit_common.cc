@@ -179,6 +179,20 @@ double RmseLog(const internal::FitData& d, const std::vector<double>& p) {
   return std::sqrt(s / std::max<size_t>(1, d.log_loss.size()));
 }
 
+void FillDiagnostics(const internal::MultiStartResult& ms, const internal::FitData& data,
+                     const std::vector<double>& best, int n_points, int n_runs,
+                     const internal::BootstrapDraws& bd, FitDiagnostics* dg) {
+  dg->starts_tried = ms.tried;
+  dg->winning_start = ms.winning_start;
+  dg->winning_start_values = ms.winning_values;
+  dg->cost = ms.best.cost;
+  dg->rmse_log = RmseLog(data, best);
+  dg->n_points = n_points;
+  dg->n_runs = n_runs;
+  dg->resamples_ok = bd.ok;
+  dg->resamples_failed = bd.failed;
+}
+
 // log_A that best matches the points for a given (E, α [, β]): the starting grid spans E and the
 // exponents, and the amplitude follows from them, so no start is wildly off in scale.
 double AmplitudeFor(const internal::FitData& d, double E, double alpha, double beta,

@@ -153,18 +153,10 @@ PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observatio
         fmt::format("family '{}': the power-law form is rejected: {}", family, fit.misfit.reason));
   }
 
-  auto& dg = fit.diagnostics;
-  dg.starts_tried = ms.tried;
-  dg.winning_start = ms.winning_start;
-  dg.winning_start_values = ms.winning_values;
-  dg.cost = ms.best.cost;
-  dg.rmse_log = internal::RmseLog(data, best);
-  dg.n_points = static_cast<int>(fit.frontier.size());
   std::set<std::string> runs;
   for (const auto& o : obs) runs.insert(o.run);
-  dg.n_runs = static_cast<int>(runs.size());
-  dg.resamples_ok = bd.ok;
-  dg.resamples_failed = bd.failed;
+  internal::FillDiagnostics(ms, data, best, static_cast<int>(fit.frontier.size()),
+                            static_cast<int>(runs.size()), bd, &fit.diagnostics);
   return fit;
 }
 

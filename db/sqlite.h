@@ -47,6 +47,14 @@ class Statement {
   Statement& Bind(int index, const std::optional<T>& value) {
     return value ? Bind(index, *value) : BindNull(index);
   }
+  // Binds ?1, ?2, ... in order: one call for a row whose parameters follow the column list,
+  // each value taking the same Bind overload it would take alone.
+  template <typename... Ts>
+  Statement& BindAll(const Ts&... values) {
+    int index = 0;
+    (Bind(++index, values), ...);
+    return *this;
+  }
 
   // Returns true while a row is available, false when done.
   bool Step();

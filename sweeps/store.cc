@@ -101,10 +101,7 @@ void Store::Link(int64_t sweep_id, int64_t run_id, int idx, const std::string& c
     db_.Prepare(
            "INSERT INTO sweep_runs (sweep_id, run_id, idx, checkpoint_dir) VALUES (?1, ?2, ?3, "
            "?4) ON CONFLICT (sweep_id, run_id) DO UPDATE SET idx = excluded.idx")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, idx)
-        .Bind(4, checkpoint_dir)
+        .BindAll(sweep_id, run_id, idx, checkpoint_dir)
         .Run();
   });
 }
@@ -124,10 +121,7 @@ void Store::RecordFailure(int64_t sweep_id, int64_t run_id, const std::string& e
     db_.Prepare(
            "UPDATE sweep_runs SET failures = failures + 1, retryable = ?3, errors_json = ?4 "
            "WHERE sweep_id = ?1 AND run_id = ?2")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, retryable ? 1 : 0)
-        .Bind(4, errors.dump())
+        .BindAll(sweep_id, run_id, retryable ? 1 : 0, errors.dump())
         .Run();
   });
 }
@@ -137,10 +131,7 @@ void Store::SetBranch(int64_t sweep_id, int64_t run_id, int64_t parent_run, int6
     db_.Prepare(
            "UPDATE sweep_runs SET branch_of = ?3, branch_step = ?4 WHERE sweep_id = ?1 AND "
            "run_id = ?2")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, parent_run)
-        .Bind(4, step)
+        .BindAll(sweep_id, run_id, parent_run, step)
         .Run();
   });
 }
