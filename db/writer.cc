@@ -25,31 +25,6 @@ static_assert(std::endian::native == std::endian::little, "moelab db blobs are l
 
 namespace {
 
-// Runs f inside BEGIN IMMEDIATE ... COMMIT. busy_timeout already waits for the lock; this
-// retries the whole transaction when even that was not enough (a long checkpoint, many
-// writers), because giving up would lose a flush.
-template <typename F>
-void WriteTransaction(Connection& db, int retries, F&& f) {
-  for (int attempt = 0;; ++attempt) {
-    try {
-      db.Exec("BEGIN IMMEDIATE");
-      try {
-        f();
-        db.Exec("COMMIT");
-      } catch (...) {
-        if (!sqlite3_get_autocommit(db.get())) {
-          sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-        }
-        throw;
-      }
-      return;
-    } catch (const SqliteError& e) {
-      if (!e.busy() || attempt >= retries) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50 << std::min(attempt, 6)));
-    }
-  }
-}
-
 void RecomputeSummary(Connection& db, int64_t run_id) {
   db.Prepare(
         "INSERT INTO run_summary (run_id, updated_at) VALUES (?1, ?2) "

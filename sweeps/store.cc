@@ -1,11 +1,8 @@
 #include "sweeps/store.h"
 
 #include <fmt/format.h>
-#include <sqlite3.h>
 
-#include <chrono>
 #include <functional>
-#include <thread>
 
 #include "db/schema.h"
 
@@ -21,24 +18,7 @@ Store::Store(const std::string& db_path, Mode mode)
 void Store::Transaction(const std::function<void()>& body) {
   // Trainers hold the write lock for one short batch at a time; the busy timeout covers that,
   // and a whole-transaction retry covers a busy timeout that still runs out under load.
-  for (int attempt = 0;; ++attempt) {
-    try {
-      db_.Exec("BEGIN IMMEDIATE");
-      try {
-        body();
-        db_.Exec("COMMIT");
-      } catch (...) {
-        if (!sqlite3_get_autocommit(db_.get())) {
-          sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-        }
-        throw;
-      }
-      return;
-    } catch (const db::SqliteError& e) {
-      if (!e.busy() || attempt >= 8) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50 << std::min(attempt, 5)));
-    }
-  }
+  db::WriteTransaction(db_, 8, body, 5);
 }
 
 int64_t Store::UpsertSweep(const std::string& name, const std::string& spec_json) {
