@@ -179,6 +179,19 @@ double RmseLog(const internal::FitData& d, const std::vector<double>& p) {
   return std::sqrt(s / std::max<size_t>(1, d.log_loss.size()));
 }
 
+ParamEstimate RawParamEstimate(const std::string& name, const std::vector<double>& best, int k,
+                               const internal::BootstrapDraws& bd, const internal::Bounds& bounds,
+                               double level) {
+  ParamEstimate p;
+  p.name = name;
+  p.value = internal::MakeEstimate(best[k], bd.columns[k], level);
+  p.lower_bound = bounds.lo[k];
+  p.upper_bound = bounds.hi[k];
+  p.at_bound = internal::AtBound(best[k], bounds.lo[k], bounds.hi[k]);
+  p.resamples_at_bound = bd.at_bound[k];
+  return p;
+}
+
 void FillDiagnostics(const internal::MultiStartResult& ms, const internal::FitData& data,
                      const std::vector<double>& best, int n_points, int n_runs,
                      const internal::BootstrapDraws& bd, FitDiagnostics* dg) {

@@ -225,17 +225,10 @@ JointSparsityFit FitJointSparsity(const std::vector<Observation>& obs,
       bd = internal::SummarizeBootstrap(fmt::format("joint fit '{}'", spec.name), rows, np, opt,
                                         &out.warnings);
     }
-    const auto& draws = bd.columns;
     const double level =
         opt.expanded_percentile ? internal::ExpandedLevel(opt.level, fewest_units) : opt.level;
     for (int k = 0; k < np; ++k) {
-      ParamEstimate p;
-      p.name = spec.params[k];
-      p.value = internal::MakeEstimate(best[k], draws[k], level);
-      p.lower_bound = bounds.lo[k];
-      p.upper_bound = bounds.hi[k];
-      p.at_bound = internal::AtBound(best[k], bounds.lo[k], bounds.hi[k]);
-      p.resamples_at_bound = bd.at_bound[k];
+      ParamEstimate p = internal::RawParamEstimate(spec.params[k], best, k, bd, bounds, level);
       if (p.at_bound) jf.diagnostics.params_at_bound.push_back(p.name);
       jf.params.push_back(p);
     }
