@@ -236,7 +236,7 @@ std::optional<MaxLogitMatrix> Reader::GetMaxLogitMatrix(int64_t run_id, int64_t 
 
 MaxLogitTimeline Reader::GetMaxLogitTimeline(int64_t run_id, int64_t step_min, int64_t step_max) {
   const auto [layers, heads] = Shape(run_id, false);
-  MaxLogitTimeline t{.layers = layers, .heads = heads};
+  MaxLogitTimeline t{.layers = layers, .heads = heads, .steps = {}, .values = {}};
   const size_t n = static_cast<size_t>(layers) * heads;
   ReadShapedRows(
       db_,
@@ -268,7 +268,7 @@ std::vector<moelab::ClipEvent> Reader::ClipEvents(int64_t run_id, int64_t step_m
 
 ExpertLoads Reader::GetExpertLoads(int64_t run_id, int64_t step_min, int64_t step_max) {
   const auto [moe_layers, experts] = Shape(run_id, true);
-  ExpertLoads out{.moe_layers = moe_layers, .experts = experts};
+  ExpertLoads out{.moe_layers = moe_layers, .experts = experts, .steps = {}, .counts = {}};
   // int32 counts unless a count needed int64 (elem_bytes says which).
   ReadShapedRows(
       db_,
