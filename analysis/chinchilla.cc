@@ -13,20 +13,9 @@
 
 namespace moelab::analysis {
 
-using internal::AmplitudeFor;
-using internal::AtBound;
-using internal::BootstrapDraws;
-using internal::BoundMask;
 using internal::Bounds;
-using internal::CleanObservations;
 using internal::Form;
-using internal::kNaN;
 using internal::MakeEstimate;
-using internal::MinExpLoss;
-using internal::MultiStart;
-using internal::MultiStartResult;
-using internal::RmseLog;
-using internal::SummarizeBootstrap;
 
 namespace {
 
@@ -65,7 +54,7 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
   const FitOptions& opt = copt.fit;
   ChinchillaFit out;
   out.flops_per_param_token = copt.flops_per_param_token;
-  auto clean = CleanObservations(obs, true, &out.warnings);
+  auto clean = internal::CleanObservations(obs, true, &out.warnings);
   std::set<double> ns, ds;
   // One stratum: the plan keys units by family, so every point is filed under "all".
   std::vector<Observation> keyed = clean;
@@ -108,7 +97,7 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
     return d;
   };
   auto bounds_for = [](const internal::FitData& d) {
-    double max_e = std::log(MinExpLoss(d));
+    double max_e = std::log(internal::MinExpLoss(d));
     return Bounds{{-10, -20, -20, 0.01, 0.01}, {max_e, 80, 80, 3, 3}};
   };
   internal::FitData data = make_data(nullptr);
@@ -119,7 +108,7 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
       for (double b : copt.grid_log_b)
         for (double al : copt.grid_alpha)
           for (double be : copt.grid_beta) starts.push_back({e, a, b, al, be});
-  MultiStartResult ms = MultiStart(data, starts, bounds, opt);
+  internal::MultiStartResult ms = internal::MultiStart(data, starts, bounds, opt);
   if (ms.winning_start < 0) throw AnalysisError("Chinchilla fit: every start failed");
   const auto best = ms.best.params;
 
@@ -143,18 +132,17 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
             auto o = Optimal(sr.params, c, copt.flops_per_param_token);
             r.insert(r.end(), o.begin(), o.end());
           }
-          r.push_back(BoundMask(sr.params, b, 5));
+          r.push_back(internal::BoundMask(sr.params, b, 5));
           return r;
         });
   }
-  BootstrapDraws bd;
+  internal::BootstrapDraws bd;
   if (rows.empty()) {
     bd.columns.assign(width - 1, {});
     bd.at_bound.assign(5, 0.0);
   } else {
-    bd = SummarizeBootstrap("Chinchilla fit", rows, 5, opt, &out.warnings);
+    bd = internal::SummarizeBootstrap("Chinchilla fit", rows, 5, opt, &out.warnings);
   }
-  const int ok = bd.ok, failed = bd.failed;
   const auto& col = bd.columns;
   auto exp_col = [](std::vector<double> v) {
     for (double& x : v) x = std::exp(x);
@@ -182,7 +170,7 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
     bool exp_scale = s.name[0] != 'l' && s.raw < 3;
     p.lower_bound = exp_scale ? std::exp(bounds.lo[s.raw]) : bounds.lo[s.raw];
     p.upper_bound = exp_scale ? std::exp(bounds.hi[s.raw]) : bounds.hi[s.raw];
-    p.at_bound = AtBound(best[s.raw], bounds.lo[s.raw], bounds.hi[s.raw]);
+    p.at_bound = internal::AtBound(best[s.raw], bounds.lo[s.raw], bounds.hi[s.raw]);
     p.resamples_at_bound = bd.at_bound[s.raw];
     if (p.at_bound && std::string(s.name).rfind("log_", 0) != 0) {
       out.diagnostics.params_at_bound.push_back(p.name);
@@ -200,17 +188,9 @@ ChinchillaFit FitChinchilla(const std::vector<Observation>& obs, const Chinchill
     co.loss = MakeEstimate(o[2], col[9 + 3 * i], level);
     out.optimal.push_back(co);
   }
-  auto& dg = out.diagnostics;
-  dg.starts_tried = ms.tried;
-  dg.winning_start = ms.winning_start;
-  dg.winning_start_values = ms.winning_values;
-  dg.cost = ms.best.cost;
-  dg.rmse_log = RmseLog(data, best);
-  dg.n_points = static_cast<int>(data.log_loss.size());
-  dg.n_runs = n_runs;
-  dg.resamples_ok = ok;
-  dg.resamples_failed = failed;
-  for (const auto& name : dg.params_at_bound) {
+  internal::FillDiagnostics(ms, data, best, static_cast<int>(data.log_loss.size()), n_runs, bd,
+                            &out.diagnostics);
+  for (const auto& name : out.diagnostics.params_at_bound) {
     out.warnings.push_back(fmt::format("Chinchilla fit: {} sits on its bound", name));
   }
   return out;

@@ -179,6 +179,33 @@ double RmseLog(const internal::FitData& d, const std::vector<double>& p) {
   return std::sqrt(s / std::max<size_t>(1, d.log_loss.size()));
 }
 
+ParamEstimate RawParamEstimate(const std::string& name, const std::vector<double>& best, int k,
+                               const internal::BootstrapDraws& bd, const internal::Bounds& bounds,
+                               double level) {
+  ParamEstimate p;
+  p.name = name;
+  p.value = internal::MakeEstimate(best[k], bd.columns[k], level);
+  p.lower_bound = bounds.lo[k];
+  p.upper_bound = bounds.hi[k];
+  p.at_bound = internal::AtBound(best[k], bounds.lo[k], bounds.hi[k]);
+  p.resamples_at_bound = bd.at_bound[k];
+  return p;
+}
+
+void FillDiagnostics(const internal::MultiStartResult& ms, const internal::FitData& data,
+                     const std::vector<double>& best, int n_points, int n_runs,
+                     const internal::BootstrapDraws& bd, FitDiagnostics* dg) {
+  dg->starts_tried = ms.tried;
+  dg->winning_start = ms.winning_start;
+  dg->winning_start_values = ms.winning_values;
+  dg->cost = ms.best.cost;
+  dg->rmse_log = RmseLog(data, best);
+  dg->n_points = n_points;
+  dg->n_runs = n_runs;
+  dg->resamples_ok = bd.ok;
+  dg->resamples_failed = bd.failed;
+}
+
 // log_A that best matches the points for a given (E, α [, β]): the starting grid spans E and the
 // exponents, and the amplitude follows from them, so no start is wildly off in scale.
 double AmplitudeFor(const internal::FitData& d, double E, double alpha, double beta,

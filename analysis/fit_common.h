@@ -84,6 +84,15 @@ MultiStartResult MultiStart(const FitData& data, const std::vector<std::vector<d
                             const Bounds& b, const FitOptions& opt);
 
 double RmseLog(const FitData& d, const std::vector<double>& p);
+// Raw parameter k of `best` as reported: its estimate over the bootstrap's draws of column k at
+// `level`, its bounds, and whether it (and what share of the resamples) sits on one.
+ParamEstimate RawParamEstimate(const std::string& name, const std::vector<double>& best, int k,
+                               const BootstrapDraws& bd, const Bounds& bounds, double level);
+// Fills what every fit reports alike: the multi-start's winner, the residual RMS of `best` over
+// `data` and the bootstrap's counts. params_at_bound stays the caller's: it names them its way.
+void FillDiagnostics(const MultiStartResult& ms, const FitData& data,
+                     const std::vector<double>& best, int n_points, int n_runs,
+                     const BootstrapDraws& bd, FitDiagnostics* dg);
 // log_A that best matches the points for a given (E, α [, β]).
 double AmplitudeFor(const FitData& d, double E, double alpha, double beta, double min_loss);
 double MinLoss(const std::vector<FrontierPoint>& pts);

@@ -14,20 +14,12 @@
 
 namespace moelab::analysis {
 
-using internal::AmplitudeFor;
-using internal::AtBound;
-using internal::BootstrapDraws;
-using internal::BoundMask;
 using internal::Bounds;
-using internal::CleanObservations;
 using internal::Form;
 using internal::kNaN;
-using internal::MakeEstimate;
 using internal::MinExpLoss;
 using internal::MultiStart;
 using internal::MultiStartResult;
-using internal::RmseLog;
-using internal::SummarizeBootstrap;
 
 namespace {
 
@@ -89,7 +81,7 @@ std::vector<std::vector<double>> JointStarts(Form form, const internal::FitData&
       for (double alpha : {0.1, 0.3, 0.6}) {
         for (double beta : {0.0, 0.1, 0.3}) {
           double E = e_frac * min_loss;
-          starts.push_back({E, AmplitudeFor(d, E, alpha, beta, min_loss), alpha, beta});
+          starts.push_back({E, internal::AmplitudeFor(d, E, alpha, beta, min_loss), alpha, beta});
         }
       }
     }
@@ -116,7 +108,7 @@ JointSparsityFit FitJointSparsity(const std::vector<Observation>& obs,
   const FitOptions& opt = jopt.fit;
   JointSparsityFit out;
   std::map<std::string, std::vector<Observation>> fams;
-  for (const auto& o : CleanObservations(obs, false, &out.warnings)) {
+  for (const auto& o : internal::CleanObservations(obs, false, &out.warnings)) {
     auto it = sparsity.find(o.family);
     if (it == sparsity.end()) {
       throw AnalysisError(fmt::format("joint fit: family '{}' has no sparsity value", o.family));
@@ -221,43 +213,27 @@ JointSparsityFit FitJointSparsity(const std::vector<Observation>& obs,
             auto sr = internal::Solve(d, best, b.lo, b.hi, opt.huber_delta, opt.max_iterations);
             if (!sr.usable) return {};
             auto r = sr.params;
-            r.push_back(BoundMask(sr.params, b, np));
+            r.push_back(internal::BoundMask(sr.params, b, np));
             return r;
           });
     }
-    BootstrapDraws bd;
+    internal::BootstrapDraws bd;
     if (rows.empty()) {
       bd.columns.assign(np, {});
       bd.at_bound.assign(np, 0.0);
     } else {
-      bd = SummarizeBootstrap(fmt::format("joint fit '{}'", spec.name), rows, np, opt,
-                              &out.warnings);
+      bd = internal::SummarizeBootstrap(fmt::format("joint fit '{}'", spec.name), rows, np, opt,
+                                        &out.warnings);
     }
-    const int ok = bd.ok, failed = bd.failed;
-    const auto& draws = bd.columns;
     const double level =
         opt.expanded_percentile ? internal::ExpandedLevel(opt.level, fewest_units) : opt.level;
     for (int k = 0; k < np; ++k) {
-      ParamEstimate p;
-      p.name = spec.params[k];
-      p.value = MakeEstimate(best[k], draws[k], level);
-      p.lower_bound = bounds.lo[k];
-      p.upper_bound = bounds.hi[k];
-      p.at_bound = AtBound(best[k], bounds.lo[k], bounds.hi[k]);
-      p.resamples_at_bound = bd.at_bound[k];
+      ParamEstimate p = internal::RawParamEstimate(spec.params[k], best, k, bd, bounds, level);
       if (p.at_bound) jf.diagnostics.params_at_bound.push_back(p.name);
       jf.params.push_back(p);
     }
-    auto& dg = jf.diagnostics;
-    dg.starts_tried = ms.tried;
-    dg.winning_start = ms.winning_start;
-    dg.winning_start_values = ms.winning_values;
-    dg.cost = ms.best.cost;
-    dg.rmse_log = RmseLog(full, best);
-    dg.n_points = static_cast<int>(full.log_loss.size());
-    dg.n_runs = n_runs;
-    dg.resamples_ok = ok;
-    dg.resamples_failed = failed;
+    internal::FillDiagnostics(ms, full, best, static_cast<int>(full.log_loss.size()), n_runs, bd,
+                              &jf.diagnostics);
     if (jf.holdout_rmse_log < best_rmse) {
       best_rmse = jf.holdout_rmse_log;
       out.better_form = jf.form;

@@ -128,13 +128,7 @@ PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observatio
       opt.expanded_percentile ? internal::ExpandedLevel(opt.level, n_units) : opt.level;
   const char* names[3] = {"E", "log_A", "alpha"};
   for (int k = 0; k < 3; ++k) {
-    ParamEstimate p;
-    p.name = names[k];
-    p.value = internal::MakeEstimate(best[k], bd.columns[k], level);
-    p.lower_bound = bounds.lo[k];
-    p.upper_bound = bounds.hi[k];
-    p.at_bound = internal::AtBound(best[k], bounds.lo[k], bounds.hi[k]);
-    p.resamples_at_bound = bd.at_bound[k];
+    ParamEstimate p = internal::RawParamEstimate(names[k], best, k, bd, bounds, level);
     if (p.at_bound) fit.diagnostics.params_at_bound.push_back(p.name);
     fit.params.push_back(p);
   }
@@ -153,18 +147,10 @@ PowerLawFit FitOneFamily(const std::string& family, const std::vector<Observatio
         fmt::format("family '{}': the power-law form is rejected: {}", family, fit.misfit.reason));
   }
 
-  auto& dg = fit.diagnostics;
-  dg.starts_tried = ms.tried;
-  dg.winning_start = ms.winning_start;
-  dg.winning_start_values = ms.winning_values;
-  dg.cost = ms.best.cost;
-  dg.rmse_log = internal::RmseLog(data, best);
-  dg.n_points = static_cast<int>(fit.frontier.size());
   std::set<std::string> runs;
   for (const auto& o : obs) runs.insert(o.run);
-  dg.n_runs = static_cast<int>(runs.size());
-  dg.resamples_ok = bd.ok;
-  dg.resamples_failed = bd.failed;
+  internal::FillDiagnostics(ms, data, best, static_cast<int>(fit.frontier.size()),
+                            static_cast<int>(runs.size()), bd, &fit.diagnostics);
   return fit;
 }
 

@@ -189,11 +189,8 @@ void AddBenchCommand(CLI::App& app) {
     std::string only;
     std::string device = "cpu";  // cuda: cli/bench_cuda.cc (issue 11's shapes and yardstick)
     bool distributed = false, model_only = false;
-    bool plan = false;
-    int micro_batch = 0;
-    double memory_budget_gib = 0;
-    int profile_steps = 2;
-    std::string kernels;
+    // The GPU-only flags (--plan, --micro-batch, ...) fill the options RunCudaBench takes.
+    CudaBenchOptions cuda;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -209,24 +206,24 @@ void AddBenchCommand(CLI::App& app) {
                   "cpu, or cuda: bf16 GEMM rate and the gpu-dense/gpu-moe shapes (docs/cuda.md)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_flag("--plan", args->plan,
+  cmd->add_flag("--plan", args->cuda.plan,
                 "With --device cuda: print each shape's device memory plan and the micro-batch it "
                 "runs at (no GPU needed), then exit");
-  cmd->add_option("--micro-batch", args->micro_batch,
+  cmd->add_option("--micro-batch", args->cuda.micro_batch,
                   "With --device cuda: sequences per forward/backward (0 = the largest that fits "
                   "the memory budget)")
       ->capture_default_str();
-  cmd->add_option("--memory-budget-gib", args->memory_budget_gib,
+  cmd->add_option("--memory-budget-gib", args->cuda.memory_budget_gib,
                   "With --device cuda: the memory the micro-batch is chosen against (0 = 97 % of "
                   "the device's total; --plan without a GPU: of an H100 80GB's and an H200's)")
       ->check(CLI::Range(0.0, 65536.0))
       ->capture_default_str();
-  cmd->add_option("--profile-steps", args->profile_steps,
+  cmd->add_option("--profile-steps", args->cuda.profile_steps,
                   "With --device cuda: steps after the timed ones with per-op-class CUDA events, "
                   "for the breakdown (the timed steps run without them; 0 = no breakdown)")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
-  cmd->add_option("--kernels", args->kernels,
+  cmd->add_option("--kernels", args->cuda.kernels,
                   "With --device cuda: train.kernels for every shape, key=value[,key=value...] "
                   "(docs/cuda.md, Kernel choices; e.g. attention_kernel=mma,ffn=fused)");
   cmd->add_flag("--distributed", args->distributed,
@@ -235,35 +232,28 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--comm-model", args->model_only,
                 "With --distributed: print the analytic K2-like scaling table only");
   cmd->callback([args]() {
-    if (!args->kernels.empty() && args->device != "cuda") {
+    if (!args->cuda.kernels.empty() && args->device != "cuda") {
       fmt::print(stderr, "moelab bench: --kernels: kernel choices need --device cuda\n");
       throw CLI::RuntimeError(2);  // a flag error, as the config errors
     }
     if (args->device == "cuda") {
-      CudaBenchOptions o;
+      CudaBenchOptions o = args->cuda;
       o.json = args->json;
       o.steps = args->steps;
       o.warmup = args->warmup;
       o.only = args->only;
-      o.plan = args->plan;
-      o.micro_batch = args->micro_batch;
-      o.memory_budget_gib = args->memory_budget_gib;
-      o.profile_steps = args->profile_steps;
-      o.kernels = args->kernels;
       if (args->gemm_n != 2048) o.gemm_n = args->gemm_n;  // default 8192 on the GPU
       const int rc = o.plan ? PrintCudaBenchPlan(o) : RunCudaBench(o);
       if (rc != 0) throw CLI::RuntimeError(rc);
       return;
     }
     if (args->distributed) {
-      DistributedBenchOptions o;
-      o.steps = args->steps;
-      o.warmup = args->warmup;
-      o.threads = args->threads;
-      o.only = args->only;
-      o.json = args->json;
-      o.model_only = args->model_only;
-      const int code = RunDistributedBench(o);
+      const int code = RunDistributedBench({.steps = args->steps,
+                                            .warmup = args->warmup,
+                                            .threads = args->threads,
+                                            .only = args->only,
+                                            .json = args->json,
+                                            .model_only = args->model_only});
       if (code != 0) throw CLI::RuntimeError(code);
       return;
     }

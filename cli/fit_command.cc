@@ -27,28 +27,28 @@ namespace {
 using nlohmann::json;
 
 struct FitArgs {
-  std::string db = "moelab.db", sweep, by = "sparsity", form = "power", reference, base, treatment;
-  std::vector<std::string> inputs, pool, where;
-  std::vector<double> target_losses;
-  double level = 0.90;
-  int resamples = 1000, threads = 2;
-  uint64_t seed = 12345;
-  bool json = false, no_store = false, final_only = false, all_points = false,
-       allow_e_at_bound = false;
-  double max_failed_fraction = 0.10;
-  int min_seeds = 3;
-  std::string budgets;  // chinchilla form: N_opt/D_opt at these FLOPs
+  std::string db = "moelab.db", sweep;
+  std::vector<std::string> inputs, where;
+  bool json = false, no_store = false;
+  std::string budgets;  // chinchilla form: N_opt/D_opt at these FLOPs (run.budgets, parsed)
+  // What RunFit takes, filled by the flags themselves (--by is run.family_key, --min-seeds
+  // run.fit.min_units, ...), so there is no second copy of the options to keep in step.
+  analysis::RunFitOptions run = [] {
+    analysis::RunFitOptions o;
+    o.fit.threads = 2;
+    return o;
+  }();
 };
 
 // The observations of --inputs (several exports fitted together) or of the database.
 analysis::ObservationSet LoadFitObservations(FitArgs* a, std::optional<int64_t> sweep_id) {
-  if (a->inputs.empty()) return analysis::LoadObservations(a->db, sweep_id, a->by);
+  if (a->inputs.empty()) return analysis::LoadObservations(a->db, sweep_id, a->run.family_key);
   analysis::ObservationSet obs;
   for (size_t k = 0; k < a->inputs.size(); ++k) {
     std::ifstream in(a->inputs[k]);
     const nlohmann::json e = nlohmann::json::parse(in, nullptr, false);
     if (e.is_discarded()) throw std::runtime_error(a->inputs[k] + ": not valid JSON");
-    analysis::ObservationSet part = analysis::ObservationsFromExport(e, a->by);
+    analysis::ObservationSet part = analysis::ObservationsFromExport(e, a->run.family_key);
     // Run ids are per database: exports of different databases could share them.
     const auto id = [&](const std::string& run) {
       return a->inputs.size() > 1 ? fmt::format("{}:{}", k + 1, run) : run;
@@ -67,23 +67,7 @@ analysis::ObservationSet LoadFitObservations(FitArgs* a, std::optional<int64_t> 
 }
 
 analysis::RunFitOptions ToRunFitOptions(const FitArgs& a) {
-  analysis::RunFitOptions o;
-  o.form = a.form;
-  o.family_key = a.by;
-  o.fit.bootstrap_resamples = a.resamples;
-  o.fit.seed = a.seed;
-  o.fit.level = a.level;
-  o.fit.threads = a.threads;
-  o.fit.max_failed_fraction = a.max_failed_fraction;
-  o.fit.min_units = a.min_seeds;
-  o.final_only = a.final_only;
-  o.all_points = a.all_points;
-  o.pool = a.pool;
-  o.reference = a.reference;
-  o.target_losses = a.target_losses;
-  o.allow_e_at_bound = a.allow_e_at_bound;
-  o.base = a.base;
-  o.treatment = a.treatment;
+  analysis::RunFitOptions o = a.run;
   if (!a.budgets.empty()) o.budgets = analysis::ParseBudgets(a.budgets);
   return o;
 }
@@ -105,11 +89,12 @@ void PrintHeader(const FitArgs& a, const analysis::ObservationSet& obs,
       "{} runs, {} evaluation points, families by '{}'{}{}; bootstrap {} resamples "
       "over seeds (a seed's trunk with its branches is one replicate; seed {}), {:.0f}% "
       "intervals\n",
-      obs.runs_used, obs.points.size(), a.by, a.sweep.empty() ? "" : " in sweep " + a.sweep,
-      a.inputs.empty() ? "" : fmt::format(" (from {})", fmt::join(a.inputs, ", ")), a.resamples,
-      a.seed, 100 * a.level);
+      obs.runs_used, obs.points.size(), a.run.family_key,
+      a.sweep.empty() ? "" : " in sweep " + a.sweep,
+      a.inputs.empty() ? "" : fmt::format(" (from {})", fmt::join(a.inputs, ", ")),
+      a.run.fit.bootstrap_resamples, a.run.fit.seed, 100 * a.run.fit.level);
   if (!a.where.empty()) fmt::print("  only runs with {}\n", fmt::join(a.where, ", "));
-  if (!a.pool.empty()) fmt::print("  pooled on purpose: {}\n", fmt::join(a.pool, ", "));
+  if (!a.run.pool.empty()) fmt::print("  pooled on purpose: {}\n", fmt::join(a.run.pool, ", "));
   for (const auto& s : obs.skipped) fmt::print("  skipped {}\n", s);
   if (r.final_only_auto) {
     fmt::print(
@@ -123,10 +108,10 @@ void StoreFit(const FitArgs& a, std::optional<int64_t> sweep_id,
               const analysis::ObservationSet& obs, const analysis::FitResult& r) {
   db::FitRecord rec;
   rec.sweep_id = sweep_id;
-  rec.family_key = a.by;
-  rec.form = a.form;
+  rec.family_key = a.run.family_key;
+  rec.form = a.run.form;
   json options = r.options;
-  if (!a.pool.empty()) options["pool"] = a.pool;
+  if (!a.run.pool.empty()) options["pool"] = a.run.pool;
   if (!a.where.empty()) options["where"] = a.where;
   rec.options_json = options.dump();
   json inputs = json::array();
@@ -141,7 +126,7 @@ void StoreFit(const FitArgs& a, std::optional<int64_t> sweep_id,
                       {"unit", p.unit}});
   rec.inputs_json = inputs.dump();
   rec.result_json = json(r).dump();
-  rec.bootstrap_seed = a.seed;
+  rec.bootstrap_seed = a.run.fit.seed;
   const int64_t id = db::SaveFit(a.db, rec);
   if (!a.json) fmt::print("\nstored as fit {} in {}\n", id, a.db);
 }
@@ -165,7 +150,7 @@ void RunFitCommand(FitArgs* a) {
     throw std::runtime_error(fmt::format(
         "no finished run with evaluations and a value for '{}'{} (choose the family key with "
         "--by){}",
-        a->by, a->sweep.empty() ? "" : " in sweep " + a->sweep, why));
+        a->run.family_key, a->sweep.empty() ? "" : " in sweep " + a->sweep, why));
   }
   obs = analysis::SelectRuns(obs, ParseWhere(a->where));
   const analysis::FitResult result = analysis::RunFit(ToRunFitOptions(*a), obs);
@@ -188,10 +173,10 @@ void RunFitCommand(FitArgs* a) {
     std::string slope;
     if (result.power && result.power->model_free)
       slope = analysis::SparsitySlopeReport(*result.power->model_free, obs.points, obs.sparsity,
-                                            a->level, a->min_seeds);
+                                            a->run.fit.level, a->run.fit.min_units);
     if (!frontier_error.empty())
       fmt::print("  frontier composition unavailable: {}\n", frontier_error);
-    PrintFitResult(result, a->by, slope, frontier ? &*frontier : nullptr);
+    PrintFitResult(result, a->run.family_key, slope, frontier ? &*frontier : nullptr);
   }
   if (!a->no_store) StoreFit(*a, sweep_id, obs, result);
   if (a->json) {
@@ -213,45 +198,46 @@ void AddFitCommand(CLI::App& app) {
                   "Fit the runs of `moelab db export` JSON files instead of a database (not "
                   "stored); several files (e.g. one per seed) are fitted together")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--by", a->by, "Family key: a sweep variable or a config path")
+  cmd->add_option("--by", a->run.family_key, "Family key: a sweep variable or a config path")
       ->capture_default_str();
-  cmd->add_option("--form", a->form, fmt::format("{}", fmt::join(analysis::FitForms(), " | ")))
+  cmd->add_option("--form", a->run.form, fmt::format("{}", fmt::join(analysis::FitForms(), " | ")))
       ->check(CLI::IsMember(analysis::FitForms()))
       ->capture_default_str();
-  cmd->add_option("--pool", a->pool,
+  cmd->add_option("--pool", a->run.pool,
                   "Let a family pool runs that differ in this other swept key (repeat for "
                   "several); without it such a family is refused")
       ->delimiter(',');
   cmd->add_option("--where", a->where,
                   "KEY=VALUE: fit only the runs whose sweep variable KEY has VALUE (repeat for "
                   "several), e.g. one arm of another swept key");
-  cmd->add_option("--target-loss", a->target_losses,
+  cmd->add_option("--target-loss", a->run.target_losses,
                   "L* for the FLOPs multipliers; repeat for several (default: 3 losses inside "
                   "the range every (family, seed) covers; the fitted law uses the middle one)");
-  cmd->add_option("--reference", a->reference,
+  cmd->add_option("--reference", a->run.reference,
                   "Reference family of the multipliers (default: the largest value)");
-  cmd->add_option("--base", a->base, "heads form: the base family (e.g. 1)");
-  cmd->add_option("--treatment", a->treatment, "heads form: the treatment family (e.g. 2)");
-  cmd->add_option("--resamples", a->resamples, "Bootstrap resamples over runs")
+  cmd->add_option("--base", a->run.base, "heads form: the base family (e.g. 1)");
+  cmd->add_option("--treatment", a->run.treatment, "heads form: the treatment family (e.g. 2)");
+  cmd->add_option("--resamples", a->run.fit.bootstrap_resamples, "Bootstrap resamples over runs")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Bootstrap seed")->capture_default_str();
-  cmd->add_option("--level", a->level, "Interval level")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Threads for the bootstrap")->capture_default_str();
-  cmd->add_flag("--final-only", a->final_only,
+  cmd->add_option("--seed", a->run.fit.seed, "Bootstrap seed")->capture_default_str();
+  cmd->add_option("--level", a->run.fit.level, "Interval level")->capture_default_str();
+  cmd->add_option("--threads", a->run.fit.threads, "Threads for the bootstrap")
+      ->capture_default_str();
+  cmd->add_flag("--final-only", a->run.final_only,
                 "Frontier from each run's last evaluation only (the default for WSD runs)");
-  cmd->add_flag("--all-points", a->all_points,
+  cmd->add_flag("--all-points", a->run.all_points,
                 "WSD runs: use every evaluation, pre-decay points included (biases alpha and "
                 "C(L*): the stable-phase points are not at the end of their schedule)");
-  cmd->add_option("--max-failed-fraction", a->max_failed_fraction,
+  cmd->add_option("--max-failed-fraction", a->run.fit.max_failed_fraction,
                   "Refuse a fit when more than this fraction of bootstrap resamples fail")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--min-seeds", a->min_seeds,
+  cmd->add_option("--min-seeds", a->run.fit.min_units,
                   "Fewest seeds (trunks with their branches) for an interval; below it the "
                   "point estimate is printed with \"n seeds: too few for an interval\"")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_flag("--allow-e-at-bound", a->allow_e_at_bound,
+  cmd->add_flag("--allow-e-at-bound", a->run.allow_e_at_bound,
                 "Report fitted multipliers even when a family's E sits on its bound or its form "
                 "is rejected (flagged; the model-free estimate stays the primary reading)");
   cmd->add_option(

@@ -40,21 +40,23 @@ void Guard(const char* what, F&& f) {
 }
 
 struct RunArgs {
-  std::string spec, db;
-  int parallel = 1, threads = 0, max_retries = 1;
+  std::string spec;
   int ranks = 0;  // --ranks: processes per run for every run (0: the spec's)
-  bool rerun = false, live = false, no_live = false;
+  bool live = false, no_live = false;
   bool adaptive = false;  // --adaptive: batches chosen by the spec's "adaptive" block
   int64_t max_runs = 0;   // 0: the spec's max_runs or 10,000
+  // The runner's options the flags fill directly (--db, -j, -t, --max-retries, --rerun).
+  sweeps::RunOptions run;
 };
 
 void AddRunOptions(CLI::App* cmd, RunArgs* a) {
-  AddDbOption(cmd, &a->db, DbAccess::kWrite);
-  cmd->add_option("--parallel,-j", a->parallel, "Runs trained at once")->check(CLI::PositiveNumber);
-  cmd->add_option("--threads-per-run,-t", a->threads,
+  AddDbOption(cmd, &a->run.db_path, DbAccess::kWrite);
+  cmd->add_option("--parallel,-j", a->run.parallel, "Runs trained at once")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads-per-run,-t", a->run.threads_per_run,
                   "CPU threads per run (default: cores / parallel)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-retries", a->max_retries,
+  cmd->add_option("--max-retries", a->run.max_retries,
                   "Retries of a failed run (from its last checkpoint)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--ranks", a->ranks,
@@ -79,25 +81,20 @@ void Execute(const RunArgs& a, bool resume) {
     eo.check_data = true;
     eo.check_device = true;
     eo.max_runs = a.max_runs;
-    sweep = sweeps::LoadSweepFromArg(a.spec, a.db, eo);
+    sweep = sweeps::LoadSweepFromArg(a.spec, a.run.db_path, eo);
     if (a.ranks > 0) sweeps::OverrideRanks(&sweep, a.ranks);
     sweeps::CheckLocalLaunch(sweep);
   });
   for (const std::string& w : sweep.warnings) fmt::print("warning: {}\n", w);
-  sweeps::RunOptions ro;
-  ro.db_path = a.db;
-  ro.parallel = a.parallel;
-  ro.threads_per_run = a.threads;
-  ro.rerun = a.rerun;
-  ro.max_retries = a.max_retries;
+  sweeps::RunOptions ro = a.run;
   ro.live = a.live ? 1 : a.no_live ? 0 : -1;
   ro.stop_flag = &g_sweep_stop;
   std::signal(SIGINT, OnSweepSignal);
   std::signal(SIGTERM, OnSweepSignal);
   // An adaptive sweep resumes adaptively once it has batches; a fresh run needs --adaptive (a
   // spec with an "adaptive" block run without it trains the full grid, its comparison).
-  const bool adaptive =
-      a.adaptive || (resume && sweep.adaptive && sweeps::HasAdaptiveBatches(a.db, sweep.name));
+  const bool adaptive = a.adaptive || (resume && sweep.adaptive &&
+                                       sweeps::HasAdaptiveBatches(a.run.db_path, sweep.name));
   if (adaptive && !sweep.adaptive) {
     fmt::print(stderr, "moelab sweep {}: error: --adaptive: the spec has no \"adaptive\" block\n",
                resume ? "resume" : "run");
@@ -200,7 +197,7 @@ void AddSweepCommand(CLI::App& app) {
         "process");
     cmd->add_option("spec", a->spec, "Sweep spec JSON")->required()->check(CLI::ExistingFile);
     AddRunOptions(cmd, a.get());
-    cmd->add_flag("--rerun", a->rerun,
+    cmd->add_flag("--rerun", a->run.rerun,
                   "Train again even when a done run with the same config exists");
     cmd->callback([a] { Execute(*a, false); });
   }

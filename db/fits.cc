@@ -43,14 +43,8 @@ int64_t SaveFit(const std::string& path, const FitRecord& fit) {
   Statement s = db.Prepare(
       "INSERT INTO fits (sweep_id, created_at, family_key, form, options_json, inputs_json, "
       "result_json, bootstrap_seed) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-  s.Bind(1, fit.sweep_id)
-      .Bind(2, UnixNow())
-      .Bind(3, fit.family_key)
-      .Bind(4, fit.form)
-      .Bind(5, fit.options_json)
-      .Bind(6, fit.inputs_json)
-      .Bind(7, fit.result_json)
-      .Bind(8, static_cast<int64_t>(fit.bootstrap_seed));
+  s.BindAll(fit.sweep_id, UnixNow(), fit.family_key, fit.form, fit.options_json, fit.inputs_json,
+            fit.result_json, static_cast<int64_t>(fit.bootstrap_seed));
   s.Run();
   return db.last_insert_rowid();
 }

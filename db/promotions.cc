@@ -57,21 +57,9 @@ int64_t SavePromotion(const std::string& path, const PromotionRecord& p) {
       "INSERT INTO promotions (created_at, sweep_id, fit_id, law, family_key, family, "
       "source_run_id, target_json, plan_json, config_json, out_dir, predicted_loss, band_lo, "
       "band_hi, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-  s.Bind(1, UnixNow())
-      .Bind(2, p.sweep_id)
-      .Bind(3, p.fit_id)
-      .Bind(4, p.law)
-      .Bind(5, p.family_key)
-      .Bind(6, p.family)
-      .Bind(7, p.source_run_id)
-      .Bind(8, p.target_json)
-      .Bind(9, p.plan_json)
-      .Bind(10, p.config_json)
-      .Bind(11, p.out_dir)
-      .Bind(12, p.predicted_loss)
-      .Bind(13, p.band_lo)
-      .Bind(14, p.band_hi)
-      .Bind(15, p.run_id);
+  s.BindAll(UnixNow(), p.sweep_id, p.fit_id, p.law, p.family_key, p.family, p.source_run_id,
+            p.target_json, p.plan_json, p.config_json, p.out_dir, p.predicted_loss, p.band_lo,
+            p.band_hi, p.run_id);
   s.Run();
   return db.last_insert_rowid();
 }

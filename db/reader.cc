@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "db/schema.h"
 
@@ -100,6 +102,24 @@ std::vector<T> DecodeBlob(std::span<const std::byte> blob) {
   std::vector<T> out(blob.size() / sizeof(T));
   if (!out.empty()) std::memcpy(out.data(), blob.data(), out.size() * sizeof(T));
   return out;
+}
+
+// The rows of a per-step matrix table (the step in column 0) whose values, as decode(row) reads
+// them, number n (the run's shape), appended to steps and values; a row decode refuses or of
+// another size is left out.
+// `sql` selects a run's (?1) rows over a step range (?2 to ?3), in step order.
+template <typename T, typename Decode>
+void ReadShapedRows(Connection& db, const char* sql, int64_t run_id, int64_t step_min,
+                    int64_t step_max, size_t n, Decode decode, std::vector<int64_t>* steps,
+                    std::vector<T>* values) {
+  Statement st = db.Prepare(sql);
+  st.BindAll(run_id, step_min, step_max);
+  while (st.Step()) {
+    const std::optional<std::vector<T>> row = decode(st);
+    if (!row || row->size() != n) continue;  // only rows matching the run's shape
+    steps->push_back(st.Int(0));
+    values->insert(values->end(), row->begin(), row->end());
+  }
 }
 
 }  // namespace
@@ -216,22 +236,19 @@ std::optional<MaxLogitMatrix> Reader::GetMaxLogitMatrix(int64_t run_id, int64_t 
 
 MaxLogitTimeline Reader::GetMaxLogitTimeline(int64_t run_id, int64_t step_min, int64_t step_max) {
   const auto [layers, heads] = Shape(run_id, false);
-  Statement st = db_.Prepare(
-      "SELECT step, max_logit FROM max_logits WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 "
-      "ORDER BY step");
-  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
-  MaxLogitTimeline t;
-  t.layers = layers;
-  t.heads = heads;
+  MaxLogitTimeline t{.layers = layers, .heads = heads, .steps = {}, .values = {}};
   const size_t n = static_cast<size_t>(layers) * heads;
-  while (st.Step()) {
-    const auto blob = st.Blob(1);
-    if (blob.size() != n * sizeof(float)) continue;  // only rows matching the run's shape
-    const size_t old = t.values.size();
-    t.values.resize(old + n);
-    std::memcpy(t.values.data() + old, blob.data(), blob.size());
-    t.steps.push_back(st.Int(0));
-  }
+  ReadShapedRows(
+      db_,
+      "SELECT step, max_logit FROM max_logits WHERE run_id = ?1 AND step BETWEEN ?2 AND ?3 "
+      "ORDER BY step",
+      run_id, step_min, step_max, n,
+      [n](const Statement& row) -> std::optional<std::vector<float>> {
+        const auto blob = row.Blob(1);
+        if (blob.size() != n * sizeof(float)) return std::nullopt;
+        return DecodeBlob<float>(blob);
+      },
+      &t.steps, &t.values);
   return t;
 }
 
@@ -251,27 +268,19 @@ std::vector<moelab::ClipEvent> Reader::ClipEvents(int64_t run_id, int64_t step_m
 
 ExpertLoads Reader::GetExpertLoads(int64_t run_id, int64_t step_min, int64_t step_max) {
   const auto [moe_layers, experts] = Shape(run_id, true);
-  Statement st = db_.Prepare(
+  ExpertLoads out{.moe_layers = moe_layers, .experts = experts, .steps = {}, .counts = {}};
+  // int32 counts unless a count needed int64 (elem_bytes says which).
+  ReadShapedRows(
+      db_,
       "SELECT step, elem_bytes, counts FROM expert_counts WHERE run_id = ?1 AND step BETWEEN ?2 "
-      "AND ?3 ORDER BY step");
-  st.Bind(1, run_id).Bind(2, step_min).Bind(3, step_max);
-  ExpertLoads out;
-  out.moe_layers = moe_layers;
-  out.experts = experts;
-  const size_t n = static_cast<size_t>(moe_layers) * experts;
-  while (st.Step()) {
-    const auto blob = st.Blob(2);
-    std::vector<int64_t> counts;
-    if (st.Int(1) == 4) {
-      const auto narrow = DecodeBlob<int32_t>(blob);
-      counts.assign(narrow.begin(), narrow.end());
-    } else {
-      counts = DecodeBlob<int64_t>(blob);
-    }
-    if (counts.size() != n) continue;  // only rows matching the run's shape
-    out.steps.push_back(st.Int(0));
-    out.counts.insert(out.counts.end(), counts.begin(), counts.end());
-  }
+      "AND ?3 ORDER BY step",
+      run_id, step_min, step_max, static_cast<size_t>(moe_layers) * experts,
+      [](const Statement& row) -> std::optional<std::vector<int64_t>> {
+        if (row.Int(1) != 4) return DecodeBlob<int64_t>(row.Blob(2));
+        const auto narrow = DecodeBlob<int32_t>(row.Blob(2));
+        return std::vector<int64_t>(narrow.begin(), narrow.end());
+      },
+      &out.steps, &out.counts);
   return out;
 }
 

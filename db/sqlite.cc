@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
 #include <utility>
 
 namespace moelab::db {
@@ -229,6 +231,29 @@ Connection OpenReadOnly(const std::string& path, double busy_timeout_s) {
   Connection db(FileUri(path, "immutable=1"), SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
   sqlite3_busy_timeout(db.get(), busy_ms);
   return db;
+}
+
+void WriteTransaction(Connection& db, int retries, const std::function<void()>& body,
+                      int max_backoff_shift) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      db.Exec("BEGIN IMMEDIATE");
+      try {
+        body();
+        db.Exec("COMMIT");
+      } catch (...) {
+        if (!sqlite3_get_autocommit(db.get())) {
+          sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
+        }
+        throw;
+      }
+      return;
+    } catch (const SqliteError& e) {
+      if (!e.busy() || attempt >= retries) throw;
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(50 << std::min(attempt, max_backoff_shift)));
+    }
+  }
 }
 
 }  // namespace moelab::db

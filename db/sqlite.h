@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -46,6 +47,14 @@ class Statement {
   template <typename T>
   Statement& Bind(int index, const std::optional<T>& value) {
     return value ? Bind(index, *value) : BindNull(index);
+  }
+  // Binds ?1, ?2, ... in order: one call for a row whose parameters follow the column list,
+  // each value taking the same Bind overload it would take alone.
+  template <typename... Ts>
+  Statement& BindAll(const Ts&... values) {
+    int index = 0;
+    (Bind(++index, values), ...);
+    return *this;
   }
 
   // Returns true while a row is available, false when done.
@@ -108,5 +117,12 @@ Connection OpenReadOnly(const std::string& path, double busy_timeout_s = 10.0);
 
 // Seconds since the Unix epoch, as stored in every *_at column.
 double UnixNow();
+
+// Runs body inside BEGIN IMMEDIATE ... COMMIT, rolled back when it throws. busy_timeout already
+// waits for the lock; a busy failure all the same (a long checkpoint, many writers) retries the
+// whole transaction up to `retries` times, 50 ms << min(attempt, max_backoff_shift) apart,
+// because giving up would lose the write.
+void WriteTransaction(Connection& db, int retries, const std::function<void()>& body,
+                      int max_backoff_shift = 6);
 
 }  // namespace moelab::db

@@ -25,31 +25,6 @@ static_assert(std::endian::native == std::endian::little, "moelab db blobs are l
 
 namespace {
 
-// Runs f inside BEGIN IMMEDIATE ... COMMIT. busy_timeout already waits for the lock; this
-// retries the whole transaction when even that was not enough (a long checkpoint, many
-// writers), because giving up would lose a flush.
-template <typename F>
-void WriteTransaction(Connection& db, int retries, F&& f) {
-  for (int attempt = 0;; ++attempt) {
-    try {
-      db.Exec("BEGIN IMMEDIATE");
-      try {
-        f();
-        db.Exec("COMMIT");
-      } catch (...) {
-        if (!sqlite3_get_autocommit(db.get())) {
-          sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-        }
-        throw;
-      }
-      return;
-    } catch (const SqliteError& e) {
-      if (!e.busy() || attempt >= retries) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50 << std::min(attempt, 6)));
-    }
-  }
-}
-
 void RecomputeSummary(Connection& db, int64_t run_id) {
   db.Prepare(
         "INSERT INTO run_summary (run_id, updated_at) VALUES (?1, ?2) "
@@ -162,24 +137,13 @@ INSERT INTO runs (name, sweep_id, config_json, config_hash, status, pid, host, c
                   started_at, heartbeat_at, params_total, params_active, flops_per_token,
                   layers, heads, moe_layers, experts, uuid)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17))sql")
-        .Bind(1, info.name)
-        .Bind(2, info.sweep_id)
-        .Bind(3, info.config_json)
-        .Bind(4, info.config_hash)
-        .Bind(5, ToString(status))
-        .Bind(6, running ? std::optional<int64_t>(info.pid ? info.pid : getpid()) : std::nullopt)
-        .Bind(7, running ? std::optional<std::string>(info.host.empty() ? HostName() : info.host)
-                         : std::nullopt)
-        .Bind(8, now)
-        .Bind(9, running ? std::optional<double>(now) : std::nullopt)
-        .Bind(10, s.params_total)
-        .Bind(11, s.params_active)
-        .Bind(12, s.flops_per_token)
-        .Bind(13, s.layers)
-        .Bind(14, s.heads)
-        .Bind(15, s.moe_layers)
-        .Bind(16, s.experts)
-        .Bind(17, NewRunUuid())
+        .BindAll(info.name, info.sweep_id, info.config_json, info.config_hash, ToString(status),
+                 running ? std::optional<int64_t>(info.pid ? info.pid : getpid()) : std::nullopt,
+                 running ? std::optional<std::string>(info.host.empty() ? HostName() : info.host)
+                         : std::nullopt,
+                 now, running ? std::optional<double>(now) : std::nullopt, s.params_total,
+                 s.params_active, s.flops_per_token, s.layers, s.heads, s.moe_layers, s.experts,
+                 NewRunUuid())
         .Run();
     id = db.last_insert_rowid();
     db.Prepare("INSERT INTO run_summary (run_id, total_steps, updated_at) VALUES (?1, ?2, ?3)")
@@ -214,25 +178,16 @@ std::unique_ptr<RunWriter> RunWriter::Attach(const std::string& path, int64_t ru
 UPDATE runs SET status = ?5, pid = ?2, host = ?3, started_at = COALESCE(started_at, ?4),
   heartbeat_at = ?4, ended_at = NULL, error = NULL, diverged_step = NULL
 WHERE id = ?1)sql")
-        .Bind(1, run_id)
-        .Bind(2, static_cast<int64_t>(getpid()))
-        .Bind(3, HostName())
-        .Bind(4, now)
-        .Bind(5, ToString(RunStatus::kRunning))
+        .BindAll(run_id, static_cast<int64_t>(getpid()), HostName(), now,
+                 ToString(RunStatus::kRunning))
         .Run();
     if (shape) {
       db.Prepare(R"sql(
 UPDATE runs SET params_total = ?2, params_active = ?3, flops_per_token = ?4, layers = ?5,
   heads = ?6, moe_layers = ?7, experts = ?8
 WHERE id = ?1)sql")
-          .Bind(1, run_id)
-          .Bind(2, shape->params_total)
-          .Bind(3, shape->params_active)
-          .Bind(4, shape->flops_per_token)
-          .Bind(5, shape->layers)
-          .Bind(6, shape->heads)
-          .Bind(7, shape->moe_layers)
-          .Bind(8, shape->experts)
+          .BindAll(run_id, shape->params_total, shape->params_active, shape->flops_per_token,
+                   shape->layers, shape->heads, shape->moe_layers, shape->experts)
           .Run();
     }
     DeleteAfter(db, run_id, resume_step);
@@ -461,17 +416,8 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
       std::vector<int32_t> narrow;
       for (const StepRow& row : b.steps) {
         const StepRecord& r = row.record;
-        st.Bind(1, run_id_)
-            .Bind(2, r.step)
-            .Bind(3, r.loss)
-            .Bind(4, r.aux_loss)
-            .Bind(5, r.lr)
-            .Bind(6, r.grad_norm)
-            .Bind(7, r.tokens)
-            .Bind(8, r.flops)
-            .Bind(9, r.step_time_s)
-            .Bind(10, r.tokens_per_s)
-            .Bind(11, row.wall_time);
+        st.BindAll(run_id_, r.step, r.loss, r.aux_loss, r.lr, r.grad_norm, r.tokens, r.flops,
+                   r.step_time_s, r.tokens_per_s, row.wall_time);
         if (std::isfinite(r.norm_gain_rms)) {
           st.Bind(12, r.norm_gain_rms);
         } else {
@@ -512,13 +458,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
           "INSERT OR REPLACE INTO evals (run_id, step, tokens, flops, val_loss, wall_time) "
           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
       for (const EvalRow& e : b.evals) {
-        st.Bind(1, run_id_)
-            .Bind(2, e.step)
-            .Bind(3, e.tokens)
-            .Bind(4, e.flops)
-            .Bind(5, e.val_loss)
-            .Bind(6, e.wall_time)
-            .Run();
+        st.BindAll(run_id_, e.step, e.tokens, e.flops, e.val_loss, e.wall_time).Run();
       }
     }
     if (!b.clips.empty()) {
@@ -526,13 +466,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
           "INSERT OR REPLACE INTO clip_events (run_id, step, layer, head, s_max, gamma) "
           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
       for (const ClipEvent& c : b.clips) {
-        st.Bind(1, run_id_)
-            .Bind(2, c.step)
-            .Bind(3, c.layer)
-            .Bind(4, c.head)
-            .Bind(5, c.s_max)
-            .Bind(6, c.gamma)
-            .Run();
+        st.BindAll(run_id_, c.step, c.layer, c.head, c.s_max, c.gamma).Run();
       }
     }
     if (b.summary) {
@@ -541,15 +475,8 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12))sql");
 UPDATE run_summary SET last_step = ?2, last_loss = ?3, best_val_loss = ?4, last_val_loss = ?5,
   tokens = ?6, flops = ?7, tokens_per_s = ?8, updated_at = ?9
 WHERE run_id = ?1)sql")
-          .Bind(1, run_id_)
-          .Bind(2, s.last_step)
-          .Bind(3, s.last_loss)
-          .Bind(4, s.best_val_loss)
-          .Bind(5, s.last_val_loss)
-          .Bind(6, s.tokens)
-          .Bind(7, s.flops)
-          .Bind(8, s.tokens_per_s)
-          .Bind(9, now)
+          .BindAll(run_id_, s.last_step, s.last_loss, s.best_val_loss, s.last_val_loss, s.tokens,
+                   s.flops, s.tokens_per_s, now)
           .Run();
     }
     if (b.checkpoint) {
@@ -568,11 +495,7 @@ WHERE run_id = ?1)sql")
       db_.Prepare(R"sql(
 UPDATE runs SET status = ?2, ended_at = ?3, error = NULLIF(?4, ''), diverged_step = ?5
 WHERE id = ?1)sql")
-          .Bind(1, run_id_)
-          .Bind(2, ToString(b.end->status))
-          .Bind(3, now)
-          .Bind(4, b.end->error)
-          .Bind(5, b.end->diverged_step)
+          .BindAll(run_id_, ToString(b.end->status), now, b.end->error, b.end->diverged_step)
           .Run();
     }
   });
@@ -599,11 +522,7 @@ void RunWriter::SetRunStatus(const std::string& path, int64_t run_id, RunStatus 
 UPDATE runs SET status = ?2, error = NULLIF(?3, ''),
   ended_at = CASE WHEN ?4 THEN ?5 ELSE NULL END
 WHERE id = ?1)sql")
-        .Bind(1, run_id)
-        .Bind(2, ToString(status))
-        .Bind(3, error)
-        .Bind(4, terminal ? 1 : 0)
-        .Bind(5, UnixNow())
+        .BindAll(run_id, ToString(status), error, terminal ? 1 : 0, UnixNow())
         .Run();
   });
 }
@@ -627,11 +546,7 @@ void RunWriter::SetRunLayout(const std::string& path, int64_t run_id, int ranks,
   WriteTransaction(db, WriterOptions{}.busy_retries, [&] {
     CheckRunExists(db, run_id);
     db.Prepare("UPDATE runs SET ranks = ?2, dp_size = ?3, ep_size = ?4, threads = ?5 WHERE id = ?1")
-        .Bind(1, run_id)
-        .Bind(2, int64_t{ranks})
-        .Bind(3, int64_t{dp})
-        .Bind(4, int64_t{ep})
-        .Bind(5, int64_t{threads})
+        .BindAll(run_id, int64_t{ranks}, int64_t{dp}, int64_t{ep}, int64_t{threads})
         .Run();
   });
 }
@@ -684,10 +599,7 @@ UPDATE runs SET status = ?3,
   error = printf('no heartbeat for %.0f s (the trainer was killed or hung)',
                  ?1 - COALESCE(heartbeat_at, started_at, created_at))
 WHERE status = ?4 AND COALESCE(heartbeat_at, started_at, created_at) < ?1 - ?2)sql")
-        .Bind(1, UnixNow())
-        .Bind(2, max_age_s)
-        .Bind(3, ToString(RunStatus::kFailed))
-        .Bind(4, ToString(RunStatus::kRunning))
+        .BindAll(UnixNow(), max_age_s, ToString(RunStatus::kFailed), ToString(RunStatus::kRunning))
         .Run();
     changed = db.changes();
   });

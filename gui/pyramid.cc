@@ -95,16 +95,8 @@ void DownsampleM4Pyramid(std::span<const double> xs, std::span<const double> ys,
   }
   out_x->clear();
   out_y->clear();
-  auto emit = [&](size_t i) {
-    out_x->push_back(xs[i]);
-    out_y->push_back(ys[i]);
-  };
-  for (size_t i = begin; i-- > 0;) {
-    if (std::isfinite(ys[i])) {
-      emit(i);
-      break;
-    }
-  }
+  const M4Output out{xs, ys, out_x, out_y};
+  out.EmitFiniteBefore(begin);
   // The column of x exactly as DownsampleM4 computes it, so both give the same partition.
   const bool log = x_axis.log;
   const double scale = columns / (x_axis.hi - x_axis.lo);
@@ -134,21 +126,11 @@ void DownsampleM4Pyramid(std::span<const double> xs, std::span<const double> ys,
       size_t first = a, last = b - 1;
       while (!std::isfinite(ys[first])) ++first;
       while (!std::isfinite(ys[last])) --last;
-      size_t idx[4] = {first, imin, imax, last};
-      std::sort(idx, idx + 4);
-      for (int k = 0; k < 4; ++k) {
-        if (k > 0 && idx[k] == idx[k - 1]) continue;
-        emit(idx[k]);
-      }
+      out.EmitColumn(first, imin, imax, last);
     }
     a = std::max(b, a + 1);
   }
-  for (size_t i = end; i < n; ++i) {
-    if (std::isfinite(ys[i])) {
-      emit(i);
-      break;
-    }
-  }
+  out.EmitFiniteFrom(end, n);
 }
 
 }  // namespace moelab::gui

@@ -322,16 +322,7 @@ void App::ExpertsPanel(int index, int64_t run, float height) {
     }
     canvas.End(plot);
     if (which == 1) plot.HLine(1.0, IM_COL32(200, 200, 200, 120), true, "balanced");
-    if (plot.hovered()) {
-      const int64_t i = NearestIndexAtOrBefore(data->steps, plot.mouse_x());
-      ImGui::BeginTooltip();
-      ImGui::Text("step %lld", static_cast<long long>(data->steps[i]));
-      for (int l = 0; l < L; ++l) {
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(ToImU32(GroupColor(l, L, true))),
-                           "MoE layer %d: %s", l, FormatValue(series[l][i]).c_str());
-      }
-      ImGui::EndTooltip();
-    }
+    if (plot.hovered()) LayerTooltip(data->steps, plot.mouse_x(), series, "MoE layer");
   }
   // Which line is which layer.
   for (int l = 0; l < L; ++l) {

@@ -214,16 +214,7 @@ void App::LogitColumn(int column, int64_t run, double vmin, double vmax, float w
       plot.BottomTick(s, kTauColor, 8.0f);
     }
     plot.VLine(step, IM_COL32(255, 255, 255, 110));
-    if (plot.hovered()) {
-      const int64_t i = NearestIndexAtOrBefore(data->steps, plot.mouse_x());
-      ImGui::BeginTooltip();
-      ImGui::Text("step %lld", static_cast<long long>(data->steps[i]));
-      for (int l = 0; l < L; ++l) {
-        ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(ToImU32(GroupColor(l, L, true))),
-                           "layer %d: %s", l, FormatValue(c.layer_series[l][i]).c_str());
-      }
-      ImGui::EndTooltip();
-    }
+    if (plot.hovered()) LayerTooltip(data->steps, plot.mouse_x(), c.layer_series, "layer");
   }
   // Layer legend.
   for (int l = 0; l < L; ++l) {

@@ -147,28 +147,14 @@ void DownsampleM4(std::span<const double> xs, std::span<const double> ys, const 
   const double vis_lo = std::min(x_axis.lo, x_axis.hi), vis_hi = std::max(x_axis.lo, x_axis.hi);
   size_t begin = std::lower_bound(xs.begin(), xs.begin() + n, vis_lo) - xs.begin();
   size_t end = std::upper_bound(xs.begin(), xs.begin() + n, vis_hi) - xs.begin();
-  auto emit = [&](size_t i) {
-    out_x->push_back(xs[i]);
-    out_y->push_back(ys[i]);
-  };
-  // The nearest finite neighbours outside the range connect the line to the plot edges.
-  for (size_t i = begin; i-- > 0;) {
-    if (std::isfinite(ys[i])) {
-      emit(i);
-      break;
-    }
-  }
+  const M4Output out{xs, ys, out_x, out_y};
+  out.EmitFiniteBefore(begin);
   int64_t col = std::numeric_limits<int64_t>::min();
   size_t first = 0, last = 0, imin = 0, imax = 0;
   bool open = false;
   auto flush = [&]() {
     if (!open) return;
-    size_t idx[4] = {first, imin, imax, last};
-    std::sort(idx, idx + 4);
-    for (int k = 0; k < 4; ++k) {
-      if (k > 0 && idx[k] == idx[k - 1]) continue;
-      emit(idx[k]);
-    }
+    out.EmitColumn(first, imin, imax, last);
     open = false;
   };
   // Column of x: one multiply on linear axes (this loop sees every visible point, so it is
@@ -198,10 +184,37 @@ void DownsampleM4(std::span<const double> xs, std::span<const double> ys, const 
     if (y > ys[imax]) imax = i;
   }
   flush();
+  out.EmitFiniteFrom(end, n);
+}
+
+void M4Output::Emit(size_t i) const {
+  out_x->push_back(xs[i]);
+  out_y->push_back(ys[i]);
+}
+
+void M4Output::EmitColumn(size_t first, size_t imin, size_t imax, size_t last) const {
+  size_t idx[4] = {first, imin, imax, last};
+  std::sort(idx, idx + 4);
+  for (int k = 0; k < 4; ++k) {
+    if (k > 0 && idx[k] == idx[k - 1]) continue;
+    Emit(idx[k]);
+  }
+}
+
+void M4Output::EmitFiniteBefore(size_t begin) const {
+  for (size_t i = begin; i-- > 0;) {
+    if (std::isfinite(ys[i])) {
+      Emit(i);
+      return;
+    }
+  }
+}
+
+void M4Output::EmitFiniteFrom(size_t end, size_t n) const {
   for (size_t i = end; i < n; ++i) {
     if (std::isfinite(ys[i])) {
-      emit(i);
-      break;
+      Emit(i);
+      return;
     }
   }
 }

@@ -45,6 +45,22 @@ void PadRange(double* lo, double* hi, bool log, double fraction = 0.05);
 void DownsampleM4(std::span<const double> xs, std::span<const double> ys, const AxisMap& x_axis,
                   int columns, std::vector<double>* out_x, std::vector<double>* out_y);
 
+// What DownsampleM4 and DownsampleM4Pyramid (gui/pyramid.h) append to their output, so both
+// give the same points in the same order.
+struct M4Output {
+  std::span<const double> xs, ys;
+  std::vector<double>* out_x;
+  std::vector<double>* out_y;
+
+  void Emit(size_t i) const;
+  // One column's first, min, max and last points, in index order, each once.
+  void EmitColumn(size_t first, size_t imin, size_t imax, size_t last) const;
+  // The nearest finite point before `begin` (at or after `end`, below n) connects the line to
+  // the plot's left (right) edge.
+  void EmitFiniteBefore(size_t begin) const;
+  void EmitFiniteFrom(size_t end, size_t n) const;
+};
+
 // TensorBoard-style exponential moving average with debiasing: s_t = m_t / (1 - w^t) where
 // m_t = w m_{t-1} + (1 - w) y_t. NaNs are passed through without updating the average. w = 0
 // returns the input.

@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <string>
 
+#include "gui/plot.h"
+#include "gui/view_model.h"
+
 namespace moelab::gui {
 
 ImU32 StatusColor(RunStatus s) {
@@ -148,6 +151,19 @@ std::vector<std::string> ClippedTables() {
     }
   }
   return out;
+}
+
+void LayerTooltip(std::span<const double> steps, double mouse_x,
+                  const std::vector<std::vector<double>>& series, const char* layer_name) {
+  const int64_t i = NearestIndexAtOrBefore(steps, mouse_x);
+  const int L = static_cast<int>(series.size());
+  ImGui::BeginTooltip();
+  ImGui::Text("step %lld", static_cast<long long>(steps[i]));
+  for (int l = 0; l < L; ++l) {
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(ToImU32(GroupColor(l, L, true))), "%s %d: %s",
+                       layer_name, l, FormatValue(series[l][i]).c_str());
+  }
+  ImGui::EndTooltip();
 }
 
 }  // namespace moelab::gui

@@ -3,6 +3,7 @@
 
 #include <imgui.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ bool CodeEditor(const char* id, std::string* text, ImVec2 size, int mark_line, b
 // Text drawn straight into a draw list (labels of heatmaps and plots) that, unlike
 // ImDrawList::AddText, also reaches ImGui's text log, so `--script dump-text` sees it.
 void DrawListText(ImDrawList* dl, ImVec2 pos, ImU32 color, const char* text);
+// The tooltip of a per-layer timeline under the mouse: the step at or before mouse_x and each
+// layer's value there ("<layer_name> l: value"), in the colours the layers' lines are drawn in.
+// series[l][i] is layer l's value at steps[i].
+void LayerTooltip(std::span<const double> steps, double mouse_x,
+                  const std::vector<std::vector<double>>& series, const char* layer_name);
 // Tables drawn this frame whose columns are cut off: content wider than the table shows with
 // no horizontal scrolling, in the table or its window. One line each ("" when none).
 std::vector<std::string> ClippedTables();

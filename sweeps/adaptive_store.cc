@@ -52,12 +52,8 @@ void AdaptiveStore::AddBatch(int64_t sweep_id, const AdaptiveBatchRow& row) {
   db_.Prepare(
          "INSERT OR IGNORE INTO adaptive_batches (sweep_id, batch, runs_json, why_json, "
          "cost_flops, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
-      .Bind(1, sweep_id)
-      .Bind(2, row.batch)
-      .Bind(3, json(row.runs).dump())
-      .Bind(4, json(row.why).dump())
-      .Bind(5, row.cost_flops)
-      .Bind(6, db::UnixNow())
+      .BindAll(sweep_id, row.batch, json(row.runs).dump(), json(row.why).dump(), row.cost_flops,
+               db::UnixNow())
       .Run();
 }
 
@@ -66,18 +62,8 @@ void AdaptiveStore::AddLook(int64_t sweep_id, const AdaptiveLookRow& row) {
          "INSERT OR REPLACE INTO adaptive_looks (sweep_id, batch, seeds, estimate, lo, hi, "
          "critical, alpha_spent, spent_flops, decision, detail_json, created_at) VALUES "
          "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")
-      .Bind(1, sweep_id)
-      .Bind(2, row.batch)
-      .Bind(3, row.seeds)
-      .Bind(4, row.estimate)
-      .Bind(5, row.lo)
-      .Bind(6, row.hi)
-      .Bind(7, row.critical)
-      .Bind(8, row.alpha_spent)
-      .Bind(9, row.spent_flops)
-      .Bind(10, row.decision)
-      .Bind(11, row.detail.dump())
-      .Bind(12, db::UnixNow())
+      .BindAll(sweep_id, row.batch, row.seeds, row.estimate, row.lo, row.hi, row.critical,
+               row.alpha_spent, row.spent_flops, row.decision, row.detail.dump(), db::UnixNow())
       .Run();
 }
 

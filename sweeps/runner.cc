@@ -205,11 +205,7 @@ class Scheduler {
     db::Statement st = store_.connection().Prepare(R"sql(
 UPDATE runs SET status = 'running', pid = ?2, host = ?3, heartbeat_at = ?4
 WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
-    st.Bind(1, job.run_id)
-        .Bind(2, static_cast<int64_t>(getpid()))
-        .Bind(3, HostName())
-        .Bind(4, db::UnixNow())
-        .Bind(5, kStaleAfterS)
+    st.BindAll(job.run_id, static_cast<int64_t>(getpid()), HostName(), db::UnixNow(), kStaleAfterS)
         .Run();
     return store_.connection().changes() == 1;
   }

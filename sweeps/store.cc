@@ -1,11 +1,8 @@
 #include "sweeps/store.h"
 
 #include <fmt/format.h>
-#include <sqlite3.h>
 
-#include <chrono>
 #include <functional>
-#include <thread>
 
 #include "db/schema.h"
 
@@ -21,24 +18,7 @@ Store::Store(const std::string& db_path, Mode mode)
 void Store::Transaction(const std::function<void()>& body) {
   // Trainers hold the write lock for one short batch at a time; the busy timeout covers that,
   // and a whole-transaction retry covers a busy timeout that still runs out under load.
-  for (int attempt = 0;; ++attempt) {
-    try {
-      db_.Exec("BEGIN IMMEDIATE");
-      try {
-        body();
-        db_.Exec("COMMIT");
-      } catch (...) {
-        if (!sqlite3_get_autocommit(db_.get())) {
-          sqlite3_exec(db_.get(), "ROLLBACK", nullptr, nullptr, nullptr);
-        }
-        throw;
-      }
-      return;
-    } catch (const db::SqliteError& e) {
-      if (!e.busy() || attempt >= 8) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50 << std::min(attempt, 5)));
-    }
-  }
+  db::WriteTransaction(db_, 8, body, 5);
 }
 
 int64_t Store::UpsertSweep(const std::string& name, const std::string& spec_json) {
@@ -101,10 +81,7 @@ void Store::Link(int64_t sweep_id, int64_t run_id, int idx, const std::string& c
     db_.Prepare(
            "INSERT INTO sweep_runs (sweep_id, run_id, idx, checkpoint_dir) VALUES (?1, ?2, ?3, "
            "?4) ON CONFLICT (sweep_id, run_id) DO UPDATE SET idx = excluded.idx")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, idx)
-        .Bind(4, checkpoint_dir)
+        .BindAll(sweep_id, run_id, idx, checkpoint_dir)
         .Run();
   });
 }
@@ -124,10 +101,7 @@ void Store::RecordFailure(int64_t sweep_id, int64_t run_id, const std::string& e
     db_.Prepare(
            "UPDATE sweep_runs SET failures = failures + 1, retryable = ?3, errors_json = ?4 "
            "WHERE sweep_id = ?1 AND run_id = ?2")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, retryable ? 1 : 0)
-        .Bind(4, errors.dump())
+        .BindAll(sweep_id, run_id, retryable ? 1 : 0, errors.dump())
         .Run();
   });
 }
@@ -137,10 +111,7 @@ void Store::SetBranch(int64_t sweep_id, int64_t run_id, int64_t parent_run, int6
     db_.Prepare(
            "UPDATE sweep_runs SET branch_of = ?3, branch_step = ?4 WHERE sweep_id = ?1 AND "
            "run_id = ?2")
-        .Bind(1, sweep_id)
-        .Bind(2, run_id)
-        .Bind(3, parent_run)
-        .Bind(4, step)
+        .BindAll(sweep_id, run_id, parent_run, step)
         .Run();
   });
 }

@@ -102,8 +102,12 @@ struct NcclCommunicator::Impl {
     MOELAB_CUDA(cudaStreamWaitEvent(stream, written, 0));
   }
 
-  // In-place all-reduce of n elements of `type` at p (device or host memory).
-  void AllReduce(void* p, size_t n, size_t elem, ncclDataType_t type, ncclRedOp_t op) {
+  // In-place all-reduce of n elements of `type` at p (device or host memory). Counted into
+  // stats as what a ring all-reduce sends from each rank: 2·(W−1)/W of the elements.
+  template <typename T>
+  void AllReduce(CommStats& stats, T* p, size_t n, ncclDataType_t type, ncclRedOp_t op) {
+    const size_t w = static_cast<size_t>(size), elem = sizeof(T);
+    CommTimer t(stats, 2 * n * elem * (w - 1) / w);
     if (n == 0) return;
     AfterCompute();
     if (IsDevicePointer(p)) {
@@ -235,27 +239,17 @@ int NcclCommunicator::rank() const { return impl_->rank; }
 int NcclCommunicator::world_size() const { return impl_->size; }
 int NcclCommunicator::device() const { return impl_->device; }
 
-// What a ring all-reduce of n elements sends from each rank: 2·(W−1)/W of them.
-size_t NcclCommunicator::RingBytes(size_t n, size_t elem) const {
-  const size_t w = static_cast<size_t>(impl_->size);
-  return 2 * n * elem * (w - 1) / w;
-}
-
 void NcclCommunicator::AllReduceSum(float* data, size_t n) {
-  CommTimer t(stats_, RingBytes(n, sizeof(float)));
-  impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclSum);
+  impl_->AllReduce(stats_, data, n, ncclFloat32, ncclSum);
 }
 void NcclCommunicator::AllReduceSum(double* data, size_t n) {
-  CommTimer t(stats_, RingBytes(n, sizeof(double)));
-  impl_->AllReduce(data, n, sizeof(double), ncclFloat64, ncclSum);
+  impl_->AllReduce(stats_, data, n, ncclFloat64, ncclSum);
 }
 void NcclCommunicator::AllReduceSum(int64_t* data, size_t n) {
-  CommTimer t(stats_, RingBytes(n, sizeof(int64_t)));
-  impl_->AllReduce(data, n, sizeof(int64_t), ncclInt64, ncclSum);
+  impl_->AllReduce(stats_, data, n, ncclInt64, ncclSum);
 }
 void NcclCommunicator::AllReduceMax(float* data, size_t n) {
-  CommTimer t(stats_, RingBytes(n, sizeof(float)));
-  impl_->AllReduce(data, n, sizeof(float), ncclFloat32, ncclMax);
+  impl_->AllReduce(stats_, data, n, ncclFloat32, ncclMax);
 }
 
 // Point-to-point sends/receives grouped into one NCCL call. Device pointers only (the expert-
@@ -347,7 +341,6 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
 int NcclCommunicator::rank() const { return 0; }
 int NcclCommunicator::world_size() const { return 1; }
 int NcclCommunicator::device() const { return 0; }
-size_t NcclCommunicator::RingBytes(size_t, size_t) const { return 0; }
 void NcclCommunicator::AllReduceSum(float*, size_t) {}
 void NcclCommunicator::AllReduceSum(double*, size_t) {}
 void NcclCommunicator::AllReduceSum(int64_t*, size_t) {}

@@ -59,7 +59,6 @@ class NcclCommunicator : public Communicator {
 
  private:
   NcclCommunicator();
-  size_t RingBytes(size_t n, size_t elem) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -24,23 +24,10 @@ constexpr int kGpt2Vocab = 50257;
 constexpr int kGpt2EndOfText = 50256;
 
 std::vector<std::string> ListShards(const std::vector<std::string>& inputs) {
-  std::vector<std::string> files;
-  for (const std::string& in : inputs) {
-    std::error_code ec;
-    if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::directory_iterator(in)) {
-        if (e.is_regular_file() && e.path().extension() == ".bin") found.push_back(e.path());
-      }
-      std::sort(found.begin(), found.end());
-      if (found.empty()) throw std::runtime_error(in + ": folder has no *.bin shards");
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(in, ec)) {
-      files.push_back(in);
-    } else {
-      throw std::runtime_error(in + ": no such file or folder");
-    }
-  }
+  std::vector<std::string> files = ExpandInputFiles(
+      inputs, [](const fs::path& p) { return p.extension() == ".bin"; },
+      [](const std::string& in) { return in + ": folder has no *.bin shards"; },
+      [](const std::string& in) { return in + ": no such file or folder"; });
   for (std::string& f : files) f = fs::weakly_canonical(fs::absolute(f)).string();
   return files;
 }

@@ -17,6 +17,7 @@
 
 #include "core/data/documents.h"
 #include "core/data/random.h"
+#include "core/data/shards.h"
 #include "core/utc_time.h"
 
 namespace moelab {
@@ -422,30 +423,19 @@ std::vector<std::string> ListInputFiles(const std::vector<std::string>& inputs) 
         "no inputs: give text or JSON Lines files or a folder of them (e.g. the one written by "
         "scripts/export-corpus.sh)");
   }
-  std::vector<std::string> files;
-  for (const std::string& in : inputs) {
-    std::error_code ec;
-    if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::directory_iterator(in)) {
-        if (e.is_regular_file() && IsDocumentFile(e.path().filename())) found.push_back(e.path());
-      }
-      std::sort(found.begin(), found.end());
-      if (found.empty()) {
-        throw std::runtime_error(in +
-                                 ": folder has no *.txt or *.jsonl files (.gz and .zst included; "
-                                 "run scripts/export-corpus.sh " +
-                                 in + " to export the default corpus)");
-      }
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(in, ec)) {
-      files.push_back(in);
-    } else {
-      throw std::runtime_error(in + ": no such file or folder (run scripts/export-corpus.sh " + in +
-                               " to export the default corpus)");
-    }
-  }
-  return files;
+  // The hint names the script that exports the default corpus to such a folder.
+  return ExpandInputFiles(
+      inputs, [](const fs::path& p) { return IsDocumentFile(p.filename()); },
+      [](const std::string& in) {
+        return in +
+               ": folder has no *.txt or *.jsonl files (.gz and .zst included; run "
+               "scripts/export-corpus.sh " +
+               in + " to export the default corpus)";
+      },
+      [](const std::string& in) {
+        return in + ": no such file or folder (run scripts/export-corpus.sh " + in +
+               " to export the default corpus)";
+      });
 }
 
 PrepareResult PrepareCorpus(const PrepareOptions& o) {

@@ -123,4 +123,30 @@ void ShardReader::Read(int64_t offset, int64_t n, int32_t* out) const {
   }
 }
 
+std::vector<std::string> ExpandInputFiles(
+    const std::vector<std::string>& inputs,
+    const std::function<bool(const std::filesystem::path&)>& keep,
+    const std::function<std::string(const std::string&)>& no_files_in,
+    const std::function<std::string(const std::string&)>& not_found) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::directory_iterator(in)) {
+        if (e.is_regular_file() && keep(e.path())) found.push_back(e.path());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.empty()) throw std::runtime_error(no_files_in(in));
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(in, ec)) {
+      files.push_back(in);
+    } else {
+      throw std::runtime_error(not_found(in));
+    }
+  }
+  return files;
+}
+
 }  // namespace moelab

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,5 +57,14 @@ class ShardReader {
   std::vector<int64_t> starts_;  // starts_[i] = first token index of files_[i]; back() = total
   int64_t total_ = 0;
 };
+
+// The files `inputs` name, in order: a folder stands for its regular files that `keep` accepts,
+// sorted by path, and a file for itself. A folder with none throws std::runtime_error with
+// no_files_in(input), a path that is neither with not_found(input).
+std::vector<std::string> ExpandInputFiles(
+    const std::vector<std::string>& inputs,
+    const std::function<bool(const std::filesystem::path&)>& keep,
+    const std::function<std::string(const std::string&)>& no_files_in,
+    const std::function<std::string(const std::string&)>& not_found);
 
 }  // namespace moelab

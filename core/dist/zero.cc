@@ -98,6 +98,25 @@ std::vector<size_t> ChunkCounts(const std::vector<ArenaRange>& ranges, size_t a,
   return c;
 }
 
+namespace {
+
+// The arena in buckets of bucket_mb (at least 1024 floats), each handed to `collective` with its
+// start and every rank's share of it: one collective per bucket bounds the staging memory.
+template <typename Collective>
+void ForEachBucket(const std::vector<ArenaRange>& ranges, double bucket_mb,
+                   Collective&& collective) {
+  const size_t n = ranges.back().end;
+  const size_t bucket =
+      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
+  for (size_t a = 0; a < n; a += bucket) {
+    const size_t b = std::min(n, a + bucket);
+    const std::vector<size_t> counts = ChunkCounts(ranges, a, b);
+    collective(a, counts.data());
+  }
+}
+
+}  // namespace
+
 double RangeSquares(const float* g, ArenaRange r) { return cpu::SumSquares(g + r.begin, r.size()); }
 
 ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<ParamInfo>& params,
@@ -134,14 +153,8 @@ ShardedOptimizer::ShardedOptimizer(const RunConfig& run, const std::vector<Param
 }
 
 void ShardedOptimizer::ReduceScatterGradients(float* grads, double bucket_mb, int average_over) {
-  const size_t n = ranges_.back().end;
-  const size_t bucket =
-      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
-  for (size_t a = 0; a < n; a += bucket) {
-    const size_t b = std::min(n, a + bucket);
-    const std::vector<size_t> counts = ChunkCounts(ranges_, a, b);
-    comm_.ReduceScatterSum(grads + a, counts.data());
-  }
+  ForEachBucket(ranges_, bucket_mb,
+                [&](size_t a, const size_t* counts) { comm_.ReduceScatterSum(grads + a, counts); });
   const ArenaRange m = mine();
   be_.Scale(grads + m.begin, m.size(),
             1.0f / static_cast<float>(average_over > 0 ? average_over : comm_.world_size()));
@@ -159,14 +172,8 @@ double ShardedOptimizer::GradNorm(const float* grads) {
 void ShardedOptimizer::Step(float* params, const float* grads, double lr, int64_t step,
                             double bucket_mb) {
   local_->Step(params, grads, lr, step);
-  const size_t n = ranges_.back().end;
-  const size_t bucket =
-      std::max<size_t>(1024, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
-  for (size_t a = 0; a < n; a += bucket) {
-    const size_t b = std::min(n, a + bucket);
-    const std::vector<size_t> counts = ChunkCounts(ranges_, a, b);
-    comm_.AllGatherV(params + a, counts.data());
-  }
+  ForEachBucket(ranges_, bucket_mb,
+                [&](size_t a, const size_t* counts) { comm_.AllGatherV(params + a, counts); });
 }
 
 std::vector<std::vector<float>> ShardedOptimizer::GatherFullState() {

@@ -149,3 +149,11 @@ def format_statement(d, fmt="{:.3f}"):
     return (f"{f(d['point'])} [{f(d['t_lo'])}, {f(d['t_hi'])}] ({100 * d['level']:.0f}% t, "
             f"df {d['df']}), p = {d['p']:.3g} (exact sign-flip); {d['label']} "
             f"[{f(d['boot_lo'])}, {f(d['boot_hi'])}]")
+
+
+def print_seed_table_header(leading, seeds, trailing):
+    """The Markdown header of a per-seed table: `leading` columns, a 'seed k' column per seed,
+    then `trailing` columns (the seed-level statement), and the separator row."""
+    columns = list(leading) + [f"seed {k}" for k in seeds] + list(trailing)
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))

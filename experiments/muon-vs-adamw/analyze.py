@@ -153,9 +153,8 @@ def main():
           "bracket L*. Over seeds: geometric mean, 90 % t interval on the log ratio "
           "(df = seeds − 1), exact sign-flip p (smallest possible with 3 seeds: 0.25), seed "
           "bootstrap enumerated exactly (10 multisets at 3 seeds), labelled seed range.\n")
-    print("| L* | " + " | ".join(f"seed {k}" for k in paired) +
-          " | ratio [90 % t] (df) | 95 % t | p | seed range |")
-    print("|---|" + "---|" * (len(paired) + 4))
+    seed_stats.print_seed_table_header(
+        ["L*"], paired, ["ratio [90 % t] (df)", "95 % t", "p", "seed range"])
     for target in TARGETS:
         if not lo <= target <= hi:
             print(f"| {target:.2f} | outside the shared range: not estimated |")

@@ -104,9 +104,9 @@ def seed_gaps(runs, seeds, sparsities, ref):
     print(f"\nGap to S={ref} per seed (seeds {', '.join(map(str, seeds))}); mean over seeds, 90 % t "
           "interval (df = seeds - 1), exact sign-flip p, seed bootstrap ('seed range' below 8 "
           "seeds); 'behind' counts the seeds where the denser model's loss is higher\n")
-    print("| steps | sparsity | " + " | ".join(f"seed {k}" for k in seeds) +
-          " | mean | 90 % t interval (df) | p | seed range | behind |")
-    print("|---|---|" + "---|" * (len(seeds) + 5))
+    seed_stats.print_seed_table_header(
+        ["steps", "sparsity"], seeds,
+        ["mean", "90 % t interval (df)", "p", "seed range", "behind"])
     for b in budgets:
         for s in others:
             have = [k for k in seeds if (k, s, b) in runs and (k, ref, b) in runs]

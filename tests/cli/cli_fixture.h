@@ -1,5 +1,5 @@
-// The fixture of the `moelab` binary's end-to-end tests: a temp folder, a database path in it
-// and a small MoE config writer.
+// The fixture of the `moelab` binary's end-to-end tests (tests/cli, and tests/sweeps' runs): a
+// temp folder, a database path in it, a log path and a small MoE config writer.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/common/test_util.h"
@@ -30,8 +31,10 @@ inline std::string IndexedKey(const std::string& prefix, int i) {
 
 class CliTest : public ::testing::Test {
  protected:
+  // `prefix` names the temp folder, which is kept when the test failed.
+  explicit CliTest(std::string prefix = "cli") : prefix_(std::move(prefix)) {}
   void SetUp() override {
-    tmp_ = std::make_unique<test::TempDir>("cli");
+    tmp_ = std::make_unique<test::TempDir>(prefix_);
     dir_ = tmp_->path();
     db_ = (dir_ / "runs.db").string();
   }
@@ -57,7 +60,7 @@ class CliTest : public ::testing::Test {
     std::ofstream(path) << c.dump(2);
     return path;
   }
-  std::string Log() const { return (dir_ / "log.txt").string(); }
+  std::string Log(const std::string& name = "log.txt") const { return (dir_ / name).string(); }
   // An imported token shard of vocabulary 64 (`tokens` tokens of a learnable periodic stream
   // in llm.c's format), as `moelab data import` makes it.
   std::string ImportedData(int tokens = 4000) {
@@ -82,6 +85,7 @@ class CliTest : public ::testing::Test {
     return data;
   }
 
+  std::string prefix_;
   std::unique_ptr<test::TempDir> tmp_;
   std::filesystem::path dir_;
   std::string db_;

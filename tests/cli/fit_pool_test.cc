@@ -71,6 +71,10 @@ class FitPoolTest : public ::testing::Test {
   std::string Moelab(const std::string& args, int* code) {
     return RunCapture(test::BinPath("moelab") + " " + args + " 2>&1", code);
   }
+  // `moelab COMMAND --db DB --sweep sh ARGS`: every test reads the one sweep of SetUp.
+  std::string OnSweep(const std::string& command, const std::string& args, int* code) {
+    return Moelab(command + " --db " + db_ + " --sweep sh " + args, code);
+  }
 
   test::TempDir tmp_{"fitpool"};
   std::string db_;
@@ -78,7 +82,7 @@ class FitPoolTest : public ::testing::Test {
 
 TEST_F(FitPoolTest, FitRefusesToPoolAnotherSweptKeyNamingEveryFamily) {
   int code = 0;
-  const std::string out = Moelab("fit --db " + db_ + " --sweep sh --by sparsity", &code);
+  const std::string out = OnSweep("fit", "--by sparsity", &code);
   EXPECT_EQ(code, 1) << out;
   EXPECT_HAS(out, "2 of 2 families by 'sparsity'");
   EXPECT_HAS(out, "sparsity=8: its runs differ in model.heads");
@@ -87,24 +91,21 @@ TEST_F(FitPoolTest, FitRefusesToPoolAnotherSweptKeyNamingEveryFamily) {
   EXPECT_TRUE(db::ListFits(db_, std::nullopt).empty());
   // The heads form pooled the sparsities (its "equal FLOPs" then mixed them): refused too.
   const std::string heads =
-      Moelab("fit --db " + db_ + " --sweep sh --by model.heads --form heads --base 2 --treatment 4",
-             &code);
+      OnSweep("fit", "--by model.heads --form heads --base 2 --treatment 4", &code);
   EXPECT_EQ(code, 1) << heads;
   EXPECT_HAS(heads, "model.heads=2: its runs differ in sparsity");
 }
 
 TEST_F(FitPoolTest, WhereFitsOneArmAndPoolPoolsOnPurpose) {
   int code = 0;
-  const std::string one = Moelab("fit --db " + db_ +
-                                     " --sweep sh --by sparsity --where model.heads=2 "
-                                     "--resamples 100 --no-store",
-                                 &code);
+  const std::string one =
+      OnSweep("fit", "--by sparsity --where model.heads=2 --resamples 100 --no-store", &code);
   ASSERT_EQ(code, 0) << one;
   EXPECT_HAS(one, "24 runs, 24 evaluation points");
   EXPECT_HAS(one, "only runs with model.heads=2");
   EXPECT_HAS(one, "verdict rests on: model-free");
-  const std::string pooled = Moelab(
-      "fit --db " + db_ + " --sweep sh --by sparsity --pool model.heads --resamples 100", &code);
+  const std::string pooled =
+      OnSweep("fit", "--by sparsity --pool model.heads --resamples 100", &code);
   ASSERT_EQ(code, 0) << pooled;
   EXPECT_HAS(pooled, "pooled on purpose: model.heads");
   const auto fits = db::ListFits(db_, std::nullopt);
@@ -114,8 +115,8 @@ TEST_F(FitPoolTest, WhereFitsOneArmAndPoolPoolsOnPurpose) {
 
 TEST_F(FitPoolTest, PromoteRefusesAFitThatPooledAnotherSweptKey) {
   int code = 0;
-  const std::string pooled = Moelab(
-      "fit --db " + db_ + " --sweep sh --by sparsity --pool model.heads --resamples 100", &code);
+  const std::string pooled =
+      OnSweep("fit", "--by sparsity --pool model.heads --resamples 100", &code);
   ASSERT_EQ(code, 0) << pooled;
   // A fit stored without saying it pooled (as every fit before --pool did): promote refuses.
   db::FitRecord old = db::ListFits(db_, std::nullopt).front();
@@ -123,10 +124,8 @@ TEST_F(FitPoolTest, PromoteRefusesAFitThatPooledAnotherSweptKey) {
   options.erase("pool");
   old.options_json = options.dump();
   db::SaveFit(db_, old);
-  const std::string out = Moelab("promote --db " + db_ +
-                                     " --sweep sh --family sparsity=8 --budget-flops 2e15 "
-                                     "--plan-only",
-                                 &code);
+  const std::string out =
+      OnSweep("promote", "--family sparsity=8 --budget-flops 2e15 --plan-only", &code);
   EXPECT_NE(code, 0) << out;
   EXPECT_HAS(out, "moelab promote");
   EXPECT_HAS(out, "sparsity=8: its runs differ in model.heads");
@@ -134,10 +133,9 @@ TEST_F(FitPoolTest, PromoteRefusesAFitThatPooledAnotherSweptKey) {
 
 TEST_F(FitPoolTest, OneFamilyVerdictNamesWhyThereIsNoModelFreeEstimate) {
   int code = 0;
-  const std::string out = Moelab("fit --db " + db_ +
-                                     " --sweep sh --by sparsity --where model.heads=2 --where "
-                                     "sparsity=8 --resamples 100 --no-store",
-                                 &code);
+  const std::string out = OnSweep(
+      "fit", "--by sparsity --where model.heads=2 --where sparsity=8 --resamples 100 --no-store",
+      &code);
   ASSERT_EQ(code, 0) << out;
   EXPECT_EQ(out.find("no model-free estimate: )"), std::string::npos) << out;
   EXPECT_HAS(out, "verdict rests on: fitted law (no model-free estimate: one family (sparsity=8)");

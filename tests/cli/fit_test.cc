@@ -61,12 +61,13 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
       w->OnEnd(RunStatus::kDone, "");
     }
   }
-  const std::string bin = test::BinPath("moelab");
   int code = 0;
-  const std::string out = RunCapture(bin + " fit --db " + path +
-                                         " --sweep law --by sparsity --resamples 200 "
-                                         "--target-loss 2.2 --json 2>&1",
-                                     &code);
+  const auto moelab = [&](const std::string& args) {
+    return RunCapture(test::BinPath("moelab") + " " + args + " 2>&1", &code);
+  };
+  // The database fit and the fits of its export below take the same options.
+  const std::string fit_options = " --by sparsity --resamples 200 --target-loss 2.2";
+  const std::string out = moelab("fit --db " + path + " --sweep law" + fit_options + " --json");
   ASSERT_EQ(code, 0) << out;
   const json r = json::parse(out.substr(out.find('{')));
   const json& rows = r["multipliers"]["rows"];
@@ -100,21 +101,16 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
   EXPECT_EQ(json::parse(fits[0].inputs_json).size(), 40u);
 
   // A family key no run has gives a clear error.
-  const std::string bad =
-      RunCapture(bin + " fit --db " + path + " --sweep law --by nothing 2>&1", &code);
+  const std::string bad = moelab("fit --db " + path + " --sweep law --by nothing");
   EXPECT_NE(code, 0);
   EXPECT_NE(bad.find("--by"), std::string::npos) << bad;
 
   // `moelab db export` + `moelab fit --inputs` reproduce the database fit exactly (same data,
   // same bootstrap seed), so a committed export checks an experiment's tables.
   const std::string exported = (dir / "law.json").string();
-  const std::string ex =
-      RunCapture(bin + " db export --db " + path + " --sweep law -o " + exported + " 2>&1", &code);
+  const std::string ex = moelab("db export --db " + path + " --sweep law -o " + exported);
   ASSERT_EQ(code, 0) << ex;
-  const std::string again = RunCapture(bin + " fit --inputs " + exported +
-                                           " --by sparsity --resamples 200 --target-loss 2.2 "
-                                           "--json 2>&1",
-                                       &code);
+  const std::string again = moelab("fit --inputs " + exported + fit_options + " --json");
   ASSERT_EQ(code, 0) << again;
   const json r2 = json::parse(again.substr(again.find('{')));
   EXPECT_EQ(r2["multipliers"].dump(), r["multipliers"].dump());
@@ -125,17 +121,14 @@ TEST(FitCli, RecoversKnownMultiplierAndStoresIt) {
   EXPECT_EQ(r["model_free"]["estimand"], "frontier (compute-optimal)");
   ASSERT_TRUE(r2.contains("frontier")) << again;
   EXPECT_EQ(r2["frontier"]["fixed_size"].size(), 5u);
-  const std::string text = RunCapture(
-      bin + " fit --inputs " + exported + " --by sparsity --resamples 200 --target-loss 2.2 2>&1",
-      &code);
+  const std::string text = moelab("fit --inputs " + exported + fit_options);
   ASSERT_EQ(code, 0) << text;
   EXPECT_NE(text.find("Model-free (primary), estimand frontier (compute-optimal)"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("Frontier composition"), std::string::npos) << text;
   EXPECT_NE(text.find("fixed size (training curve) at size 1"), std::string::npos) << text;
-  const std::string csv =
-      RunCapture(bin + " db export --db " + path + " --sweep law --format csv 2>&1", &code);
+  const std::string csv = moelab("db export --db " + path + " --sweep law --format csv");
   ASSERT_EQ(code, 0) << csv;
   EXPECT_EQ(csv.rfind("run_id,run_name,status,config_hash,sparsity,", 0), 0u) << csv;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 41);  // header + 40 evaluation points

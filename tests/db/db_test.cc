@@ -23,6 +23,7 @@
 #include "db/schema.h"
 #include "db/writer.h"
 #include "tests/common/test_util.h"
+#include "tests/db/schema_rollback.h"
 
 namespace moelab::db {
 namespace {
@@ -118,13 +119,7 @@ TEST_F(DbTest, EveryRunHasItsOwnUuidAfterMigrationSeven) {
   const int64_t old2 = RunWriter::CreateRun(path_, TestRun("old2"));
   {  // Roll the file back to schema 6: the runs of an older database have no uuid column.
     Connection c(path_, SQLITE_OPEN_READWRITE);
-    c.Exec("DROP INDEX runs_uuid");
-    c.Exec("ALTER TABLE runs DROP COLUMN uuid");
-    c.Exec("ALTER TABLE runs DROP COLUMN threads");  // schema 8
-    c.Exec("ALTER TABLE runs DROP COLUMN nondeterministic_from_step");
-    c.Exec("DROP TABLE adaptive_batches");  // schema 9
-    c.Exec("DROP TABLE adaptive_looks");
-    c.Exec("PRAGMA user_version = 6");
+    test_schema::RollBackToSchema6(c);
   }
   const int64_t fresh = RunWriter::CreateRun(path_, TestRun("new"));  // migrates first
   Reader reader(path_);

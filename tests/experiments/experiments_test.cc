@@ -15,6 +15,7 @@
 #include "core/flops.h"
 #include "sweeps/plan.h"
 #include "sweeps/spec.h"
+#include "tests/sweeps/plan_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
@@ -118,14 +119,7 @@ TEST(Experiments, SparsityLawGpuDesign) {
   po.gpu_peak_tflops = 790;
   po.gpu_mfu = 0.05;
   po.gpu_name = "H100";
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  PrintPlan(s, po, f);
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), f)) text += buf;
-  std::fclose(f);
+  const std::string text = test_plans::PlanText(s, po);
   const size_t at = text.find("GPU time: ");
   ASSERT_NE(at, std::string::npos) << text;
   EXPECT_NE(text.find("at 5 % of H100's 790 TFLOP/s peak", at), std::string::npos) << text;

@@ -20,17 +20,11 @@ namespace {
 
 using testing::Image;
 
-class GuiControls : public ::testing::Test {
+class GuiControls : public testing::GapFixtureSuite<GuiControls> {
+ public:
+  static constexpr const char* kFolder = "gui_controls";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("gui_controls");
-    db_ = (*dir_ / "gaps.db");
-    testing::BuildGapFixture(db_);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  void SetUp() override {
-    if (!testing::HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
-  }
   static Image Shot(const std::string& name, const std::string& args, const std::string& db = db_) {
     const std::string png = *dir_ / (name + ".png");
     const int rc = testing::RunGuiScript(db, "wait-settled 60\nscreenshot " + png + "\nquit\n",
@@ -38,8 +32,6 @@ class GuiControls : public ::testing::Test {
     EXPECT_EQ(rc, 0) << test::Slurp(*dir_ / (name + ".log"));
     return testing::LoadPng(png);
   }
-  static inline test::TempDir* dir_ = nullptr;
-  static inline std::string db_;
 };
 
 int Near(const Image& img, const Rgba& c, int tol, int x0, int y0, int x1, int y1) {

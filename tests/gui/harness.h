@@ -2,9 +2,14 @@
 // reading its PNGs, and reading the SVG that File > Save plot as writes (gui/plot_export.h).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "tests/common/test_util.h"
+#include "tests/gui/fixture.h"
 
 namespace moelab::gui::testing {
 
@@ -60,5 +65,24 @@ struct SvgPlot {
 // Parses the SVG moelab-gui writes; an empty plot (width 0) when the file cannot be read.
 SvgPlot LoadSvg(const std::string& path);
 uint32_t Rgb(float r, float g, float b);  // 0xRRGGBB of a colour with channels in [0, 1]
+
+// A suite of screenshot tests on one gap database (BuildGapFixture), built once per suite in a
+// temp folder named Suite::kFolder; each test is skipped where xvfb-run is missing.
+template <typename Suite>
+class GapFixtureSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir(Suite::kFolder);
+    db_ = (*dir_ / "gaps.db");
+    BuildGapFixture(db_);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  void SetUp() override {
+    if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
+  }
+
+  static inline test::TempDir* dir_ = nullptr;
+  static inline std::string db_;
+};
 
 }  // namespace moelab::gui::testing

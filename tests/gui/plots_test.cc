@@ -28,25 +28,17 @@ uint32_t Color(int index) {
   return testing::Rgb(c.r, c.g, c.b);
 }
 
-class GuiPlots : public ::testing::Test {
+class GuiPlots : public testing::GapFixtureSuite<GuiPlots> {
+ public:
+  static constexpr const char* kFolder = "gui_plots";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("gui_plots");
-    db_ = (*dir_ / "gaps.db");
-    testing::BuildGapFixture(db_);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  void SetUp() override {
-    if (!testing::HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
-  }
   // Runs `script` (a quit is appended) with the given arguments; the app's exit status.
   static int Run(const std::string& name, const std::string& args, const std::string& script) {
     return testing::RunGuiScript(db_, script + "quit\n", *dir_ / (name + ".log"), args);
   }
   static std::string Path(const std::string& file) { return *dir_ / file; }
   static std::string Log(const std::string& name) { return test::Slurp(*dir_ / (name + ".log")); }
-  static inline test::TempDir* dir_ = nullptr;
-  static inline std::string db_;
 };
 
 TEST_F(GuiPlots, CurvesShareOneXAxisBreakAtMissingStepsAndDoNotSmoothTheLearningRate) {

@@ -32,10 +32,14 @@ json Base(const std::string& dir, int steps, bool slow = false) {
   return test::TinyRunConfig(dir + "/ckpt", steps, 20, slow);
 }
 
+// A spec of two 10-step runs (experts_total 4 and 8) checkpointing under dir.
+json TwoRunSpec(const std::string& name, const std::string& dir) {
+  return json{{"name", name}, {"base", Base(dir, 10)}, {"grid", {{"moe.experts_total", {4, 8}}}}};
+}
+
 TEST(SpecCheck, ValidSpecGivesRunsAndThePlanTable) {
   test::TempDir dir("gui_spec");
-  const json spec = {
-      {"name", "ok"}, {"base", Base(dir.path(), 10)}, {"grid", {{"moe.experts_total", {4, 8}}}}};
+  const json spec = TwoRunSpec("ok", dir.path());
   const SpecCheck c = CheckSpecText(spec.dump(2), dir / "ok.json");
   ASSERT_TRUE(c.ok) << c.error;
   EXPECT_EQ(c.name, "ok");
@@ -48,8 +52,7 @@ TEST(SpecCheck, PlanShowsTheEstimatedTimeMeasuredInTheBackground) {
   // `moelab sweep plan` trains the largest run for >= 2 s before printing its time estimate;
   // the editor's check returns at once and the calibrator measures in the background.
   test::TempDir dir("gui_spec");
-  const json spec = {
-      {"name", "ok"}, {"base", Base(dir.path(), 10)}, {"grid", {{"moe.experts_total", {4, 8}}}}};
+  const json spec = TwoRunSpec("ok", dir.path());
   PlanCalibrator calibrator;
   const auto t0 = std::chrono::steady_clock::now();
   SpecCheck c = CheckSpecText(spec.dump(2), dir / "ok.json", "", 2, &calibrator);
@@ -140,10 +143,7 @@ int CountNear(const std::string& png, int r, int g, int b, int tol) {
 TEST(SweepsScreenshot, EditorShowsTheValidationErrorAtItsPath) {
   if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
   test::TempDir dir("gui_editor");
-  const json spec = {{"name", "editor"},
-                     {"base", Base(dir.path(), 10)},
-                     {"grid", {{"moe.experts_total", {4, 8}}}}};
-  std::ofstream(dir / "spec.json") << spec.dump(2);
+  std::ofstream(dir / "spec.json") << TwoRunSpec("editor", dir.path()).dump(2);
   const std::string png = dir / "editor.png";
   // The edit makes both runs invalid (experts_active 9 > experts_total 4 and 8). No database:
   // the editor checks specs without one.
@@ -180,10 +180,7 @@ int MarkerColumns(const std::string& png) {
 TEST(SweepsScreenshot, EditorNumbersLinesAndMarksTheLineOfASyntaxError) {
   if (!HaveXvfb()) GTEST_SKIP() << "xvfb-run not installed (apt-get install xvfb xauth)";
   test::TempDir dir("gui_editor_syntax");
-  const json spec = {{"name", "editor"},
-                     {"base", Base(dir.path(), 10)},
-                     {"grid", {{"moe.experts_total", {4, 8}}}}};
-  std::ofstream(dir / "spec.json") << spec.dump(2);
+  std::ofstream(dir / "spec.json") << TwoRunSpec("editor", dir.path()).dump(2);
   const std::string png = dir / "syntax.png";
   // A stray comma after "grid": { is a JSON syntax error with a line and column.
   const std::string script = "open " + (dir / "spec.json") + "\nscreenshot " + (dir / "ok.png") +

@@ -15,30 +15,19 @@
 #include "db/reader.h"
 #include "db/schema.h"
 #include "sweeps/adaptive_store.h"
+#include "tests/cli/cli_fixture.h"
 #include "tests/common/test_util.h"
 
 namespace moelab {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 using test::Slurp;
 using test::Wait;
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> argv = {"moelab"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return test::Spawn(argv, log);
-}
-
-class AdaptiveRunTest : public ::testing::Test {
+class AdaptiveRunTest : public CliTest {
  protected:
-  void SetUp() override {
-    tmp_ = std::make_unique<test::TempDir>("adaptive");
-    dir_ = tmp_->path();
-    db_ = (dir_ / "runs.db").string();
-  }
-  std::string Log(const std::string& name = "log.txt") const { return (dir_ / name).string(); }
+  AdaptiveRunTest() : CliTest("adaptive") {}
 
   json Spec(double budget) {
     json base = test::TinyRunConfig((dir_ / "ckpt").string(), 40, 5, /*slow=*/true);
@@ -54,10 +43,6 @@ class AdaptiveRunTest : public ::testing::Test {
               {"stop", {{"width", 0.01}}},
               {"min_seeds", 2}}}};
   }
-
-  std::unique_ptr<test::TempDir> tmp_;
-  fs::path dir_;
-  std::string db_;
 };
 
 TEST_F(AdaptiveRunTest, KillNineMidBatchResumesItsOwnChoices) {
@@ -76,7 +61,7 @@ TEST_F(AdaptiveRunTest, KillNineMidBatchResumesItsOwnChoices) {
   for (int i = 0; i < 3000 && !running; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     try {
-      if (!fs::exists(db_)) continue;
+      if (!std::filesystem::exists(db_)) continue;
       for (const auto& r : db::Reader(db_).ListRuns()) running |= r.last_step >= 6;
     } catch (const std::exception&) {
     }

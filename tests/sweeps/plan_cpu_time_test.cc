@@ -14,37 +14,29 @@
 #include "core/config.h"
 #include "core/flops.h"
 #include "sweeps/plan.h"
+#include "tests/sweeps/plan_fixture.h"
+#include "tests/sweeps/spec_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
 
+using test_plans::PlanText;
+
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
+// The spec tests' tiny base, larger so that calibration has steps worth timing.
 ojson Spec() {
   ojson s = ojson::parse(R"({"grid": {"train.steps": [100, 200]}, "seeds": [1, 2]})");
   s["name"] = "cpu";
-  s["base"] = ojson::parse(R"({
-    "model": {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 2, "ffn_hidden": 64,
-              "seq_len": 32},
-    "moe": {"experts_total": 8, "experts_active": 2, "expert_hidden": 32},
-    "data": {"source": "markov"},
-    "train": {"batch_size": 4, "steps": 100, "threads": 1},
-    "schedule": {"warmup_steps": 2},
-    "eval": {"every": 0}
-  })");
+  s["base"] = test_specs::Base();
+  s["base"]["model"]["seq_len"] = 32;
+  s["base"]["moe"]["experts_total"] = 8;
+  s["base"]["moe"]["expert_hidden"] = 32;
+  s["base"]["train"]["batch_size"] = 4;
+  s["base"]["train"]["steps"] = 100;
+  s["base"]["eval"]["every"] = 0;
   return s;
-}
-
-std::string PlanText(const Sweep& s, const PlanOptions& po) {
-  std::FILE* f = std::tmpfile();
-  PrintPlan(s, po, f);
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), f)) text += buf;
-  std::fclose(f);
-  return text;
 }
 
 TEST(PlanCpuTime, WallSecondsDivideByTheCoresTheRunsKeepBusy) {

@@ -7,6 +7,8 @@
 #include "core/device.h"
 #include "sweeps/fit_plan.h"
 #include "sweeps/plan.h"
+#include "tests/sweeps/plan_fixture.h"
+#include "tests/sweeps/spec_fixture.h"
 
 namespace moelab::sweeps {
 namespace {
@@ -17,29 +19,15 @@ namespace {
 ojson Spec(const std::string& axes) {
   ojson s = ojson::parse(axes);
   s["name"] = "plan";
-  s["base"] = ojson::parse(R"({
-    "model": {"vocab_size": 64, "d_model": 32, "layers": 2, "heads": 2, "ffn_hidden": 64,
-              "seq_len": 16},
-    "moe": {"experts_total": 4, "experts_active": 2, "expert_hidden": 16},
-    "data": {"source": "markov"},
-    "train": {"batch_size": 2, "steps": 20, "threads": 1},
-    "schedule": {"warmup_steps": 2},
-    "eval": {"every": 0}
-  })");
+  s["base"] = test_specs::Base();
+  s["base"]["eval"]["every"] = 0;
   return s;
 }
 
 std::string PlanText(const Sweep& s) {
   PlanOptions po;
   po.calibrate = false;
-  std::FILE* f = std::tmpfile();
-  PrintPlan(s, po, f);
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), f)) text += buf;
-  std::fclose(f);
-  return text;
+  return test_plans::PlanText(s, po);
 }
 
 TEST(PlanFits, SparsityByHeadsIsOneFamilyPerArmAndSaysWhatFitNeeds) {
@@ -112,13 +100,8 @@ TEST(PlanFits, PrintsTheFullPlanOfASweepThisMachineCannotRun) {
   PlanOptions po;
   po.gpu_peak_tflops = 790;
   po.gpu_mfu = 0.35;
-  std::FILE* f = std::tmpfile();
-  PrintPlan(s, po, f);  // calibrate is on: it must not try to train on a missing GPU
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), f)) text += buf;
-  std::fclose(f);
+  // calibrate is on: it must not try to train on a missing GPU
+  const std::string text = test_plans::PlanText(s, po);
   EXPECT_HAS(text, "total: 2 unique runs");
   EXPECT_HAS(text, "GPU-hours");
   EXPECT_HAS(text, "time estimate: not calibrated: this machine cannot run the sweep's device");

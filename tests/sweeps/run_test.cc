@@ -19,6 +19,7 @@
 #include "db/schema.h"
 #include "sweeps/slurm.h"
 #include "sweeps/spec.h"
+#include "tests/cli/cli_fixture.h"
 #include "tests/common/test_util.h"
 
 namespace moelab {
@@ -31,21 +32,9 @@ using Clock = std::chrono::steady_clock;
 using test::Slurp;
 using test::Wait;
 
-// Starts `moelab args...` with stdout/stderr to log; returns the pid.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> argv = {"moelab"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return test::Spawn(argv, log);
-}
-
-class SweepRunTest : public ::testing::Test {
+class SweepRunTest : public CliTest {
  protected:
-  void SetUp() override {
-    tmp_ = std::make_unique<test::TempDir>("sweep");
-    dir_ = tmp_->path();
-    db_ = (dir_ / "runs.db").string();
-  }
-  void TearDown() override { tmp_.reset(); }  // kept when the test failed
+  SweepRunTest() : CliTest("sweep") {}
 
   json Base(int steps, int ckpt_every = 10, bool slow = false) {
     return test::TinyRunConfig((dir_ / "ckpt").string(), steps, ckpt_every, slow);
@@ -55,7 +44,6 @@ class SweepRunTest : public ::testing::Test {
     std::ofstream(path) << spec.dump(2);
     return path;
   }
-  std::string Log(const std::string& name = "log.txt") const { return (dir_ / name).string(); }
   int Sweep(const std::vector<std::string>& args, const std::string& log = "") {
     std::vector<std::string> a = {"sweep"};
     a.insert(a.end(), args.begin(), args.end());
@@ -100,10 +88,6 @@ class SweepRunTest : public ::testing::Test {
     db::Connection c = db::OpenForRead(db_);
     return c.QueryInt(sql);
   }
-
-  std::unique_ptr<test::TempDir> tmp_;
-  fs::path dir_;
-  std::string db_;
 };
 
 TEST_F(SweepRunTest, DedupeAcrossRestartsAndGrowingSpec) {
