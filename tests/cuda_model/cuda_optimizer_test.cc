@@ -19,7 +19,7 @@
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
 
-#include "core/cuda_util.h"
+#include "kernels/cuda/device.h"
 #include "core/model/cuda_optimizer_ops.h"
 #endif
 
@@ -78,7 +78,7 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
   model.Init(3);
   const size_t n = model.num_params();
   std::vector<float> cpu(model.params(), model.params() + n);
-  cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
+  cuda::DeviceBuffer<float> dparams(n), dgrads(n);
   dparams.Upload(cpu.data(), n);
   std::unique_ptr<Optimizer> ref = MakeOptimizer(c.optimizer, model.param_infos());
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
@@ -93,7 +93,7 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
     ref->Step(cpu.data(), g.data(), 1e-2, step);
     dev->Step(dparams.data(), dgrads.data(), 1e-2, step);
   }
-  const std::vector<float> out = dparams.ToHost();
+  const std::vector<float> out = dparams.Download();
   EXPECT_LT(RelDiff(out, cpu), tolerance) << name;
   // The state round-trips through the CPU layout (checkpoints).
   dev->SyncToHost();
@@ -131,12 +131,13 @@ TEST_F(CudaOptimizerTest, MuonHonoursTheAdamWGroupsLearningRate) {
 
 #if MOELAB_HAVE_CUDA
 // The copy of every parameter element equals the round-to-nearest-even cast of its fp32 weight.
-void ExpectCopyIsTheCast(const Model<float>& model, const cudautil::DeviceBuffer<float>& params,
+void ExpectCopyIsTheCast(const Model<float>& model, const cuda::DeviceBuffer<float>& params,
                          const Bf16WeightCopy& copy, const std::string& what) {
   const size_t n = model.num_params();
-  const std::vector<float> w = params.ToHost();
+  const std::vector<float> w = params.Download();
   std::vector<cuda::bf16> c(n);
-  MOELAB_CUDA(cudaMemcpy(c.data(), copy.values(), n * sizeof(cuda::bf16), cudaMemcpyDeviceToHost));
+  MOELAB_CUDA_CHECK(
+      cudaMemcpy(c.data(), copy.values(), n * sizeof(cuda::bf16), cudaMemcpyDeviceToHost));
   for (const ParamInfo& p : model.param_infos()) {
     for (size_t i = p.offset; i < p.offset + p.size(); ++i) {
       ASSERT_EQ(__bfloat162float(c[i]), __bfloat162float(__float2bfloat16(w[i])))
@@ -155,7 +156,7 @@ void CheckWeightCopy(const std::string& name) {
   model.Init(3);
   const size_t n = model.num_params();
   std::vector<float> host(model.params(), model.params() + n);
-  cudautil::DeviceBuffer<float> dparams(n), dgrads(n);
+  cuda::DeviceBuffer<float> dparams(n), dgrads(n);
   dparams.Upload(host.data(), n);
   Bf16WeightCopy copy;
   copy.Resize(n);
@@ -183,7 +184,7 @@ void CheckWeightCopy(const std::string& name) {
   std::unique_ptr<Optimizer> part = MakeOptimizer(c.optimizer, shard, ops);
   part->WriteWeightCopy(&copy);
   part->Step(dparams.data(), dgrads.data(), 1e-2, 1);
-  std::vector<float> w = dparams.ToHost();
+  std::vector<float> w = dparams.Download();
   for (size_t i = shard.back().offset + shard.back().size(); i < n; ++i) w[i] += 0.25f;
   dparams.Upload(w.data(), n);
   copy.Refresh(dparams.data());
@@ -227,7 +228,7 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
   // Views of the device arena for the checks.
   auto check = [&](const std::string& what) {
     model.ReadParams(host.data());
-    cudautil::DeviceBuffer<float> d(n);
+    cuda::DeviceBuffer<float> d(n);
     d.Upload(host.data(), n);
     ExpectCopyIsTheCast(model, d, *copy, what);
   };
@@ -258,14 +259,14 @@ TEST_F(CudaOptimizerTest, QkClipPlanOnDeviceIsExact) {
     model.Init(1);
     const size_t n = model.num_params();
     std::vector<float> cpu(model.params(), model.params() + n);
-    cudautil::DeviceBuffer<float> d(n);
+    cuda::DeviceBuffer<float> d(n);
     d.Upload(cpu.data(), n);
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
     const QkClipPlan plan = PlanQkClip(c, model.param_infos(), s, 1);
     ApplyQkClipPlan(plan, cpu.data());
     const std::unique_ptr<Backend<float>> be = DeviceBackend();
     be->optimizer_ops().ScaleRows(plan.scales, d.data(), nullptr);
-    const std::vector<float> out = d.ToHost();
+    const std::vector<float> out = d.Download();
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], cpu[i]) << attention << " at " << i;
   }
 #endif
@@ -280,7 +281,7 @@ TEST_F(CudaOptimizerTest, GradNormAndScale) {
     x[i] = static_cast<float>(std::sin(0.001 * i));
     ref += static_cast<double>(x[i]) * x[i];
   }
-  cudautil::DeviceBuffer<float> d(n);
+  cuda::DeviceBuffer<float> d(n);
   d.Upload(x.data(), n);
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
   OptimizerOps& ops = be->optimizer_ops();
