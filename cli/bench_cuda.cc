@@ -26,7 +26,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include "core/cuda_util.h"
 #include "kernels/cuda/device.h"
 #endif
 
@@ -87,7 +86,7 @@ void SyntheticTokens(uint64_t seed, int step, int batch, int seq, int vocab,
 #if MOELAB_HAVE_CUDA
 // Best of `reps` timed bf16 GEMMs n×n×n (bf16 in and out, fp32 accumulation), FLOP/s.
 double MeasureBf16Gemm(int n, int reps) {
-  using cudautil::DeviceBuffer;
+  using cuda::DeviceBuffer;
   const size_t elems = static_cast<size_t>(n) * n;
   std::vector<__nv_bfloat16> host(elems);
   for (size_t i = 0; i < elems; ++i)
@@ -96,16 +95,16 @@ double MeasureBf16Gemm(int n, int reps) {
   a.Upload(host.data(), elems);
   b.Upload(host.data(), elems);
   const float one = 1.0f, zero = 0.0f;
-  cublasHandle_t h = cudautil::CublasHandle();
+  cublasHandle_t h = cuda::Cublas(nullptr);
   auto gemm = [&] {
-    MOELAB_CUDA(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.data(), CUDA_R_16BF, n,
-                             b.data(), CUDA_R_16BF, n, &zero, c.data(), CUDA_R_16BF, n,
-                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MOELAB_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.data(),
+                                     CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n, &zero, c.data(),
+                                     CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
   gemm();  // warm: heuristics, clocks
-  MOELAB_CUDA(cudaDeviceSynchronize());
+  MOELAB_CUDA_CHECK(cudaDeviceSynchronize());
   double best = 1e30;
-  cudautil::EventTimer timer;
+  cuda::EventTimer timer;
   for (int r = 0; r < reps; ++r) {
     timer.Start();
     gemm();
@@ -195,7 +194,7 @@ CaseResult RunGpuCase(const GpuCase& gc, const CudaBenchOptions& o, double budge
   GradAccumulator accumulator(model.backend(), model.num_params());
   std::vector<int32_t> tokens;
   StepStats stats;
-  cudautil::EventTimer t_fb, t_opt;
+  cuda::EventTimer t_fb, t_opt;
   // One training step on batch i; its forward+backward and optimizer seconds.
   auto step = [&](int i, double* s_fb, double* s_opt) {
     SyntheticTokens(c.train.seed, i, B, S, c.model.vocab_size, &tokens);
@@ -444,7 +443,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
         r.skipped = std::string("failed: ") + e.what();
 #if MOELAB_HAVE_CUDA
         // The case's buffers are freed by now; clear the error so the next case starts clean.
-        broken = cudautil::RecoverAfterError();
+        broken = cuda::RecoverAfterError();
 #endif
       }
     }

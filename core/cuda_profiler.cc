@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #if MOELAB_HAVE_CUDA
-#include "core/cuda_util.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace moelab {
@@ -32,20 +32,20 @@ void CudaOpProfiler::Begin(const char* op_class) {
   Impl& I = *impl_;
   if (I.used == I.brackets.size()) {
     Impl::Bracket b;
-    MOELAB_CUDA(cudaEventCreate(&b.start));
-    MOELAB_CUDA(cudaEventCreate(&b.stop));
+    MOELAB_CUDA_CHECK(cudaEventCreate(&b.start));
+    MOELAB_CUDA_CHECK(cudaEventCreate(&b.stop));
     I.brackets.push_back(b);
   }
   Impl::Bracket& b = I.brackets[I.used];
   b.op = I.open.empty() ? op_class : I.brackets[I.open.back()].op + "/" + op_class;
-  MOELAB_CUDA(cudaEventRecord(b.start, nullptr));
+  MOELAB_CUDA_CHECK(cudaEventRecord(b.start, nullptr));
   I.open.push_back(I.used++);
 }
 
 void CudaOpProfiler::End() {
   Impl& I = *impl_;
   if (I.open.empty()) throw std::logic_error("CudaOpProfiler: End without Begin");
-  MOELAB_CUDA(cudaEventRecord(I.brackets[I.open.back()].stop, nullptr));
+  MOELAB_CUDA_CHECK(cudaEventRecord(I.brackets[I.open.back()].stop, nullptr));
   I.open.pop_back();
 }
 
@@ -53,9 +53,9 @@ std::map<std::string, double> CudaOpProfiler::Totals() {
   std::map<std::string, double> out;
   for (size_t i = 0; i < impl_->used; ++i) {
     Impl::Bracket& b = impl_->brackets[i];
-    MOELAB_CUDA(cudaEventSynchronize(b.stop));
+    MOELAB_CUDA_CHECK(cudaEventSynchronize(b.stop));
     float ms = 0;
-    MOELAB_CUDA(cudaEventElapsedTime(&ms, b.start, b.stop));
+    MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, b.start, b.stop));
     out[b.op] += ms * 1e-3;
   }
   return out;

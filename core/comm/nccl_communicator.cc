@@ -10,8 +10,8 @@
 
 #include <vector>
 
-#include "core/cuda_util.h"
 #include "core/comm/collective_wait.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace moelab {
@@ -45,8 +45,8 @@ struct NcclCommunicator::Impl {
   cudaEvent_t written = nullptr;   // recorded on `compute` before every collective
   int rank = 0, size = 1, device = 0;
   bool split = false;  // a sub-communicator (Split): its barrier cannot be MPI_COMM_WORLD's
-  cudautil::DeviceBuffer<unsigned char> staging;  // for host pointers
-  double timeout_s = 1800;                        // CollectiveTimeoutSeconds(), read at Create
+  cuda::DeviceBuffer<unsigned char> staging;  // for host pointers
+  double timeout_s = 1800;                    // CollectiveTimeoutSeconds(), read at Create
 
   // Waits for what is queued on the NCCL stream, watching NCCL's asynchronous errors and the
   // time-out (collective_wait.h) where cudaStreamSynchronize would wait forever for a peer that
@@ -84,11 +84,10 @@ struct NcclCommunicator::Impl {
   unsigned char* Stage(size_t bytes) {
     if (staging.size() < bytes) {
       staging.Resize(bytes);
-      // Resize zero-fills with cudaMemset: asynchronous, on the legacy default stream, which
-      // our non-blocking stream does not wait for (and the callers recorded `written` before
-      // staging). Unwaited, the memset could land after the host data was copied in and zero
-      // it. Growth is rare (the first host collectives, a checkpoint gather): wait here.
-      MOELAB_CUDA(cudaDeviceSynchronize());
+      // Resize allocates without a fill (kernels/cuda/device.h): nothing is queued that could
+      // land after the host data is copied in. The wait stays for the rare growth (the first
+      // host collectives, a checkpoint gather): the reallocation happens on an idle device.
+      MOELAB_CUDA_CHECK(cudaDeviceSynchronize());
     }
     return staging.data();
   }
@@ -98,8 +97,8 @@ struct NcclCommunicator::Impl {
   // asynchronously on the default stream) are still writing them: a non-blocking stream does not
   // synchronise with the legacy default stream.
   void AfterCompute() {
-    MOELAB_CUDA(cudaEventRecord(written, compute));
-    MOELAB_CUDA(cudaStreamWaitEvent(stream, written, 0));
+    MOELAB_CUDA_CHECK(cudaEventRecord(written, compute));
+    MOELAB_CUDA_CHECK(cudaStreamWaitEvent(stream, written, 0));
   }
 
   // In-place all-reduce of n elements of `type` at p (device or host memory). Counted into
@@ -116,9 +115,9 @@ struct NcclCommunicator::Impl {
       return;
     }
     unsigned char* d = Stage(n * elem);
-    MOELAB_CUDA(cudaMemcpyAsync(d, p, n * elem, cudaMemcpyHostToDevice, stream));
+    MOELAB_CUDA_CHECK(cudaMemcpyAsync(d, p, n * elem, cudaMemcpyHostToDevice, stream));
     MOELAB_NCCL(ncclAllReduce(d, d, n, type, op, comm, stream));
-    MOELAB_CUDA(cudaMemcpyAsync(p, d, n * elem, cudaMemcpyDeviceToHost, stream));
+    MOELAB_CUDA_CHECK(cudaMemcpyAsync(p, d, n * elem, cudaMemcpyDeviceToHost, stream));
     Finish("all-reduce");
   }
   // Chunk r of data (counts[r] floats) through fn(chunk, count, r) inside one NCCL group; host
@@ -135,7 +134,7 @@ struct NcclCommunicator::Impl {
     const bool device = IsDevicePointer(data);
     float* d = device ? data : reinterpret_cast<float*>(I.Stage(total * sizeof(float)));
     if (!device) {
-      MOELAB_CUDA(
+      MOELAB_CUDA_CHECK(
           cudaMemcpyAsync(d, data, total * sizeof(float), cudaMemcpyHostToDevice, I.stream));
     }
     MOELAB_NCCL(ncclGroupStart());
@@ -146,7 +145,7 @@ struct NcclCommunicator::Impl {
     }
     MOELAB_NCCL(ncclGroupEnd());
     if (!device) {
-      MOELAB_CUDA(
+      MOELAB_CUDA_CHECK(
           cudaMemcpyAsync(data, d, total * sizeof(float), cudaMemcpyDeviceToHost, I.stream));
     }
     I.Finish("reduce/broadcast by chunks");
@@ -176,10 +175,10 @@ int NcclCommunicator::UseNodeLocalDevice() {
   MPI_Comm_rank(local, &local_rank);
   MPI_Comm_free(&local);
   int devices = 0;
-  MOELAB_CUDA(cudaGetDeviceCount(&devices));
+  MOELAB_CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (devices == 0) throw std::runtime_error("NcclCommunicator: no CUDA device");
   const int device = local_rank % devices;
-  MOELAB_CUDA(cudaSetDevice(device));
+  MOELAB_CUDA_CHECK(cudaSetDevice(device));
   return device;
 }
 
@@ -192,8 +191,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create() {
   MPI_Comm_size(MPI_COMM_WORLD, &I.size);
   I.device = device;
   I.timeout_s = timeout_s;
-  MOELAB_CUDA(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
-  MOELAB_CUDA(cudaEventCreateWithFlags(&I.written, cudaEventDisableTiming));
+  MOELAB_CUDA_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
+  MOELAB_CUDA_CHECK(cudaEventCreateWithFlags(&I.written, cudaEventDisableTiming));
   ncclUniqueId id;
   if (I.rank == 0) MOELAB_NCCL(ncclGetUniqueId(&id));
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
@@ -216,8 +215,8 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key) {
   S.compute = I.compute;
   S.split = true;
   S.timeout_s = I.timeout_s;
-  MOELAB_CUDA(cudaStreamCreateWithFlags(&S.stream, cudaStreamNonBlocking));
-  MOELAB_CUDA(cudaEventCreateWithFlags(&S.written, cudaEventDisableTiming));
+  MOELAB_CUDA_CHECK(cudaStreamCreateWithFlags(&S.stream, cudaStreamNonBlocking));
+  MOELAB_CUDA_CHECK(cudaEventCreateWithFlags(&S.written, cudaEventDisableTiming));
   return c;
 }
 

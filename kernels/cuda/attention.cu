@@ -128,87 +128,15 @@ size_t AttentionScratchSize(const AttentionDims& a) {
   return static_cast<size_t>(a.batch) * a.heads * a.seq * a.seq;
 }
 
-template <typename T>
-void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
-                      T* capped, T* out, T* pair_max, cudaStream_t stream) {
-  ValidateAttentionDims(a, "cuda::AttentionForward");
-  const PairLayout L{a};
-  const int S = a.seq, G = a.kv_heads, group = L.group();
-  const int pairs = a.batch * a.heads;
-  if (pairs <= 0 || S <= 0) return;
-  FillNegInf<<<(pairs + 255) / 256, 256, 0, stream>>>(pair_max, pairs);
-  for (int b = 0; b < a.batch; ++b) {
-    for (int j = 0; j < group; ++j) {
-      GemmStridedBatched(false, true, S, S, a.qk_dim, static_cast<float>(a.scale), q + L.q(b, j),
-                         a.ldq, L.q_stride(), k + L.k(b), a.ldk, a.qk_dim, 0.0f, probs + L.p(b, j),
-                         S, L.p_stride(), G, stream);
-    }
-  }
-  SoftmaxRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
-      probs, capped, pair_max, S, static_cast<float>(a.softcap), nullptr);
-  CheckLaunch("AttentionForward softmax");
-  for (int b = 0; b < a.batch; ++b) {
-    for (int j = 0; j < group; ++j) {
-      GemmStridedBatched(false, false, S, a.v_dim, S, 1.0f, probs + L.p(b, j), S, L.p_stride(),
-                         v + L.v(b), a.ldv, a.v_dim, 0.0f, out + L.o(b, j), a.ldo, L.o_stride(), G,
-                         stream);
-    }
-  }
-}
+namespace {
 
-template <typename T>
-void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
-                       const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
-                       cudaStream_t stream) {
-  ValidateAttentionDims(a, "cuda::AttentionBackward");
-  const PairLayout L{a};
-  const int S = a.seq, G = a.kv_heads, group = L.group();
-  const int pairs = a.batch * a.heads;
-  if (pairs <= 0 || S <= 0) return;
-  const float scale = static_cast<float>(a.scale);
-  T* ds = scratch;
-  // dP = dO·Vᵀ for every pair.
-  for (int b = 0; b < a.batch; ++b) {
-    for (int j = 0; j < group; ++j) {
-      GemmStridedBatched(false, true, S, S, a.v_dim, 1.0f, dout + L.o(b, j), a.ldo, L.o_stride(),
-                         v + L.v(b), a.ldv, a.v_dim, 0.0f, ds + L.p(b, j), S, L.p_stride(), G,
-                         stream);
-    }
-  }
-  SoftmaxBackwardRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
-      probs, a.softcap > 0 ? capped : nullptr, ds, S, nullptr);
-  CheckLaunch("AttentionBackward softmax");
-  for (int b = 0; b < a.batch; ++b) {
-    for (int j = 0; j < group; ++j) {
-      // dQ = scale·dS·K.
-      GemmStridedBatched(false, false, S, a.qk_dim, S, scale, ds + L.p(b, j), S, L.p_stride(),
-                         k + L.k(b), a.ldk, a.qk_dim, 0.0f, dq + L.q(b, j), a.ldq, L.q_stride(), G,
-                         stream);
-      // dV = Pᵀ·dO and dK = scale·dSᵀ·Q; the group's first query head overwrites, the others
-      // accumulate in head order.
-      const float beta = j == 0 ? 0.0f : 1.0f;
-      GemmStridedBatched(true, false, S, a.v_dim, S, 1.0f, probs + L.p(b, j), S, L.p_stride(),
-                         dout + L.o(b, j), a.ldo, L.o_stride(), beta, dv + L.v(b), a.ldv, a.v_dim,
-                         G, stream);
-      GemmStridedBatched(true, false, S, a.qk_dim, S, scale, ds + L.p(b, j), S, L.p_stride(),
-                         q + L.q(b, j), a.ldq, L.q_stride(), beta, dk + L.k(b), a.ldk, a.qk_dim, G,
-                         stream);
-    }
-  }
-}
-
-template <typename T>
-void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,
-                           cudaStream_t stream) {
-  if (heads <= 0) return;
-  MaxOverBatchKernel<<<(heads + 127) / 128, 128, 0, stream>>>(pair_max, batch, heads, head_max);
-  CheckLaunch("AttentionMaxOverBatch");
-}
-
-void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
-                          float* probs, bf16* probs16, float* capped, bf16* out, float* pair_max,
-                          cudaStream_t stream) {
-  ValidateAttentionDims(a, "cuda::AttentionForwardBf16");
+// Both precisions' pair products and softmax (fp32: every operand float; bf16: bf16 operands and
+// fp32 probabilities, with a bf16 copy `probs16` that the value GEMM reads as `pv`), so the two
+// paths cannot drift apart. S = scale·Q·Kᵀ, then the row softmax, then O = P·V.
+template <typename In, typename P, typename Out>
+void ForwardPairs(const AttentionDims& a, const In* q, const In* k, const In* v, float* probs,
+                  bf16* probs16, const P* pv, float* capped, Out* out, float* pair_max,
+                  const char* softmax_what, cudaStream_t stream) {
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
@@ -223,28 +151,29 @@ void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, 
   }
   SoftmaxRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
       probs, capped, pair_max, S, static_cast<float>(a.softcap), probs16);
-  CheckLaunch("AttentionForwardBf16 softmax");
+  CheckLaunch(softmax_what);
   for (int b = 0; b < a.batch; ++b) {
     for (int j = 0; j < group; ++j) {
-      GemmStridedBatched(false, false, S, a.v_dim, S, 1.0f, probs16 + L.p(b, j), S, L.p_stride(),
+      GemmStridedBatched(false, false, S, a.v_dim, S, 1.0f, pv + L.p(b, j), S, L.p_stride(),
                          v + L.v(b), a.ldv, a.v_dim, 0.0f, out + L.o(b, j), a.ldo, L.o_stride(), G,
                          stream);
     }
   }
 }
 
-void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
-                           const float* probs, const bf16* probs16, const float* capped,
-                           const bf16* dout, float* dq, float* dk, float* dv, float* scratch,
-                           bf16* scratch16, cudaStream_t stream) {
-  ValidateAttentionDims(a, "cuda::AttentionBackwardBf16");
+// The backward's, likewise: dS (fp32 in `ds`, with a bf16 copy `ds16` for the bf16 path) is
+// read by the dQ and dK GEMMs as `dsv`, the probabilities by the dV GEMM as `pv`.
+template <typename In, typename P>
+void BackwardPairs(const AttentionDims& a, const In* q, const In* k, const In* v,
+                   const float* probs, const P* pv, const float* capped, const In* dout, float* dq,
+                   float* dk, float* dv, float* ds, bf16* ds16, const P* dsv,
+                   const char* softmax_what, cudaStream_t stream) {
   const PairLayout L{a};
   const int S = a.seq, G = a.kv_heads, group = L.group();
   const int pairs = a.batch * a.heads;
   if (pairs <= 0 || S <= 0) return;
   const float scale = static_cast<float>(a.scale);
-  float* ds = scratch;
-  bf16* ds16 = scratch16;
+  // dP = dO·Vᵀ for every pair.
   for (int b = 0; b < a.batch; ++b) {
     for (int j = 0; j < group; ++j) {
       GemmStridedBatched(false, true, S, S, a.v_dim, 1.0f, dout + L.o(b, j), a.ldo, L.o_stride(),
@@ -254,21 +183,69 @@ void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k,
   }
   SoftmaxBackwardRowsKernel<<<static_cast<long>(pairs) * S, RowThreads(S), 0, stream>>>(
       probs, a.softcap > 0 ? capped : nullptr, ds, S, ds16);
-  CheckLaunch("AttentionBackwardBf16 softmax");
+  CheckLaunch(softmax_what);
   for (int b = 0; b < a.batch; ++b) {
     for (int j = 0; j < group; ++j) {
-      GemmStridedBatched(false, false, S, a.qk_dim, S, scale, ds16 + L.p(b, j), S, L.p_stride(),
+      // dQ = scale·dS·K.
+      GemmStridedBatched(false, false, S, a.qk_dim, S, scale, dsv + L.p(b, j), S, L.p_stride(),
                          k + L.k(b), a.ldk, a.qk_dim, 0.0f, dq + L.q(b, j), a.ldq, L.q_stride(), G,
                          stream);
+      // dV = Pᵀ·dO and dK = scale·dSᵀ·Q; the group's first query head overwrites, the others
+      // accumulate in head order.
       const float beta = j == 0 ? 0.0f : 1.0f;
-      GemmStridedBatched(true, false, S, a.v_dim, S, 1.0f, probs16 + L.p(b, j), S, L.p_stride(),
+      GemmStridedBatched(true, false, S, a.v_dim, S, 1.0f, pv + L.p(b, j), S, L.p_stride(),
                          dout + L.o(b, j), a.ldo, L.o_stride(), beta, dv + L.v(b), a.ldv, a.v_dim,
                          G, stream);
-      GemmStridedBatched(true, false, S, a.qk_dim, S, scale, ds16 + L.p(b, j), S, L.p_stride(),
+      GemmStridedBatched(true, false, S, a.qk_dim, S, scale, dsv + L.p(b, j), S, L.p_stride(),
                          q + L.q(b, j), a.ldq, L.q_stride(), beta, dk + L.k(b), a.ldk, a.qk_dim, G,
                          stream);
     }
   }
+}
+
+}  // namespace
+
+// The fp32 kernels read and write float only (T = float is the one instantiation).
+template <typename T>
+void AttentionForward(const AttentionDims& a, const T* q, const T* k, const T* v, T* probs,
+                      T* capped, T* out, T* pair_max, cudaStream_t stream) {
+  ValidateAttentionDims(a, "cuda::AttentionForward");
+  ForwardPairs(a, q, k, v, probs, nullptr, probs, capped, out, pair_max, "AttentionForward softmax",
+               stream);
+}
+
+template <typename T>
+void AttentionBackward(const AttentionDims& a, const T* q, const T* k, const T* v, const T* probs,
+                       const T* capped, const T* dout, T* dq, T* dk, T* dv, T* scratch,
+                       cudaStream_t stream) {
+  ValidateAttentionDims(a, "cuda::AttentionBackward");
+  BackwardPairs(a, q, k, v, probs, probs, capped, dout, dq, dk, dv, scratch, nullptr, scratch,
+                "AttentionBackward softmax", stream);
+}
+
+template <typename T>
+void AttentionMaxOverBatch(const T* pair_max, int batch, int heads, T* head_max,
+                           cudaStream_t stream) {
+  if (heads <= 0) return;
+  MaxOverBatchKernel<<<(heads + 127) / 128, 128, 0, stream>>>(pair_max, batch, heads, head_max);
+  CheckLaunch("AttentionMaxOverBatch");
+}
+
+void AttentionForwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                          float* probs, bf16* probs16, float* capped, bf16* out, float* pair_max,
+                          cudaStream_t stream) {
+  ValidateAttentionDims(a, "cuda::AttentionForwardBf16");
+  ForwardPairs(a, q, k, v, probs, probs16, probs16, capped, out, pair_max,
+               "AttentionForwardBf16 softmax", stream);
+}
+
+void AttentionBackwardBf16(const AttentionDims& a, const bf16* q, const bf16* k, const bf16* v,
+                           const float* probs, const bf16* probs16, const float* capped,
+                           const bf16* dout, float* dq, float* dk, float* dv, float* scratch,
+                           bf16* scratch16, cudaStream_t stream) {
+  ValidateAttentionDims(a, "cuda::AttentionBackwardBf16");
+  BackwardPairs(a, q, k, v, probs, probs16, capped, dout, dq, dk, dv, scratch, scratch16, scratch16,
+                "AttentionBackwardBf16 softmax", stream);
 }
 
 template void AttentionForward<float>(const AttentionDims&, const float*, const float*,

@@ -89,6 +89,14 @@ ScopedKernelSelection::~ScopedKernelSelection() {
   if (--selection_holders == 0) selection = KernelSelection{};
 }
 
+std::string RecoverAfterError() {
+  cudaGetLastError();
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
+
 namespace {
 
 struct ThreadState {

@@ -1,5 +1,6 @@
-// CUDA runtime helpers shared by every kernel in kernels/cuda: device detection, error checks,
-// the per-thread cuBLAS handle, a growing device scratch, and an RAII device buffer.
+// CUDA runtime helpers shared by every kernel in kernels/cuda and by core's CUDA backend: device
+// detection, error checks, the per-thread cuBLAS handle, a growing device scratch, RAII device
+// and pinned buffers, events and timers, and the recovery after a caught failure.
 //
 // Every kernel function in moelab::cuda takes device pointers and a trailing cudaStream_t
 // (default: the legacy default stream) and is asynchronous unless its comment says it
@@ -175,6 +176,38 @@ class Event {
  private:
   cudaEvent_t e_ = nullptr;
 };
+
+// Elapsed GPU time between two events recorded on a stream (a timing twin of Event).
+class EventTimer {
+ public:
+  EventTimer() {
+    MOELAB_CUDA_CHECK(cudaEventCreate(&start_));
+    MOELAB_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void Start(cudaStream_t s = nullptr) { MOELAB_CUDA_CHECK(cudaEventRecord(start_, s)); }
+  void Stop(cudaStream_t s = nullptr) { MOELAB_CUDA_CHECK(cudaEventRecord(stop_, s)); }
+  // Waits for the stop event; seconds.
+  double Seconds() {
+    MOELAB_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// After a caught CUDA failure: clears the thread's last error and waits for the device. Returns
+// "" when the context still works (e.g. after an out-of-memory), else the sticky error's name and
+// text (a faulting kernel: nothing on this device works again in this process).
+std::string RecoverAfterError();
 
 // Elementwise precision casts (n elements).
 void CastToBf16(const float* in, bf16* out, size_t n, cudaStream_t stream = nullptr);

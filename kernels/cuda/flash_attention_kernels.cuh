@@ -316,6 +316,27 @@ struct BwdSmem {
                 kS % 128 == 0 && kDp % 128 == 0 && kP % 128 == 0 && kDs % 128 == 0);
 };
 
+// Pointers into the backward kernels' shared memory (BwdSmem): the block's Q, dO, K, V tiles and
+// its lse and D rows, and warp `warp`'s own S, dP, P and dS tiles.
+template <int DQK, int DV>
+struct BwdTiles {
+  using L = BwdSmem<DQK, DV>;
+  __device__ __forceinline__ BwdTiles(unsigned char* smem, int warp)
+      : sq(reinterpret_cast<bf16*>(smem + L::kQ)),
+        sdo(reinterpret_cast<bf16*>(smem + L::kDo)),
+        sk(reinterpret_cast<bf16*>(smem + L::kK)),
+        sv(reinterpret_cast<bf16*>(smem + L::kV)),
+        slse(reinterpret_cast<float*>(smem + L::kLse)),
+        sd(reinterpret_cast<float*>(smem + L::kD)),
+        ss(reinterpret_cast<float*>(smem + L::kS) + warp * 16 * kLdScore),
+        sdp(reinterpret_cast<float*>(smem + L::kDp) + warp * 16 * kLdScore),
+        sp(reinterpret_cast<bf16*>(smem + L::kP) + warp * 16 * kLdProb),
+        sds(reinterpret_cast<bf16*>(smem + L::kDs) + warp * 16 * kLdProb) {}
+  bf16 *const sq, *const sdo, *const sk, *const sv;
+  float *const slse, *const sd, *const ss, *const sdp;
+  bf16 *const sp, *const sds;
+};
+
 // D[pair·S + i] = Σ_c dO[b, i, h·DV + c]·O[b, i, h·DV + c]; one warp per (pair, i).
 template <typename T>
 __global__ void RowDotKernel(Params p, int dv, const T* __restrict__ out,
@@ -344,19 +365,9 @@ __global__ void __launch_bounds__(kThreads)
                           const T* __restrict__ v, const float* __restrict__ lse,
                           const float* __restrict__ dvec, const T* __restrict__ dout,
                           float* __restrict__ dk, float* __restrict__ dv) {
-  using L = BwdSmem<DQK, DV>;
   MOELAB_FLASH_SMEM(smem);
-  bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* sdo = reinterpret_cast<bf16*>(smem + L::kDo);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
-  float* slse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sd = reinterpret_cast<float*>(smem + L::kD);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* ss = reinterpret_cast<float*>(smem + L::kS) + warp * 16 * kLdScore;
-  float* sdp = reinterpret_cast<float*>(smem + L::kDp) + warp * 16 * kLdScore;
-  bf16* sp = reinterpret_cast<bf16*>(smem + L::kP) + warp * 16 * kLdProb;
-  bf16* sds = reinterpret_cast<bf16*>(smem + L::kDs) + warp * 16 * kLdProb;
+  const auto [sq, sdo, sk, sv, slse, sd, ss, sdp, sp, sds] = BwdTiles<DQK, DV>(smem, warp);
 
   const int S = p.seq, group = p.heads / p.kv_heads;
   const int b = blockIdx.x / p.kv_heads, g = blockIdx.x % p.kv_heads;
@@ -408,18 +419,11 @@ __global__ void __launch_bounds__(kThreads)
                          const T* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ dvec, const T* __restrict__ dout,
                          float* __restrict__ dq) {
-  using L = BwdSmem<DQK, DV>;
   MOELAB_FLASH_SMEM(smem);
-  bf16* sq = reinterpret_cast<bf16*>(smem + L::kQ);
-  bf16* sdo = reinterpret_cast<bf16*>(smem + L::kDo);
-  bf16* sk = reinterpret_cast<bf16*>(smem + L::kK);
-  bf16* sv = reinterpret_cast<bf16*>(smem + L::kV);
-  float* slse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sd = reinterpret_cast<float*>(smem + L::kD);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* ss = reinterpret_cast<float*>(smem + L::kS) + warp * 16 * kLdScore;
-  float* sdp = reinterpret_cast<float*>(smem + L::kDp) + warp * 16 * kLdScore;
-  bf16* sds = reinterpret_cast<bf16*>(smem + L::kDs) + warp * 16 * kLdProb;
+  // No P tile here: dQ needs dS only.
+  [[maybe_unused]] const auto [sq, sdo, sk, sv, slse, sd, ss, sdp, sp, sds] =
+      BwdTiles<DQK, DV>(smem, warp);
 
   const int S = p.seq, pair = blockIdx.x, b = pair / p.heads, h = pair % p.heads;
   const int g = h / (p.heads / p.kv_heads);

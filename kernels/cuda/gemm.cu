@@ -258,20 +258,13 @@ GemmRate ProbeBf16GemmRate(int n, int iters, int warmup) {
   for (int i = 0; i < warmup; ++i) {
     Gemm(false, false, n, n, n, scale, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   }
-  cudaEvent_t start, stop;
-  MOELAB_CUDA_CHECK(cudaEventCreate(&start));
-  MOELAB_CUDA_CHECK(cudaEventCreate(&stop));
-  MOELAB_CUDA_CHECK(cudaEventRecord(start));
+  EventTimer timer;
+  timer.Start();
   for (int i = 0; i < iters; ++i) {
     Gemm(false, false, n, n, n, scale, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   }
-  MOELAB_CUDA_CHECK(cudaEventRecord(stop));
-  MOELAB_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  rate.seconds_per_gemm = ms * 1e-3 / iters;
+  timer.Stop();
+  rate.seconds_per_gemm = timer.Seconds() / iters;
   rate.flops_per_s = 2.0 * n * double(n) * n / rate.seconds_per_gemm;
   return rate;
 }

@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "tests/cuda_kernels/emulation_test_util.h"
 
 namespace moelab::cuda::testing {
 
@@ -25,20 +25,13 @@ namespace moelab::cuda::testing {
     }                                                             \
   } while (0)
 
+// emulation_test's seeded values, with this file's default range [-1, 1).
 inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
+  return emulation_test::Random(n, seed, lo, hi);
 }
 
 // bf16 rounding of host values (round to nearest even, __float2bfloat16) and back.
-inline std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
-}
+using emulation_test::ToBf16;
 inline std::vector<float> ToFloat(const std::vector<bf16>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
@@ -73,18 +66,11 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
 // Milliseconds per call of f, timed with CUDA events over `iters` calls after 2 warm-ups.
 inline double TimeMs(const std::function<void()>& f, int iters = 10) {
   for (int i = 0; i < 2; ++i) f();
-  cudaEvent_t start, stop;
-  MOELAB_CUDA_CHECK(cudaEventCreate(&start));
-  MOELAB_CUDA_CHECK(cudaEventCreate(&stop));
-  MOELAB_CUDA_CHECK(cudaEventRecord(start));
+  EventTimer timer;
+  timer.Start();
   for (int i = 0; i < iters; ++i) f();
-  MOELAB_CUDA_CHECK(cudaEventRecord(stop));
-  MOELAB_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MOELAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
+  timer.Stop();
+  return timer.Seconds() * 1e3 / iters;
 }
 
 }  // namespace moelab::cuda::testing

@@ -17,13 +17,8 @@
 #include "kernels/cuda/moe_experts_cudnn.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
-namespace moelab::cuda {
+namespace moelab::cuda::testing {
 namespace {
-
-using testing::ExpectNear;
-using testing::Random;
-using testing::ToBf16;
-using testing::ToDevice;
 
 #define MOELAB_REQUIRE_CUDNN_BUILD()                                                  \
   do {                                                                                \
@@ -154,4 +149,4 @@ TEST(CudnnGroupedMatmul, MatchesCublasGroupedGemm) {
 }
 
 }  // namespace
-}  // namespace moelab::cuda
+}  // namespace moelab::cuda::testing

@@ -1,6 +1,6 @@
 // Inputs and comparisons shared by the CPU-emulation tests of the kernels' own source
-// (tests/cuda_kernels/*_emulation_test.cc): seeded uniform values, their bf16 rounding, and
-// bit-for-bit equality.
+// (tests/cuda_kernels/*_emulation_test.cc, most of which live in this namespace): seeded uniform
+// values, their bf16 rounding, and bit-for-bit equality.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,8 @@
 #include <vector>
 
 namespace moelab::cuda::emulation_test {
+
+using bf16 = __nv_bfloat16;
 
 // n values uniform in [lo, hi) from std::mt19937(seed).
 inline std::vector<float> Random(size_t n, uint32_t seed, float lo = -2, float hi = 2) {

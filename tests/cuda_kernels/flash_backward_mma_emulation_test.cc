@@ -27,46 +27,40 @@ namespace moelab::cuda::flash {
 namespace {
 
 using testing::FlashCase;
+using testing::FlashEmulationBuffers;
 using testing::FlashReference;
 
-using testing::FromFloat;
-
-// FlashAttentionBackward's launch sequence on the emulation (D, then dK/dV, then dQ), with the
-// mma kernels or (wmma = true) the wmma ones. Returns dx in the input layout; untouched
-// entries stay NaN.
+// FlashAttentionBackward's launch sequence on the emulation (D, then dK/dV, then dQ) on the CPU
+// forward's out and LSE, with the mma kernels or (wmma = true) the wmma ones. Returns dx in the
+// input layout; untouched entries stay NaN.
 template <typename T, int DQK, int DV>
 std::vector<float> Backward(const FlashCase& c, const FlashReference& ref, bool wmma = false) {
   const Params p = MakeParams(ref.a);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<T> x(ref.total), dout(ref.dout.size()), out(ref.out.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
-  for (size_t i = 0; i < dout.size(); ++i) dout[i] = FromFloat<T>(ref.dout[i]);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = FromFloat<T>(float(ref.out[i]));
-  std::vector<float> lse(ref.lse.begin(), ref.lse.end()), d(ref.lse.size(), nan),
-      dx(ref.total, nan);
-  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  FlashEmulationBuffers<T> b(ref);
+  const float* lse = b.ref_lse.data();
   const long pairs = long(c.batch) * c.heads, rows = pairs * c.seq;
   const unsigned tiles = (c.seq + kTile - 1) / kTile;
   emu::Launch(dim3((rows * 32 + 255) / 256), 256, 0,
-              [&] { RowDotKernel<T>(p, c.v_dim, out.data(), dout.data(), d.data()); });
-  float *dq = dx.data() + ref.q_off, *dk = dx.data() + ref.k_off, *dv = dx.data() + ref.v_off;
+              [&] { RowDotKernel<T>(p, c.v_dim, b.ref_out.data(), b.dout.data(), b.d.data()); });
   if (wmma) {
     emu::Launch(dim3(c.batch * c.kv_heads, tiles), kThreads, BwdSmem<DQK, DV>::kBytes, [&] {
-      FlashBackwardKvKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dk, dv);
+      FlashBackwardKvKernel<T, DQK, DV>(p, b.q, b.k, b.v, lse, b.d.data(), b.dout.data(), b.dk,
+                                        b.dv);
     });
     emu::Launch(dim3(pairs, tiles), kThreads, BwdSmem<DQK, DV>::kBytes, [&] {
-      FlashBackwardQKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dq);
+      FlashBackwardQKernel<T, DQK, DV>(p, b.q, b.k, b.v, lse, b.d.data(), b.dout.data(), b.dq);
     });
   } else {
     emu::Launch(dim3(c.batch * c.kv_heads, tiles), kThreads, BwdMmaKvSmem<DQK, DV>::kBytes, [&] {
-      FlashBackwardKvMmaKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dk, dv);
+      FlashBackwardKvMmaKernel<T, DQK, DV>(p, b.q, b.k, b.v, lse, b.d.data(), b.dout.data(), b.dk,
+                                           b.dv);
     });
     const unsigned q_tiles = (c.seq + kDqQueryTile<DQK, DV> - 1) / kDqQueryTile<DQK, DV>;
     emu::Launch(dim3(pairs, q_tiles), kThreads, BwdMmaQSmem<DQK, DV>::kBytes, [&] {
-      FlashBackwardQMmaKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(), dq);
+      FlashBackwardQMmaKernel<T, DQK, DV>(p, b.q, b.k, b.v, lse, b.d.data(), b.dout.data(), b.dq);
     });
   }
-  return dx;
+  return b.dx;
 }
 
 // The mma backward against the CPU backward in double (flash_reference.h's bf16 tolerances).
@@ -75,13 +69,7 @@ void RunCase(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   static_assert(MmaBackwardCovers<DQK, DV>());
   const FlashReference ref(c);
-  const std::vector<float> dx = Backward<T, DQK, DV>(c, ref);
-  FlashReference::ExpectBf16Near(ref.Slice(dx, ref.q_off, ref.qw),
-                                 ref.Slice(ref.dx, ref.q_off, ref.qw), "dq");
-  FlashReference::ExpectBf16Near(ref.Slice(dx, ref.k_off, ref.kw),
-                                 ref.Slice(ref.dx, ref.k_off, ref.kw), "dk");
-  FlashReference::ExpectBf16Near(ref.Slice(dx, ref.v_off, ref.vw),
-                                 ref.Slice(ref.dx, ref.v_off, ref.vw), "dv");
+  ref.ExpectGrads(Backward<T, DQK, DV>(c, ref));
 }
 
 // Small shapes (a thread per CUDA thread): tile and 16-row chunk boundaries, the diagonal skips,

@@ -22,10 +22,8 @@ namespace moelab::cuda::flash {
 namespace {
 
 using testing::FlashCase;
+using testing::FlashEmulationBuffers;
 using testing::FlashReference;
-
-using testing::FromFloat;
-using testing::ToFloat;
 
 // The launch sequence of FlashAttentionForward / FlashAttentionBackward, on the emulation.
 template <typename T, int DQK, int DV>
@@ -33,32 +31,24 @@ void RunCase(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   const FlashReference ref(c);
   const Params p = MakeParams(ref.a);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<T> x(ref.total), dout(ref.dout.size()), out(ref.out.size(), FromFloat<T>(nan));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
-  for (size_t i = 0; i < dout.size(); ++i) dout[i] = FromFloat<T>(ref.dout[i]);
-  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  FlashEmulationBuffers<T> b(ref);
   const size_t pairs = size_t(c.batch) * c.heads;
-  std::vector<float> lse(ref.lse.size(), nan), pmax(pairs, -INFINITY), d(ref.lse.size(), nan),
-      dx(ref.total, nan);
   const unsigned tiles = (c.seq + kTile - 1) / kTile;
   emu::Launch(dim3(pairs, tiles), kThreads, FwdSmem<DQK, DV>::kBytes, [&] {
-    FlashForwardKernel<T, DQK, DV>(p, q, k, v, out.data(), lse.data(), pmax.data());
+    FlashForwardKernel<T, DQK, DV>(p, b.q, b.k, b.v, b.out.data(), b.lse.data(), b.pmax.data());
   });
   const long rows = long(pairs) * c.seq;
   emu::Launch(dim3((rows * 32 + 255) / 256), 256, 0,
-              [&] { RowDotKernel<T>(p, c.v_dim, out.data(), dout.data(), d.data()); });
+              [&] { RowDotKernel<T>(p, c.v_dim, b.out.data(), b.dout.data(), b.d.data()); });
   emu::Launch(dim3(c.batch * c.kv_heads, tiles), kThreads, BwdSmem<DQK, DV>::kBytes, [&] {
-    FlashBackwardKvKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(),
-                                      dx.data() + ref.k_off, dx.data() + ref.v_off);
+    FlashBackwardKvKernel<T, DQK, DV>(p, b.q, b.k, b.v, b.lse.data(), b.d.data(), b.dout.data(),
+                                      b.dk, b.dv);
   });
   emu::Launch(dim3(pairs, tiles), kThreads, BwdSmem<DQK, DV>::kBytes, [&] {
-    FlashBackwardQKernel<T, DQK, DV>(p, q, k, v, lse.data(), d.data(), dout.data(),
-                                     dx.data() + ref.q_off);
+    FlashBackwardQKernel<T, DQK, DV>(p, b.q, b.k, b.v, b.lse.data(), b.d.data(), b.dout.data(),
+                                     b.dq);
   });
-  std::vector<float> got_out(out.size());
-  for (size_t i = 0; i < out.size(); ++i) got_out[i] = ToFloat(out[i]);
-  ref.Expect(got_out, lse, pmax, dx);
+  ref.Expect(b.OutAsFloat(), b.lse, b.pmax, b.dx);
 }
 
 // Small shapes (the emulation runs a thread per CUDA thread): every tile boundary case, GQA with

@@ -26,10 +26,9 @@ namespace {
 
 using testing::ExpectNear;
 using testing::FlashCase;
+using testing::FlashEmulationBuffers;
 using testing::FlashReference;
-
-using testing::FromFloat;
-using testing::ToFloat;
+using testing::UniformFlashCase;
 
 struct Forward {
   std::vector<float> out, lse, pmax;
@@ -40,25 +39,20 @@ template <typename T, int DQK, int DV>
 Forward RunForward(const FlashReference& ref, bool mma) {
   const AttentionDims& a = ref.a;
   const Params p = MakeParams(a);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<T> x(ref.total), out(ref.out.size(), FromFloat<T>(nan));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
-  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  FlashEmulationBuffers<T> b(ref);
   const size_t pairs = size_t(a.batch) * a.heads;
-  Forward f;
-  f.lse.assign(ref.lse.size(), nan), f.pmax.assign(pairs, -INFINITY);
   if (mma) {
     constexpr int tile = kTile * MmaRowBlocks(DQK, DV);
     emu::Launch(dim3(pairs, (a.seq + tile - 1) / tile), kThreads, FwdMmaSmem<DQK, DV>::kBytes, [&] {
-      FlashForwardMmaKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
+      FlashForwardMmaKernel<T, DQK, DV>(p, b.q, b.k, b.v, b.out.data(), b.lse.data(),
+                                        b.pmax.data());
     });
   } else {
     emu::Launch(dim3(pairs, (a.seq + kTile - 1) / kTile), kThreads, FwdSmem<DQK, DV>::kBytes, [&] {
-      FlashForwardKernel<T, DQK, DV>(p, q, k, v, out.data(), f.lse.data(), f.pmax.data());
+      FlashForwardKernel<T, DQK, DV>(p, b.q, b.k, b.v, b.out.data(), b.lse.data(), b.pmax.data());
     });
   }
-  for (const T& o : out) f.out.push_back(ToFloat(o));
-  return f;
+  return {b.OutAsFloat(), b.lse, b.pmax};
 }
 
 // The forward half of FlashReference::Expect, with its tolerances.
@@ -67,9 +61,7 @@ void ExpectMatchesReference(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   const FlashReference ref(c);
   const Forward f = RunForward<T, DQK, DV>(ref, /*mma=*/true);
-  FlashReference::ExpectBf16Near(f.out, ref.out, "out");
-  ExpectNear(f.lse, FlashReference::ToFloat(ref.lse), 2e-4, 2e-4, "lse");
-  ExpectNear(f.pmax, FlashReference::ToFloat(ref.pmax), 1e-4, 1e-4, "S_max per (batch, head)");
+  ref.ExpectForward(f.out, f.lse, f.pmax);
 }
 
 TEST(FlashForwardMmaEmulation, MhaAcrossTileBoundaries) {
@@ -103,23 +95,15 @@ TEST(FlashForwardMmaEmulation, RaggedAndSingleTokenSequences) {
 }
 
 TEST(FlashForwardMmaEmulation, SmaxIgnoresRowsPastTheEnd) {
-  // Every logit is 0.125·64·(0.5·−0.5) = −2 exactly; the zero-filled rows past S = 100 in the last
-  // warp (rows 96–127) score 0 on the key tile below its diagonal and must not reach S_max.
-  constexpr int S = 100, D = 64;
-  AttentionDims a;
-  a.batch = 1, a.seq = S, a.heads = 1, a.kv_heads = 1, a.qk_dim = D, a.v_dim = D;
-  a.ldq = a.ldk = a.ldv = a.ldo = D;
-  a.scale = 0.125;
-  std::vector<bf16> q(S * D, FromFloat<bf16>(0.5f)), k(S * D, FromFloat<bf16>(-0.5f)),
-      v(S * D, FromFloat<bf16>(1.0f)), out(S * D);
-  std::vector<float> lse(S), pmax(1, -INFINITY);
+  // UniformFlashCase at S = 100: the zero-filled rows past the end in the last warp (rows
+  // 96–127) score 0 on the key tile below its diagonal and must not reach S_max.
+  UniformFlashCase u(100);
+  constexpr int D = UniformFlashCase::kD;
   emu::Launch(dim3(1, 1), kThreads, FwdMmaSmem<D, D>::kBytes, [&] {
-    FlashForwardMmaKernel<bf16, D, D>(MakeParams(a), q.data(), k.data(), v.data(), out.data(),
-                                      lse.data(), pmax.data());
+    FlashForwardMmaKernel<bf16, D, D>(MakeParams(u.a), u.q.data(), u.k.data(), u.v.data(),
+                                      u.out.data(), u.lse.data(), u.pmax.data());
   });
-  EXPECT_EQ(pmax[0], -2.0f);
-  for (int i = 0; i < S; ++i) EXPECT_NEAR(lse[i], -2.0 + std::log(i + 1.0), 1e-5) << i;
-  for (const bf16& o : out) EXPECT_EQ(ToFloat(o), 1.0f);
+  u.Expect();
 }
 
 TEST(FlashForwardMmaEmulation, AgreesWithTheWmmaForward) {

@@ -21,6 +21,8 @@ namespace moelab::cuda {
 namespace {
 
 using testing::Random;
+using testing::ToBf16;
+using testing::ToFloat;
 
 constexpr FlashKernel kKernels[] = {FlashKernel::kMma, FlashKernel::kMma64, FlashKernel::kWmma};
 
@@ -35,35 +37,58 @@ KernelSelection Selection(FlashKernel k) {
   return s;
 }
 
-std::vector<bf16> ToBf16(const std::vector<float>& x) {
-  std::vector<bf16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = __float2bfloat16(x[i]);
-  return out;
-}
-std::vector<float> ToFloat(const std::vector<bf16>& x) {
-  std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = __bfloat162float(x[i]);
-  return out;
-}
+struct Results {
+  std::vector<float> out, pmax, dq, dk, dv;
+};
 
-// The full shape, with separate q, k, v (seeded uniform in [-1, 1], bf16) and dout.
+// The full shape, with separate q, k, v (seeded uniform in [-1, 1], bf16) and dout on the device,
+// and the buffers of the fused kernels' results.
 struct FullShape {
-  FullShape() {
+  FullShape()
+      : a(Dims()),
+        q(Input(1)),
+        k(Input(2)),
+        v(Input(3)),
+        dout(Input(4)),
+        out(Elements()),
+        lse(FlashAttentionScratchSize(a)),
+        pmax(Pairs()),
+        dq(Elements()),
+        dk(Elements()),
+        dv(Elements()),
+        scratch(FlashAttentionScratchSize(a)) {}
+  static AttentionDims Dims() {
+    AttentionDims a;
     a.batch = 32, a.seq = 1024, a.heads = 16, a.kv_heads = 16, a.qk_dim = 64, a.v_dim = 64;
     a.ldq = a.ldk = a.ldv = a.ldo = 16 * 64;
     a.scale = 0.125;
+    return a;
   }
   size_t Elements() const { return size_t(a.batch) * a.seq * a.ldq; }
   size_t Pairs() const { return size_t(a.batch) * a.heads; }
+  DeviceBuffer<bf16> Input(uint32_t seed) const {
+    return testing::ToDevice(ToBf16(Random(Elements(), seed)));
+  }
   // FLOPs as FlashAttention counts them: forward 4·B·H·S²·D / 2 (causal), backward 2.5×.
   double ForwardFlops() const {
     return 4.0 * a.batch * a.heads * double(a.seq) * a.seq * a.qk_dim / 2;
   }
-  AttentionDims a;
-};
+  // The fused kernels of the selection in force.
+  void Forward() {
+    FlashAttentionForward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), pmax.data());
+  }
+  void Backward() {
+    FlashAttentionBackward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(),
+                           dq.data(), dk.data(), dv.data(), scratch.data());
+  }
+  Results Download() const {
+    return {ToFloat(out.Download()), pmax.Download(), dq.Download(), dk.Download(), dv.Download()};
+  }
 
-struct Results {
-  std::vector<float> out, pmax, dq, dk, dv;
+  const AttentionDims a;
+  const DeviceBuffer<bf16> q, k, v, dout;
+  DeviceBuffer<bf16> out;
+  DeviceBuffer<float> lse, pmax, dq, dk, dv, scratch;
 };
 
 // Max |x| of a vector (the scale of the tolerances: entries near 0 are compared absolutely).
@@ -87,34 +112,27 @@ void ExpectClose(const Results& got, const Results& want, const char* who) {
 
 TEST(FlashFullShape, EveryKernelAgreesWithTheReferencePath) {
   MOELAB_REQUIRE_GPU();
-  const FullShape s;
+  FullShape s;
   const AttentionDims& a = s.a;
   const size_t n = s.Elements();
-  auto q = testing::ToDevice(ToBf16(Random(n, 1))), k = testing::ToDevice(ToBf16(Random(n, 2)));
-  auto v = testing::ToDevice(ToBf16(Random(n, 3))), dout = testing::ToDevice(ToBf16(Random(n, 4)));
-  DeviceBuffer<bf16> out(n);
-  DeviceBuffer<float> lse(FlashAttentionScratchSize(a)), pmax(s.Pairs()), dq(n), dk(n), dv(n),
-      scratch(FlashAttentionScratchSize(a));
   Results ref;
   {
     const size_t square = AttentionScratchSize(a);  // [B, H, S, S]: 6 GiB in all
     DeviceBuffer<float> probs(square), rscratch(square);
     DeviceBuffer<bf16> probs16(square), rscratch16(square);
-    AttentionForwardBf16(a, q.data(), k.data(), v.data(), probs.data(), probs16.data(), nullptr,
-                         out.data(), pmax.data());
-    AttentionBackwardBf16(a, q.data(), k.data(), v.data(), probs.data(), probs16.data(), nullptr,
-                          dout.data(), dq.data(), dk.data(), dv.data(), rscratch.data(),
-                          rscratch16.data());
-    ref = {ToFloat(out.Download()), pmax.Download(), dq.Download(), dk.Download(), dv.Download()};
+    AttentionForwardBf16(a, s.q.data(), s.k.data(), s.v.data(), probs.data(), probs16.data(),
+                         nullptr, s.out.data(), s.pmax.data());
+    AttentionBackwardBf16(a, s.q.data(), s.k.data(), s.v.data(), probs.data(), probs16.data(),
+                          nullptr, s.dout.data(), s.dq.data(), s.dk.data(), s.dv.data(),
+                          rscratch.data(), rscratch16.data());
+    ref = s.Download();
   }
   for (FlashKernel kernel : kKernels) {
     const ScopedKernelSelection use(Selection(kernel));
     ASSERT_EQ(FlashKernelInUse(), kernel);
-    FlashAttentionForward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), pmax.data());
-    FlashAttentionBackward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(),
-                           dq.data(), dk.data(), dv.data(), scratch.data());
-    const Results got{ToFloat(out.Download()), pmax.Download(), dq.Download(), dk.Download(),
-                      dv.Download()};
+    s.Forward();
+    s.Backward();
+    const Results got = s.Download();
     ExpectClose(got, ref, Name(kernel));
     double worst = 0;
     for (size_t i = 0; i < n; ++i)
@@ -128,25 +146,13 @@ TEST(FlashFullShape, EveryKernelAgreesWithTheReferencePath) {
 // warm-ups), the targets beside them, and the tuned kernels' gain over the first mma ones.
 TEST(FlashFullShape, BenchEveryKernel) {
   MOELAB_REQUIRE_GPU();
-  const FullShape s;
-  const AttentionDims& a = s.a;
-  const size_t n = s.Elements();
-  auto q = testing::ToDevice(ToBf16(Random(n, 1))), k = testing::ToDevice(ToBf16(Random(n, 2)));
-  auto v = testing::ToDevice(ToBf16(Random(n, 3))), dout = testing::ToDevice(ToBf16(Random(n, 4)));
-  DeviceBuffer<bf16> out(n);
-  DeviceBuffer<float> lse(FlashAttentionScratchSize(a)), pmax(s.Pairs()), dq(n), dk(n), dv(n),
-      scratch(FlashAttentionScratchSize(a));
+  FullShape s;
   const double flops = s.ForwardFlops();
   double fwd_ms[3], bwd_ms[3];
   for (int i = 0; i < 3; ++i) {
     const ScopedKernelSelection use(Selection(kKernels[i]));
-    fwd_ms[i] = testing::TimeMs([&] {
-      FlashAttentionForward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), pmax.data());
-    });
-    bwd_ms[i] = testing::TimeMs([&] {
-      FlashAttentionBackward(a, q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(),
-                             dq.data(), dk.data(), dv.data(), scratch.data());
-    });
+    fwd_ms[i] = testing::TimeMs([&] { s.Forward(); });
+    bwd_ms[i] = testing::TimeMs([&] { s.Backward(); });
     const double fwd_tf = flops / fwd_ms[i] / 1e9, bwd_tf = 2.5 * flops / bwd_ms[i] / 1e9;
     std::printf(
         "[flash full shape %s] B=32 H=16 S=1024 D=64 bf16: forward %.3f ms (%.1f TFLOP/s, target "

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -99,11 +100,18 @@ struct FlashReference {
   // A candidate's out, lse, pair max and dx (dq, dk, dv in the input layout), all as floats.
   void Expect(const std::vector<float>& got_out, const std::vector<float>& got_lse,
               const std::vector<float>& got_pmax, const std::vector<float>& got_dx) const {
+    ExpectForward(got_out, got_lse, got_pmax);
+    ExpectGrads(got_dx);
+  }
+  void ExpectForward(const std::vector<float>& got_out, const std::vector<float>& got_lse,
+                     const std::vector<float>& got_pmax) const {
     ExpectBf16Near(got_out, out, "out");
     // LSE and raw S_max: the same (exact) bf16 products summed in fp32 by the tensor cores vs in
     // double: up to 192 terms of magnitude ≤ 4, so ~1e-5; a mask or index error moves them ~0.1.
     ExpectNear(got_lse, ToFloat(lse), 2e-4, 2e-4, "lse");
     ExpectNear(got_pmax, ToFloat(pmax), 1e-4, 1e-4, "S_max per (batch, head)");
+  }
+  void ExpectGrads(const std::vector<float>& got_dx) const {
     ExpectBf16Near(Slice(got_dx, q_off, qw), Slice(dx, q_off, qw), "dq");
     ExpectBf16Near(Slice(got_dx, k_off, kw), Slice(dx, k_off, kw), "dk");
     ExpectBf16Near(Slice(got_dx, v_off, vw), Slice(dx, v_off, vw), "dv");
@@ -141,5 +149,77 @@ T FromFloat(float x) {
     return __float2bfloat16(x);
   }
 }
+// Each element of v (float or double) as a T (through float).
+template <typename T, typename V>
+std::vector<T> FromFloats(const std::vector<V>& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FromFloat<T>(float(v[i]));
+  return out;
+}
+
+// The emulation tests' host buffers in the kernels' input type T: the reference's inputs x (q, k,
+// v at its offsets) and dout, the CPU forward's out and LSE (what the backward reads), the outputs
+// poisoned with NaN (S_max with −∞, as the launchers fill it) so that an entry no kernel writes
+// shows.
+template <typename T>
+struct FlashEmulationBuffers {
+  explicit FlashEmulationBuffers(const FlashReference& ref)
+      : x(FromFloats<T>(ref.x)),
+        dout(FromFloats<T>(ref.dout)),
+        ref_out(FromFloats<T>(ref.out)),
+        out(ref.out.size(), FromFloat<T>(kNan)),
+        ref_lse(ref.lse.begin(), ref.lse.end()),
+        lse(ref.lse.size(), kNan),
+        pmax(ref.pmax.size(), -INFINITY),
+        d(ref.lse.size(), kNan),
+        dx(ref.total, kNan),
+        q(x.data() + ref.q_off),
+        k(x.data() + ref.k_off),
+        v(x.data() + ref.v_off),
+        dq(dx.data() + ref.q_off),
+        dk(dx.data() + ref.k_off),
+        dv(dx.data() + ref.v_off) {}
+  FlashEmulationBuffers(const FlashEmulationBuffers&) = delete;
+  FlashEmulationBuffers& operator=(const FlashEmulationBuffers&) = delete;
+  std::vector<float> OutAsFloat() const {
+    std::vector<float> f(out.size());
+    for (size_t i = 0; i < out.size(); ++i) f[i] = ToFloat(out[i]);
+    return f;
+  }
+
+  static constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<T> x, dout, ref_out, out;
+  std::vector<float> ref_lse, lse, pmax, d, dx;  // d: the backward's row dots Σ dO·O
+  const T *q, *k, *v;
+  float *dq, *dk, *dv;
+};
+
+// A case with one exact answer (head dims 64): every q·k is 64·(0.5·−0.5) = −16, every logit
+// −16·0.125 = −2, so P is 1/(i + 1) on each allowed key, out is exactly v (all ones),
+// LSE = −2 + log(i + 1) and S_max = −2. Rows past S in the last query tile score 0 on unmasked
+// keys and must not reach S_max.
+struct UniformFlashCase {
+  static constexpr int kD = 64;
+  explicit UniformFlashCase(int S)
+      : q(size_t(S) * kD, FromFloat<bf16>(0.5f)),
+        k(size_t(S) * kD, FromFloat<bf16>(-0.5f)),
+        v(size_t(S) * kD, FromFloat<bf16>(1.0f)),
+        out(size_t(S) * kD),
+        lse(S),
+        pmax(1, -INFINITY) {
+    a.batch = 1, a.seq = S, a.heads = 1, a.kv_heads = 1, a.qk_dim = kD, a.v_dim = kD;
+    a.ldq = a.ldk = a.ldv = a.ldo = kD;
+    a.scale = 0.125;
+  }
+  void Expect() const {
+    EXPECT_EQ(pmax[0], -2.0f);
+    for (int i = 0; i < a.seq; ++i) EXPECT_NEAR(lse[i], -2.0 + std::log(i + 1.0), 1e-5) << i;
+    for (const bf16& o : out) EXPECT_EQ(ToFloat(o), 1.0f);
+  }
+
+  AttentionDims a;
+  std::vector<bf16> q, k, v, out;
+  std::vector<float> lse, pmax;
+};
 
 }  // namespace moelab::cuda::testing

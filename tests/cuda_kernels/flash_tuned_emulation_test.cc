@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <tuple>
 #include <vector>
 
 #include "tests/cuda_kernels/flash_reference.h"
@@ -34,9 +33,9 @@ namespace {
 
 using testing::ExpectNear;
 using testing::FlashCase;
+using testing::FlashEmulationBuffers;
 using testing::FlashReference;
-using testing::FromFloat;
-using testing::ToFloat;
+using testing::UniformFlashCase;
 
 struct Forward {
   std::vector<float> out, lse, pmax;
@@ -47,21 +46,15 @@ struct Forward {
 template <typename T, int DQK, int DV, bool kTuned>
 Forward RunForward(const FlashReference& ref) {
   const AttentionDims& a = ref.a;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<T> x(ref.total), out(ref.out.size(), FromFloat<T>(nan));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
-  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  FlashEmulationBuffers<T> b(ref);
   const size_t pairs = size_t(a.batch) * a.heads;
-  Forward f;
-  f.lse.assign(ref.lse.size(), nan), f.pmax.assign(pairs, -INFINITY);
   constexpr int tile = kTile * MmaRowBlocks(DQK, DV);
   emu::Launch(dim3(pairs, (a.seq + tile - 1) / tile), kThreads,
               FwdMmaSmemOf<DQK, DV, kTuned>::kBytes, [&] {
-                FlashForwardMmaKernel<T, DQK, DV, false, kTuned>(MakeParams(a), q, k, v, out.data(),
-                                                                 f.lse.data(), f.pmax.data());
+                FlashForwardMmaKernel<T, DQK, DV, false, kTuned>(
+                    MakeParams(a), b.q, b.k, b.v, b.out.data(), b.lse.data(), b.pmax.data());
               });
-  for (const T& o : out) f.out.push_back(ToFloat(o));
-  return f;
+  return {b.OutAsFloat(), b.lse, b.pmax};
 }
 
 // FlashAttentionBackward's sequence (D, dK/dV, dQ) with the mma kernels (kTuned: "mma", else
@@ -69,30 +62,23 @@ Forward RunForward(const FlashReference& ref) {
 template <typename T, int DQK, int DV, bool kTuned>
 std::vector<float> RunBackward(const FlashCase& c, const FlashReference& ref) {
   const Params p = MakeParams(ref.a);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<T> x(ref.total), dout(ref.dout.size()), out(ref.out.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FromFloat<T>(ref.x[i]);
-  for (size_t i = 0; i < dout.size(); ++i) dout[i] = FromFloat<T>(ref.dout[i]);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = FromFloat<T>(float(ref.out[i]));
-  std::vector<float> lse(ref.lse.begin(), ref.lse.end()), d(ref.lse.size(), nan),
-      dx(ref.total, nan);
-  const T *q = x.data() + ref.q_off, *k = x.data() + ref.k_off, *v = x.data() + ref.v_off;
+  FlashEmulationBuffers<T> b(ref);
+  const float* lse = b.ref_lse.data();
   const long pairs = long(c.batch) * c.heads, rows = pairs * c.seq;
   emu::Launch(dim3((rows * 32 + 255) / 256), 256, 0,
-              [&] { RowDotKernel<T>(p, c.v_dim, out.data(), dout.data(), d.data()); });
-  float *dq = dx.data() + ref.q_off, *dk = dx.data() + ref.k_off, *dv = dx.data() + ref.v_off;
+              [&] { RowDotKernel<T>(p, c.v_dim, b.ref_out.data(), b.dout.data(), b.d.data()); });
   emu::Launch(dim3(c.batch * c.kv_heads, (c.seq + kTile - 1) / kTile), kThreads,
               BwdMmaKvSmemBytes<DQK, DV, kTuned>(), [&] {
-                FlashBackwardKvMmaKernel<T, DQK, DV, false, kTuned>(p, q, k, v, lse.data(),
-                                                                    d.data(), dout.data(), dk, dv);
+                FlashBackwardKvMmaKernel<T, DQK, DV, false, kTuned>(
+                    p, b.q, b.k, b.v, lse, b.d.data(), b.dout.data(), b.dk, b.dv);
               });
   constexpr int kRows = kDqQueryTile<DQK, DV>;
   emu::Launch(dim3(pairs, (c.seq + kRows - 1) / kRows), kThreads,
               BwdMmaQSmem<DQK, DV, kTuned>::kBytes, [&] {
-                FlashBackwardQMmaKernel<T, DQK, DV, false, kTuned>(p, q, k, v, lse.data(), d.data(),
-                                                                   dout.data(), dq);
+                FlashBackwardQMmaKernel<T, DQK, DV, false, kTuned>(p, b.q, b.k, b.v, lse,
+                                                                   b.d.data(), b.dout.data(), b.dq);
               });
-  return dx;
+  return b.dx;
 }
 
 void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
@@ -112,9 +98,7 @@ void ExpectForwardMatchesReference(const FlashCase& c) {
   SCOPED_TRACE(c.name);
   const FlashReference ref(c);
   const Forward f = RunForward<T, DQK, DV, true>(ref);
-  FlashReference::ExpectBf16Near(f.out, ref.out, "out");
-  ExpectNear(f.lse, FlashReference::ToFloat(ref.lse), 2e-4, 2e-4, "lse");
-  ExpectNear(f.pmax, FlashReference::ToFloat(ref.pmax), 1e-4, 1e-4, "S_max per (batch, head)");
+  ref.ExpectForward(f.out, f.lse, f.pmax);
 }
 
 // The tuned backward: bit for bit the first kernels', and within the bf16 tolerances of the CPU
@@ -125,12 +109,7 @@ void ExpectBackwardAsTheFirst(const FlashCase& c) {
   const FlashReference ref(c);
   const std::vector<float> tuned = RunBackward<T, DQK, DV, true>(c, ref);
   ExpectSameBits(tuned, RunBackward<T, DQK, DV, false>(c, ref), "dq | dk | dv, tuned vs first");
-  for (auto [off, width, what] :
-       {std::tuple{ref.q_off, ref.qw, "dq"}, std::tuple{ref.k_off, ref.kw, "dk"},
-        std::tuple{ref.v_off, ref.vw, "dv"}}) {
-    FlashReference::ExpectBf16Near(ref.Slice(tuned, off, width), ref.Slice(ref.dx, off, width),
-                                   what);
-  }
+  ref.ExpectGrads(tuned);
 }
 
 static_assert(MmaKeyPasses(true, 64, 64) == 2 && MmaKeyPasses(true, 16, 16) == 2 &&
@@ -182,24 +161,15 @@ TEST(FlashTunedEmulation, ScaleFoldedIntoExp2KeepsSmaxAndLse) {
 }
 
 TEST(FlashTunedEmulation, ExactCaseAcrossTwoKeyTiles) {
-  // Every q·k is 64·(0.5·−0.5) = −16, every logit −16·0.125 = −2 exactly; S = 200 spans two
-  // 128-key tiles, and the rows past the end in the last query tile score 0 on unmasked keys and
-  // must not reach S_max. P = 1/(i + 1) per key: out is exactly v, LSE = −2 + log(i + 1).
-  constexpr int S = 200, D = 64;
-  AttentionDims a;
-  a.batch = 1, a.seq = S, a.heads = 1, a.kv_heads = 1, a.qk_dim = D, a.v_dim = D;
-  a.ldq = a.ldk = a.ldv = a.ldo = D;
-  a.scale = 0.125;
-  std::vector<bf16> q(S * D, FromFloat<bf16>(0.5f)), k(S * D, FromFloat<bf16>(-0.5f)),
-      v(S * D, FromFloat<bf16>(1.0f)), out(S * D);
-  std::vector<float> lse(S), pmax(1, -INFINITY);
+  // UniformFlashCase at S = 200: two 128-key tiles, and rows past the end in the last query tile.
+  UniformFlashCase u(200);
+  constexpr int D = UniformFlashCase::kD;
   emu::Launch(dim3(1, 2), kThreads, FwdMmaSmemOf<D, D, true>::kBytes, [&] {
-    FlashForwardMmaKernel<bf16, D, D, false, true>(MakeParams(a), q.data(), k.data(), v.data(),
-                                                   out.data(), lse.data(), pmax.data());
+    FlashForwardMmaKernel<bf16, D, D, false, true>(MakeParams(u.a), u.q.data(), u.k.data(),
+                                                   u.v.data(), u.out.data(), u.lse.data(),
+                                                   u.pmax.data());
   });
-  EXPECT_EQ(pmax[0], -2.0f);
-  for (int i = 0; i < S; ++i) EXPECT_NEAR(lse[i], -2.0 + std::log(i + 1.0), 1e-5) << i;
-  for (const bf16& o : out) EXPECT_EQ(ToFloat(o), 1.0f);
+  u.Expect();
 }
 
 // The backward's pipelines: the dK/dV kernel's query tiles run over the heads of a GQA group

@@ -8,13 +8,8 @@
 #include "kernels/cuda/gemm.h"
 #include "tests/cuda_kernels/cuda_test_util.h"
 
-namespace moelab::cuda {
+namespace moelab::cuda::testing {
 namespace {
-
-using testing::ExpectNear;
-using testing::Random;
-using testing::ToBf16;
-using testing::ToDevice;
 
 // fp32: true fp32 on both sides (no TF32), so only summation order differs.
 constexpr double kGemmAtol = 1e-5, kGemmRtol = 1e-4;
@@ -137,4 +132,4 @@ TEST(CudaGemm, Bf16RateProbeThrowsWithoutDevice) {
 }
 
 }  // namespace
-}  // namespace moelab::cuda
+}  // namespace moelab::cuda::testing

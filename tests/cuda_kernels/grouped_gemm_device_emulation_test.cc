@@ -22,13 +22,9 @@
 
 #include "tests/cuda_kernels/emulation_test_util.h"
 
-namespace moelab::cuda {
+namespace moelab::cuda::emulation_test {
 namespace {
 
-using bf16 = __nv_bfloat16;
-using emulation_test::Random;
-using emulation_test::SameBits;
-using emulation_test::ToBf16;
 using ggemm::ExpertTensors;
 using ggemm::Op;
 using ggemm::Problem;
@@ -311,4 +307,4 @@ TEST(DeviceGroupedGemmEmulation, WeightGradientBitsDoNotDependOnTheGrid) {
 }
 
 }  // namespace
-}  // namespace moelab::cuda
+}  // namespace moelab::cuda::emulation_test

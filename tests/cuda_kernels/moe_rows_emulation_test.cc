@@ -20,14 +20,8 @@
 #include "kernels/cpu/moe_routing.h"
 #include "tests/cuda_kernels/emulation_test_util.h"
 
-namespace moelab::cuda {
+namespace moelab::cuda::emulation_test {
 namespace {
-
-using bf16 = __nv_bfloat16;
-
-using emulation_test::Random;
-using emulation_test::SameBits;
-using emulation_test::ToBf16;
 
 // n tokens, top-k, a random permutation of the n·k expert rows (what the dispatch plan gives).
 struct Routing {
@@ -158,4 +152,4 @@ TEST(MoeRowsEmulation, SixteenByteMovesGiveTheSameBitsBf16Rows) {
 }
 
 }  // namespace
-}  // namespace moelab::cuda
+}  // namespace moelab::cuda::emulation_test

@@ -23,13 +23,8 @@
 #include "kernels/cpu/norm.h"
 #include "tests/cuda_kernels/emulation_test_util.h"
 
-namespace moelab::cuda {
+namespace moelab::cuda::emulation_test {
 namespace {
-
-using bf16 = __nv_bfloat16;
-using emulation_test::Random;
-using emulation_test::SameBits;
-using emulation_test::ToBf16;
 
 uint16_t Bits(bf16 v) {
   uint16_t b;
@@ -167,4 +162,4 @@ TEST(CudaNormBf16Emulation, AddRmsNormCopyIsTheCastOfItsOutput) {
 }
 
 }  // namespace
-}  // namespace moelab::cuda
+}  // namespace moelab::cuda::emulation_test

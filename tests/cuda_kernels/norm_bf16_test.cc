@@ -5,7 +5,6 @@
 // GPU (the indexing and rounding are checked on the CPU by norm_bf16_emulation_test.cc).
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <vector>
 
 #include "kernels/cuda/device.h"
@@ -15,12 +14,9 @@
 namespace moelab::cuda {
 namespace {
 
+using emulation_test::SameBits;
 using testing::Random;
 using testing::ToDevice;
-
-bool SameBits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(bf16) * a.size()) == 0;
-}
 
 TEST(CudaRmsNormBf16, CopyIsTheCastOfTheFp32Output) {
   MOELAB_REQUIRE_GPU();

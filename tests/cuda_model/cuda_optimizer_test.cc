@@ -20,8 +20,8 @@
 #if MOELAB_HAVE_CUDA
 #include <cuda_bf16.h>
 
-#include "core/cuda_util.h"
 #include "core/model/cuda_optimizer_ops.h"
+#include "kernels/cuda/device.h"
 #endif
 
 namespace moelab {
@@ -77,7 +77,7 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The model's parameters, copied to the host (where the CPU reference starts from them) and to
 // `device`.
-std::vector<float> CopyParams(const Model<float>& model, cudautil::DeviceBuffer<float>* device) {
+std::vector<float> CopyParams(const Model<float>& model, cuda::DeviceBuffer<float>* device) {
   std::vector<float> host(model.params(), model.params() + model.num_params());
   device->Upload(host);
   return host;
@@ -91,7 +91,7 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
   Model<float> model(c);
   model.Init(3);
   const size_t n = model.num_params();
-  cudautil::DeviceBuffer<float> dparams, dgrads(n);
+  cuda::DeviceBuffer<float> dparams, dgrads(n);
   std::vector<float> cpu = CopyParams(model, &dparams);
   std::unique_ptr<Optimizer> ref = MakeOptimizer(c.optimizer, model.param_infos());
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
@@ -105,7 +105,7 @@ void CompareOptimizer(const std::string& name, double tolerance, double adamw_lr
     ref->Step(cpu.data(), g.data(), 1e-2, step);
     dev->Step(dparams.data(), dgrads.data(), 1e-2, step);
   }
-  const std::vector<float> out = dparams.ToHost();
+  const std::vector<float> out = dparams.Download();
   EXPECT_LT(RelDiff(out, cpu), tolerance) << name;
   // The state round-trips through the CPU layout (checkpoints).
   dev->SyncToHost();
@@ -143,12 +143,13 @@ TEST_F(CudaOptimizerTest, MuonHonoursTheAdamWGroupsLearningRate) {
 
 #if MOELAB_HAVE_CUDA
 // The copy of every parameter element equals the round-to-nearest-even cast of its fp32 weight.
-void ExpectCopyIsTheCast(const Model<float>& model, const cudautil::DeviceBuffer<float>& params,
+void ExpectCopyIsTheCast(const Model<float>& model, const cuda::DeviceBuffer<float>& params,
                          const Bf16WeightCopy& copy, const std::string& what) {
   const size_t n = model.num_params();
-  const std::vector<float> w = params.ToHost();
+  const std::vector<float> w = params.Download();
   std::vector<cuda::bf16> c(n);
-  MOELAB_CUDA(cudaMemcpy(c.data(), copy.values(), n * sizeof(cuda::bf16), cudaMemcpyDeviceToHost));
+  MOELAB_CUDA_CHECK(
+      cudaMemcpy(c.data(), copy.values(), n * sizeof(cuda::bf16), cudaMemcpyDeviceToHost));
   for (const ParamInfo& p : model.param_infos()) {
     for (size_t i = p.offset; i < p.offset + p.size(); ++i) {
       ASSERT_EQ(__bfloat162float(c[i]), __bfloat162float(__float2bfloat16(w[i])))
@@ -166,7 +167,7 @@ void CheckWeightCopy(const std::string& name) {
   Model<float> model(c);
   model.Init(3);
   const size_t n = model.num_params();
-  cudautil::DeviceBuffer<float> dparams, dgrads(n);
+  cuda::DeviceBuffer<float> dparams, dgrads(n);
   CopyParams(model, &dparams);
   Bf16WeightCopy copy;
   copy.Resize(n);
@@ -193,7 +194,7 @@ void CheckWeightCopy(const std::string& name) {
   std::unique_ptr<Optimizer> part = MakeOptimizer(c.optimizer, shard, ops);
   part->WriteWeightCopy(&copy);
   part->Step(dparams.data(), dgrads.data(), 1e-2, 1);
-  std::vector<float> w = dparams.ToHost();
+  std::vector<float> w = dparams.Download();
   for (size_t i = shard.back().offset + shard.back().size(); i < n; ++i) w[i] += 0.25f;
   dparams.Upload(w.data(), n);
   copy.Refresh(dparams.data());
@@ -236,7 +237,7 @@ TEST_F(CudaOptimizerTest, Bf16ModelsCopyFollowsUpdatesClipsAndLoads) {
   // Views of the device arena for the checks.
   auto check = [&](const std::string& what) {
     model.ReadParams(host.data());
-    cudautil::DeviceBuffer<float> d(n);
+    cuda::DeviceBuffer<float> d(n);
     d.Upload(host.data(), n);
     ExpectCopyIsTheCast(model, d, *copy, what);
   };
@@ -266,14 +267,14 @@ TEST_F(CudaOptimizerTest, QkClipPlanOnDeviceIsExact) {
     Model<float> model(c);
     model.Init(1);
     const size_t n = model.num_params();
-    cudautil::DeviceBuffer<float> d;
+    cuda::DeviceBuffer<float> d;
     std::vector<float> cpu = CopyParams(model, &d);
     const std::vector<float> s = {7.f, 2.f, 5.5f, 30.f, 1.f, 6.f, 5.f, 9.f};
     const QkClipPlan plan = PlanQkClip(c, model.param_infos(), s, 1);
     ApplyQkClipPlan(plan, cpu.data());
     const std::unique_ptr<Backend<float>> be = DeviceBackend();
     be->optimizer_ops().ScaleRows(plan.scales, d.data(), nullptr);
-    const std::vector<float> out = d.ToHost();
+    const std::vector<float> out = d.Download();
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], cpu[i]) << attention << " at " << i;
   }
 #endif
@@ -288,7 +289,7 @@ TEST_F(CudaOptimizerTest, GradNormAndScale) {
     x[i] = static_cast<float>(std::sin(0.001 * i));
     ref += static_cast<double>(x[i]) * x[i];
   }
-  cudautil::DeviceBuffer<float> d(n);
+  cuda::DeviceBuffer<float> d(n);
   d.Upload(x.data(), n);
   const std::unique_ptr<Backend<float>> be = DeviceBackend();
   OptimizerOps& ops = be->optimizer_ops();
