@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/moe_topk.h"
+#include "kernels/cpu/router_token.h"
 
 namespace moelab::cpu {
 
@@ -38,18 +38,8 @@ void MoeRoute(const T* logits, int n, int experts, int k, bool sigmoid, const T*
     }
     int* idx = topk + static_cast<long>(t) * k;
     T* val = gates + static_cast<long>(t) * k;
-    InsertTopK(s, bias, E, k, idx, val);  // kernels/cpu/moe_topk.h, shared with the CUDA router
-    double sum = 0;
-    for (int slot = 0; slot < k; ++slot) sum += s[idx[slot]];
-    T* g = gates + static_cast<long>(t) * k;
-    if (sum > 0) {
-      const double scale = route_scale / sum;
-      for (int slot = 0; slot < k; ++slot) g[slot] = static_cast<T>(s[idx[slot]] * scale);
-    } else {
-      // Only sigmoid scores can all underflow to 0 (logits below about -88 in float): split the
-      // gate evenly instead of producing 0/0 (the backward then treats the gates as constant).
-      for (int slot = 0; slot < k; ++slot) g[slot] = static_cast<T>(route_scale / k);
-    }
+    InsertTopK(s, bias, E, k, idx, val);     // kernels/cpu/router_token.h, shared with CUDA
+    TopKGates(s, idx, k, route_scale, val);  // val becomes the gates
   }
   std::fill(counts, counts + E, int64_t{0});
   const long nk = static_cast<long>(n) * k;
@@ -65,13 +55,7 @@ double MoeAuxLoss(const T* scores, const int64_t* counts, int n, int experts, in
   const double inv_nk = 1.0 / (static_cast<double>(n) * k);
   double acc = 0;
   for (int t = 0; t < n; ++t) {
-    const T* s = scores + static_cast<long>(t) * experts;
-    double row = 0, sum = 0;
-    for (int e = 0; e < experts; ++e) {
-      row += static_cast<double>(counts[e]) * s[e];
-      sum += s[e];
-    }
-    acc += sigmoid ? (sum > 0 ? row / sum : 0.0) : row;
+    acc += AuxLossTokenTerm(scores + static_cast<long>(t) * experts, counts, experts, sigmoid);
   }
   return coef * experts * inv_nk * acc / n;
 }

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/moe_topk.h"
+#include "kernels/cpu/router_token.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm_device.h"
@@ -52,15 +52,11 @@ __global__ void MoeRouteKernel(const T* logits, int n, int E, int k, bool sigmoi
   }
   int idx[kMaxTopK];
   T val[kMaxTopK];
-  cpu::InsertTopK(s, bias, E, k, idx, val);  // kernels/cpu/moe_topk.h, the CPU router's own
+  cpu::InsertTopK(s, bias, E, k, idx, val);  // kernels/cpu/router_token.h, the CPU router's own
+  cpu::TopKGates(s, idx, k, route_scale, gates + static_cast<long>(t) * k);
   int* ti = topk + static_cast<long>(t) * k;
-  T* g = gates + static_cast<long>(t) * k;
-  double sum = 0;
-  for (int slot = 0; slot < k; ++slot) sum += s[idx[slot]];
   for (int slot = 0; slot < k; ++slot) {
     ti[slot] = idx[slot];
-    g[slot] = sum > 0 ? static_cast<T>(s[idx[slot]] * (route_scale / sum))
-                      : static_cast<T>(route_scale / k);
     atomicAdd(counts + idx[slot], 1ull);
   }
 }
@@ -72,13 +68,7 @@ __global__ void MoeAuxLossKernel(const T* scores, const int64_t* counts, int n, 
   __shared__ double shared[32];
   double acc = 0;
   for (int t = threadIdx.x; t < n; t += blockDim.x) {
-    const T* s = scores + static_cast<long>(t) * E;
-    double row = 0, sum = 0;
-    for (int e = 0; e < E; ++e) {
-      row += static_cast<double>(counts[e]) * s[e];
-      sum += s[e];
-    }
-    acc += sigmoid ? (sum > 0 ? row / sum : 0.0) : row;
+    acc += cpu::AuxLossTokenTerm(scores + static_cast<long>(t) * E, counts, E, sigmoid);
   }
   acc = detail::BlockSum(acc, shared);
   if (threadIdx.x == 0) *out = acc;
