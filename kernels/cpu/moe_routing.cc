@@ -68,45 +68,11 @@ void MoeRouteBackward(const T* scores, const int* topk, const T* dgates, const i
   // dL_aux/ds̃_{t,i} = a_i = coef·E·f_i/n = a_scale·count_i, the same for every token.
   const bool aux = aux_coef != 0.0 && n > 0;
   const double a_scale = aux ? aux_coef * E / (static_cast<double>(n) * k * n) : 0.0;
-  auto a = [&](int e) { return a_scale * static_cast<double>(counts[e]); };
 #pragma omp parallel for schedule(static) if (1L * n * E > kParallelMin)
   for (int t = 0; t < n; ++t) {
-    const T* s = scores + static_cast<long>(t) * E;
-    const int* idx = topk + static_cast<long>(t) * k;
-    const T* dg = dgates + static_cast<long>(t) * k;
-    T* dz = dlogits + static_cast<long>(t) * E;
-    // ds accumulates dL/ds in dz, then dz is turned into dL/dz in place.
-    std::fill(dz, dz + E, T(0));
-    // g_j = r·u_j/U over the chosen set: dL/du_j = (r/U)·(dg_j - Σ_i dg_i·u_i/U).
-    double u_sum = 0, dot = 0;
-    for (int slot = 0; slot < k; ++slot) u_sum += s[idx[slot]];
-    if (u_sum > 0) {  // else the forward used constant gates (see MoeRoute)
-      for (int slot = 0; slot < k; ++slot) dot += static_cast<double>(dg[slot]) * s[idx[slot]];
-      dot /= u_sum;
-      const double r_over_u = route_scale / u_sum;
-      for (int slot = 0; slot < k; ++slot) {
-        dz[idx[slot]] += static_cast<T>(r_over_u * (dg[slot] - dot));
-      }
-    }
-    if (aux && sigmoid) {
-      // s̃_i = s_i/S: dL/ds_j = (a_j - Σ_i a_i·s̃_i)/S (no gradient where all scores underflow).
-      double S = 0, as = 0;
-      for (int e = 0; e < E; ++e) S += s[e];
-      if (S > 0) {
-        for (int e = 0; e < E; ++e) as += a(e) * s[e];
-        as /= S;
-        for (int e = 0; e < E; ++e) dz[e] += static_cast<T>((a(e) - as) / S);
-      }
-    } else if (aux) {
-      for (int e = 0; e < E; ++e) dz[e] += static_cast<T>(a(e));
-    }
-    if (sigmoid) {
-      for (int e = 0; e < E; ++e) dz[e] = dz[e] * s[e] * (T(1) - s[e]);
-    } else {
-      double sd = 0;
-      for (int e = 0; e < E; ++e) sd += static_cast<double>(dz[e]) * s[e];
-      for (int e = 0; e < E; ++e) dz[e] = s[e] * static_cast<T>(dz[e] - sd);
-    }
+    const long row = static_cast<long>(t);
+    RouteBackwardToken(scores + row * E, topk + row * k, dgates + row * k, counts, E, k, sigmoid,
+                       route_scale, aux, a_scale, dlogits + row * E);  // router_token.h
   }
 }
 

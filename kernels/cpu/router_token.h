@@ -1,7 +1,7 @@
-// The router's arithmetic for one token: its top-k selection, its gates and its term of the
-// aux loss. Shared by the CPU router (kernels/cpu/moe_routing.cc) and the CUDA routing kernels
-// (kernels/cuda/moe.cu), so the two choose the same experts and gates by construction. Compiled
-// for the host, and for the device where nvcc includes it.
+// The router's arithmetic for one token: its top-k selection, its gates, its term of the aux
+// loss and its backward. Shared by the CPU router (kernels/cpu/moe_routing.cc) and the CUDA routing
+// kernels (kernels/cuda/moe.cu), so the two choose the same experts and gates by construction.
+// Compiled for the host, and for the device where nvcc includes it.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +63,51 @@ MOELAB_HOST_DEVICE inline double AuxLossTokenTerm(const T* s, const int64_t* cou
     sum += s[e];
   }
   return sigmoid ? (sum > 0 ? row / sum : 0.0) : row;
+}
+
+// The router's backward for one token: dz [E] = dL/dz from the gates' gradient dg [k] (through
+// g_j = r·u_j/U over the chosen set: dL/du_j = (r/U)·(dg_j − Σ_i dg_i·u_i/U); nothing where the
+// forward split the gates evenly), plus, with aux, the aux loss's dL/ds̃_e = a_scale·counts_e
+// (sigmoid: through s̃_e = s_e/S, none where every score underflowed), then through the softmax
+// or sigmoid. s [E] the scores, idx [k] the chosen experts.
+template <typename T>
+MOELAB_HOST_DEVICE inline void RouteBackwardToken(const T* s, const int* idx, const T* dg,
+                                                  const int64_t* counts, int E, int k, bool sigmoid,
+                                                  double route_scale, bool aux, double a_scale,
+                                                  T* dz) {
+  // dz accumulates dL/ds first, then is turned into dL/dz in place.
+  for (int e = 0; e < E; ++e) dz[e] = T(0);
+  double u_sum = 0, dot = 0;
+  for (int slot = 0; slot < k; ++slot) u_sum += s[idx[slot]];
+  if (u_sum > 0) {
+    for (int slot = 0; slot < k; ++slot) dot += static_cast<double>(dg[slot]) * s[idx[slot]];
+    dot /= u_sum;
+    const double r_over_u = route_scale / u_sum;
+    for (int slot = 0; slot < k; ++slot) {
+      dz[idx[slot]] += static_cast<T>(r_over_u * (dg[slot] - dot));
+    }
+  }
+  if (aux && sigmoid) {
+    // dL/ds_j = (a_j − Σ_i a_i·s̃_i)/S.
+    double S = 0, as = 0;
+    for (int e = 0; e < E; ++e) S += s[e];
+    if (S > 0) {
+      for (int e = 0; e < E; ++e) as += a_scale * static_cast<double>(counts[e]) * s[e];
+      as /= S;
+      for (int e = 0; e < E; ++e) {
+        dz[e] += static_cast<T>((a_scale * static_cast<double>(counts[e]) - as) / S);
+      }
+    }
+  } else if (aux) {
+    for (int e = 0; e < E; ++e) dz[e] += static_cast<T>(a_scale * static_cast<double>(counts[e]));
+  }
+  if (sigmoid) {
+    for (int e = 0; e < E; ++e) dz[e] = dz[e] * s[e] * (T(1) - s[e]);
+  } else {
+    double sd = 0;
+    for (int e = 0; e < E; ++e) sd += static_cast<double>(dz[e]) * s[e];
+    for (int e = 0; e < E; ++e) dz[e] = s[e] * static_cast<T>(dz[e] - sd);
+  }
 }
 
 }  // namespace moelab::cpu

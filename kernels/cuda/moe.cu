@@ -102,39 +102,9 @@ __global__ void MoeRouteBackwardKernel(const T* scores, const int* topk, const T
                                        double route_scale, bool aux, double a_scale, T* dlogits) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= n) return;
-  const T* s = scores + static_cast<long>(t) * E;
-  const int* idx = topk + static_cast<long>(t) * k;
-  const T* dg = dgates + static_cast<long>(t) * k;
-  T* dz = dlogits + static_cast<long>(t) * E;
-  for (int e = 0; e < E; ++e) dz[e] = T(0);
-  double u_sum = 0, dot = 0;
-  for (int slot = 0; slot < k; ++slot) u_sum += s[idx[slot]];
-  if (u_sum > 0) {
-    for (int slot = 0; slot < k; ++slot) dot += static_cast<double>(dg[slot]) * s[idx[slot]];
-    dot /= u_sum;
-    const double r_over_u = route_scale / u_sum;
-    for (int slot = 0; slot < k; ++slot)
-      dz[idx[slot]] += static_cast<T>(r_over_u * (dg[slot] - dot));
-  }
-  if (aux && sigmoid) {
-    double S = 0, as = 0;
-    for (int e = 0; e < E; ++e) S += s[e];
-    if (S > 0) {
-      for (int e = 0; e < E; ++e) as += a_scale * static_cast<double>(counts[e]) * s[e];
-      as /= S;
-      for (int e = 0; e < E; ++e)
-        dz[e] += static_cast<T>((a_scale * static_cast<double>(counts[e]) - as) / S);
-    }
-  } else if (aux) {
-    for (int e = 0; e < E; ++e) dz[e] += static_cast<T>(a_scale * static_cast<double>(counts[e]));
-  }
-  if (sigmoid) {
-    for (int e = 0; e < E; ++e) dz[e] = dz[e] * s[e] * (T(1) - s[e]);
-  } else {
-    double sd = 0;
-    for (int e = 0; e < E; ++e) sd += static_cast<double>(dz[e]) * s[e];
-    for (int e = 0; e < E; ++e) dz[e] = s[e] * static_cast<T>(dz[e] - sd);
-  }
+  const long row = static_cast<long>(t);
+  cpu::RouteBackwardToken(scores + row * E, topk + row * k, dgates + row * k, counts, E, k, sigmoid,
+                          route_scale, aux, a_scale, dlogits + row * E);
 }
 
 // ---------------------------------------------------------------- gather / combine
