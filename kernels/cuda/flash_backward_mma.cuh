@@ -195,6 +195,23 @@ __device__ __forceinline__ void StoreGradRow(float* dst, const float (&acc)[D / 
   }
 }
 
+// The warp's kM m-tiles of dQ (rows w0 + 16·mi + …, those below S) written to dqw through
+// StoreGradRow: the dQ kernel's epilogue.
+template <int D, int kM, bool kRope>
+__device__ __forceinline__ void StoreDqTiles(float* dqw, int ldq, const float (&acc)[kM][D / 8][4],
+                                             int w0, int S, float mul, const RopeArgs& rope, int gr,
+                                             int t) {
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = w0 + 16 * mi + gr + 8 * half;
+      if (i >= S) continue;
+      StoreGradRow<D, kRope>(dqw + i * ldq, acc[mi], half, mul, rope, i, t);
+    }
+  }
+}
+
 // P and dS of one C element: s the raw Q·K sum, dp the dO·V sum, (lse, dd) its query's.
 // Returns P; *ds gets dS (0 for a masked pair). Branch-free in `valid` (selects, not a divergent
 // branch) so that the warp reaches its next mma.sync converged without relying on the compiler;
@@ -698,16 +715,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!warp_active) return;
-  float* dqw = dq + long(b) * S * p.ldq + long(h) * DQK;
-#pragma unroll
-  for (int mi = 0; mi < kM; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = w0 + 16 * mi + gr + 8 * half;
-      if (i >= S) continue;
-      StoreGradRow<DQK, kRope>(dqw + i * p.ldq, dq_acc[mi], half, p.scale, rope, i, t);
-    }
-  }
+  StoreDqTiles<DQK, kM, kRope>(dq + long(b) * S * p.ldq + long(h) * DQK, p.ldq, dq_acc, w0, S,
+                               p.scale, rope, gr, t);
 }
 
 }  // namespace moelab::cuda::flash
