@@ -198,7 +198,7 @@ __device__ __forceinline__ void StoreGradRow(float* dst, const float (&acc)[D / 
 // The warp's kM m-tiles of dQ (rows w0 + 16·mi + …, those below S) written to dqw through
 // StoreGradRow: the dQ kernel's epilogue.
 template <int D, int kM, bool kRope>
-__device__ __forceinline__ void StoreDqTiles(float* dqw, int ldq, const float (&acc)[kM][D / 8][4],
+__device__ __forceinline__ void StoreDqTiles(float* dqw, long ldq, const float (&acc)[kM][D / 8][4],
                                              int w0, int S, float mul, const RopeArgs& rope, int gr,
                                              int t) {
 #pragma unroll
