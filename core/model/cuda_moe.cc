@@ -12,6 +12,7 @@
 
 #include "core/model/cuda_backend_kernels.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm_device.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/swiglu.h"
@@ -247,7 +248,8 @@ void DeviceMoe::Route(const float* router, const float* bias, const float* x, in
                  scores_.data(), topk_.data(), gates_.data(), counts_.data());
   batch_counts_ = false;
   cudnn_ = UseCudnn();
-  if (counts_out && cudnn_) {
+  device_experts_ = UseDeviceExperts();
+  if (counts_out && (cudnn_ || device_experts_)) {
     StageCounts(counts_out);
   } else if (counts_out) {
     MOELAB_CUDA_CHECK(
@@ -282,7 +284,7 @@ const int64_t* DeviceMoe::Dispatch(const float* x) {
                         slot_row_.data());
   if (cudnn_) {
     StageOffsets();
-  } else {
+  } else if (!device_experts_) {
     cuda::DownloadOffsets(offsets_.data(), E, host_offsets_.data());
   }
   if (!bf16_) {
@@ -291,7 +293,7 @@ const int64_t* DeviceMoe::Dispatch(const float* x) {
   }
   bf16* xb = tmp_->xb16.data();  // also the shared experts' input (ExpertsForward)
   cuda::CastToBf16(x, xb, static_cast<size_t>(n) * d);
-  chunked_ = !cudnn_ && UseChunks();
+  chunked_ = !cudnn_ && !device_experts_ && UseChunks();
   if (chunked_) {
     chunks_ = cuda::PlanMoeChunks(host_offsets_.data(), E, cuda::MoeChunkRows(nk, E));
     // Grow-only: the chunk count follows the routing, so it changes nearly every forward, and
@@ -304,7 +306,7 @@ const int64_t* DeviceMoe::Dispatch(const float* x) {
   } else {
     cuda::MoeGather(xb, d, row_token_.data(), nk, XeBf16());
   }
-  return cudnn_ ? nullptr : host_offsets_.data();
+  return cudnn_ || device_experts_ ? nullptr : host_offsets_.data();
 }
 
 MoeRowBuffers DeviceMoe::LocalRows() {
@@ -321,10 +323,11 @@ MoeRowBuffers DeviceMoe::OwnedRows(int64_t rows) {
 
 void DeviceMoe::ExpertsForward(const MoeWeights<float>& w, const float* x,
                                const MoeRoutedRows& rows, float* y) {
-  const bool grouped = bf16_ && !chunked_ && !cudnn_;
-  MoePhases phase(host_->profiler(), grouped  ? "experts grouped"
-                                     : cudnn_ ? "experts cudnn"
-                                              : "experts");
+  const bool grouped = bf16_ && !chunked_ && !cudnn_ && !device_experts_;
+  MoePhases phase(host_->profiler(), grouped           ? "experts grouped"
+                                     : cudnn_          ? "experts cudnn"
+                                     : device_experts_ ? "experts device"
+                                                       : "experts");
   const MoeLayerParams p = Params(w);
   const int n = n_, d = shape_.d, H = shape_.hidden, S = shape_.shared;
   const size_t nd = static_cast<size_t>(n) * d;
@@ -333,6 +336,11 @@ void DeviceMoe::ExpertsForward(const MoeWeights<float>& w, const float* x,
       ChunkedForward(p);
     } else if (cudnn_) {
       CudnnForward(p);
+    } else if (device_experts_) {
+      MoeExpertActs<bf16>& a = b16_;
+      cuda::MoeExpertsForwardDevice(XeBf16(), offsets_.data(), shape_.experts, d, H, p.w1b, p.w3b,
+                                    p.w2b, a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
+                                    DeviceWorkspace());
     } else {
       RoutedForward(b16_, b16_owned_, rows, XeBf16(), p.w1b, p.w3b, p.w2b);
     }
@@ -426,6 +434,13 @@ void DeviceMoe::ExpertsBackwardBf16(const MoeLayerParams& p, const MoeLayerGrads
   if (chunked_) {
     phase.Next("experts");
     ChunkedBackward(p, g);
+  } else if (device_experts_) {
+    phase.Next("experts device");
+    MoeExpertActs<bf16>& a = b16_;
+    cuda::MoeExpertsBackwardDevice(XeBf16(), offsets_.data(), E, d, shape_.hidden, p.w1b, p.w3b,
+                                   p.w2b, a.h1.data(), a.h3.data(), a.act.data(), a.ye.data(),
+                                   tmp_->dxe16.data(), g.w1, g.w3, g.w2, tmp_->scratch16.data(),
+                                   DeviceWorkspace());
   } else {
     // The cuDNN experts' backward is the grouped GEMMs' (cuDNN 9.19 has no engine for the input
     // gradients' products and no weight-gradient operation: kernels/cuda/moe_experts_cudnn.h),
@@ -464,6 +479,20 @@ bool DeviceMoe::UseChunks() const {
 }
 
 bool DeviceMoe::UseCudnn() const { return bf16_ && !ep_ && CudnnExpertsWanted(); }
+
+bool DeviceMoe::UseDeviceExperts() const {
+  // The widths were checked before the run (cuda_supports.cc); a layer the kernels cannot take
+  // keeps the grouped GEMMs rather than failing mid-run.
+  return bf16_ && !ep_ && ExpertsPathWanted() == 3 &&
+         cuda::DeviceGroupedGemmSupports(shape_.d, shape_.hidden);
+}
+
+void* DeviceMoe::DeviceWorkspace() {
+  // Grow-only and stream-ordered: every product of every layer reuses it in turn.
+  const size_t bytes = cuda::DeviceGroupedGemmWorkspaceBytes(shape_.experts);
+  if (device_workspace_.size() < bytes) device_workspace_.Resize(bytes);
+  return device_workspace_.data();
+}
 
 DeviceMoe::Staging& DeviceMoe::Staged() {
   if (!staging_) staging_ = std::make_unique<Staging>(shape_.experts);

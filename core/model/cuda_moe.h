@@ -184,6 +184,11 @@ class DeviceMoe final : public MoeExperts<float> {
   // the grouped GEMMs.
   bool UseChunks() const;
   bool UseCudnn() const;
+  // Whether this forward's routed experts run on the device-shaped grouped GEMM (bf16 mode, no
+  // EP, train.kernels.experts "device"): it reads the dispatch plan's offsets on the device, so
+  // the layer copies nothing to the host (the counts for the caller go through Staging).
+  bool UseDeviceExperts() const;
+  void* DeviceWorkspace();  // device_workspace_, grown to the layer's need
   // The cuDNN path's forward: the counts for the caller and the offsets for the backward (on the
   // grouped GEMMs, which need them on the host) go to pinned memory behind the dispatch plan,
   // without a host sync (Staging).
@@ -206,6 +211,8 @@ class DeviceMoe final : public MoeExperts<float> {
   bool chunked_ = false;     // the last Forward ran the chunked layout
   bool chunk_room_ = false;  // the buffers were reserved for it (train.kernels.experts then)
   bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
+  bool device_experts_ = false;  // the last Forward ran them on the device-shaped grouped GEMM
+  cuda::DeviceBuffer<unsigned char> device_workspace_;  // its problems and tile prefix
   struct Staging;            // the cuDNN path's pinned copies, events and products
   std::unique_ptr<Staging> staging_;
   Staging& Staged();   // staging_, made at its first use

@@ -303,6 +303,27 @@ TEST_F(CudaModelTest, CudnnExpertsTrackGroupedExperts) {
   EXPECT_EQ(routed, 8 * 64 * 2) << "every token's two choices counted";
 }
 
+// The experts on the device-shaped grouped GEMM (train.kernels.experts "device"), which read the
+// dispatch plan's offsets on the device (the layer downloads none: the routing counts reach the
+// host through the pinned staging, after the step), against the grouped GEMMs on the same 20-step
+// bf16 runs with aux-loss-free balancing (so the counts feed the bias update): every loss within
+// 0.02 nats and the first step's counts equal.
+TEST_F(CudaModelTest, DeviceExpertsTrackGroupedExperts) {
+  RunConfig c = SmallMoeBf16();
+  c.moe.balance = "aux_free";
+  RunConfig on = c;
+  on.train.kernels.experts = "device";
+  const auto t = OneStepProfile(on);
+  EXPECT_GT(t.count("moe/experts device"), 0u) << "the device-shaped experts never ran";
+  EXPECT_EQ(t.count("moe/experts grouped"), 0u) << "a layer ran the grouped GEMMs";
+  const Recorder device = RunOn(on, "cuda", "bf16");
+  const Recorder grouped = RunOn(c, "cuda", "bf16");
+  ASSERT_NO_FATAL_FAILURE(ExpectLossesTrack(device, grouped, 0.02));
+  ASSERT_FALSE(device.expert_counts.empty());
+  ASSERT_FALSE(grouped.expert_counts.empty());
+  EXPECT_EQ(device.expert_counts.front(), grouped.expert_counts.front());
+}
+
 // bf16 attention activations (train.kernels.attention_acts "bf16": qkv, att and datt held in bf16,
 // RoPE on bf16 heads) against fp32 ones on the same 20-step bf16 runs, with GQA: every loss within
 // 0.02 nats and the first step's S_max within 2e-2 relative, and not the same bits (the narrower
