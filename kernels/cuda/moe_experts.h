@@ -7,8 +7,8 @@
 // host. Everything else is on the device. With train.kernels.experts "device" (selection 3) the
 // bf16 forward and backward run on the device-shaped grouped GEMM instead
 // (grouped_gemm_device.h; the offsets are copied back to the device, and the backward's scratch
-// holds dh1|dh3 side by side in each row); its entry points that take the dispatch plan's device
-// offsets need no host copy.
+// holds dh1|dh3 side by side in each row). The MoE layer (core/model/cuda_moe.cc) calls that
+// GEMM's entry points with the dispatch plan's device offsets directly: no host copy at all.
 #pragma once
 
 #include <cstdint>
