@@ -165,6 +165,22 @@ TEST(Experiments, SparsityLawFrontierPreRegistration) {
               100 * router);
 }
 
+// The order the frontier design runs in (README, "Run and resume"): by-seed.json is sweep.json's
+// 288 configs, seed by seed (every run of seed 1 first), so sweep.json reuses each of its runs.
+TEST(Experiments, SparsityLawFrontierBySeedIsTheDesignInSeedOrder) {
+  const Sweep design = LoadSweep(Src("experiments/sparsity-law-frontier/sweep.json"));
+  const Sweep by_seed = LoadSweep(Src("experiments/sparsity-law-frontier/by-seed.json"));
+  std::multiset<std::string> want, got;
+  for (const SweepRun& r : design.runs) want.insert(r.hash);
+  for (const SweepRun& r : by_seed.runs) got.insert(r.hash);
+  EXPECT_EQ(got, want);
+  ASSERT_EQ(by_seed.runs.size(), 288u);
+  for (size_t i = 1; i < by_seed.runs.size(); ++i) {
+    EXPECT_LE(by_seed.runs[i - 1].config.train.seed, by_seed.runs[i].config.train.seed)
+        << "run " << i << " comes before a run of a lower seed";
+  }
+}
+
 TEST(Experiments, DemoHoldsActiveComputeFixed) {
   std::map<std::string, int> seen;
   CheckSparsitySpec("experiments/demo/sweep.json", &seen);
