@@ -196,6 +196,16 @@ void AddDbCommand(CLI::App& app) {
       fmt::print("imported {} promotion(s), skipped {} already present\n", r.promotions_imported,
                  r.promotions_skipped);
     }
+    if (r.adaptive_batches_imported + r.adaptive_batches_skipped > 0) {
+      fmt::print("imported {} adaptive batch(es), skipped {} already present\n",
+                 r.adaptive_batches_imported, r.adaptive_batches_skipped);
+    }
+    for (const std::string& name : r.adaptive_conflicts) {
+      fmt::print(
+          "warning: adaptive sweep '{}' chose other runs in the two files: its history here is "
+          "kept, the other's is not imported (one sequential question has one history)\n",
+          name);
+    }
     // Runs of a sweep trained elsewhere (a Slurm job's database) join it now, by config hash.
     for (const auto& a : sweeps::AdoptRuns(*path)) {
       fmt::print("run {} ({}) joined sweep '{}' as #{}\n", a.run_id, ToString(a.status), a.sweep,

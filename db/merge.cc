@@ -79,6 +79,60 @@ void MergePromotions(Connection& db, MapSweep& map_sweep, MergeResult& result) {
   }
 }
 
+// Copies src's adaptive histories (MergeResult, merge.h): per sweep, the batches dst lacks with
+// their looks, unless a batch both hold chose other runs (a conflict, reported, nothing copied).
+template <typename MapSweep>
+void MergeAdaptive(Connection& db, MapSweep& map_sweep, MergeResult& result) {
+  std::vector<std::pair<int64_t, std::string>> sweeps;  // src id, name
+  {
+    Statement st = db.Prepare(
+        "SELECT DISTINCT b.sweep_id, s.name FROM src.adaptive_batches b JOIN src.sweeps s ON "
+        "s.id = b.sweep_id ORDER BY b.sweep_id");
+    while (st.Step()) sweeps.emplace_back(st.Int(0), st.Text(1));
+  }
+  const std::string batch_cols = Without(Columns(db, "adaptive_batches"), "sweep_id");
+  const std::string look_cols = Without(Columns(db, "adaptive_looks"), "sweep_id");
+  for (const auto& [src_sweep, name] : sweeps) {
+    const int64_t dst_sweep = map_sweep(src_sweep);
+    Statement differ = db.Prepare(
+        "SELECT COUNT(*) FROM src.adaptive_batches s JOIN main.adaptive_batches m ON m.batch = "
+        "s.batch AND m.sweep_id = ?2 WHERE s.sweep_id = ?1 AND m.runs_json != s.runs_json");
+    differ.Bind(1, src_sweep).Bind(2, dst_sweep);
+    differ.Step();
+    if (differ.Int(0) > 0) {
+      result.adaptive_conflicts.push_back(name);
+      continue;
+    }
+    Statement held = db.Prepare(
+        "SELECT COUNT(*) FROM src.adaptive_batches s JOIN main.adaptive_batches m ON m.batch = "
+        "s.batch AND m.sweep_id = ?2 WHERE s.sweep_id = ?1");
+    held.Bind(1, src_sweep).Bind(2, dst_sweep);
+    held.Step();
+    result.adaptive_batches_skipped += static_cast<int>(held.Int(0));
+    // The looks first, keyed by the batches about to be copied (a batch's look may be missing:
+    // the sweep was killed before it).
+    db.Prepare(fmt::format(
+                   "INSERT INTO main.adaptive_looks (sweep_id, {0}) SELECT ?2, {0} FROM "
+                   "src.adaptive_looks l WHERE l.sweep_id = ?1 AND NOT EXISTS (SELECT 1 FROM "
+                   "main.adaptive_batches m WHERE m.sweep_id = ?2 AND m.batch = l.batch) AND NOT "
+                   "EXISTS (SELECT 1 FROM main.adaptive_looks m WHERE m.sweep_id = ?2 AND m.batch "
+                   "= l.batch)",
+                   look_cols))
+        .Bind(1, src_sweep)
+        .Bind(2, dst_sweep)
+        .Run();
+    db.Prepare(fmt::format(
+                   "INSERT INTO main.adaptive_batches (sweep_id, {0}) SELECT ?2, {0} FROM "
+                   "src.adaptive_batches b WHERE b.sweep_id = ?1 AND NOT EXISTS (SELECT 1 FROM "
+                   "main.adaptive_batches m WHERE m.sweep_id = ?2 AND m.batch = b.batch)",
+                   batch_cols))
+        .Bind(1, src_sweep)
+        .Bind(2, dst_sweep)
+        .Run();
+    result.adaptive_batches_imported += db.changes();
+  }
+}
+
 }  // namespace
 
 MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_path) {
@@ -156,6 +210,7 @@ MergeResult MergeDatabase(const std::string& dst_path, const std::string& src_pa
     }
     runs = Statement();
     MergePromotions(db, map_sweep, result);
+    MergeAdaptive(db, map_sweep, result);
     db.Exec("COMMIT");
   } catch (...) {
     sqlite3_exec(db.get(), "ROLLBACK", nullptr, nullptr, nullptr);

@@ -564,6 +564,79 @@ TEST_F(DbTest, MergeCopiesPromotionsWithTheirRuns) {
   EXPECT_EQ(IntegrityCheck(path_), "ok");
 }
 
+// An adaptive sweep's history travels with its sweep: the batches and looks dst lacks are copied
+// (a second merge copies nothing), a longer history extends a prefix, and one that chose other
+// runs in a batch both hold is reported and not imported.
+TEST_F(DbTest, MergeCopiesAdaptiveHistories) {
+  auto add_batch = [](const std::string& file, const std::string& sweep, int batch,
+                      const std::string& runs, bool look) {
+    Connection db = OpenForWrite(file);
+    db.Prepare("INSERT INTO sweeps (name, created_at) VALUES (?1, 0) ON CONFLICT (name) DO NOTHING")
+        .Bind(1, sweep)
+        .Run();
+    Statement id = db.Prepare("SELECT id FROM sweeps WHERE name = ?1");
+    id.Bind(1, sweep);
+    EXPECT_TRUE(id.Step());
+    const int64_t sweep_id = id.Int(0);
+    db.Prepare(
+          "INSERT INTO adaptive_batches (sweep_id, batch, runs_json, why_json, cost_flops, "
+          "created_at) VALUES (?1, ?2, ?3, '[]', 1e12, 0)")
+        .Bind(1, sweep_id)
+        .Bind(2, int64_t{batch})
+        .Bind(3, runs)
+        .Run();
+    if (look) {
+      db.Prepare(
+            "INSERT INTO adaptive_looks (sweep_id, batch, seeds, estimate, lo, hi, critical, "
+            "alpha_spent, spent_flops, decision, detail_json, created_at) VALUES (?1, ?2, 4, 1.2, "
+            "1.0, 1.4, 2.5, 0.05, 1e12, 'continue', '{}', 0)")
+          .Bind(1, sweep_id)
+          .Bind(2, int64_t{batch})
+          .Run();
+    }
+  };
+  auto count = [&](const std::string& table, const std::string& sweep) {
+    Connection db = OpenForRead(path_);
+    Statement st = db.Prepare(
+        "SELECT COUNT(*) FROM " + table + " t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = ?1");
+    st.Bind(1, sweep);
+    EXPECT_TRUE(st.Step());
+    return st.Int(0);
+  };
+  const std::string other = dir_ + "/adaptive.db";
+  add_batch(other, "question", 1, "[0,1,2]", true);
+  add_batch(other, "question", 2, "[3,4]", false);  // killed before its look
+  add_batch(other, "diverged", 1, "[0,1]", true);
+  add_batch(path_, "diverged", 1, "[0,5]", true);  // the same question, other choices here
+
+  const MergeResult first = MergeDatabase(path_, other);
+  EXPECT_EQ(first.adaptive_batches_imported, 2);
+  EXPECT_EQ(first.adaptive_batches_skipped, 0);
+  EXPECT_EQ(first.adaptive_conflicts, std::vector<std::string>{"diverged"});
+  EXPECT_EQ(count("adaptive_batches", "question"), 2);
+  EXPECT_EQ(count("adaptive_looks", "question"), 1);
+  EXPECT_EQ(count("adaptive_batches", "diverged"), 1);
+  {
+    Connection db = OpenForRead(path_);
+    Statement st = db.Prepare(
+        "SELECT runs_json FROM adaptive_batches b JOIN sweeps s ON s.id = b.sweep_id WHERE s.name "
+        "= 'diverged'");
+    ASSERT_TRUE(st.Step());
+    EXPECT_EQ(st.Text(0), "[0,5]") << "dst's history was replaced";
+  }
+
+  const MergeResult again = MergeDatabase(path_, other);
+  EXPECT_EQ(again.adaptive_batches_imported, 0);
+  EXPECT_EQ(again.adaptive_batches_skipped, 2);
+
+  add_batch(other, "question", 3, "[5]", true);  // the source went on: its third batch joins
+  const MergeResult longer = MergeDatabase(path_, other);
+  EXPECT_EQ(longer.adaptive_batches_imported, 1);
+  EXPECT_EQ(count("adaptive_batches", "question"), 3);
+  EXPECT_EQ(count("adaptive_looks", "question"), 2);
+  EXPECT_EQ(IntegrityCheck(path_), "ok");
+}
+
 // ---- Processes ----------------------------------------------------------------------------
 
 TEST_F(DbTest, ReaderPollsWhileAnotherProcessWrites) {
