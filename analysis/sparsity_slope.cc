@@ -7,6 +7,7 @@
 #include <set>
 
 #include "analysis/fit_common.h"
+#include "analysis/frontier.h"
 
 namespace moelab::analysis {
 
@@ -87,7 +88,7 @@ SparsitySlope EstimateSparsitySlope(const ModelFreeTable& table,
   return out;
 }
 
-std::string FormatSparsitySlope(const SparsitySlope& s, bool single_size) {
+std::string FormatSparsitySlope(const SparsitySlope& s, const std::string& estimand) {
   std::vector<std::string> sp;
   for (double v : s.sparsities) sp.push_back(fmt::format("{:g}", v));
   std::string out = fmt::format(
@@ -95,10 +96,18 @@ std::string FormatSparsitySlope(const SparsitySlope& s, bool single_size) {
       "per seed through the origin over S in {{{}}}; exp(beta) = FLOPs factor per doubling of "
       "sparsity (K2: 1.69x from S = 8 to 48 = 1.22x per doubling)\n",
       s.reference_sparsity, s.reference_sparsity, fmt::join(sp, ", "));
-  if (single_size) {
-    out +=
-        "estimand: single-size training curve (one model size per S), not the report's "
-        "compute-optimal frontier\n";
+  if (estimand.rfind("fixed size", 0) == 0) {
+    out += fmt::format(
+        "estimand: {}: a single-size training curve (one model size per S), not the report's "
+        "compute-optimal frontier\n",
+        estimand);
+  } else if (estimand.rfind("frontier", 0) == 0) {
+    out += fmt::format(
+        "estimand: {}: C_S read on each (S, seed)'s lower envelope over model sizes, the "
+        "report's estimand\n",
+        estimand);
+  } else if (!estimand.empty()) {
+    out += fmt::format("estimand: {}\n", estimand);
   }
   for (const auto& t : s.targets) {
     std::vector<std::string> per;
@@ -127,13 +136,13 @@ std::string FormatSparsitySlope(const SparsitySlope& s, bool single_size) {
 std::string SparsitySlopeReport(const ModelFreeTable& table, const std::vector<Observation>& points,
                                 const std::map<std::string, double>& sparsity_of, double level,
                                 int min_seeds) {
-  std::map<std::string, std::set<double>> sizes;
-  for (const auto& p : points) sizes[p.family].insert(p.params);
-  bool single_size = true;
-  for (const auto& [f, s] : sizes) single_size = single_size && s.size() == 1;
+  // The table's own label (set from the same observations' model sizes), so the β block and the
+  // table above it always name the same estimand.
+  std::string estimand = table.estimand;
+  if (estimand.empty()) estimand = EstimandLabel(EstimandOf(points));
   try {
     return FormatSparsitySlope(EstimateSparsitySlope(table, sparsity_of, level, min_seeds),
-                               single_size);
+                               estimand);
   } catch (const AnalysisError&) {
     return "";  // not a sparsity comparison
   }

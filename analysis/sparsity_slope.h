@@ -46,11 +46,14 @@ SparsitySlope EstimateSparsitySlope(const ModelFreeTable& table,
                                     const std::map<std::string, double>& sparsity_of,
                                     double level = 0.90, int min_seeds = 3);
 
-// The printed block `moelab fit` shows (and docs/analysis.md describes).
-std::string FormatSparsitySlope(const SparsitySlope& s, bool single_size);
+// The printed block `moelab fit` shows (and docs/analysis.md describes), labelled with the
+// estimand of the table it was read from (ModelFreeTable::estimand: "frontier
+// (compute-optimal)", "fixed size (training curve)" or "mixed (...)").
+std::string FormatSparsitySlope(const SparsitySlope& s, const std::string& estimand);
 
-// What `moelab fit` prints after the model-free table: the β block (labelled a single-size
-// training curve when every family has one model size), or "" when the families carry no
+// What `moelab fit` prints after the model-free table: the β block (labelled with the table's
+// estimand: the report's compute-optimal frontier, or a single-size training curve when every
+// family has one model size), or "" when the families carry no
 // sparsity (a sweep over another variable) or fewer than two sparsities are compared.
 std::string SparsitySlopeReport(const ModelFreeTable& table, const std::vector<Observation>& points,
                                 const std::map<std::string, double>& sparsity_of, double level,

@@ -140,8 +140,11 @@ TEST(SparsitySlope, RecoversAKnownSlopeAndTrend) {
   EXPECT_DOUBLE_EQ(sl.targets[1].beta.sign_flip_p, 0.125);
   ASSERT_EQ(sl.trend_per_seed.size(), 4u);
   for (double d : sl.trend_per_seed) EXPECT_NEAR(d, -1.0, 1e-9);
-  const std::string text = FormatSparsitySlope(sl, true);
+  const std::string text = FormatSparsitySlope(sl, "fixed size (training curve)");
   EXPECT_THAT(text, HasSubstr("single-size training curve"));
+  EXPECT_THAT(FormatSparsitySlope(sl, "frontier (compute-optimal)"),
+              HasSubstr("estimand: frontier (compute-optimal): C_S read on each (S, seed)'s lower "
+                        "envelope over model sizes, the report's estimand"));
   EXPECT_THAT(text, HasSubstr("per seed: s1 +0.290, s2 +0.300, s3 +0.310, s4 +0.320"));
   EXPECT_THAT(text, HasSubstr("trend dbeta/dL*"));
   // A table of another variable (no numeric sparsity): no β, and the report is empty.
