@@ -69,6 +69,9 @@ void AddRunOptions(CLI::App* cmd, RunArgs* a) {
                   "Refuse specs expanding to more runs than this (default 10000 or the spec's "
                   "max_runs)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--extendable", a->run.extendable,
+                "WSD runs keep a checkpoint at their decay start, so a longer run of their family "
+                "added later continues them instead of starting over (adaptive sweeps always do)");
   cmd->add_flag("--adaptive", a->adaptive,
                 "Answer the spec's \"adaptive\" question: train chosen batches until its "
                 "stopping rule or budget ends the sweep (docs/sweeps-adaptive.md)");

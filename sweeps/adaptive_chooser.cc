@@ -70,9 +70,20 @@ double BatchCost(const AdaptiveSpace& space, const std::vector<int>& runs,
     // The sweep runner branches from the family's longest run: a new one (its checkpoints at
     // the branch points are kept while it trains), or a done one (whose are not: full price).
     const bool new_trunk = it == longest_chosen.end() || g.front()->rung > it->second;
+    // A new trunk longer than a trained run extends it (RunOptions::extendable: the trained
+    // run kept its checkpoint at its decay start) when no new shorter run branches earlier:
+    // only its steps after that checkpoint are trained.
+    double continued = 0;
+    if (new_trunk && it != longest_chosen.end()) {
+      const SpaceRun* trained = space.At(key.first, key.second, it->second);
+      bool later = trained != nullptr;
+      for (size_t k = 1; k < g.size(); ++k) later = later && g[k]->rung >= it->second;
+      if (later) continued = trained->flops - trained->decay_flops;
+    }
     for (size_t k = 0; k < g.size(); ++k) {
       cost += (k == 0 || !new_trunk) ? g[k]->flops : g[k]->decay_flops;
     }
+    cost -= continued;
   }
   return cost;
 }

@@ -3,7 +3,8 @@
 // brackets the target in both arms narrows it by the same expected amount, and the chooser
 // prices the ways to gain one:
 //   - finish a seed whose arm does not bracket the target yet: extend it by one rung (a longer
-//     run, trained in full: it becomes the family's new trunk) when every loss is above the
+//     run that continues the trained one's stable phase from its kept checkpoint and becomes
+//     the family's new trunk: only its steps after that are paid) when every loss is above the
 //     target, or add the next shorter rung when every loss is below (a WSD branch);
 //   - start a new seed (the next of the spec's seeds) in both arms, on the rungs where the seeds
 //     so far crossed the target, one trunk per arm with the shorter rungs branching
@@ -35,9 +36,12 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
                           double spent_flops);
 
 // The FLOPs of training `runs` together (index → run of the space): within each (side, seed)
-// the longest run not yet trained is trained in full and the shorter new ones branch from it
-// (their decay only); a run shorter than an already trained one is trained in full (the trunk's
-// checkpoints at its decay start were not kept).
+// the longest run not yet trained is the trunk and the shorter new ones branch from it (their
+// decay only); the trunk is trained in full, less the stable phase of the longest trained run
+// when it extends that one (no new run branches before its decay start: the sweep runner's
+// rule, sweeps/runner.cc PlanExtensions); a run shorter than an already trained one is trained
+// in full (the trunk kept no checkpoint at its decay start). A run reused from outside the
+// sweep without its kept checkpoint would be trained in full: the price then understates it.
 double BatchCost(const AdaptiveSpace& space, const std::vector<int>& runs,
                  const std::set<int>& chosen);
 

@@ -84,7 +84,11 @@ std::string FormatLook(const AdaptiveLookRow& l) {
 
 }  // namespace
 
-AdaptiveSummary RunAdaptiveSweep(const Sweep& sweep, const RunOptions& options) {
+AdaptiveSummary RunAdaptiveSweep(const Sweep& sweep, const RunOptions& run_options) {
+  // Every run keeps its stable-phase end, so "extend to" a longer rung continues it (the
+  // chooser prices an extension so: adaptive_chooser.cc BatchCost).
+  RunOptions options = run_options;
+  options.extendable = true;
   if (!sweep.adaptive) throw SpecError("sweep '" + sweep.name + "' has no \"adaptive\" block");
   const AdaptiveSpec& spec = *sweep.adaptive;
   const int lock = LockAdaptive(SweepDir(options.db_path, sweep.name), sweep.name);

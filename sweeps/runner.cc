@@ -127,7 +127,10 @@ struct Job {
   // The run row's recorded name: another sweep's when the row is shared (`moelab train` checks
   // --name against it), else run->name.
   std::string row_name;
-  // WSD branching: this run starts its decay from parent's checkpoint at branch_step.
+  // WSD branching: this run starts its decay from parent's checkpoint at branch_step; or, when
+  // `extends`, its stable phase from the parent's (a done shorter run of its family: the
+  // parent's checkpoint at the parent's own decay start).
+  bool extends = false;
   int parent = -1;
   int64_t branch_step = -1;
   std::vector<int64_t> branch_steps;  // as a parent: keep checkpoints at these steps
@@ -368,7 +371,57 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
       }
       store_.SetBranch(sweep_id_, child.run_id, parent.run_id, b.step);
     }
+    PlanExtensions();
     for (Job& job : jobs_) std::sort(job.branch_steps.begin(), job.branch_steps.end());
+  }
+
+  // WSD extension (RunOptions::extendable): the longest run of a family, not yet started,
+  // continues the stable phase of a done shorter run whose checkpoint at its own decay start
+  // was kept (the latest such), when every shorter run still to train branches at or after
+  // that step. Its steps up to there are the shorter run's, bit for bit (as for a branch).
+  void PlanExtensions() {
+    std::map<std::string, std::vector<int>> family;  // branch hash -> WSD jobs
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      const RunConfig& c = jobs_[i].run->config;
+      if (sweep_.branching && c.schedule.type == "wsd") {
+        family[jobs_[i].run->branch_hash].push_back(static_cast<int>(i));
+      }
+    }
+    db::Reader reader(opt_.db_path);
+    for (const auto& [hash, members] : family) {
+      for (int j : members) {
+        Job& job = jobs_[j];
+        if (job.parent >= 0 || job.state != State::kQueued) continue;
+        const std::optional<RunRow> row = reader.GetRun(job.run_id);
+        if (!row || row->last_step > 0) continue;  // it has its own start already
+        const int64_t own_decay = WsdDecayStart(job.run->config);
+        int from = -1;
+        int64_t step = -1;
+        for (int k : members) {
+          const Job& done = jobs_[k];
+          const int64_t at = WsdDecayStart(done.run->config);
+          if (k == j || done.state != State::kDone || done.ckpt_dir.empty() || at > own_decay ||
+              at <= step || done.run->config.total_steps() >= job.run->config.total_steps() ||
+              CheckpointAtStep(BranchCheckpointDir(done.ckpt_dir), at).empty()) {
+            continue;
+          }
+          from = k;
+          step = at;
+        }
+        if (from < 0) continue;
+        bool children_later = true;  // every branch of this run still to train starts >= step
+        for (const Job& child : jobs_) {
+          if (child.parent == j && !child.extends && child.branch_step < step) {
+            children_later = false;
+          }
+        }
+        if (!children_later) continue;
+        job.parent = from;
+        job.branch_step = step;
+        job.extends = true;
+        store_.SetBranch(sweep_id_, job.run_id, jobs_[from].run_id, step);
+      }
+    }
   }
 
   // The branch checkpoint a child starts from, "" while it should wait, or "-" to train it
@@ -415,9 +468,19 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
       args.insert(args.end(), {"--init-from", init_from});
       store_.CopyRowsUpTo(jobs_[job.parent].run_id, job.run_id, job.branch_step);
     }
-    if (!job.branch_steps.empty()) {
+    std::vector<int64_t> keep = job.branch_steps;
+    if (opt_.extendable && sweep_.branching && c.schedule.type == "wsd") {
+      // Its own decay start, for a longer run of its family to extend (PlanExtensions).
+      const int64_t own = WsdDecayStart(c);
+      if (own >= c.schedule.warmup_steps && own >= 1 && own < c.total_steps() &&
+          std::find(keep.begin(), keep.end(), own) == keep.end()) {
+        keep.push_back(own);
+        std::sort(keep.begin(), keep.end());
+      }
+    }
+    if (!keep.empty()) {
       args.push_back("--branch-steps");
-      args.push_back(fmt::format("{}", fmt::join(job.branch_steps, ",")));
+      args.push_back(fmt::format("{}", fmt::join(keep, ",")));
     }
     // A multi-rank run is one `mpirun -np N moelab train ...`: one run row, rank 0 records.
     const bool as_root = ::geteuid() == 0;
@@ -460,8 +523,11 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
     Event(fmt::format("start  #{:<3} run {:<5} {}{}{}", job.run->index, job.run_id, job.run->name,
                       job.run->ranks > 1 ? fmt::format(" ({} ranks)", job.run->ranks) : "",
                       init_from.empty() ? ""
-                                        : fmt::format(" (branch of run {} at step {})",
-                                                      jobs_[job.parent].run_id, job.branch_step)));
+                      : job.extends
+                          ? fmt::format(" (extends run {}: its stable phase to step {})",
+                                        jobs_[job.parent].run_id, job.branch_step)
+                          : fmt::format(" (branch of run {} at step {})", jobs_[job.parent].run_id,
+                                        job.branch_step)));
   }
 
   void Finished(Job& job, int wait_status, db::Reader& reader) {

@@ -32,6 +32,10 @@ struct RunOptions {
   std::string moelab_bin;  // "": this executable
   int live = -1;           // live redrawing view: 1 on, 0 off (event lines), -1 when a terminal
   double poll_s = 0.25;
+  // WSD extension: every WSD run keeps a checkpoint at its own decay start (one more, never
+  // pruned), so a longer run of its family added later (a grown spec, an adaptive sweep's
+  // "extend to") continues its stable phase instead of starting over. Adaptive sweeps set it.
+  bool extendable = false;
   std::atomic<bool>* stop_flag = nullptr;  // set by SIGINT/SIGTERM: stop gracefully
   std::FILE* out = stdout;
 };

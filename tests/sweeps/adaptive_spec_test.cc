@@ -180,7 +180,15 @@ TEST(AdaptiveChooser, ExtendsATrunkThatStopsAboveTheTarget) {
   const AdaptiveBatch b = ChooseBatch(space, a, reading, chosen, 0);
   ASSERT_EQ(b.runs, (std::vector<int>{space.At(1, 4, 3)->index}));
   EXPECT_THAT(b.why[0], HasSubstr("extend to train.steps=32"));
-  EXPECT_DOUBLE_EQ(b.cost_flops, space.At(1, 4, 3)->flops);  // a new trunk: trained in full
+  // The new trunk extends the trained rung-2 run: its stable phase is not paid again.
+  const SpaceRun* trained = space.At(1, 4, 2);
+  EXPECT_DOUBLE_EQ(b.cost_flops,
+                   space.At(1, 4, 3)->flops - (trained->flops - trained->decay_flops));
+  EXPECT_LT(b.cost_flops, space.At(1, 4, 3)->flops);
+  // With a new shorter run that branches before the trained run's decay start, the runner trains
+  // the trunk from scratch (PlanExtensions), and the price says so.
+  EXPECT_DOUBLE_EQ(BatchCost(space, {space.At(1, 4, 3)->index, space.At(1, 4, 0)->index}, chosen),
+                   space.At(1, 4, 3)->flops + space.At(1, 4, 0)->decay_flops);
 }
 
 TEST(AdaptiveChooser, PlanSaysWhatTheBudgetCanResolve) {

@@ -322,6 +322,68 @@ TEST_F(SweepRunTest, WsdBranchEqualsScratch) {
   EXPECT_EQ(SqlInt("SELECT COUNT(*) FROM sweep_runs WHERE branch_step = 12"), 1);
 }
 
+// WSD extension (--extendable): a 16-step run keeps its checkpoint at its decay start (12); the
+// grown spec's 24-step run continues from it (its steps 1-12 are the short run's) and ends equal,
+// bit for bit, to the same 24-step run trained from scratch. Without the flag it starts over.
+TEST_F(SweepRunTest, WsdExtensionEqualsScratch) {
+  json base = Base(24, 0);
+  base["schedule"] = {{"type", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.25}};
+  json spec = {{"name", "grow"}, {"base", base}, {"grid", {{"train.steps", {16}}}}};
+  ASSERT_EQ(Sweep({"run", WriteSpec(spec), "--db", db_, "-t", "1", "--extendable"}), 0)
+      << Slurp(Log());
+  spec["grid"]["train.steps"] = {16, 24};
+  const std::string grown_log = (dir_ / "grown.log").string();
+  ASSERT_EQ(Sweep({"run", WriteSpec(spec), "--db", db_, "-t", "1", "--extendable"}, grown_log), 0)
+      << Slurp(grown_log);
+  EXPECT_NE(Slurp(grown_log).find("(extends run 1: its stable phase to step 12)"),
+            std::string::npos)
+      << Slurp(grown_log);
+  ExpectAllDoneOnce(2);
+  EXPECT_EQ(SqlInt("SELECT COUNT(*) FROM sweep_runs WHERE branch_of = 1 AND branch_step = 12"), 1);
+
+  // The same 24-step run from scratch, in another database and checkpoint folder.
+  const std::string scratch_db = (dir_ / "scratch.db").string();
+  json alone = spec;
+  alone["grid"]["train.steps"] = {24};
+  alone["base"]["checkpoint"]["dir"] = (dir_ / "ckpt2").string();  // not hashed
+  const std::string alone_log = (dir_ / "alone.log").string();
+  ASSERT_EQ(Sweep({"run", WriteSpec(alone, "alone.json"), "--db", scratch_db, "-t", "1"}, alone_log),
+            0)
+      << Slurp(alone_log);
+  EXPECT_EQ(Slurp(alone_log).find("extends"), std::string::npos);
+  db::Reader extended(db_), scratch(scratch_db);
+  std::optional<db::RunRow> e, f;
+  for (const auto& r : extended.ListRuns())
+    if (r.shape.total_steps == 24) e = r;
+  for (const auto& r : scratch.ListRuns())
+    if (r.shape.total_steps == 24) f = r;
+  ASSERT_TRUE(e && f);
+  EXPECT_EQ(e->config_hash, f->config_hash);
+  const db::Series le = extended.GetSeries(e->id, "loss"), ls = scratch.GetSeries(f->id, "loss");
+  ASSERT_EQ(le.steps.size(), 24u);
+  ASSERT_EQ(le.steps.size(), ls.steps.size());
+  for (size_t i = 0; i < le.steps.size(); ++i) {
+    EXPECT_EQ(le.steps[i], ls.steps[i]);
+    EXPECT_EQ(le.values[i], ls.values[i]) << "step " << le.steps[i];
+  }
+  EXPECT_EQ(extended.GetSeries(e->id, "lr").values, scratch.GetSeries(f->id, "lr").values);
+}
+
+// Without --extendable the grown spec's longer run trains from scratch (the short run kept no
+// checkpoint at its decay start).
+TEST_F(SweepRunTest, GrownSpecWithoutExtendableStartsOver) {
+  json base = Base(24, 0);
+  base["schedule"] = {{"type", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.25}};
+  json spec = {{"name", "grow"}, {"base", base}, {"grid", {{"train.steps", {16}}}}};
+  ASSERT_EQ(Sweep({"run", WriteSpec(spec), "--db", db_, "-t", "1"}), 0) << Slurp(Log());
+  spec["grid"]["train.steps"] = {16, 24};
+  const std::string grown_log = (dir_ / "grown.log").string();
+  ASSERT_EQ(Sweep({"run", WriteSpec(spec), "--db", db_, "-t", "1", "--extendable"}, grown_log), 0)
+      << Slurp(grown_log);
+  EXPECT_EQ(Slurp(grown_log).find("extends"), std::string::npos) << Slurp(grown_log);
+  ExpectAllDoneOnce(2);
+}
+
 TEST_F(SweepRunTest, SlurmScript) {
   const json spec = {{"name", "cluster"}, {"base", Base(10)}, {"seeds", {1, 2, 3}}};
   const sweeps::Sweep s = sweeps::LoadSweep(WriteSpec(spec));
