@@ -121,11 +121,11 @@ void MergeAdaptive(Connection& db, MapSweep& map_sweep, MergeResult& result) {
         .Bind(1, src_sweep)
         .Bind(2, dst_sweep)
         .Run();
-    db.Prepare(fmt::format(
-                   "INSERT INTO main.adaptive_batches (sweep_id, {0}) SELECT ?2, {0} FROM "
-                   "src.adaptive_batches b WHERE b.sweep_id = ?1 AND NOT EXISTS (SELECT 1 FROM "
-                   "main.adaptive_batches m WHERE m.sweep_id = ?2 AND m.batch = b.batch)",
-                   batch_cols))
+    db.Prepare(
+          fmt::format("INSERT INTO main.adaptive_batches (sweep_id, {0}) SELECT ?2, {0} FROM "
+                      "src.adaptive_batches b WHERE b.sweep_id = ?1 AND NOT EXISTS (SELECT 1 FROM "
+                      "main.adaptive_batches m WHERE m.sweep_id = ?2 AND m.batch = b.batch)",
+                      batch_cols))
         .Bind(1, src_sweep)
         .Bind(2, dst_sweep)
         .Run();

@@ -14,7 +14,7 @@ struct MergeResult {
   int skipped = 0;  // runs whose config hash the destination already has
   std::vector<std::pair<int64_t, int64_t>> id_map;  // (source run id, new destination run id)
   int promotions_imported = 0;
-  int promotions_skipped = 0;  // already in dst (same creation time, plan and config)
+  int promotions_skipped = 0;         // already in dst (same creation time, plan and config)
   int adaptive_batches_imported = 0;  // adaptive sweeps' batches (with their looks) copied
   int adaptive_batches_skipped = 0;   // already in dst (same batch number and runs)
   // Adaptive sweeps (by name) whose history in dst differs from src's: left as dst has it.

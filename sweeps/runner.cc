@@ -523,11 +523,10 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
     Event(fmt::format("start  #{:<3} run {:<5} {}{}{}", job.run->index, job.run_id, job.run->name,
                       job.run->ranks > 1 ? fmt::format(" ({} ranks)", job.run->ranks) : "",
                       init_from.empty() ? ""
-                      : job.extends
-                          ? fmt::format(" (extends run {}: its stable phase to step {})",
-                                        jobs_[job.parent].run_id, job.branch_step)
-                          : fmt::format(" (branch of run {} at step {})", jobs_[job.parent].run_id,
-                                        job.branch_step)));
+                      : job.extends ? fmt::format(" (extends run {}: its stable phase to step {})",
+                                                  jobs_[job.parent].run_id, job.branch_step)
+                                    : fmt::format(" (branch of run {} at step {})",
+                                                  jobs_[job.parent].run_id, job.branch_step)));
   }
 
   void Finished(Job& job, int wait_status, db::Reader& reader) {

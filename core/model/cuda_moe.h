@@ -207,13 +207,13 @@ class DeviceMoe final : public MoeExperts<float> {
   MoeShape shape_;
   bool bf16_;
   const CudaMoeHost* host_;
-  bool ep_ = false;          // the routed experts run on owned rows (Reserve's expert_parallel)
-  bool chunked_ = false;     // the last Forward ran the chunked layout
-  bool chunk_room_ = false;  // the buffers were reserved for it (train.kernels.experts then)
-  bool cudnn_ = false;       // the last Forward ran the experts on cuDNN
+  bool ep_ = false;              // the routed experts run on owned rows (Reserve's expert_parallel)
+  bool chunked_ = false;         // the last Forward ran the chunked layout
+  bool chunk_room_ = false;      // the buffers were reserved for it (train.kernels.experts then)
+  bool cudnn_ = false;           // the last Forward ran the experts on cuDNN
   bool device_experts_ = false;  // the last Forward ran them on the device-shaped grouped GEMM
   cuda::DeviceBuffer<unsigned char> device_workspace_;  // its problems and tile prefix
-  struct Staging;            // the cuDNN path's pinned copies, events and products
+  struct Staging;  // the cuDNN path's pinned copies, events and products
   std::unique_ptr<Staging> staging_;
   Staging& Staged();   // staging_, made at its first use
   bool gated_shared_;  // bf16 shared experts on cuda::GatedFfn*Bf16 (train.kernels.ffn "fused")

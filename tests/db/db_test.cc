@@ -597,8 +597,8 @@ TEST_F(DbTest, MergeCopiesAdaptiveHistories) {
   };
   auto count = [&](const std::string& table, const std::string& sweep) {
     Connection db = OpenForRead(path_);
-    Statement st = db.Prepare(
-        "SELECT COUNT(*) FROM " + table + " t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = ?1");
+    Statement st = db.Prepare("SELECT COUNT(*) FROM " + table +
+                              " t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = ?1");
     st.Bind(1, sweep);
     EXPECT_TRUE(st.Step());
     return st.Int(0);

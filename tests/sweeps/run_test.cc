@@ -347,8 +347,8 @@ TEST_F(SweepRunTest, WsdExtensionEqualsScratch) {
   alone["grid"]["train.steps"] = {24};
   alone["base"]["checkpoint"]["dir"] = (dir_ / "ckpt2").string();  // not hashed
   const std::string alone_log = (dir_ / "alone.log").string();
-  ASSERT_EQ(Sweep({"run", WriteSpec(alone, "alone.json"), "--db", scratch_db, "-t", "1"}, alone_log),
-            0)
+  ASSERT_EQ(
+      Sweep({"run", WriteSpec(alone, "alone.json"), "--db", scratch_db, "-t", "1"}, alone_log), 0)
       << Slurp(alone_log);
   EXPECT_EQ(Slurp(alone_log).find("extends"), std::string::npos);
   db::Reader extended(db_), scratch(scratch_db);
