@@ -31,8 +31,9 @@ per-doubling slope beta in log(C_S / C_48) = beta * log2(48 / S), per seed at ea
 its trend in L* (each seed's slope d beta / d L*), with the same statement.
 
 --iso-token writes a copy of the export whose compute axis leaves the router out: every run's
-FLOPs become tokens × the smallest sparsity's FLOPs per token (the sparsities differ only in the
-router's d·E multiply-adds), so `moelab fit --inputs out.json` gives the multipliers on the
+FLOPs become tokens × the smallest sparsity's FLOPs per token at its model size (the sparsities
+of one size differ only in the router's d·E multiply-adds; sizes, the sweep variables other than
+sparsity, budget and seed, keep their own), so `moelab fit --inputs out.json` gives the multipliers on the
 "active FLOPs without the router" axis next to the one with it.
 
 Python standard library only.
@@ -65,18 +66,39 @@ def final_losses(paths):
     return out
 
 
+# Sweep variables that are not the model's size: the sparsity arm (and the expert count it
+# derives), the budget, the seed and the build.
+NOT_SIZE = {"sparsity", "moe.experts_total", "train.steps", "train.tokens", "train.seed",
+            "build.commit"}
+
+
+def size_key(run):
+    """The run's model size: its sweep variables other than sparsity, budget, seed and build
+    (d_model, expert_hidden, ... in a frontier design; empty in a single-size one)."""
+    return tuple(sorted((k, v) for k, v in run.get("vars", {}).items() if k not in NOT_SIZE))
+
+
 def iso_token(src, dst):
     d = json.load(open(src))
-    per_token = min(r["flops_per_token"] for r in d["runs"])
+    # Per model size: the sparsities of one size differ only in the router's d·E multiply-adds,
+    # so each run's FLOPs per token becomes its size's smallest-sparsity value (sizes differ
+    # for real: a frontier design keeps its sizes apart on the compute axis).
+    per_token = {}
     for r in d["runs"]:
-        r["flops_per_token"] = per_token
+        k = size_key(r)
+        per_token[k] = min(per_token.get(k, math.inf), r["flops_per_token"])
+    run_size = {r["id"]: size_key(r) for r in d["runs"]}
+    for r in d["runs"]:
+        r["flops_per_token"] = per_token[run_size[r["id"]]]
     for p in d["points"]:
-        p["flops"] = p["tokens"] * per_token
-    d["note"] = ("compute axis without the router: FLOPs = tokens x %g (the smallest sparsity's "
-                 "FLOPs per token), written by experiments/sparsity-law/analyze.py --iso-token"
-                 % per_token)
+        p["flops"] = p["tokens"] * per_token[run_size[p["run"]]]
+    values = ", ".join(f"{v:g}" for v in sorted(per_token.values()))
+    d["note"] = ("compute axis without the router: FLOPs = tokens x the smallest sparsity's FLOPs "
+                 "per token at the run's model size (%s), written by "
+                 "experiments/sparsity-law/analyze.py --iso-token" % values)
     json.dump(d, open(dst, "w"), indent=1)
-    print(f"{dst}: FLOPs = tokens × {per_token:g} for every run")
+    print(f"{dst}: FLOPs = tokens × the smallest sparsity's FLOPs per token of each model size "
+          f"({len(per_token)} size(s): {values})")
 
 
 def loss_table(runs, seed, sparsities, ref):
