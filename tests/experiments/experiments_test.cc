@@ -181,6 +181,23 @@ TEST(Experiments, SparsityLawFrontierBySeedIsTheDesignInSeedOrder) {
   }
 }
 
+// The adaptive experiment (issue 38) is replayed on the frontier design's runs: every run of its
+// space is one of sparsity-law-frontier/sweep.json's configs (the same hash), S = 32 vs 48 at
+// d_model 32, seeds 1-8, and its target is the frontier's middle pre-registered target.
+TEST(Experiments, AdaptiveSparsityDrawsFromTheFrontierDesign) {
+  const Sweep design = LoadSweep(Src("experiments/sparsity-law-frontier/sweep.json"));
+  const Sweep adaptive = LoadSweep(Src("experiments/adaptive-sparsity/sweep.json"));
+  std::set<std::string> hashes;
+  for (const SweepRun& r : design.runs) hashes.insert(r.hash);
+  ASSERT_EQ(adaptive.runs.size(), 48u);
+  for (const SweepRun& r : adaptive.runs) {
+    EXPECT_TRUE(hashes.count(r.hash)) << r.name << " is not a run of the frontier design";
+    EXPECT_EQ(r.config.model.d_model, 32) << r.name;
+  }
+  ASSERT_TRUE(adaptive.adaptive.has_value());
+  EXPECT_EQ(adaptive.adaptive->target_loss, 3.05);
+}
+
 TEST(Experiments, DemoHoldsActiveComputeFixed) {
   std::map<std::string, int> seen;
   CheckSparsitySpec("experiments/demo/sweep.json", &seen);
