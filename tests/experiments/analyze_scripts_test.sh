@@ -20,6 +20,15 @@ grep -q '| 3200 | 8 | +0.0481 | +0.0599 | +0.0596 | +0.0963 | +0.0660 | \[+0.041
 grep -q '12 degrees of freedom counted by seed' <<<"$out" || fail "sparsity-law: pooled SD dof"
 out=$("$PY" "$S/analyze.py" --long "$S/export-long.json" "$S/export.json")
 grep -q '| 12800 | 13.11 M |' <<<"$out" || fail "sparsity-law --long"
+# --iso-token keeps each model size's FLOPs per token (the frontier pilot has three sizes; it once
+# collapsed them onto one).
+F=$E/sparsity-law-frontier
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$("$PY" "$S/analyze.py" --iso-token "$F/pilot-export.json" "$tmp/pilot-iso.json")
+grep -q '3 size(s): 325152, 528768, 1.07885e+06' <<<"$out" || fail "--iso-token: per model size"
+out=$("$PY" "$S/analyze.py" --iso-token "$S/export.json" "$tmp/law-iso.json")
+grep -q '(1 size(s)' <<<"$out" || fail "--iso-token: one size in the single-size design"
 # The pre-registered estimand from fit's JSON (moelab built beside the tests).
 BIN=${3:-}
 if [ -n "$BIN" ] && [ -x "$BIN/moelab" ]; then
@@ -31,5 +40,9 @@ if [ -n "$BIN" ] && [ -x "$BIN/moelab" ]; then
     <<<"$out" || fail "sparsity-law --ratios: beta at L* = 2.70"
   grep -q '| 2.700 | 8 | 1.086 / 1.119 / 1.117 / 1.314 | 1.155 \[1.043, 1.280\] (3) | 0.125 |' \
     <<<"$out" || fail "sparsity-law --ratios: S = 8 at L* = 2.70"
+  # The frontier's targets come from this range of the committed pilot export (its README).
+  out=$("$BIN/moelab" fit --inputs "$tmp/pilot-iso.json" --by sparsity --reference 48 --no-store         --resamples 50)
+  grep -q 'loss range every (family, seed) covers: \[2.5962, 3.5461\]' <<<"$out"     || fail "sparsity-law-frontier: the pilot's loss range"
+  grep -q 'estimand: frontier (compute-optimal): C_S read on each' <<<"$out"     || fail "sparsity-law-frontier: the slope block names the frontier estimand"
 fi
 echo "analyze scripts: OK"
