@@ -23,6 +23,7 @@
 #include "core/host.h"
 #include "core/run_shape.h"
 #include "core/train/checkpoint.h"
+#include "core/train/progress.h"
 #include "core/train/trainer.h"
 #include "db/reader.h"
 #include "db/writer.h"
@@ -30,6 +31,7 @@
 #include "sweeps/plan.h"
 #include "sweeps/slurm.h"
 #include "sweeps/store.h"
+#include "sweeps/trainer_process.h"
 
 namespace moelab::sweeps {
 
@@ -38,45 +40,12 @@ using nlohmann::json;
 
 namespace {
 
-// kill(pid, 0) also succeeds for a zombie, which an orphaned trainer stays until its new parent
-// reaps it (some container inits never do).
-bool ProcessAlive(pid_t pid) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const size_t paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
-}
-
-std::string SelfExe() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? "moelab" : p.string();
-}
-
 std::string Sanitize(const std::string& name) {
   std::string s = name;
   for (char& ch : s)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
       ch = '_';
   return s;
-}
-
-std::string LastLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty()) last = line;
-  return last;
-}
-
-std::string FormatDuration(double s) {
-  if (!std::isfinite(s) || s < 0) return "--";
-  const int64_t t = static_cast<int64_t>(std::llround(s));
-  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
 }
 
 double TrainingFlops(const RunConfig& c) {
@@ -717,13 +686,13 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
     }
     const double elapsed = Now() - start_;
     const double rate = elapsed > 2 ? done_here / elapsed : 0;
-    const std::string eta = rate > 0 ? FormatDuration(remaining / rate) : "--";
+    const std::string eta = rate > 0 ? ProgressBar::FormatDuration(remaining / rate) : "--";
     const std::string head = fmt::format(
         "sweep {}: {} queued, {} running, {} done, {} failed, {} diverged, {} stopped — "
         "elapsed {}, ETA {}",
         sweep_.name, counts[State::kQueued], counts[State::kRunning] + counts[State::kAdopted],
         counts[State::kDone], counts[State::kFailed], counts[State::kDiverged],
-        counts[State::kStopped], FormatDuration(elapsed), final_view ? "0s" : eta);
+        counts[State::kStopped], ProgressBar::FormatDuration(elapsed), final_view ? "0s" : eta);
     if (live_) {
       if (drawn_ > 0) fmt::print(opt_.out, "\x1b[{}A\x1b[J", drawn_);
       fmt::print(opt_.out, "{}\n", head);
