@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "sweeps/adaptive_chooser.h"
 #include "sweeps/adaptive_store.h"
 #include "sweeps/spec.h"
 #include "sweeps/store.h"
@@ -22,6 +23,7 @@ struct AdaptiveState {
   std::string db, name;
   Clock::time_point read_at;
   std::optional<sweeps::AdaptiveSpec> spec;
+  std::string grid_comparison;  // after the rule stopped: the cost against the fixed grids
   std::vector<sweeps::AdaptiveBatchRow> batches;
   std::vector<sweeps::AdaptiveLookRow> looks;
   std::string error;
@@ -42,10 +44,19 @@ const AdaptiveState& Load(const std::string& db, const std::string& name) {
     if (!row) return state;
     const auto spec = sweeps::ojson::parse(row->spec_json);
     if (!spec.contains("adaptive")) return state;
-    state.spec = sweeps::ExpandSpec(spec).adaptive;
+    const sweeps::Sweep sweep = sweeps::ExpandSpec(spec);
+    state.spec = sweep.adaptive;
     sweeps::AdaptiveStore astore(store.connection());
     state.batches = astore.Batches(row->id);
     state.looks = astore.Looks(row->id);
+    if (state.spec && !state.looks.empty() && state.looks.back().decision != "continue" &&
+        state.looks.back().seeds > 0) {
+      const auto& last = state.looks.back();
+      state.grid_comparison = sweeps::FormatGridComparison(
+          sweeps::CompareWithGrid(sweeps::BuildSpace(sweep, *state.spec), *state.spec, last.seeds,
+                                  last.critical),
+          last.spent_flops);
+    }
   } catch (const std::exception& e) {
     state.error = e.what();
   }
@@ -122,6 +133,7 @@ void AdaptivePanel(const std::string& db_path, const std::string& sweep_name) {
     }
     ImGui::EndTable();
   }
+  if (!s.grid_comparison.empty()) ImGui::TextWrapped("Cost: %s", s.grid_comparison.c_str());
 }
 
 }  // namespace moelab::gui

@@ -13,7 +13,7 @@ namespace moelab::sweeps {
 
 namespace {
 
-// One way to gain a seed that brackets the target in both arms.
+// One way to gain a seed that brackets the target in every arm and the reference.
 struct Gain {
   int64_t seed = 0;
   int seed_order = 0;  // position in the spec's seeds (ties)
@@ -23,7 +23,7 @@ struct Gain {
 };
 
 std::string SideName(const AdaptiveSpec& spec, int side) {
-  return fmt::format("{}={}", spec.key, ShortValue(side == 1 ? spec.arm : spec.reference));
+  return fmt::format("{}={}", spec.key, ShortValue(spec.SideValue(side)));
 }
 
 std::string Rungs(const AdaptiveSpace& space, const AdaptiveSpec& spec, int lo, int hi) {
@@ -47,6 +47,14 @@ std::pair<int, int> NewSeedRungs(const AdaptiveSpace& space, const EstimandReadi
   *explore = hi < 0;
   if (*explore) return {0, top};
   return {lo, std::min(top, hi)};
+}
+
+// The order choices are listed in: the arms in the spec's order, then the reference.
+std::vector<int> SidesArmsFirst(const AdaptiveSpec& spec) {
+  std::vector<int> sides;
+  for (int side = 1; side < spec.Sides(); ++side) sides.push_back(side);
+  sides.push_back(0);
+  return sides;
 }
 
 }  // namespace
@@ -112,7 +120,7 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
     g.seed_order = static_cast<int>(order);
     std::vector<std::string> parts;
     bool ok = true;
-    for (int side : {1, 0}) {
+    for (int side : SidesArmsFirst(spec)) {
       const auto cover_it = reading.cover.find({side, seed});
       const Cover cover = cover_it == reading.cover.end() ? Cover::kNone : cover_it->second;
       if (cover == Cover::kBracketed) continue;
@@ -157,7 +165,7 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
     g.seed = seed;
     g.seed_order = static_cast<int>(order);
     std::vector<std::string> parts;
-    for (int side : {1, 0}) {
+    for (int side : SidesArmsFirst(spec)) {
       bool explore = false;
       const auto [lo, hi] = NewSeedRungs(space, reading, side, &explore);
       explore_any |= explore;
@@ -205,6 +213,46 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
   return batch;
 }
 
+GridComparison CompareWithGrid(const AdaptiveSpace& space, const AdaptiveSpec& spec, int seeds,
+                               double critical) {
+  GridComparison g;
+  g.seeds = seeds;
+  std::vector<int> one;
+  for (const SpaceRun& r : space.runs)
+    if (r.seed == space.seeds.front()) one.push_back(r.index);
+  g.per_seed_flops = BatchCost(space, one, {});
+  g.same_seeds_flops = g.per_seed_flops * seeds;
+  g.full_flops = g.per_seed_flops * static_cast<double>(space.seeds.size());
+  if (seeds >= 2 && std::isfinite(critical)) {
+    const double target = critical / std::sqrt(static_cast<double>(seeds));
+    for (int n = 2; n <= 10000; ++n) {
+      const double t = analysis::StudentTQuantile(1 - spec.alpha / 2, n - 1);
+      if (t / std::sqrt(static_cast<double>(n)) <= target) {
+        g.equal_width_seeds = n;
+        break;
+      }
+    }
+    g.equal_width_flops = g.per_seed_flops * g.equal_width_seeds;
+  }
+  return g;
+}
+
+std::string FormatGridComparison(const GridComparison& g, double spent_flops) {
+  std::string out = fmt::format(
+      "charged {:.3g} FLOPs for {} seeds; the fixed grid (every seed on every rung, {:.3g} FLOPs "
+      "a seed) costs {:.3g} for the same {} seeds ({:.2f}×) and {:.3g} for all of the space's "
+      "seeds",
+      spent_flops, g.seeds, g.per_seed_flops, g.same_seeds_flops, g.seeds,
+      g.same_seeds_flops / spent_flops, g.full_flops);
+  if (g.equal_width_seeds > 0) {
+    out += fmt::format(
+        "; a fixed grid whose one-look t interval is as narrow needs {} seeds, {:.3g} FLOPs "
+        "({:.2f}×)",
+        g.equal_width_seeds, g.equal_width_flops, g.equal_width_flops / spent_flops);
+  }
+  return out;
+}
+
 std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
                                  const AdaptiveSpec& spec) {
   std::string out = fmt::format("adaptive sweep '{}': {}\n", sweep.name, DescribeQuestion(spec));
@@ -217,14 +265,15 @@ std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
   for (const SpaceRun& r : space.runs) all.push_back(r.index);
   const double grid = BatchCost(space, all, {});
   out += fmt::format(
-      "cost bound: {:.3g} FLOPs (the budget); the full grid of the two arms ({} "
+      "cost bound: {:.3g} FLOPs (the budget); the full grid of the {} arms ({} "
       "runs, {} seeds) costs {:.3g}\n",
-      spec.budget_flops, all.size(), space.seeds.size(), grid);
+      spec.budget_flops, spec.IsSlope() ? fmt::format("{} + 1", spec.arms.size()) : "two",
+      all.size(), space.seeds.size(), grid);
   // At best every seed after the first trains only the two cheapest consecutive rungs per arm.
   double cheapest_pair = INFINITY;
   for (size_t rung = 0; rung + 1 < space.ladder.size(); ++rung) {
     std::vector<int> two;
-    for (int side : {0, 1}) {
+    for (int side = 0; side < spec.Sides(); ++side) {
       for (int k : {0, 1}) {
         if (const SpaceRun* r = space.At(side, space.seeds.front(), rung + k)) {
           two.push_back(r->index);
@@ -252,11 +301,14 @@ std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
   design.max_seeds = spec.max_seeds;
   const double c = analysis::RepeatedTBoundaries(looks, design).back();
   const double k = c / std::sqrt(static_cast<double>(best_n));
+  const char* what = spec.IsSlope() ? "a factor per doubling" : "a ratio";
+  const char* sd =
+      spec.IsSlope() ? "the seed SD of β (the log factor)" : "the seed SD of the log ratio";
   out += fmt::format(
-      "at best it resolves a ratio beyond exp(±{:.3f}·σ) at {} seeds (repeated "
-      "t, c = {:.3f}), σ the seed SD of the log ratio, unknown before the runs: "
+      "at best it resolves {} beyond exp(±{:.3f}·σ) at {} seeds (repeated "
+      "t, c = {:.3f}), σ {}, unknown before the runs: "
       "σ = 0.05 → [{:.3f}, {:.3f}], σ = 0.10 → [{:.3f}, {:.3f}] around 1\n",
-      k, best_n, c, std::exp(-0.05 * k), std::exp(0.05 * k), std::exp(-0.10 * k),
+      what, k, best_n, c, sd, std::exp(-0.05 * k), std::exp(0.05 * k), std::exp(-0.10 * k),
       std::exp(0.10 * k));
   return out;
 }

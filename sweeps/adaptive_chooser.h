@@ -45,6 +45,23 @@ AdaptiveBatch ChooseBatch(const AdaptiveSpace& space, const AdaptiveSpec& spec,
 double BatchCost(const AdaptiveSpace& space, const std::vector<int>& runs,
                  const std::set<int>& chosen);
 
+// What an adaptive answer cost against fixed grids (issue 38), every grid seed on every rung of
+// every side, priced by BatchCost: the grid of the same seed count, and the smallest grid whose
+// ordinary (one-look) t interval at the same alpha is as narrow as the repeated interval the
+// sweep reached, the seed SD taken equal (c·sd/√n against t_{1−alpha/2, n'−1}·sd/√n').
+struct GridComparison {
+  int seeds = 0;                 // the seeds the adaptive answer rests on
+  double per_seed_flops = 0;     // one seed of the grid
+  double same_seeds_flops = 0;   // `seeds` seeds of the grid
+  int equal_width_seeds = 0;     // n' (may exceed the space's seeds)
+  double equal_width_flops = 0;  // n' seeds of the grid
+  double full_flops = 0;         // every seed of the space
+};
+GridComparison CompareWithGrid(const AdaptiveSpace& space, const AdaptiveSpec& spec, int seeds,
+                               double critical);
+// "charged 1.2e13 FLOPs; the fixed grid of the same 5 seeds costs ...; one as narrow ...".
+std::string FormatGridComparison(const GridComparison& g, double spent_flops);
+
 // What `moelab sweep plan` says about an adaptive sweep: the question, the first batch with its
 // reasons, the cost bound (the whole budget, and the full grid for comparison), and the
 // smallest effect the budget can at best resolve, in units of the seed SD of the log ratio.

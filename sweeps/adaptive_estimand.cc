@@ -15,6 +15,9 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// The family name a side's runs carry in the model-free table.
+std::string SideFamily(int side) { return side == 0 ? "reference" : fmt::format("arm{}", side); }
+
 }  // namespace
 
 const char* CoverName(Cover c) {
@@ -42,7 +45,7 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
     if (it == results.end() || !std::isfinite(it->second.loss)) continue;
     analysis::Observation o;
     o.run = std::to_string(r.index);
-    o.family = r.side == 1 ? "arm" : "reference";
+    o.family = SideFamily(r.side);
     o.flops = it->second.flops;
     o.tokens = it->second.tokens;
     o.params = 1;  // not used by the model-free reading
@@ -84,12 +87,13 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
   }
   std::vector<analysis::Observation> obs;
   for (int64_t seed : space.seeds) {
-    auto a = out.cover.find({1, seed}), b = out.cover.find({0, seed});
-    if (a == out.cover.end() || b == out.cover.end() || a->second != Cover::kBracketed ||
-        b->second != Cover::kBracketed) {
-      continue;
+    bool all = true;
+    for (int side = 0; side < spec.Sides(); ++side) {
+      auto c = out.cover.find({side, seed});
+      all = all && c != out.cover.end() && c->second == Cover::kBracketed;
     }
-    for (int side : {0, 1}) {
+    if (!all) continue;
+    for (int side = 0; side < spec.Sides(); ++side) {
       const auto& g = groups.at({side, seed});
       obs.insert(obs.end(), g.begin(), g.end());
     }
@@ -100,20 +104,36 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
     opt.resamples = 200;
     const analysis::ModelFreeTable table =
         analysis::ModelFreeMultipliers(obs, "reference", {target}, opt);
-    std::map<int64_t, double> by_seed;
+    // seed -> side -> log(C_side / C_reference)
+    std::map<int64_t, std::map<int, double>> by_seed;
     for (const auto& row : table.rows) {
+      int side = 0;
+      for (int k = 1; k < spec.Sides(); ++k)
+        if (row.family == SideFamily(k)) side = k;
+      if (side == 0) continue;
       for (size_t i = 0; i < row.seeds.size(); ++i) {
-        const bool flops = spec.kind == "flops_ratio";
+        const bool flops = spec.kind != "tokens_ratio";
         const double num = flops ? row.flops_family[i] : row.tokens_family[i];
         const double den = flops ? row.flops_reference[i] : row.tokens_reference[i];
-        by_seed[std::stoll(row.seeds[i])] = std::log(num / den);
+        by_seed[std::stoll(row.seeds[i])][side] = std::log(num / den);
       }
     }
     for (int64_t seed : space.seeds) {
-      if (by_seed.count(seed)) {
-        out.seeds.push_back(seed);
-        out.log_ratio.push_back(by_seed[seed]);
+      auto it = by_seed.find(seed);
+      if (it == by_seed.end() || static_cast<int>(it->second.size()) != spec.Sides() - 1) continue;
+      double value = it->second.at(1);
+      if (spec.IsSlope()) {
+        // Least squares through the origin: β = Σ x·y / Σ x², x = log2(reference / arm).
+        double xy = 0, xx = 0;
+        for (const auto& [side, y] : it->second) {
+          const double x = spec.Doublings(side);
+          xy += x * y;
+          xx += x * x;
+        }
+        value = xy / xx;
       }
+      out.seeds.push_back(seed);
+      out.log_value.push_back(value);
     }
     out.notes.insert(out.notes.end(), table.notes.begin(), table.notes.end());
   }
@@ -125,7 +145,7 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
       analysis::SequentialDesign design;
       design.alpha = spec.alpha;
       design.max_seeds = spec.max_seeds;
-      out.interval = analysis::RepeatedTInterval(out.log_ratio, schedule, design);
+      out.interval = analysis::RepeatedTInterval(out.log_value, schedule, design);
       out.has_interval = true;
       out.ratio = std::exp(out.interval.value.estimate);
       out.lo = std::exp(out.interval.value.lo);
@@ -137,7 +157,7 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
   } else {
     out.notes.push_back(
         fmt::format("{} of the {} seeds needed before the first look bracket "
-                    "the target in both arms",
+                    "the target in every arm",
                     n, spec.min_seeds));
   }
   return out;

@@ -1,8 +1,9 @@
 // The adaptive sweep's space and its estimand read from the runs so far. The space is the
 // sweep's own expansion, seen as a ladder of budgets (the budget key's values) for each arm and
 // seed; the estimand is the model-free multiplier C_arm / C_reference at the target loss, read
-// seed by seed by analysis::ModelFreeMultipliers, with the repeated interval of
-// analysis/sequential.h over the seeds that bracket the target in both arms.
+// seed by seed by analysis::ModelFreeMultipliers (or, for a slope, the per-doubling β through
+// the origin over several arms' multipliers), with the repeated interval of
+// analysis/sequential.h over the seeds that bracket the target in every arm and the reference.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace moelab::sweeps {
 // One run of the space: which side of the comparison, which seed, which rung of the ladder.
 struct SpaceRun {
   int index = 0;  // SweepRun::index
-  int side = 0;   // 0: reference, 1: arm
+  int side = 0;   // 0: reference, k: AdaptiveSpec::arms[k - 1]
   int64_t seed = 0;
   int rung = 0;            // position of its budget in the ladder (0: shortest)
   double flops = 0;        // training FLOPs of the whole run
@@ -53,11 +54,13 @@ struct EstimandReading {
   // Bracketed (side, seed): the rungs of the last run at or above the target and of the first
   // run below it, along the ladder (where the seed's curve crossed the target).
   std::map<std::pair<int, int64_t>, std::pair<int, int>> crossing;
-  std::vector<int64_t> seeds;           // bracketed in both arms, in seed order
-  std::vector<double> log_ratio;        // per seed: log(C_arm / C_reference)
+  std::vector<int64_t> seeds;  // bracketed in every side, in seed order
+  // Per seed, the estimand on its log scale: log(C_arm / C_reference), or a slope's β.
+  std::vector<double> log_value;
   bool has_interval = false;            // at least min_seeds seeds
   analysis::RepeatedInterval interval;  // log scale
-  double ratio = 0, lo = 0, hi = 0;     // exp of the interval (NaN ends before)
+  double ratio = 0, lo = 0, hi = 0;     // exp of the interval (NaN ends before): the ratio,
+                                        // or a slope's factor per doubling
   std::vector<std::string> notes;
 };
 

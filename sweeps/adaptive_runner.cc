@@ -82,6 +82,14 @@ std::string FormatLook(const AdaptiveLookRow& l) {
                      l.decision);
 }
 
+// The final word's cost beside the fixed grids' (after a stop, when the last look has seeds).
+void PrintGridComparison(const AdaptiveSpace& space, const AdaptiveSpec& spec,
+                         const AdaptiveLookRow& last, std::FILE* out) {
+  if (last.decision == "continue" || last.seeds < 1) return;
+  const GridComparison g = CompareWithGrid(space, spec, last.seeds, last.critical);
+  fmt::print(out, "cost: {}\n", FormatGridComparison(g, last.spent_flops));
+}
+
 }  // namespace
 
 AdaptiveSummary RunAdaptiveSweep(const Sweep& sweep, const RunOptions& run_options) {
@@ -123,6 +131,7 @@ AdaptiveSummary RunAdaptiveSweep(const Sweep& sweep, const RunOptions& run_optio
       summary.decision = looks.back().decision;
       summary.seeds = looks.back().seeds;
       fmt::print(out, "{}\n", FormatLook(looks.back()));
+      PrintGridComparison(space, spec, looks.back(), out);
       return summary;
     }
     if (batches.empty() || (!looks.empty() && looks.back().batch == batches.back().batch)) {
@@ -173,9 +182,11 @@ AdaptiveSummary RunAdaptiveSweep(const Sweep& sweep, const RunOptions& run_optio
     look.decision = stop.empty() ? "continue" : "stop: " + stop;
     nlohmann::json seeds = nlohmann::json::object();
     for (size_t i = 0; i < reading.seeds.size(); ++i) {
-      seeds[std::to_string(reading.seeds[i])] = std::exp(reading.log_ratio[i]);
+      seeds[std::to_string(reading.seeds[i])] = std::exp(reading.log_value[i]);
     }
-    look.detail = {{"per_seed_ratio", seeds}, {"notes", reading.notes}};
+    // The per-seed ratio, or a slope's factor per doubling: the estimand on its reported scale.
+    look.detail = {{spec.IsSlope() ? "per_seed_per_doubling" : "per_seed_ratio", seeds},
+                   {"notes", reading.notes}};
     astore.AddLook(sweep_id, look);
     fmt::print(out, "{}\n", FormatLook(look));
     if (rs.exit_code != 0) {
@@ -205,6 +216,9 @@ void PrintAdaptiveStatus(const std::string& db_path, const Sweep& sweep, std::FI
     for (const std::string& w : b.why) fmt::print(out, "  why: {}\n", w);
     for (const AdaptiveLookRow& l : looks)
       if (l.batch == b.batch) fmt::print(out, "  {}\n", FormatLook(l));
+  }
+  if (sweep.adaptive && !looks.empty()) {
+    PrintGridComparison(BuildSpace(sweep, *sweep.adaptive), *sweep.adaptive, looks.back(), out);
   }
 }
 

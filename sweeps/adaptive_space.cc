@@ -43,7 +43,9 @@ AdaptiveSpace BuildSpace(const Sweep& sweep, const AdaptiveSpec& spec) {
   std::map<std::tuple<int, int64_t, int>, int> seen;
   for (const SweepRun* r : sweep.Unique()) {
     const ojson& v = r->vars.at(spec.key);
-    const int side = v == spec.arm ? 1 : v == spec.reference ? 0 : -1;
+    int side = -1;
+    for (int k = 0; k < spec.Sides(); ++k)
+      if (v == spec.SideValue(k)) side = k;
     if (side < 0) continue;
     SpaceRun s;
     s.index = r->index;

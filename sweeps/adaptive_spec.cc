@@ -43,28 +43,56 @@ int PositiveInt(const ojson& o, const std::string& key, const std::string& path)
 
 void ParseEstimand(const ojson& e, AdaptiveSpec* a) {
   if (!e.is_object())
-    Fail("estimand", "expected an object {kind, key, arm, reference, target_loss}");
-  CheckKeys(e, "estimand", {"kind", "key", "arm", "reference", "target_loss"});
+    Fail("estimand", "expected an object {kind, key, arm (or arms), reference, target_loss}");
+  CheckKeys(e, "estimand", {"kind", "key", "arm", "arms", "reference", "target_loss"});
   if (e.contains("kind")) {
     if (!e["kind"].is_string()) Fail("estimand.kind", "expected a string");
     a->kind = e["kind"].get<std::string>();
   }
-  if (a->kind != "flops_ratio" && a->kind != "tokens_ratio") {
+  if (a->kind != "flops_ratio" && a->kind != "tokens_ratio" && a->kind != "slope") {
     Fail("estimand.kind",
          fmt::format("'{}' is not an estimand the adaptive runner resolves (flops_ratio, "
-                     "tokens_ratio: the model-free multiplier at a target loss)",
+                     "tokens_ratio: the model-free multiplier at a target loss; slope: its "
+                     "per-doubling slope over several arms)",
                      a->kind));
   }
-  for (const char* k : {"key", "arm", "reference", "target_loss"}) {
+  const char* arms_key = a->IsSlope() ? "arms" : "arm";
+  const char* other_key = a->IsSlope() ? "arm" : "arms";
+  if (e.contains(other_key)) {
+    Fail(fmt::format("estimand.{}", other_key),
+         a->IsSlope() ? "a slope compares several arms: give \"arms\": [..]"
+                      : "a ratio compares one arm: give \"arm\" (or kind \"slope\" for several)");
+  }
+  for (const char* k : {"key", arms_key, "reference", "target_loss"}) {
     if (!e.contains(k)) Fail(fmt::format("estimand.{}", k), "missing");
   }
   if (!e["key"].is_string() || e["key"].get<std::string>().empty()) {
     Fail("estimand.key", "expected the name of the sweep key whose values are the arms");
   }
   a->key = e["key"].get<std::string>();
-  a->arm = e["arm"];
   a->reference = e["reference"];
-  if (a->arm == a->reference) Fail("estimand.reference", "equals the arm: nothing to compare");
+  if (a->IsSlope()) {
+    if (!e["arms"].is_array() || e["arms"].empty()) {
+      Fail("estimand.arms", "expected a non-empty list of the key's values");
+    }
+    if (!a->reference.is_number() || !(a->reference.get<double>() > 0)) {
+      Fail("estimand.reference", "a slope needs a positive number (its doublings are log2 ratios)");
+    }
+    for (size_t i = 0; i < e["arms"].size(); ++i) {
+      const ojson& v = e["arms"][i];
+      const std::string path = fmt::format("estimand.arms[{}]", i);
+      if (!v.is_number() || !(v.get<double>() > 0)) {
+        Fail(path, fmt::format("expected a positive number, got {}", v.dump()));
+      }
+      if (v.get<double>() == a->reference.get<double>()) Fail(path, "equals the reference");
+      for (const ojson& w : a->arms)
+        if (w == v) Fail(path, fmt::format("{} is listed twice", v.dump()));
+      a->arms.push_back(v);
+    }
+  } else {
+    a->arms = {e["arm"]};
+    if (e["arm"] == a->reference) Fail("estimand.reference", "equals the arm: nothing to compare");
+  }
   a->target_loss = PositiveNumber(e, "target_loss", "estimand.target_loss");
 }
 
@@ -89,7 +117,7 @@ void CheckSpace(const Sweep& sweep, AdaptiveSpec* a) {
                                   "list has {}",
                                   a->min_seeds, a->max_seeds));
   }
-  bool has_arm = false, has_reference = false;
+  std::vector<bool> has(a->Sides(), false);
   std::set<std::string> budgets;
   for (const SweepRun& r : sweep.runs) {
     if (!r.vars.contains(a->key))
@@ -97,12 +125,17 @@ void CheckSpace(const Sweep& sweep, AdaptiveSpec* a) {
     if (!r.vars.contains(a->budget_key)) {
       Fail("budget_key", fmt::format("'{}' is not a key the sweep's axes assign", a->budget_key));
     }
-    has_arm |= r.vars[a->key] == a->arm;
-    has_reference |= r.vars[a->key] == a->reference;
+    for (int side = 0; side < a->Sides(); ++side)
+      has[side] = has[side] || r.vars[a->key] == a->SideValue(side);
     budgets.insert(r.vars[a->budget_key].dump());
   }
-  if (!has_arm) Fail("estimand.arm", fmt::format("no run has {} = {}", a->key, a->arm.dump()));
-  if (!has_reference) {
+  for (int side = 1; side < a->Sides(); ++side) {
+    if (!has[side]) {
+      Fail(a->IsSlope() ? fmt::format("estimand.arms[{}]", side - 1) : "estimand.arm",
+           fmt::format("no run has {} = {}", a->key, a->SideValue(side).dump()));
+    }
+  }
+  if (!has[0]) {
     Fail("estimand.reference", fmt::format("no run has {} = {}", a->key, a->reference.dump()));
   }
   if (budgets.size() < 2) {
@@ -155,15 +188,26 @@ AdaptiveSpec ParseAdaptiveSpec(const ojson& block, const Sweep& sweep) {
   return a;
 }
 
+double AdaptiveSpec::Doublings(int side) const {
+  return std::log2(reference.get<double>() / SideValue(side).get<double>());
+}
+
 std::string DescribeQuestion(const AdaptiveSpec& a) {
   std::string stop;
   if (a.excludes) stop = fmt::format("interval excludes {:g}", *a.excludes);
   if (a.width) stop += fmt::format("{}relative width < {:g}", stop.empty() ? "" : " or ", *a.width);
-  return fmt::format(
-      "{} {}={} / {}={} at loss {:g}; stop: {}; alpha {:g} over every look; "
-      "budget {:.3g} FLOPs",
-      a.kind, a.key, ShortValue(a.arm), a.key, ShortValue(a.reference), a.target_loss, stop,
-      a.alpha, a.budget_flops);
+  std::string what;
+  if (a.IsSlope()) {
+    std::vector<std::string> arms;
+    for (const auto& v : a.arms) arms.push_back(ShortValue(v));
+    what = fmt::format("slope: FLOPs factor per doubling of {} in {{{}}} against {}={}", a.key,
+                       fmt::join(arms, ", "), a.key, ShortValue(a.reference));
+  } else {
+    what = fmt::format("{} {}={} / {}={}", a.kind, a.key, ShortValue(a.arms.at(0)), a.key,
+                       ShortValue(a.reference));
+  }
+  return fmt::format("{} at loss {:g}; stop: {}; alpha {:g} over every look; budget {:.3g} FLOPs",
+                     what, a.target_loss, stop, a.alpha, a.budget_flops);
 }
 
 }  // namespace moelab::sweeps

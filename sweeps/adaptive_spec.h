@@ -6,6 +6,7 @@
 //   "adaptive": {
 //     "estimand": {"kind": "flops_ratio", "key": "sparsity", "arm": 32, "reference": 48,
 //                  "target_loss": 3.90},
+//     (or {"kind": "slope", "key": "sparsity", "arms": [8, 16, 32], "reference": 48, ...})
 //     "budget_key": "train.steps",
 //     "budget": {"flops": 2e15},
 //     "stop": {"excludes": 1.0, "width": 0.10},
@@ -26,12 +27,29 @@ namespace moelab::sweeps {
 struct Sweep;
 
 struct AdaptiveSpec {
-  // The estimand: "flops_ratio" or "tokens_ratio", the model-free multiplier C_arm / C_reference
-  // at target_loss read seed by seed (what `moelab fit` reports in its model-free table).
+  // The estimand, read seed by seed from what `moelab fit` reports in its model-free table:
+  //   "flops_ratio" / "tokens_ratio": the multiplier C_arm / C_reference at target_loss (one arm);
+  //   "slope": the per-doubling slope β in log(C_S / C_reference) = β · log2(reference / S),
+  //            through the origin over the arms S (analysis/sparsity_slope.h), reported as the
+  //            FLOPs factor per doubling exp(β). Arms and reference must be positive numbers.
+  // Either way the interval is drawn on the log scale and reported exponentiated, so the stop
+  // rule's `excludes` is a factor (1: no difference / no slope).
   std::string kind = "flops_ratio";
   std::string key;  // the sweep key whose values are the arms (a grid/zip/runs key)
-  nlohmann::ordered_json arm, reference;
+  // The compared values: one for a ratio ("arm"), one or more for a slope ("arms"). A run's
+  // "side" in the space is 0 for the reference and k for arms[k - 1].
+  std::vector<nlohmann::ordered_json> arms;
+  nlohmann::ordered_json reference;
   double target_loss = 0;
+
+  bool IsSlope() const { return kind == "slope"; }
+  int Sides() const { return static_cast<int>(arms.size()) + 1; }
+  // The value of `side` (0: the reference).
+  const nlohmann::ordered_json& SideValue(int side) const {
+    return side == 0 ? reference : arms.at(side - 1);
+  }
+  // The slope's regressor for an arm: log2(reference / arm).
+  double Doublings(int side) const;
   // The trunk-length axis: runs of one (arm, seed) differing only in this key are one WSD
   // family (the longest is the trunk, the others branch from it).
   std::string budget_key = "train.steps";
@@ -55,7 +73,8 @@ struct AdaptiveSpec {
 AdaptiveSpec ParseAdaptiveSpec(const nlohmann::ordered_json& block, const Sweep& sweep);
 
 // One line: "flops_ratio sparsity=32 / sparsity=48 at loss 3.9; stop: excludes 1 or width <
-// 0.1; alpha 0.1; budget 2e15 FLOPs".
+// 0.1; alpha 0.1; budget 2e15 FLOPs" (a slope: "slope of the FLOPs factor per doubling of
+// sparsity in {8, 16, 32} against sparsity=48 at loss 3.9; ...").
 std::string DescribeQuestion(const AdaptiveSpec& a);
 
 }  // namespace moelab::sweeps

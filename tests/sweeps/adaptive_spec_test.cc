@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "analysis/seed_stats.h"
 #include "sweeps/adaptive_chooser.h"
 #include "sweeps/adaptive_estimand.h"
 #include "sweeps/spec.h"
@@ -136,7 +137,7 @@ TEST(AdaptiveChooser, ExploresOneSeedThenFollowsTheCrossing) {
   std::set<int> chosen(first.runs.begin(), first.runs.end());
   EstimandReading reading = ReadEstimand(space, a, World(s, space, chosen), {});
   ASSERT_EQ(reading.seeds, (std::vector<int64_t>{1}));
-  EXPECT_NEAR(std::exp(reading.log_ratio[0]), 1.1, 0.02);  // log-log interpolation of a power law
+  EXPECT_NEAR(std::exp(reading.log_value[0]), 1.1, 0.02);  // log-log interpolation of a power law
   EXPECT_FALSE(reading.has_interval);
   const AdaptiveBatch second = ChooseBatch(space, a, reading, chosen, first.cost_flops);
   // Two more seeds (min_seeds 3) on rungs crossing ±1, cheaper per seed than the exploration.
@@ -189,6 +190,141 @@ TEST(AdaptiveChooser, ExtendsATrunkThatStopsAboveTheTarget) {
   // the trunk from scratch (PlanExtensions), and the price says so.
   EXPECT_DOUBLE_EQ(BatchCost(space, {space.At(1, 4, 3)->index, space.At(1, 4, 0)->index}, chosen),
                    space.At(1, 4, 3)->flops + space.At(1, 4, 0)->decay_flops);
+}
+
+// A slope over three values of the key: the reference 8 and arms 2 and 4, in a world where each
+// halving of the key costs 1.2× the FLOPs at every loss (β = ln 1.2 per doubling).
+ojson SlopeSpec() {
+  ojson spec = Spec();
+  spec["grid"]["moe.experts_total"] = {2, 4, 8};
+  spec["adaptive"]["estimand"] = ojson::parse(R"({"kind": "slope", "key": "moe.experts_total",
+      "arms": [2, 4], "reference": 8, "target_loss": 3.0})");
+  return spec;
+}
+
+TEST(AdaptiveSpec, SlopeNamesItsArmsAndChecksThem) {
+  ojson spec = SlopeSpec();
+  spec["base"]["moe"]["experts_active"] = 1;
+  const Sweep s = ExpandSpec(spec);
+  ASSERT_TRUE(s.adaptive.has_value());
+  EXPECT_TRUE(s.adaptive->IsSlope());
+  EXPECT_EQ(s.adaptive->Sides(), 3);
+  EXPECT_DOUBLE_EQ(s.adaptive->Doublings(1), 2.0);  // log2(8 / 2)
+  EXPECT_DOUBLE_EQ(s.adaptive->Doublings(2), 1.0);
+  EXPECT_THAT(DescribeQuestion(*s.adaptive),
+              HasSubstr("slope: FLOPs factor per doubling of moe.experts_total in {2, 4} against "
+                        "moe.experts_total=8"));
+  auto with = [&](const std::function<void(ojson&)>& edit) {
+    ojson t = spec;
+    edit(t["adaptive"]["estimand"]);
+    return ErrorOf(t);
+  };
+  EXPECT_THAT(with([](ojson& e) { e["arm"] = 2; }), HasSubstr("adaptive.estimand.arm:"));
+  EXPECT_THAT(with([](ojson& e) { e.erase("arms"); }),
+              HasSubstr("adaptive.estimand.arms: missing"));
+  EXPECT_THAT(with([](ojson& e) {
+                e["arms"] = {2, "four"};
+              }),
+              HasSubstr("adaptive.estimand.arms[1]: expected a positive number"));
+  EXPECT_THAT(with([](ojson& e) {
+                e["arms"] = {2, 2};
+              }),
+              HasSubstr("adaptive.estimand.arms[1]: 2 is listed twice"));
+  EXPECT_THAT(with([](ojson& e) {
+                e["arms"] = {2, 8};
+              }),
+              HasSubstr("adaptive.estimand.arms[1]: equals the reference"));
+  EXPECT_THAT(with([](ojson& e) {
+                e["arms"] = {2, 16};
+              }),
+              HasSubstr("adaptive.estimand.arms[1]: no run has moe.experts_total = 16"));
+  EXPECT_THAT(with([](ojson& e) { e["reference"] = "eight"; }),
+              HasSubstr("adaptive.estimand.reference: a slope needs a positive number"));
+  ojson ratio = Spec();
+  ratio["adaptive"]["estimand"]["arms"] = {8};
+  EXPECT_THAT(ErrorOf(ratio), HasSubstr("adaptive.estimand.arms: a ratio compares one arm"));
+}
+
+TEST(AdaptiveChooser, SlopeReadsTheFactorPerDoublingOverEveryArm) {
+  ojson spec = SlopeSpec();
+  spec["base"]["moe"]["experts_active"] = 1;
+  const Sweep s = ExpandSpec(spec);
+  AdaptiveSpec a = *s.adaptive;
+  const AdaptiveSpace space = BuildSpace(s, a);
+  ASSERT_EQ(space.runs.size(), 72u);  // 3 sides x 6 seeds x 4 rungs
+  const double c0 = space.runs.front().flops;
+  auto world = [&](const std::set<int>& runs) {
+    Results out;
+    for (const SpaceRun& r : space.runs) {
+      if (!runs.count(r.index)) continue;
+      // The side's FLOPs to a loss: 1.2^doublings × the reference's, plus a seed offset on the
+      // slope (β_seed = ln 1.2 + 0.01·(seed − 3.5)) so the interval has a width.
+      const double beta = std::log(1.2) + 0.01 * (static_cast<double>(r.seed) - 3.5);
+      const double scale = r.side == 0 ? 1.0 : std::exp(beta * a.Doublings(r.side));
+      const double c = r.flops / scale;
+      out[r.index] = {2.0 + 4.0 * std::pow(c / c0 * 4, -0.5), r.flops,
+                      double(s.runs[r.index].config.total_steps())};
+    }
+    return out;
+  };
+  std::set<int> every;
+  for (const SpaceRun& r : space.runs) every.insert(r.index);
+  // The target between the arms' and the reference's middle rungs, so every side brackets it.
+  const Results all = world(every);
+  a.target_loss =
+      0.5 * (all.at(space.At(1, 1, 2)->index).loss + all.at(space.At(0, 1, 1)->index).loss);
+
+  const AdaptiveBatch first = ChooseBatch(space, a, EstimandReading{}, {}, 0);
+  EXPECT_EQ(first.runs.size(), 12u);  // seed 1: every side on the whole ladder
+  EXPECT_THAT(first.why[0], HasSubstr("moe.experts_total=2 on"));
+  EXPECT_THAT(first.why[0], HasSubstr("moe.experts_total=8 on"));
+
+  const EstimandReading r = ReadEstimand(space, a, all, {3, 4, 5});
+  ASSERT_EQ(r.seeds.size(), 6u);
+  for (size_t i = 0; i < r.seeds.size(); ++i) {
+    const double beta = std::log(1.2) + 0.01 * (static_cast<double>(r.seeds[i]) - 3.5);
+    EXPECT_NEAR(r.log_value[i], beta, 0.01) << "seed " << r.seeds[i];
+  }
+  ASSERT_TRUE(r.has_interval);
+  EXPECT_NEAR(r.ratio, 1.2, 0.02);
+  EXPECT_LT(r.lo, 1.2);
+  EXPECT_GT(r.hi, 1.2);
+  EXPECT_THAT(StopReason(a, r), HasSubstr("excludes 1"));
+  // A seed missing one arm is not read: the slope needs every arm of the seed.
+  std::set<int> partial = every;
+  for (int rung = 0; rung < 4; ++rung) partial.erase(space.At(1, 6, rung)->index);
+  const EstimandReading p = ReadEstimand(space, a, world(partial), {});
+  EXPECT_EQ(p.seeds, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+TEST(AdaptiveChooser, ComparesTheAnswerWithFixedGrids) {
+  const Sweep s = ExpandSpec(Spec());
+  const AdaptiveSpec& a = *s.adaptive;
+  const AdaptiveSpace space = BuildSpace(s, a);
+  std::vector<int> seed1;
+  for (const SpaceRun& r : space.runs)
+    if (r.seed == 1) seed1.push_back(r.index);
+  const double per_seed = BatchCost(space, seed1, {});
+  // A one-look t critical value at 4 seeds: the fixed grid as narrow is the same 4 seeds.
+  const double t4 = analysis::StudentTQuantile(1 - a.alpha / 2, 3);
+  GridComparison g = CompareWithGrid(space, a, 4, t4);
+  EXPECT_DOUBLE_EQ(g.per_seed_flops, per_seed);
+  EXPECT_DOUBLE_EQ(g.same_seeds_flops, 4 * per_seed);
+  EXPECT_DOUBLE_EQ(g.full_flops, 6 * per_seed);
+  EXPECT_EQ(g.equal_width_seeds, 4);
+  // A repeated interval (larger c: the price of looking after every batch) is as wide as a
+  // one-look interval over fewer seeds: the smallest such n'.
+  g = CompareWithGrid(space, a, 4, 1.5 * t4);
+  ASSERT_LT(g.equal_width_seeds, 4);
+  ASSERT_GE(g.equal_width_seeds, 2);
+  const auto half = [&](int n) {
+    return analysis::StudentTQuantile(1 - a.alpha / 2, n - 1) / std::sqrt(double(n));
+  };
+  EXPECT_LE(half(g.equal_width_seeds), 1.5 * t4 / 2);
+  if (g.equal_width_seeds > 2) EXPECT_GT(half(g.equal_width_seeds - 1), 1.5 * t4 / 2);
+  const std::string line = FormatGridComparison(g, 2 * per_seed);
+  EXPECT_THAT(line, HasSubstr("for the same 4 seeds (2.00×)"));
+  EXPECT_THAT(line, HasSubstr("as narrow needs"));
 }
 
 TEST(AdaptiveChooser, PlanSaysWhatTheBudgetCanResolve) {
