@@ -31,10 +31,25 @@ std::string NoModelFreeReason(const PowerFormResult& r, const std::string& key) 
 PowerFormResult FitPowerForm(const RunFitOptions& o, const ObservationSet& obs,
                              const FitOptions& fo) {
   PowerFormResult r;
-  r.fits = FitFamilies(obs.points, fo);
+  // The model-free table comes first and needs no law: when no family's law can be fitted (too
+  // few runs for the bootstrap, say), the table is still computed and the law's failure said.
+  try {
+    r.fits = FitFamilies(obs.points, fo);
+  } catch (const AnalysisError& e) {
+    r.law_error = e.what();
+  }
   for (const auto& f : r.fits.families) r.families.push_back(f.family);
   std::sort(r.families.begin(), r.families.end(), FamilyLess);
-  r.reference = o.reference.empty() ? r.families.back() : o.reference;
+  if (!r.law_error.empty()) {
+    std::set<std::string> names;
+    for (const auto& p : obs.points) names.insert(p.family);
+    std::vector<std::string> all(names.begin(), names.end());
+    std::sort(all.begin(), all.end(), FamilyLess);
+    if (all.empty()) throw AnalysisError(r.law_error);
+    r.reference = o.reference.empty() ? all.back() : o.reference;
+  } else {
+    r.reference = o.reference.empty() ? r.families.back() : o.reference;
+  }
 
   // The primary reading: FLOPs/tokens to target losses, interpolated per seed.
   try {
@@ -42,6 +57,12 @@ PowerFormResult FitPowerForm(const RunFitOptions& o, const ObservationSet& obs,
         ModelFreeMultipliers(obs.points, r.reference, o.target_losses, ModelFreeOptionsOf(fo));
   } catch (const AnalysisError& e) {
     r.model_free_error = e.what();
+  }
+  const bool model_free = r.model_free && !r.model_free->rows.empty();
+  if (!r.law_error.empty() && !model_free) {
+    // No law and no model-free table: nothing to report (the law's reasons name each family).
+    throw AnalysisError(r.law_error +
+                        "\n  and no model-free estimate: " + NoModelFreeReason(r, o.family_key));
   }
   r.target_loss = o.target_losses.empty() ? NAN : o.target_losses[o.target_losses.size() / 2];
   if (std::isnan(r.target_loss)) {
@@ -55,11 +76,12 @@ PowerFormResult FitPowerForm(const RunFitOptions& o, const ObservationSet& obs,
       r.target_loss = lo < hi ? 0.5 * (lo + hi) : r.fits.Get(r.reference).min_loss;
     }
   }
-  MultiplierOptions mo;
-  mo.level = fo.level;
-  mo.allow_e_at_bound = o.allow_e_at_bound;
-  r.multipliers = ComputeMultiplierTable(r.fits, r.reference, r.target_loss, mo);
-  const bool model_free = r.model_free && !r.model_free->rows.empty();
+  if (r.law_error.empty()) {
+    MultiplierOptions mo;
+    mo.level = fo.level;
+    mo.allow_e_at_bound = o.allow_e_at_bound;
+    r.multipliers = ComputeMultiplierTable(r.fits, r.reference, r.target_loss, mo);
+  }
   r.verdict_basis =
       model_free
           ? "model-free (FLOPs/tokens to L* interpolated on each seed's points)"

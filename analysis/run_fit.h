@@ -68,6 +68,9 @@ struct PowerFormResult {
   std::string verdict_basis;     // "model-free (…)" or "fitted law (no model-free estimate: …)"
   // Every family has one model size: the law is fitted to a training curve, not a frontier.
   bool single_size = false;
+  // Why no family's law could be fitted, when the model-free table still could (the primary
+  // reading stands without the law; `fits`, `families` and `multipliers` are then empty).
+  std::string law_error;
 };
 
 struct FitResult {

@@ -37,11 +37,16 @@ void PrintPower(const analysis::PowerFormResult& p, const std::string& by,
     fmt::print("{}", after_model_free);
   } else
     fmt::print("\nmodel-free estimate unavailable: {}\n", p.model_free_error);
-  PrintFittedLaws(p, by);
-  PrintMisfit(p);
-  const std::string& note = p.fits.Get(p.reference).interval_note;
-  if (!note.empty()) fmt::print("intervals: {}\n", note);
-  PrintFittedMultipliers(p, by);
+  if (p.law_error.empty()) {
+    PrintFittedLaws(p, by);
+    PrintMisfit(p);
+    const std::string& note = p.fits.Get(p.reference).interval_note;
+    if (!note.empty()) fmt::print("intervals: {}\n", note);
+    PrintFittedMultipliers(p, by);
+  } else {
+    fmt::print("\nFitted law (secondary): not fitted, the model-free table stands alone: {}\n",
+               p.law_error);
+  }
   fmt::print("\nverdict rests on: {}{}\n", p.verdict_basis,
              p.model_free && !p.model_free->estimand.empty()
                  ? fmt::format("; estimand: {}", p.model_free->estimand)

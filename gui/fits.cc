@@ -42,6 +42,7 @@ void TakePowerForm(const analysis::PowerFormResult& power, FitResult* out) {
   for (const auto& f : power.fits.families) out->bands.push_back(CurveAndBand(f));
   out->model_free = power.model_free;
   out->model_free_error = power.model_free_error;
+  out->law_error = power.law_error;
 }
 
 // The power form's heads ablation beside the laws (the heads form has it as its result).

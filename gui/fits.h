@@ -66,6 +66,7 @@ struct FitResult {
   std::string model_free_error;
   analysis::ObservationSet observations;
   std::optional<analysis::FamilyFits> fits;
+  std::string law_error;       // why no law was fitted when the model-free table stands alone
   std::vector<FitBand> bands;  // one per fitted family
   std::optional<analysis::HeadsAblation> heads;
   std::string heads_error;

@@ -322,6 +322,15 @@ void App::ScalingView() {
     ImGui::PopStyleColor();
     return;
   }
+  if (!res->law_error.empty()) {
+    // No law could be fitted, but the model-free table could: it stands alone (as in the CLI).
+    std::map<std::string, ImU32> colors;
+    if (res->model_free)
+      for (const auto& row : res->model_free->rows) colors[row.family] = IM_COL32_WHITE;
+    DrawModelFree(*res, req.family_key, colors);
+    ImGui::TextWrapped("Fitted law (secondary): not fitted: %s", res->law_error.c_str());
+    return;
+  }
   ScalingLaws(*res, use_stored);
 }
 

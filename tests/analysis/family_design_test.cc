@@ -187,6 +187,44 @@ TEST(RunFit, OneFamilyVerdictSaysWhyThereIsNoModelFreeEstimate) {
   EXPECT_EQ(j["verdict_basis"], r.power->verdict_basis);
 }
 
+TEST(RunFit, ModelFreeTableStandsWhenNoLawCanBeFitted) {
+  // One seed on three budgets: the model-free table reads its crossing, but no family has the
+  // 4 frontier points a law needs. The table is reported, and the law's failure said.
+  std::vector<Observation> obs;
+  for (const char* seed : {"1"})
+    for (const char* f : {"32", "48"}) {
+      auto c = Curve(f, seed, 3);
+      for (auto& p : c)
+        if (std::string(f) == "32") p.flops *= 0.9;  // S = 32 needs 0.9x the FLOPs
+      obs.insert(obs.end(), c.begin(), c.end());
+    }
+  RunFitOptions o;
+  o.family_key = "sparsity";
+  o.reference = "48";
+  o.target_losses = {2.7};
+  o.fit.bootstrap_resamples = 50;
+  const FitResult r = RunFit(o, SetOf(obs));
+  ASSERT_TRUE(r.power);
+  EXPECT_THAT(r.power->law_error, HasSubstr("no family could be fitted"));
+  EXPECT_TRUE(r.power->families.empty());
+  ASSERT_TRUE(r.power->model_free);
+  ASSERT_EQ(r.power->model_free->rows.size(), 1u);
+  EXPECT_NEAR(r.power->model_free->rows[0].flops_ratio.estimate, 0.9, 1e-9);
+  EXPECT_THAT(r.power->verdict_basis, HasSubstr("model-free"));
+  // Without the model-free table either (one family), nothing is reported: the law's reasons.
+  std::vector<Observation> one;
+  for (const auto& p : obs)
+    if (p.family == "48") one.push_back(p);
+  o.reference.clear();
+  try {
+    RunFit(o, SetOf(one));
+    ADD_FAILURE() << "expected an AnalysisError";
+  } catch (const AnalysisError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no family could be fitted"));
+    EXPECT_THAT(e.what(), HasSubstr("and no model-free estimate"));
+  }
+}
+
 TEST(RunFit, DispatchesEveryFormAndRefusesMixedFamilies) {
   std::vector<Observation> obs;
   for (const char* seed : {"1", "2", "3"})
