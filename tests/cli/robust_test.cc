@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -207,6 +208,50 @@ TEST_F(RobustTest, StepExportHasSweepVariableColumns) {
   const json row = json::parse(line);
   ASSERT_TRUE(row.contains("moe.experts_total")) << line;
   EXPECT_TRUE(row["moe.experts_total"].is_number()) << line;
+}
+
+// scripts/slim-db.sh: a database of the done runs without per-step rows, small enough to commit,
+// from which `db export` gives the same final points and a sweep resumes without training them
+// again (the long experiments carry their progress across machines with it).
+TEST_F(RobustTest, SlimDatabaseExportsTheSamePointsAndResumesTheSweep) {
+  json spec = {{"name", "slim"},
+               {"base", json::parse(Slurp(WriteConfig(4)))},
+               {"grid", {{"moe.experts_total", {4, 8}}}}};
+  const std::string spec_path = (dir_ / "spec.json").string();
+  std::ofstream(spec_path) << spec.dump(2);
+  ASSERT_EQ(Wait(Spawn({"sweep", "run", spec_path, "--db", db_, "--no-live"}, Log())), 0)
+      << Slurp(Log());
+  const std::string slim = (dir_ / "slim.db").string();
+  const std::string cmd = fmt::format("bash {}/scripts/slim-db.sh {} {} > {} 2>&1",
+                                      test::SourceDir(), db_, slim, Log());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << Slurp(Log());
+  EXPECT_HAS(Slurp(Log()), "slim-db: 2 done runs");
+  const std::string count = (dir_ / "count.txt").string();
+  ASSERT_EQ(std::system(fmt::format("sqlite3 {} 'SELECT count(*) FROM steps' > {}; sqlite3 {} "
+                                    "'SELECT count(*) FROM steps' >> {}",
+                                    db_, count, slim, count)
+                            .c_str()),
+            0);
+  std::istringstream counts(Slurp(count));
+  int full_steps = 0, slim_steps = -1;
+  counts >> full_steps >> slim_steps;
+  EXPECT_GT(full_steps, 0);
+  EXPECT_EQ(slim_steps, 0);  // no per-step rows: what makes it small
+  auto points = [&](const std::string& db) {
+    const std::string out = (dir_ / "points.json").string();
+    EXPECT_EQ(Wait(Spawn({"db", "export", "--db", db, "--sweep", "slim", "-o", out}, Log())), 0)
+        << Slurp(Log());
+    return json::parse(Slurp(out))["points"];
+  };
+  const json full = points(db_), small = points(slim);
+  ASSERT_EQ(full.size(), 2u);
+  EXPECT_EQ(small, full);
+  // The sweep on the slim copy finds both runs done and trains nothing.
+  ASSERT_EQ(Wait(Spawn({"sweep", "run", spec_path, "--db", slim, "--no-live"}, Log())), 0)
+      << Slurp(Log());
+  const std::string log = Slurp(Log());
+  EXPECT_LACKS(log, "start ");
+  EXPECT_HAS(log, "2 done");
 }
 
 // docs/sweeps.md's synopsis names every option each `sweep` subcommand takes (it missed
