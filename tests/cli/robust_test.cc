@@ -28,7 +28,20 @@ using test::Wait;
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 #define EXPECT_LACKS(text, part) EXPECT_EQ((text).find(part), std::string::npos) << (text)
 
-class RobustTest : public CliTest {};
+class RobustTest : public CliTest {
+ protected:
+  // Runs a two-run sweep (moe.experts_total 4 and 8) named `name` into db_; returns its spec.
+  std::string RunTwoRunSweep(const std::string& name) {
+    json spec = {{"name", name},
+                 {"base", json::parse(Slurp(WriteConfig(4)))},
+                 {"grid", {{"moe.experts_total", {4, 8}}}}};
+    const std::string spec_path = (dir_ / "spec.json").string();
+    std::ofstream(spec_path) << spec.dump(2);
+    EXPECT_EQ(Wait(Spawn({"sweep", "run", spec_path, "--db", db_, "--no-live"}, Log())), 0)
+        << Slurp(Log());
+    return spec_path;
+  }
+};
 
 // `config check` runs the checks `train` runs before training and exits 2 on the same errors:
 // before, it said "ok" for a corpus config without data.path and for a model vocabulary below
@@ -177,13 +190,7 @@ TEST_F(RobustTest, TrainEndsWithASmoothedSummary) {
 // The per-step export carries each run's sweep variables as columns: users no longer parse them
 // out of run_name.
 TEST_F(RobustTest, StepExportHasSweepVariableColumns) {
-  json spec = {{"name", "vars"},
-               {"base", json::parse(Slurp(WriteConfig(4)))},
-               {"grid", {{"moe.experts_total", {4, 8}}}}};
-  const std::string spec_path = (dir_ / "spec.json").string();
-  std::ofstream(spec_path) << spec.dump(2);
-  ASSERT_EQ(Wait(Spawn({"sweep", "run", spec_path, "--db", db_, "--no-live"}, Log())), 0)
-      << Slurp(Log());
+  RunTwoRunSweep("vars");
   const std::string csv = (dir_ / "steps.csv").string(), jsonl = (dir_ / "steps.jsonl").string();
   ASSERT_EQ(Wait(Spawn({"db", "export", "--db", db_, "--steps", "-o", csv}, Log())), 0)
       << Slurp(Log());
@@ -214,13 +221,7 @@ TEST_F(RobustTest, StepExportHasSweepVariableColumns) {
 // from which `db export` gives the same final points and a sweep resumes without training them
 // again (the long experiments carry their progress across machines with it).
 TEST_F(RobustTest, SlimDatabaseExportsTheSamePointsAndResumesTheSweep) {
-  json spec = {{"name", "slim"},
-               {"base", json::parse(Slurp(WriteConfig(4)))},
-               {"grid", {{"moe.experts_total", {4, 8}}}}};
-  const std::string spec_path = (dir_ / "spec.json").string();
-  std::ofstream(spec_path) << spec.dump(2);
-  ASSERT_EQ(Wait(Spawn({"sweep", "run", spec_path, "--db", db_, "--no-live"}, Log())), 0)
-      << Slurp(Log());
+  const std::string spec_path = RunTwoRunSweep("slim");
   const std::string slim = (dir_ / "slim.db").string();
   const std::string cmd = fmt::format("bash {}/scripts/slim-db.sh {} {} > {} 2>&1",
                                       test::SourceDir(), db_, slim, Log());
