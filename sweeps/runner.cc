@@ -240,9 +240,14 @@ WHERE id = ?1 AND NOT (status = 'running' AND heartbeat_at > ?4 - ?5))sql");
         mine = nullptr;  // --rerun: a fresh run next to the done one
       }
       if (!mine && done && !opt_.rerun) {
-        store_.Link(sweep_id_, done->id, run->index, "");
+        // A done run of another sweep, reused. Its checkpoint folder (that sweep's link) comes
+        // with it, so a longer run of its family here extends it from its kept decay-start
+        // checkpoint (PlanExtensions) as it would in its own sweep.
+        Member m;
+        m.checkpoint_dir = OtherSweepCheckpointDir(done->id);
+        store_.Link(sweep_id_, done->id, run->index, m.checkpoint_dir);
         mine = done;
-        members[done->id] = Member{};
+        members[done->id] = m;
       }
       // 3) Otherwise the config queued, running, stopped or failed in another sweep of this
       // database is shared: both sweeps follow one run row (and its checkpoint folder), and

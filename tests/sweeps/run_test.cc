@@ -369,6 +369,27 @@ TEST_F(SweepRunTest, WsdExtensionEqualsScratch) {
   EXPECT_EQ(extended.GetSeries(e->id, "lr").values, scratch.GetSeries(f->id, "lr").values);
 }
 
+// A done run of another sweep in the same database is extended too: an adaptive sweep's short
+// runs, then the grid that contains them (experiments/adaptive-sparsity, then the frontier).
+TEST_F(SweepRunTest, WsdExtensionContinuesAnotherSweepsRun) {
+  json base = Base(24, 0);
+  base["schedule"] = {{"type", "wsd"}, {"warmup_steps", 2}, {"decay_fraction", 0.25}};
+  json first = {{"name", "first"}, {"base", base}, {"grid", {{"train.steps", {16}}}}};
+  ASSERT_EQ(Sweep({"run", WriteSpec(first, "first.json"), "--db", db_, "-t", "1", "--extendable"}),
+            0)
+      << Slurp(Log());
+  json grid = {{"name", "grid"}, {"base", base}, {"grid", {{"train.steps", {16, 24}}}}};
+  const std::string grid_log = (dir_ / "grid.log").string();
+  ASSERT_EQ(Sweep({"run", WriteSpec(grid, "grid.json"), "--db", db_, "-t", "1", "--extendable"},
+                  grid_log),
+            0)
+      << Slurp(grid_log);
+  EXPECT_NE(Slurp(grid_log).find("(extends run 1: its stable phase to step 12)"), std::string::npos)
+      << Slurp(grid_log);
+  EXPECT_EQ(SqlInt("SELECT COUNT(*) FROM runs WHERE status = 'done'"), 2);
+  EXPECT_EQ(SqlInt("SELECT COUNT(*) FROM sweep_runs WHERE branch_of = 1 AND branch_step = 12"), 1);
+}
+
 // Without --extendable the grown spec's longer run trains from scratch (the short run kept no
 // checkpoint at its decay start).
 TEST_F(SweepRunTest, GrownSpecWithoutExtendableStartsOver) {
