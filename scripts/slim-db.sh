@@ -5,7 +5,9 @@
 # on the old machine, so the sweep trains them again). `moelab db export` gives the same final
 # points from it as from the full database; curves (`db show`) are not in it.
 #   scripts/slim-db.sh runs/frontier.db experiments/sparsity-law-frontier/done-runs.db
-# The source may be in use by a running sweep: it is read through SQLite's online backup.
+# The source may be in use by a running sweep: it is read in one transaction (VACUUM INTO, a
+# consistent snapshot). The shell's `.backup` restarts whenever the sweep writes, and under a
+# busy sweep it never finishes.
 set -euo pipefail
 if [[ $# -ne 2 ]]; then
   echo "usage: $0 SOURCE.db DEST.db" >&2
@@ -16,7 +18,7 @@ dst="$2"
 tmp="$dst.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 rm -f "$tmp"
-sqlite3 "$src" ".backup '$tmp'"
+sqlite3 "$src" "VACUUM INTO '$tmp'"
 sqlite3 "$tmp" "PRAGMA foreign_keys = ON;
   DELETE FROM expert_counts; DELETE FROM max_logits; DELETE FROM steps;
   DELETE FROM runs WHERE status != 'done';
