@@ -49,13 +49,9 @@ const AdaptiveState& Load(const std::string& db, const std::string& name) {
     sweeps::AdaptiveStore astore(store.connection());
     state.batches = astore.Batches(row->id);
     state.looks = astore.Looks(row->id);
-    if (state.spec && !state.looks.empty() && state.looks.back().decision != "continue" &&
-        state.looks.back().seeds > 0) {
-      const auto& last = state.looks.back();
-      state.grid_comparison = sweeps::FormatGridComparison(
-          sweeps::CompareWithGrid(sweeps::BuildSpace(sweep, *state.spec), *state.spec, last.seeds,
-                                  last.critical),
-          last.spent_flops);
+    if (state.spec && !state.looks.empty()) {
+      state.grid_comparison = sweeps::CostAgainstGrids(sweeps::BuildSpace(sweep, *state.spec),
+                                                       *state.spec, state.looks.back());
     }
   } catch (const std::exception& e) {
     state.error = e.what();

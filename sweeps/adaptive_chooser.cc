@@ -253,6 +253,13 @@ std::string FormatGridComparison(const GridComparison& g, double spent_flops) {
   return out;
 }
 
+std::string CostAgainstGrids(const AdaptiveSpace& space, const AdaptiveSpec& spec,
+                             const AdaptiveLookRow& last) {
+  if (last.decision == "continue" || last.seeds < 1) return "";
+  return FormatGridComparison(CompareWithGrid(space, spec, last.seeds, last.critical),
+                              last.spent_flops);
+}
+
 std::string DescribeAdaptivePlan(const Sweep& sweep, const AdaptiveSpace& space,
                                  const AdaptiveSpec& spec) {
   std::string out = fmt::format("adaptive sweep '{}': {}\n", sweep.name, DescribeQuestion(spec));

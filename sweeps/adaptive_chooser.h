@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "sweeps/adaptive_estimand.h"
+#include "sweeps/adaptive_store.h"
 
 namespace moelab::sweeps {
 
@@ -61,6 +62,10 @@ GridComparison CompareWithGrid(const AdaptiveSpace& space, const AdaptiveSpec& s
                                double critical);
 // "charged 1.2e13 FLOPs; the fixed grid of the same 5 seeds costs ...; one as narrow ...".
 std::string FormatGridComparison(const GridComparison& g, double spent_flops);
+// That line for the sweep's last look once the rule stopped it; "" while it continues or when
+// no seed counts (what `sweep run`/`status` print after "cost: " and the GUI shows).
+std::string CostAgainstGrids(const AdaptiveSpace& space, const AdaptiveSpec& spec,
+                             const AdaptiveLookRow& last);
 
 // What `moelab sweep plan` says about an adaptive sweep: the question, the first batch with its
 // reasons, the cost bound (the whole budget, and the full grid for comparison), and the

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "analysis/model_free.h"
+#include "analysis/sparsity_slope.h"
 
 namespace moelab::sweeps {
 
@@ -104,36 +105,34 @@ EstimandReading ReadEstimand(const AdaptiveSpace& space, const AdaptiveSpec& spe
     opt.resamples = 200;
     const analysis::ModelFreeTable table =
         analysis::ModelFreeMultipliers(obs, "reference", {target}, opt);
-    // seed -> side -> log(C_side / C_reference)
-    std::map<int64_t, std::map<int, double>> by_seed;
-    for (const auto& row : table.rows) {
-      int side = 0;
-      for (int k = 1; k < spec.Sides(); ++k)
-        if (row.family == SideFamily(k)) side = k;
-      if (side == 0) continue;
-      for (size_t i = 0; i < row.seeds.size(); ++i) {
-        const bool flops = spec.kind != "tokens_ratio";
-        const double num = flops ? row.flops_family[i] : row.tokens_family[i];
-        const double den = flops ? row.flops_reference[i] : row.tokens_reference[i];
-        by_seed[std::stoll(row.seeds[i])][side] = std::log(num / den);
+    // Per seed, the estimand on its log scale: the arm's log ratio, or the slope's β as
+    // `moelab fit` reads it (analysis/sparsity_slope.h: every arm of the seed, through the origin).
+    std::map<int64_t, double> by_seed;
+    if (spec.IsSlope()) {
+      std::map<std::string, double> sparsity_of;
+      for (int side = 0; side < spec.Sides(); ++side)
+        sparsity_of[SideFamily(side)] = spec.SideValue(side).get<double>();
+      const analysis::SparsitySlope slope =
+          analysis::EstimateSparsitySlope(table, sparsity_of, 1 - spec.alpha, 2);
+      for (const auto& at : slope.targets)
+        for (size_t i = 0; i < at.seeds.size(); ++i)
+          by_seed[std::stoll(at.seeds[i])] = at.beta_per_seed[i];
+      out.notes.insert(out.notes.end(), slope.notes.begin(), slope.notes.end());
+    } else {
+      const bool flops = spec.kind == "flops_ratio";
+      for (const auto& row : table.rows) {
+        for (size_t i = 0; i < row.seeds.size(); ++i) {
+          const double num = flops ? row.flops_family[i] : row.tokens_family[i];
+          const double den = flops ? row.flops_reference[i] : row.tokens_reference[i];
+          by_seed[std::stoll(row.seeds[i])] = std::log(num / den);
+        }
       }
     }
     for (int64_t seed : space.seeds) {
-      auto it = by_seed.find(seed);
-      if (it == by_seed.end() || static_cast<int>(it->second.size()) != spec.Sides() - 1) continue;
-      double value = it->second.at(1);
-      if (spec.IsSlope()) {
-        // Least squares through the origin: β = Σ x·y / Σ x², x = log2(reference / arm).
-        double xy = 0, xx = 0;
-        for (const auto& [side, y] : it->second) {
-          const double x = spec.Doublings(side);
-          xy += x * y;
-          xx += x * x;
-        }
-        value = xy / xx;
+      if (by_seed.count(seed)) {
+        out.seeds.push_back(seed);
+        out.log_value.push_back(by_seed[seed]);
       }
-      out.seeds.push_back(seed);
-      out.log_value.push_back(value);
     }
     out.notes.insert(out.notes.end(), table.notes.begin(), table.notes.end());
   }

@@ -85,9 +85,8 @@ std::string FormatLook(const AdaptiveLookRow& l) {
 // The final word's cost beside the fixed grids' (after a stop, when the last look has seeds).
 void PrintGridComparison(const AdaptiveSpace& space, const AdaptiveSpec& spec,
                          const AdaptiveLookRow& last, std::FILE* out) {
-  if (last.decision == "continue" || last.seeds < 1) return;
-  const GridComparison g = CompareWithGrid(space, spec, last.seeds, last.critical);
-  fmt::print(out, "cost: {}\n", FormatGridComparison(g, last.spent_flops));
+  const std::string cost = CostAgainstGrids(space, spec, last);
+  if (!cost.empty()) fmt::print(out, "cost: {}\n", cost);
 }
 
 }  // namespace

@@ -188,10 +188,6 @@ AdaptiveSpec ParseAdaptiveSpec(const ojson& block, const Sweep& sweep) {
   return a;
 }
 
-double AdaptiveSpec::Doublings(int side) const {
-  return std::log2(reference.get<double>() / SideValue(side).get<double>());
-}
-
 std::string DescribeQuestion(const AdaptiveSpec& a) {
   std::string stop;
   if (a.excludes) stop = fmt::format("interval excludes {:g}", *a.excludes);

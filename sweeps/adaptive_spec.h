@@ -48,8 +48,6 @@ struct AdaptiveSpec {
   const nlohmann::ordered_json& SideValue(int side) const {
     return side == 0 ? reference : arms.at(side - 1);
   }
-  // The slope's regressor for an arm: log2(reference / arm).
-  double Doublings(int side) const;
   // The trunk-length axis: runs of one (arm, seed) differing only in this key are one WSD
   // family (the longest is the trunk, the others branch from it).
   std::string budget_key = "train.steps";

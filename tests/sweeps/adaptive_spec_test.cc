@@ -209,8 +209,9 @@ TEST(AdaptiveSpec, SlopeNamesItsArmsAndChecksThem) {
   ASSERT_TRUE(s.adaptive.has_value());
   EXPECT_TRUE(s.adaptive->IsSlope());
   EXPECT_EQ(s.adaptive->Sides(), 3);
-  EXPECT_DOUBLE_EQ(s.adaptive->Doublings(1), 2.0);  // log2(8 / 2)
-  EXPECT_DOUBLE_EQ(s.adaptive->Doublings(2), 1.0);
+  EXPECT_EQ(s.adaptive->SideValue(0), 8);  // the reference, then the arms in order
+  EXPECT_EQ(s.adaptive->SideValue(1), 2);
+  EXPECT_EQ(s.adaptive->SideValue(2), 4);
   EXPECT_THAT(DescribeQuestion(*s.adaptive),
               HasSubstr("slope: FLOPs factor per doubling of moe.experts_total in {2, 4} against "
                         "moe.experts_total=8"));
@@ -260,7 +261,8 @@ TEST(AdaptiveChooser, SlopeReadsTheFactorPerDoublingOverEveryArm) {
       // The side's FLOPs to a loss: 1.2^doublings × the reference's, plus a seed offset on the
       // slope (β_seed = ln 1.2 + 0.01·(seed − 3.5)) so the interval has a width.
       const double beta = std::log(1.2) + 0.01 * (static_cast<double>(r.seed) - 3.5);
-      const double scale = r.side == 0 ? 1.0 : std::exp(beta * a.Doublings(r.side));
+      const double doublings = std::log2(8.0 / a.SideValue(r.side).get<double>());
+      const double scale = std::exp(beta * doublings);
       const double c = r.flops / scale;
       out[r.index] = {2.0 + 4.0 * std::pow(c / c0 * 4, -0.5), r.flops,
                       double(s.runs[r.index].config.total_steps())};
